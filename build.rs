@@ -1,0 +1,161 @@
+//! Build script: (1) compiles `cuda/*.cu` into one fatbin embedded in the library,
+//! (2) runs bindgen over rdma-core's verbs headers (the library is loaded at run time),
+//! (3) builds the cxx bridge.
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn main() {
+    let out = PathBuf::from(env::var("OUT_DIR").unwrap());
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-env-changed=HOCCL_NO_CUDA");
+    println!("cargo:rerun-if-env-changed=HOCCL_NVCC");
+    println!("cargo:rerun-if-env-changed=HOCCL_CUDA_ARCHS");
+    build_fatbin(&out);
+    build_verbs_bindings(&out);
+    build_cxx_bridge();
+}
+
+// ---------------------------------------------------------------- fatbin --------------
+
+fn cuda_sources() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir("cuda")
+        .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
+        .unwrap_or_default();
+    v.retain(|p| p.extension().is_some_and(|e| e == "cu" || e == "cuh"));
+    v.sort();
+    v
+}
+
+fn find_nvcc() -> Option<PathBuf> {
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    if let Ok(p) = env::var("HOCCL_NVCC") {
+        candidates.push(p.into());
+    }
+    if let Ok(path) = env::var("PATH") {
+        candidates.extend(env::split_paths(&path).map(|d| d.join("nvcc")));
+    }
+    candidates.push("/usr/local/cuda/bin/nvcc".into());
+    let prefix = env::var("HOCCL_PREFIX").map(PathBuf::from).unwrap_or_else(|_| {
+        PathBuf::from(env::var("HOME").unwrap_or_else(|_| "/root".into())).join(".cache/hoccl/cuda")
+    });
+    candidates.push(prefix.join("nvidia/cu13/bin/nvcc"));
+    // nvcc finds its headers relative to its real path: always call it canonicalized.
+    candidates.into_iter().filter(|p| p.is_file()).find_map(|p| p.canonicalize().ok())
+}
+
+/// `HOCCL_CUDA_ARCHS`: comma-separated compute capabilities, e.g. `80,90` (default).
+/// Machine code (sm_XX) is built for each, plus PTX for the last one.
+fn gencode_args() -> Vec<String> {
+    let archs = env::var("HOCCL_CUDA_ARCHS").unwrap_or_else(|_| "80,90".into());
+    let list: Vec<&str> = archs.split([',', ';', ' ']).filter(|s| !s.is_empty()).collect();
+    assert!(!list.is_empty(), "HOCCL_CUDA_ARCHS is empty");
+    let mut args = Vec::new();
+    for a in &list {
+        let a = a.trim_start_matches("sm_").trim_start_matches("compute_");
+        args.push(format!("-gencode=arch=compute_{a},code=sm_{a}"));
+    }
+    let last = list.last().unwrap().trim_start_matches("sm_").trim_start_matches("compute_");
+    args.push(format!("-gencode=arch=compute_{last},code=compute_{last}"));
+    args
+}
+
+fn build_fatbin(out: &Path) {
+    let fatbin = out.join("hoccl.fatbin");
+    let sources = cuda_sources();
+    for s in &sources {
+        println!("cargo:rerun-if-changed={}", s.display());
+    }
+    println!("cargo:rerun-if-changed=cuda");
+    let no_cuda = env::var("HOCCL_NO_CUDA").is_ok_and(|v| v == "1");
+    if no_cuda {
+        std::fs::write(&fatbin, b"").unwrap();
+        println!("cargo:rustc-cfg=hoccl_no_fatbin");
+    } else {
+        let nvcc = find_nvcc().unwrap_or_else(|| {
+            panic!(
+                "hoccl: nvcc not found. Run `bash scripts/setup.sh` (installs the pinned nvcc \
+                 wheels into ~/.cache/hoccl/cuda), or set HOCCL_NVCC=/path/to/nvcc, or build \
+                 without kernels with HOCCL_NO_CUDA=1."
+            )
+        });
+        // One translation unit that includes every kernel file, so nvcc makes one fatbin.
+        let unity = out.join("hoccl_all.cu");
+        let body: String = sources
+            .iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "cu"))
+            .map(|p| format!("#include \"{}\"\n", p.canonicalize().unwrap().display()))
+            .collect();
+        std::fs::write(&unity, body).unwrap();
+        let status = Command::new(&nvcc)
+            .arg("-fatbin")
+            .args(gencode_args())
+            .args(["-O3", "-std=c++17", "--use_fast_math", "-Xptxas=-v"])
+            .arg("-I")
+            .arg(Path::new("cuda").canonicalize().unwrap())
+            .arg("-o")
+            .arg(&fatbin)
+            .arg(&unity)
+            .output()
+            .unwrap_or_else(|e| panic!("hoccl: could not run {}: {e}", nvcc.display()));
+        if !status.status.success() {
+            panic!(
+                "hoccl: nvcc failed ({}):\n{}\n{}",
+                nvcc.display(),
+                String::from_utf8_lossy(&status.stdout),
+                String::from_utf8_lossy(&status.stderr)
+            );
+        }
+        std::fs::write(out.join("ptxas.log"), &status.stderr).unwrap();
+    }
+    let len = std::fs::metadata(&fatbin).unwrap().len();
+    std::fs::write(
+        out.join("fatbin.rs"),
+        format!("/// Length of the embedded fatbin in bytes (0 without kernels).\npub const FATBIN_LEN: usize = {len};\n"),
+    )
+    .unwrap();
+}
+
+// ---------------------------------------------------------------- verbs ---------------
+
+fn build_verbs_bindings(out: &Path) {
+    println!("cargo:rerun-if-changed=src/transport/verbs/wrapper.h");
+    let header = "src/transport/verbs/wrapper.h";
+    let wrap_c = out.join("verbs_static_fns.c");
+    let bindings = bindgen::Builder::default()
+        .header(header)
+        .allowlist_type("ibv_.*")
+        .allowlist_function("ibv_.*")
+        .allowlist_var("IBV_.*")
+        .blocklist_function("ibv_reg_mr") // a macro in newer rdma-core; bound by hand
+        .wrap_static_fns(true)
+        .wrap_static_fns_path(wrap_c.with_extension(""))
+        .derive_default(true)
+        .prepend_enum_name(false)
+        .layout_tests(false)
+        .generate()
+        .expect("hoccl: bindgen over infiniband/verbs.h failed (is libibverbs-dev installed? run scripts/setup.sh)");
+    bindings.write_to_file(out.join("verbs_sys.rs")).unwrap();
+    // The wrappers of the static inline functions only go through the function tables in
+    // `ibv_context`, so they need no link-time libibverbs; exported functions are dlsym'd.
+    cc::Build::new()
+        .file(&wrap_c)
+        .include(env::current_dir().unwrap())
+        .warnings(false)
+        .compile("hoccl_verbs_wrap");
+}
+
+// ---------------------------------------------------------------- cxx -----------------
+
+fn build_cxx_bridge() {
+    println!("cargo:rerun-if-changed=src/ffi/bridge.rs");
+    println!("cargo:rerun-if-changed=cpp");
+    println!("cargo:rerun-if-changed=include");
+    let mut b = cxx_build::bridge("src/ffi/bridge.rs");
+    for f in std::fs::read_dir("cpp").unwrap().filter_map(|e| e.ok()).map(|e| e.path()) {
+        if f.extension().is_some_and(|e| e == "cc") {
+            b.file(&f);
+        }
+    }
+    b.include("include").std("c++17").flag_if_supported("-Wno-unused-parameter").compile("hoccl_cxx");
+}

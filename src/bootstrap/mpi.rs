@@ -1,0 +1,1 @@
+//! MPI bootstrap (rsmpi). Filled in by the bootstrap work.

@@ -1,0 +1,229 @@
+//! The one place configuration lives. Built in code (`Config::default()`), then overridden
+//! by `HOCCL_*` environment variables (`Config::from_env`); the README lists them all.
+use crate::error::{Error, Result};
+use std::time::Duration;
+
+/// Which data engine moves bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EngineChoice {
+    /// Pick per call from size and measured throughput.
+    Auto,
+    /// Copy engines driven by the CPU proxy: no kernel, no SM.
+    CopyEngine,
+    /// Fused compression kernels (uses SMs, fewer bytes on the wire).
+    Compressed,
+}
+
+/// Which device backend the communicator drives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendChoice {
+    /// CUDA when a GPU is present, the host backend otherwise.
+    Auto,
+    Cuda,
+    Host,
+}
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// `HOCCL_ENGINE` = auto | ce | compressed.
+    pub engine: EngineChoice,
+    /// `HOCCL_BACKEND` = auto | cuda | host.
+    pub backend: BackendChoice,
+    /// `HOCCL_CHUNK_BYTES`: the unit of copy-engine work and of pipelining (bytes; accepts
+    /// K/M/G suffixes). A flow larger than this is split into chunks interleaved across queues.
+    pub chunk_bytes: usize,
+    /// `HOCCL_COPY_STREAMS`: copy-engine queues per rank (H200 has 3 async engines).
+    pub copy_streams: usize,
+    /// `HOCCL_QPS_PER_PEER`: queue pairs (or sockets) per remote peer.
+    pub qps_per_peer: usize,
+    /// `HOCCL_VIRTUAL_NODES`: split each host's ranks into this many nodes (testing).
+    pub virtual_nodes: usize,
+    /// `HOCCL_FORWARDING_PEERS`: comma list, entry i = forwarding peer of local GPU i.
+    /// Empty means identity (stage locally).
+    pub forwarding_peers: Vec<usize>,
+    /// `HOCCL_DEVICE`: GPU ordinal for this rank (default: local rank modulo GPU count).
+    pub device: Option<usize>,
+    /// `HOCCL_TIMEOUT_MS`: an operation making no progress for this long fails.
+    pub timeout: Duration,
+    /// `HOCCL_LOG`: env_logger filter syntax (e.g. `hoccl=debug`).
+    pub log: Option<String>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            engine: EngineChoice::Auto,
+            backend: BackendChoice::Auto,
+            chunk_bytes: 4 << 20,
+            copy_streams: 3,
+            qps_per_peer: 4,
+            virtual_nodes: 1,
+            forwarding_peers: Vec::new(),
+            device: None,
+            timeout: Duration::from_secs(120),
+            log: None,
+        }
+    }
+}
+
+const OP: &str = "Config::from_env";
+
+fn parse_bytes(key: &str, v: &str) -> Result<usize> {
+    let v = v.trim();
+    let (num, mul) = match v.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
+        Some((i, _)) => {
+            let unit = v[i..].to_ascii_lowercase();
+            let mul = match unit.as_str() {
+                "k" | "kib" | "kb" => 1usize << 10,
+                "m" | "mib" | "mb" => 1 << 20,
+                "g" | "gib" | "gb" => 1 << 30,
+                "b" => 1,
+                _ => return Err(Error::invalid_arg(OP, format!("{key}={v}: unknown unit"))),
+            };
+            (&v[..i], mul)
+        }
+        None => (v, 1),
+    };
+    num.trim()
+        .parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(mul))
+        .ok_or_else(|| Error::invalid_arg(OP, format!("{key}={v}: not a byte count")))
+}
+
+fn parse_num(key: &str, v: &str) -> Result<usize> {
+    v.trim().parse().map_err(|_| Error::invalid_arg(OP, format!("{key}={v}: not a number")))
+}
+
+impl Config {
+    /// Defaults overridden by the process environment.
+    pub fn from_env() -> Result<Config> {
+        Config::default().with_env(|k| std::env::var(k).ok())
+    }
+
+    /// Apply `HOCCL_*` overrides read through `get` (testable without touching the process
+    /// environment). Unknown values are errors, not silently ignored.
+    pub fn with_env(mut self, get: impl Fn(&str) -> Option<String>) -> Result<Config> {
+        if let Some(v) = get("HOCCL_ENGINE") {
+            self.engine = match v.to_ascii_lowercase().as_str() {
+                "auto" => EngineChoice::Auto,
+                "ce" | "copy" | "copyengine" | "copy_engine" => EngineChoice::CopyEngine,
+                "compressed" | "sm" => EngineChoice::Compressed,
+                _ => return Err(Error::invalid_arg(OP, format!("HOCCL_ENGINE={v}: want auto|ce|compressed"))),
+            };
+        }
+        if let Some(v) = get("HOCCL_BACKEND") {
+            self.backend = match v.to_ascii_lowercase().as_str() {
+                "auto" => BackendChoice::Auto,
+                "cuda" | "gpu" => BackendChoice::Cuda,
+                "host" | "cpu" => BackendChoice::Host,
+                _ => return Err(Error::invalid_arg(OP, format!("HOCCL_BACKEND={v}: want auto|cuda|host"))),
+            };
+        }
+        if let Some(v) = get("HOCCL_CHUNK_BYTES") {
+            self.chunk_bytes = parse_bytes("HOCCL_CHUNK_BYTES", &v)?;
+        }
+        if let Some(v) = get("HOCCL_COPY_STREAMS") {
+            self.copy_streams = parse_num("HOCCL_COPY_STREAMS", &v)?;
+        }
+        if let Some(v) = get("HOCCL_QPS_PER_PEER") {
+            self.qps_per_peer = parse_num("HOCCL_QPS_PER_PEER", &v)?;
+        }
+        if let Some(v) = get("HOCCL_VIRTUAL_NODES") {
+            self.virtual_nodes = parse_num("HOCCL_VIRTUAL_NODES", &v)?;
+        }
+        if let Some(v) = get("HOCCL_FORWARDING_PEERS") {
+            self.forwarding_peers = v
+                .split(',')
+                .filter(|s| !s.trim().is_empty())
+                .map(|s| parse_num("HOCCL_FORWARDING_PEERS", s))
+                .collect::<Result<_>>()?;
+        }
+        if let Some(v) = get("HOCCL_DEVICE") {
+            self.device = Some(parse_num("HOCCL_DEVICE", &v)?);
+        }
+        if let Some(v) = get("HOCCL_TIMEOUT_MS") {
+            self.timeout = Duration::from_millis(parse_num("HOCCL_TIMEOUT_MS", &v)? as u64);
+        }
+        if let Some(v) = get("HOCCL_LOG") {
+            self.log = Some(v);
+        }
+        self.validate()?;
+        Ok(self)
+    }
+
+    /// Reject values no engine can run with.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |what: String| Err(Error::invalid_arg("Config::validate", what));
+        if self.chunk_bytes < 4096 || !self.chunk_bytes.is_power_of_two() {
+            return bad(format!("chunk_bytes {} must be a power of two >= 4096", self.chunk_bytes));
+        }
+        if self.copy_streams == 0 || self.copy_streams > 16 {
+            return bad(format!("copy_streams {} must be in 1..=16", self.copy_streams));
+        }
+        if self.qps_per_peer == 0 || self.qps_per_peer > 64 {
+            return bad(format!("qps_per_peer {} must be in 1..=64", self.qps_per_peer));
+        }
+        if self.virtual_nodes == 0 {
+            return bad("virtual_nodes must be >= 1".into());
+        }
+        if self.timeout.is_zero() {
+            return bad("timeout must be > 0".into());
+        }
+        Ok(())
+    }
+}
+
+/// Install the env_logger once, with the filter from `HOCCL_LOG` (default: warnings).
+pub fn init_logging(filter: Option<&str>) {
+    use std::sync::Once;
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let f = filter.map(str::to_owned).or_else(|| std::env::var("HOCCL_LOG").ok()).unwrap_or_else(|| "warn".into());
+        let _ = env_logger::Builder::new().parse_filters(&f).format_timestamp_micros().try_init();
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        move |k| m.get(k).cloned()
+    }
+
+    #[test]
+    fn env_overrides_apply() {
+        let c = Config::default()
+            .with_env(env(&[
+                ("HOCCL_CHUNK_BYTES", "8M"),
+                ("HOCCL_ENGINE", "ce"),
+                ("HOCCL_VIRTUAL_NODES", "2"),
+                ("HOCCL_FORWARDING_PEERS", "1,0,3,2"),
+                ("HOCCL_TIMEOUT_MS", "1500"),
+            ]))
+            .unwrap();
+        assert_eq!(c.chunk_bytes, 8 << 20);
+        assert_eq!(c.engine, EngineChoice::CopyEngine);
+        assert_eq!(c.virtual_nodes, 2);
+        assert_eq!(c.forwarding_peers, vec![1, 0, 3, 2]);
+        assert_eq!(c.timeout, Duration::from_millis(1500));
+    }
+
+    #[test]
+    fn bad_values_are_errors() {
+        for (k, v) in [
+            ("HOCCL_CHUNK_BYTES", "12345"),
+            ("HOCCL_CHUNK_BYTES", "4Q"),
+            ("HOCCL_ENGINE", "warp"),
+            ("HOCCL_COPY_STREAMS", "0"),
+            ("HOCCL_VIRTUAL_NODES", "x"),
+            ("HOCCL_TIMEOUT_MS", "0"),
+        ] {
+            let e = Config::default().with_env(env(&[(k, v)])).unwrap_err();
+            assert_eq!(e.code(), crate::error::ErrorCode::InvalidArgument, "{k}={v}");
+        }
+    }
+}

@@ -1,0 +1,204 @@
+//! The memory/stream/copy backend, shaped by CUDA's own concepts so that the engine above
+//! never knows which backend it drives:
+//! - device memory that can be exported to another process by a handle and imported there;
+//! - streams (in-order queues) that can write a 64-bit value to host-visible memory and
+//!   wait until such a value is >= a target (`cuStreamWriteValue64`/`cuStreamWaitValue64`);
+//! - copy-engine queues on which the proxy enqueues asynchronous copies and fences whose
+//!   completion it can query without blocking.
+//!
+//! Backends: [`cuda`] (driver API through cudarc) and [`host`] (POSIX shared memory, worker
+//! threads as copy engines, an in-order host queue as the stream).
+use crate::error::Result;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+pub mod cuda;
+pub mod host;
+pub mod kernels;
+
+/// A device address: `CUdeviceptr` on CUDA, a virtual address of this process on the host
+/// backend. Arithmetic on it never dereferences.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DevPtr(pub u64);
+
+impl DevPtr {
+    pub const NULL: DevPtr = DevPtr(0);
+    pub fn is_null(self) -> bool {
+        self.0 == 0
+    }
+    /// `self + bytes` (wrapping is a caller bug and is checked by the callers that validate
+    /// user ranges).
+    pub fn add(self, bytes: usize) -> DevPtr {
+        DevPtr(self.0.wrapping_add(bytes as u64))
+    }
+}
+
+/// A stream: a `CUstream` value on CUDA (0 is the legacy default stream), a queue id on the
+/// host backend.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct StreamHandle(pub u64);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Cuda,
+    Host,
+}
+
+/// An allocation's identity: a freed and reused address gets a new `id`, so caches keyed by
+/// `(owner, id)` never serve a stale mapping.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Allocation {
+    pub base: DevPtr,
+    pub len: usize,
+    pub id: u64,
+}
+
+/// An opaque export handle: `CUipcMemHandle` (64 bytes) on CUDA, a shared-memory object
+/// name on the host backend.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ExportHandle(pub [u8; 64]);
+
+impl std::fmt::Debug for ExportHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ExportHandle({:02x?}..)", &self.0[..8])
+    }
+}
+
+/// 64-bit flags in host memory that streams write/wait and the CPU reads/writes.
+/// Invariant: `host` points to `len` 8-byte-aligned u64 words that stay valid while `_keep`
+/// lives; `dev` is the same memory as the device sees it.
+pub struct FlagSlab {
+    host: *const AtomicU64,
+    dev: DevPtr,
+    len: usize,
+    _keep: Box<dyn std::any::Any + Send + Sync>,
+}
+
+// SAFETY: the words are only accessed through atomics; `_keep` owns the memory and is Send+Sync.
+unsafe impl Send for FlagSlab {}
+// SAFETY: as above, all access is atomic.
+unsafe impl Sync for FlagSlab {}
+
+impl FlagSlab {
+    /// # Safety
+    /// `host` must point to `len` zero-initialised, 8-byte-aligned words that stay valid and
+    /// are only accessed atomically while `keep` lives; `dev` must address the same words.
+    pub unsafe fn from_raw(host: *mut u64, dev: DevPtr, len: usize, keep: Box<dyn std::any::Any + Send + Sync>) -> Self {
+        FlagSlab { host: host as *const AtomicU64, dev, len, _keep: keep }
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    fn word(&self, i: usize) -> &AtomicU64 {
+        assert!(i < self.len, "flag index {i} out of {}", self.len);
+        // SAFETY: i < len and the words live as long as self (invariant above).
+        unsafe { &*self.host.add(i) }
+    }
+    pub fn load(&self, i: usize) -> u64 {
+        self.word(i).load(Ordering::Acquire)
+    }
+    pub fn store(&self, i: usize, v: u64) {
+        self.word(i).store(v, Ordering::Release)
+    }
+    /// The device address of word `i`, for stream write/wait operations.
+    pub fn dev_addr(&self, i: usize) -> DevPtr {
+        assert!(i < self.len);
+        self.dev.add(i * 8)
+    }
+}
+
+/// A copy-engine queue owned by the proxy. Copies and fences execute in order; nothing here
+/// blocks on the device.
+pub trait CopyQueue: Send {
+    /// Enqueue a copy of `len` bytes. `dst`/`src` may be local or imported peer memory.
+    fn copy(&mut self, dst: DevPtr, src: DevPtr, len: usize) -> Result<()>;
+    /// Enqueue a fence; returns its ticket (tickets increase by one per fence from 1).
+    fn fence(&mut self) -> Result<u64>;
+    /// The highest ticket whose fence (and so every copy before it) has completed.
+    fn completed(&mut self) -> Result<u64>;
+}
+
+/// A device backend. Implementations are cheap to share (`Arc<dyn Device>`).
+pub trait Device: Send + Sync + 'static {
+    fn backend(&self) -> Backend;
+    /// Device ordinal (GPU index; 0 on the host backend).
+    fn ordinal(&self) -> usize;
+    /// Human-readable name and PCI bus id ("host" on the host backend).
+    fn name(&self) -> String;
+    fn pci_bus_id(&self) -> String;
+    /// Make this device current on the calling thread (CUDA context); no-op on host.
+    fn bind_thread(&self) -> Result<()>;
+
+    // ---- memory -------------------------------------------------------------------------
+    /// Allocate exportable device memory (plain `cuMemAlloc` on CUDA).
+    fn alloc(&self, len: usize) -> Result<DevPtr>;
+    fn free(&self, p: DevPtr) -> Result<()>;
+    /// The allocation that contains `p`, or `InvalidArgument` if `p` is not device memory.
+    fn allocation(&self, p: DevPtr) -> Result<Allocation>;
+    fn export(&self, a: &Allocation) -> Result<ExportHandle>;
+    /// Map a peer's exported allocation into this process; returns its base here.
+    fn import(&self, h: &ExportHandle, len: usize) -> Result<DevPtr>;
+    fn unimport(&self, base: DevPtr, len: usize) -> Result<()>;
+    /// `n` host-visible 64-bit flags, zeroed.
+    fn alloc_flags(&self, n: usize) -> Result<FlagSlab>;
+    /// Synchronous copies between host memory and device memory (tests, setup).
+    fn copy_to_host(&self, dst: &mut [u8], src: DevPtr) -> Result<()>;
+    fn copy_from_host(&self, dst: DevPtr, src: &[u8]) -> Result<()>;
+
+    // ---- streams ------------------------------------------------------------------------
+    fn create_stream(&self) -> Result<StreamHandle>;
+    fn destroy_stream(&self, s: StreamHandle) -> Result<()>;
+    /// Enqueue: write `v` to the flag at `flag` when the stream reaches this point.
+    fn write_value(&self, s: StreamHandle, flag: DevPtr, v: u64) -> Result<()>;
+    /// Enqueue: block the stream until the flag at `flag` is >= `v`.
+    fn wait_value_geq(&self, s: StreamHandle, flag: DevPtr, v: u64) -> Result<()>;
+    /// Block the calling thread until the stream drains.
+    fn synchronize(&self, s: StreamHandle) -> Result<()>;
+    /// Enqueue a copy on a user stream (stream-ordered; a kernel-free DMA on CUDA).
+    fn memcpy_async(&self, s: StreamHandle, dst: DevPtr, src: DevPtr, len: usize) -> Result<()>;
+    /// Enqueue the test-data generator: byte i of `dst` becomes `pattern_byte(seed, i)`.
+    /// A kernel on CUDA (so it is NOT zero-SM: tests and benchmarks only).
+    fn fill_pattern_async(&self, s: StreamHandle, dst: DevPtr, len: usize, seed: u64) -> Result<()>;
+
+    // ---- copy engines -------------------------------------------------------------------
+    /// Number of copy engines the hardware reports (async engine count on CUDA).
+    fn copy_engine_count(&self) -> usize;
+    /// A new copy-engine queue for the proxy.
+    fn create_copy_queue(&self) -> Result<Box<dyn CopyQueue>>;
+}
+
+/// Byte `i` of the verifiable test pattern for `seed` (a function of seed and index only,
+/// so every rank computes any expected value itself). Shared with `cuda/pattern.cu`.
+#[inline]
+pub fn pattern_byte(seed: u64, i: u64) -> u8 {
+    (pattern_word(seed, i >> 2) >> ((i & 3) * 8)) as u8
+}
+
+/// 32-bit word `w` of the pattern: a splitmix64 finalizer over (seed, w).
+#[inline]
+pub fn pattern_word(seed: u64, w: u64) -> u32 {
+    let mut z = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ w.wrapping_add(0x632B_E59B_D9B4_E019);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    (z ^ (z >> 31)) as u32
+}
+
+/// Open the backend `choice` asks for on GPU `ordinal` (ignored on host).
+pub fn open(choice: crate::config::BackendChoice, ordinal: usize) -> Result<Arc<dyn Device>> {
+    use crate::config::BackendChoice;
+    match choice {
+        BackendChoice::Host => todo_backend(),
+        BackendChoice::Cuda => todo_backend(),
+        BackendChoice::Auto => match cuda::probe() {
+            Ok(p) if p.count > 0 => { let _ = ordinal; todo_backend() }
+            _ => todo_backend(),
+        },
+    }
+}
+
+fn todo_backend() -> Result<Arc<dyn Device>> {
+    Err(crate::error::Error::NoDevice { op: "device::open", what: "backends are being written".into() })
+}

@@ -1,0 +1,2 @@
+//! FFI: the cxx bridge for C++ (`include/hoccl/hoccl.hpp`) and the C ABI.
+mod bridge;

@@ -1,0 +1,2 @@
+//! See DESIGN.md (layer `plan`). Pure: no FFI, no I/O.
+#![forbid(unsafe_code)]

@@ -1,0 +1,2 @@
+//! See DESIGN.md, layer `topology`.
+#![forbid(unsafe_code)]
