@@ -168,6 +168,11 @@ pub trait Device: Send + Sync + 'static {
     fn copy_engine_count(&self) -> usize;
     /// A new copy-engine queue for the proxy.
     fn create_copy_queue(&self) -> Result<Box<dyn CopyQueue>>;
+
+    /// The CUDA device behind this backend, for kernel launches (codec, tests).
+    fn as_cuda(&self) -> Option<&cuda::CudaDevice> {
+        None
+    }
 }
 
 /// Byte `i` of the verifiable test pattern for `seed` (a function of seed and index only,
