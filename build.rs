@@ -118,16 +118,49 @@ fn build_fatbin(out: &Path) {
 
 // ---------------------------------------------------------------- verbs ---------------
 
+/// Exported libibverbs functions that `transport::verbs::sys` loads with dlsym. Bindgen
+/// declares them only so that sys.rs can check its function-pointer types against the
+/// headers at compile time; nothing calls the declarations, so nothing links libibverbs.
+const VERBS_DLSYM_FNS: &[&str] = &[
+    "ibv_get_device_list",
+    "ibv_free_device_list",
+    "ibv_get_device_name",
+    "ibv_get_device_guid",
+    "ibv_open_device",
+    "ibv_close_device",
+    "ibv_query_device",
+    "ibv_query_port",
+    "ibv_query_gid",
+    "ibv_alloc_pd",
+    "ibv_dealloc_pd",
+    "ibv_create_cq",
+    "ibv_destroy_cq",
+    "ibv_reg_mr_iova2",
+    "ibv_reg_dmabuf_mr",
+    "ibv_dereg_mr",
+    "ibv_create_qp",
+    "ibv_modify_qp",
+    "ibv_destroy_qp",
+    "ibv_wc_status_str",
+];
+
+/// Static inline verbs that get C wrappers (`<name>__extern`). Only those that call through
+/// the provider's ops tables: a wrapper that called an exported symbol would make every
+/// binary linking hoccl need libibverbs at link time.
+const VERBS_STATIC_FNS: &[&str] = &["ibv_post_send", "ibv_post_recv", "ibv_poll_cq", "ibv_req_notify_cq", "hoccl_ibv_query_port_ex"];
+
 fn build_verbs_bindings(out: &Path) {
     println!("cargo:rerun-if-changed=src/transport/verbs/wrapper.h");
     let header = "src/transport/verbs/wrapper.h";
     let wrap_c = out.join("verbs_static_fns.c");
-    let bindings = bindgen::Builder::default()
+    let mut builder = bindgen::Builder::default()
         .header(header)
         .allowlist_type("ibv_.*")
-        .allowlist_function("ibv_.*")
-        .allowlist_var("IBV_.*")
-        .blocklist_function("ibv_reg_mr") // a macro in newer rdma-core; bound by hand
+        .allowlist_var("IBV_.*");
+    for f in VERBS_DLSYM_FNS.iter().chain(VERBS_STATIC_FNS) {
+        builder = builder.allowlist_function(f);
+    }
+    let bindings = builder
         .wrap_static_fns(true)
         .wrap_static_fns_path(wrap_c.with_extension(""))
         .derive_default(true)
@@ -136,8 +169,8 @@ fn build_verbs_bindings(out: &Path) {
         .generate()
         .expect("hoccl: bindgen over infiniband/verbs.h failed (is libibverbs-dev installed? run scripts/setup.sh)");
     bindings.write_to_file(out.join("verbs_sys.rs")).unwrap();
-    // The wrappers of the static inline functions only go through the function tables in
-    // `ibv_context`, so they need no link-time libibverbs; exported functions are dlsym'd.
+    // The wrappers only go through the function tables in `ibv_context`, so they need no
+    // link-time libibverbs; exported functions are dlsym'd.
     cc::Build::new()
         .file(&wrap_c)
         .include(env::current_dir().unwrap())

@@ -1,1 +1,1 @@
-mod verbs;
+pub mod verbs;
