@@ -1,0 +1,215 @@
+//! `hoccl-info [--json]`: what hoccl sees on this host — GPUs (name, PCI bus id, memory,
+//! copy engines, compute capability, peer-access matrix), RDMA devices, and the embedded
+//! kernels (fatbin size, architectures, kernel names). Without a driver it prints
+//! "no GPU (reason)" and still exits 0; only bad arguments exit non-zero.
+use hoccl::device::cuda::{self, fatbin, Probe};
+use hoccl::transport::verbs::{self, RdmaDeviceInfo};
+use std::fmt::Write as _;
+
+const USAGE: &str = "usage: hoccl-info [--json]\n  Prints the GPUs, RDMA devices and embedded kernels hoccl sees.";
+
+struct Report {
+    cuda: Result<Probe, String>,
+    rdma: Result<Vec<RdmaDeviceInfo>, String>,
+    fatbin_bytes: usize,
+    fatbin: Option<fatbin::Contents>,
+}
+
+fn main() {
+    let _ = env_logger::Builder::from_env(env_logger::Env::new().filter("HOCCL_LOG")).try_init();
+    let mut json = false;
+    for a in std::env::args().skip(1) {
+        match a.as_str() {
+            "--json" => json = true,
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                return;
+            }
+            other => {
+                eprintln!("hoccl-info: unknown argument {other:?}\n{USAGE}");
+                std::process::exit(2);
+            }
+        }
+    }
+    let report = Report {
+        cuda: cuda::probe().map_err(|e| e.to_string()),
+        rdma: verbs::probe().map_err(|e| e.to_string()),
+        fatbin_bytes: hoccl::device::kernels::fatbin().len(),
+        fatbin: fatbin::embedded(),
+    };
+    let out = if json { to_json(&report) } else { to_text(&report) };
+    print!("{out}");
+}
+
+fn gib(bytes: usize) -> f64 {
+    bytes as f64 / (1u64 << 30) as f64
+}
+
+fn to_text(r: &Report) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "hoccl {}", env!("CARGO_PKG_VERSION"));
+    match &r.cuda {
+        Err(why) => {
+            let _ = writeln!(s, "CUDA: no GPU ({why})");
+        }
+        Ok(p) if p.count == 0 => {
+            let _ = writeln!(s, "CUDA: no GPU (driver {} reports 0 devices)", version(p.driver_version));
+        }
+        Ok(p) => text_gpus(&mut s, p),
+    }
+    match &r.rdma {
+        Err(why) => {
+            let _ = writeln!(s, "RDMA: error ({why})");
+        }
+        Ok(devs) => {
+            let _ = writeln!(s, "RDMA: {} device(s)", devs.len());
+            for d in devs {
+                text_rdma(&mut s, d);
+            }
+        }
+    }
+    let _ = writeln!(s, "Kernels: fatbin {} bytes", r.fatbin_bytes);
+    match &r.fatbin {
+        None => {
+            let _ = writeln!(s, "  (fatbin could not be parsed)");
+        }
+        Some(c) => {
+            let archs: Vec<&str> = c.entries.iter().map(|e| e.arch.as_str()).collect();
+            let _ = writeln!(s, "  archs:   {}", if archs.is_empty() { "(none: built with HOCCL_NO_CUDA=1)".into() } else { archs.join(", ") });
+            let _ = writeln!(s, "  kernels: {}", if c.kernels.is_empty() { "(none)".into() } else { c.kernels.join(", ") });
+        }
+    }
+    s
+}
+
+fn version(v: i32) -> String {
+    format!("{}.{}", v / 1000, (v % 1000) / 10)
+}
+
+fn text_gpus(s: &mut String, p: &Probe) {
+    let _ = writeln!(s, "CUDA: driver {}, {} GPU(s)", version(p.driver_version), p.count);
+    for g in &p.gpus {
+        let _ = writeln!(
+            s,
+            "  GPU {}: {}  pci {}  {:.1} GiB  copy engines {}  cc {}.{}  SMs {}  64-bit stream mem ops {}",
+            g.ordinal,
+            g.name,
+            g.pci_bus_id,
+            gib(g.total_mem_bytes),
+            g.async_engines,
+            g.compute_capability.0,
+            g.compute_capability.1,
+            g.sm_count,
+            if g.stream_mem_ops_64 { "yes" } else { "no" }
+        );
+    }
+    let _ = writeln!(s, "  peer access (row can access column):");
+    let _ = writeln!(s, "      {}", (0..p.count).map(|j| format!("{j:>3}")).collect::<String>());
+    for (i, row) in p.peer_access.iter().enumerate() {
+        let cells: String = row.iter().enumerate().map(|(j, &ok)| format!("{:>3}", if i == j { "-" } else if ok { "Y" } else { "N" })).collect();
+        let _ = writeln!(s, "  {i:>3} {cells}");
+    }
+}
+
+fn text_rdma(s: &mut String, d: &RdmaDeviceInfo) {
+    if let Some(e) = &d.error {
+        let _ = writeln!(s, "  {}: error ({e})", d.name);
+        return;
+    }
+    let _ = writeln!(s, "  {}: guid {:016x}  fw {}  vendor {:#x}:{:#x}  max_qp {}", d.name, d.node_guid, d.fw_ver, d.vendor_id, d.vendor_part_id, d.max_qp);
+    for p in &d.ports {
+        let _ = writeln!(
+            s,
+            "    port {}: {} {}  lid {}  mtu {}  {} Gb/s  gid0 {}",
+            p.port,
+            p.state,
+            p.link_layer,
+            p.lid,
+            p.active_mtu,
+            p.rate_gbps,
+            verbs::gid_string(&p.gid0)
+        );
+    }
+}
+
+/// A JSON string literal.
+fn js(v: &str) -> String {
+    let mut o = String::with_capacity(v.len() + 2);
+    o.push('"');
+    for c in v.chars() {
+        match c {
+            '"' => o.push_str("\\\""),
+            '\\' => o.push_str("\\\\"),
+            '\n' => o.push_str("\\n"),
+            '\r' => o.push_str("\\r"),
+            '\t' => o.push_str("\\t"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(o, "\\u{:04x}", c as u32);
+            }
+            c => o.push(c),
+        }
+    }
+    o.push('"');
+    o
+}
+
+fn list<T>(items: &[T], f: impl Fn(&T) -> String) -> String {
+    format!("[{}]", items.iter().map(f).collect::<Vec<_>>().join(","))
+}
+
+fn to_json(r: &Report) -> String {
+    let cuda = match &r.cuda {
+        Err(why) => format!("{{\"ok\":false,\"reason\":{}}}", js(why)),
+        Ok(p) => {
+            let gpus = list(&p.gpus, |g| {
+                format!(
+                    "{{\"ordinal\":{},\"name\":{},\"pci_bus_id\":{},\"total_mem_bytes\":{},\"copy_engines\":{},\"compute_capability\":\"{}.{}\",\"sm_count\":{},\"stream_mem_ops_64\":{},\"unified_addressing\":{}}}",
+                    g.ordinal, js(&g.name), js(&g.pci_bus_id), g.total_mem_bytes, g.async_engines,
+                    g.compute_capability.0, g.compute_capability.1, g.sm_count, g.stream_mem_ops_64, g.unified_addressing
+                )
+            });
+            let peers = list(&p.peer_access, |row| list(row, |b| b.to_string()));
+            format!("{{\"ok\":true,\"driver_version\":{},\"count\":{},\"gpus\":{gpus},\"peer_access\":{peers}}}", p.driver_version, p.count)
+        }
+    };
+    let rdma = match &r.rdma {
+        Err(why) => format!("{{\"ok\":false,\"reason\":{}}}", js(why)),
+        Ok(devs) => format!("{{\"ok\":true,\"devices\":{}}}", list(devs, json_rdma)),
+    };
+    let fat = match &r.fatbin {
+        None => format!("{{\"bytes\":{},\"parsed\":false}}", r.fatbin_bytes),
+        Some(c) => format!(
+            "{{\"bytes\":{},\"parsed\":true,\"archs\":{},\"kernels\":{}}}",
+            r.fatbin_bytes,
+            list(&c.entries, |e| js(&e.arch)),
+            list(&c.kernels, |k| js(k))
+        ),
+    };
+    format!("{{\"version\":{},\"cuda\":{cuda},\"rdma\":{rdma},\"fatbin\":{fat}}}\n", js(env!("CARGO_PKG_VERSION")))
+}
+
+fn json_rdma(d: &RdmaDeviceInfo) -> String {
+    let ports = list(&d.ports, |p| {
+        format!(
+            "{{\"port\":{},\"state\":{},\"link_layer\":{},\"lid\":{},\"active_mtu\":{},\"rate_gbps\":{},\"gid0\":{}}}",
+            p.port,
+            js(&p.state),
+            js(&p.link_layer),
+            p.lid,
+            p.active_mtu,
+            p.rate_gbps,
+            js(&verbs::gid_string(&p.gid0))
+        )
+    });
+    let error = d.error.as_deref().map(js).unwrap_or_else(|| "null".into());
+    format!(
+        "{{\"name\":{},\"node_guid\":\"{:016x}\",\"fw_ver\":{},\"vendor_id\":{},\"vendor_part_id\":{},\"max_qp\":{},\"max_mr_size\":{},\"ports\":{ports},\"error\":{error}}}",
+        js(&d.name),
+        d.node_guid,
+        js(&d.fw_ver),
+        d.vendor_id,
+        d.vendor_part_id,
+        d.max_qp,
+        d.max_mr_size
+    )
+}
