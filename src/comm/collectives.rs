@@ -1,6 +1,6 @@
 //! Every collective as the byte ranges this rank sends and receives. All of them are
 //! stream-ordered and asynchronous; buffers are device pointers (any alignment), counts are
-//! in elements of `dtype`.
+//! in elements of `dtype`. Each user buffer is validated once per call.
 use super::Communicator;
 use crate::device::{DevPtr, StreamHandle};
 use crate::error::{Error, Result};
@@ -8,14 +8,6 @@ use crate::types::DataType;
 
 fn overlaps(a: DevPtr, alen: usize, b: DevPtr, blen: usize) -> bool {
     alen > 0 && blen > 0 && a.0 < b.0 + blen as u64 && b.0 < a.0 + alen as u64
-}
-
-/// `base + i * block` with overflow checks.
-fn slot(op: &'static str, base: DevPtr, i: usize, block: usize) -> Result<DevPtr> {
-    i.checked_mul(block)
-        .and_then(|off| base.0.checked_add(off as u64))
-        .map(DevPtr)
-        .ok_or_else(|| Error::invalid_arg(op, "buffer offset overflows"))
 }
 
 impl Communicator {
@@ -27,22 +19,24 @@ impl Communicator {
     }
 
     fn total(&self, op: &'static str, bytes: usize) -> Result<usize> {
-        bytes.checked_mul(self.size).ok_or_else(|| Error::invalid_arg(op, "count times ranks overflows"))
+        bytes.checked_mul(self.size).filter(|t| *t <= isize::MAX as usize).ok_or_else(|| Error::invalid_arg(op, "count times ranks overflows"))
     }
 
     /// Send `count` elements to `peer` (match with its `recv`; use a group for pairs).
     pub fn send(&self, buf: DevPtr, count: usize, dtype: DataType, peer: usize, stream: StreamHandle) -> Result<()> {
         const OP: &str = "send";
+        self.check_peer(OP, peer)?;
         let len = Self::bytes(OP, count, dtype)?;
-        let x = self.xfer(OP, "send", buf, len, peer)?;
+        let x = self.region(OP, "send", buf, len)?.whole(peer)?;
         self.submit(OP, stream, vec![x], vec![])
     }
 
     /// Receive `count` elements from `peer`.
     pub fn recv(&self, buf: DevPtr, count: usize, dtype: DataType, peer: usize, stream: StreamHandle) -> Result<()> {
         const OP: &str = "recv";
+        self.check_peer(OP, peer)?;
         let len = Self::bytes(OP, count, dtype)?;
-        let x = self.xfer(OP, "receive", buf, len, peer)?;
+        let x = self.region(OP, "receive", buf, len)?.whole(peer)?;
         self.submit(OP, stream, vec![], vec![x])
     }
 
@@ -52,17 +46,14 @@ impl Communicator {
         const OP: &str = "all_gather";
         let len = Self::bytes(OP, count, dtype)?;
         let total = self.total(OP, len)?;
-        self.xfer(OP, "receive", recv, total, self.rank)?;
-        let own = slot(OP, recv, self.rank, len)?;
+        let r = self.region(OP, "receive", recv, total)?;
+        let own = recv.add(self.rank * len);
+        let s = if send == own { r.sub(self.rank * len, len)? } else { self.region(OP, "send", send, len)? };
         if send != own && overlaps(send, len, recv, total) {
             return Err(Error::invalid_arg(OP, "send buffer overlaps the receive buffer but is not this rank's slot"));
         }
-        let mut sends = Vec::with_capacity(self.size);
-        let mut recvs = Vec::with_capacity(self.size);
-        for p in 0..self.size {
-            sends.push(self.xfer(OP, "send", send, len, p)?);
-            recvs.push(self.xfer(OP, "receive", slot(OP, recv, p, len)?, len, p)?);
-        }
+        let sends = (0..self.size).map(|p| s.whole(p)).collect::<Result<Vec<_>>>()?;
+        let recvs = (0..self.size).map(|p| r.part(p * len, len, p)).collect::<Result<Vec<_>>>()?;
         self.submit(OP, stream, sends, recvs)
     }
 
@@ -75,14 +66,10 @@ impl Communicator {
         if overlaps(send, total, recv, total) && self.size > 1 {
             return Err(Error::invalid_arg(OP, "send and receive buffers overlap (in-place AlltoAll is not supported)"));
         }
-        self.xfer(OP, "send", send, total, self.rank)?;
-        self.xfer(OP, "receive", recv, total, self.rank)?;
-        let mut sends = Vec::with_capacity(self.size);
-        let mut recvs = Vec::with_capacity(self.size);
-        for p in 0..self.size {
-            sends.push(self.xfer(OP, "send", slot(OP, send, p, len)?, len, p)?);
-            recvs.push(self.xfer(OP, "receive", slot(OP, recv, p, len)?, len, p)?);
-        }
+        let s = self.region(OP, "send", send, total)?;
+        let r = self.region(OP, "receive", recv, total)?;
+        let sends = (0..self.size).map(|p| s.part(p * len, len, p)).collect::<Result<Vec<_>>>()?;
+        let recvs = (0..self.size).map(|p| r.part(p * len, len, p)).collect::<Result<Vec<_>>>()?;
         self.submit(OP, stream, sends, recvs)
     }
 
@@ -108,17 +95,24 @@ impl Communicator {
                 return Err(Error::invalid_arg(OP, format!("{name} has {} entries, expected {}", v.len(), self.size)));
             }
         }
+        // Extent of each buffer in bytes: the furthest end of any block.
+        let extent = |counts: &[usize], displs: &[usize]| -> Result<usize> {
+            counts.iter().zip(displs).try_fold(0usize, |m, (c, d)| {
+                let end = c.checked_add(*d).ok_or_else(|| Error::invalid_arg(OP, "count + displacement overflows"))?;
+                Ok(if *c == 0 { m } else { m.max(Self::bytes(OP, end, dtype)?) })
+            })
+        };
+        let s = self.region(OP, "send", send, extent(send_counts, send_displs)?)?;
+        let r = self.region(OP, "receive", recv, extent(recv_counts, recv_displs)?)?;
         let es = dtype.size();
         let mut sends = Vec::with_capacity(self.size);
         let mut recvs = Vec::with_capacity(self.size);
         for p in 0..self.size {
-            let (sl, so) = (Self::bytes(OP, send_counts[p], dtype)?, slot(OP, send, send_displs[p], es)?);
-            let (rl, ro) = (Self::bytes(OP, recv_counts[p], dtype)?, slot(OP, recv, recv_displs[p], es)?);
-            sends.push(self.xfer(OP, "send", so, sl, p)?);
-            recvs.push(self.xfer(OP, "receive", ro, rl, p)?);
+            sends.push(s.part(send_displs[p] * es, Self::bytes(OP, send_counts[p], dtype)?, p)?);
+            recvs.push(r.part(recv_displs[p] * es, Self::bytes(OP, recv_counts[p], dtype)?, p)?);
         }
-        for s in &sends {
-            if recvs.iter().any(|r| overlaps(s.ptr, s.len, r.ptr, r.len)) {
+        for x in &sends {
+            if recvs.iter().any(|y| overlaps(x.ptr, x.len, y.ptr, y.len)) {
                 return Err(Error::invalid_arg(OP, "a send range overlaps a receive range"));
             }
         }
@@ -131,17 +125,16 @@ impl Communicator {
         const OP: &str = "broadcast";
         self.check_root(OP, root)?;
         let len = Self::bytes(OP, count, dtype)?;
+        let r = self.region(OP, "receive", recv, len)?;
         let mut sends = Vec::new();
         if self.rank == root {
             if send != recv && overlaps(send, len, recv, len) {
                 return Err(Error::invalid_arg(OP, "send and receive buffers partially overlap"));
             }
-            for p in 0..self.size {
-                sends.push(self.xfer(OP, "send", send, len, p)?);
-            }
+            let s = if send == recv { r.sub(0, len)? } else { self.region(OP, "send", send, len)? };
+            sends = (0..self.size).map(|p| s.whole(p)).collect::<Result<Vec<_>>>()?;
         }
-        let recvs = vec![self.xfer(OP, "receive", recv, len, root)?];
-        self.submit(OP, stream, sends, recvs)
+        self.submit(OP, stream, sends, vec![r.whole(root)?])
     }
 
     /// Every rank's `count` elements into block `rank` of the root's `recv`
@@ -151,19 +144,20 @@ impl Communicator {
         self.check_root(OP, root)?;
         let len = Self::bytes(OP, count, dtype)?;
         let mut recvs = Vec::new();
+        let s;
         if self.rank == root {
             let total = self.total(OP, len)?;
-            self.xfer(OP, "receive", recv, total, root)?;
-            let own = slot(OP, recv, root, len)?;
+            let r = self.region(OP, "receive", recv, total)?;
+            let own = recv.add(root * len);
             if send != own && overlaps(send, len, recv, total) {
                 return Err(Error::invalid_arg(OP, "send buffer overlaps the receive buffer but is not the root's slot"));
             }
-            for p in 0..self.size {
-                recvs.push(self.xfer(OP, "receive", slot(OP, recv, p, len)?, len, p)?);
-            }
+            s = if send == own { r.sub(root * len, len)? } else { self.region(OP, "send", send, len)? };
+            recvs = (0..self.size).map(|p| r.part(p * len, len, p)).collect::<Result<Vec<_>>>()?;
+        } else {
+            s = self.region(OP, "send", send, len)?;
         }
-        let sends = vec![self.xfer(OP, "send", send, len, root)?];
-        self.submit(OP, stream, sends, recvs)
+        self.submit(OP, stream, vec![s.whole(root)?], recvs)
     }
 
     /// Block j of the root's `send` (`size * count` elements) into rank j's `recv`.
@@ -172,19 +166,19 @@ impl Communicator {
         self.check_root(OP, root)?;
         let len = Self::bytes(OP, count, dtype)?;
         let mut sends = Vec::new();
+        let r;
         if self.rank == root {
             let total = self.total(OP, len)?;
-            self.xfer(OP, "send", send, total, root)?;
-            let own = slot(OP, send, root, len)?;
+            let s = self.region(OP, "send", send, total)?;
+            let own = send.add(root * len);
             if recv != own && overlaps(recv, len, send, total) {
                 return Err(Error::invalid_arg(OP, "receive buffer overlaps the send buffer but is not the root's slot"));
             }
-            for p in 0..self.size {
-                sends.push(self.xfer(OP, "send", slot(OP, send, p, len)?, len, p)?);
-            }
+            r = if recv == own { s.sub(root * len, len)? } else { self.region(OP, "receive", recv, len)? };
+            sends = (0..self.size).map(|p| s.part(p * len, len, p)).collect::<Result<Vec<_>>>()?;
+        } else {
+            r = self.region(OP, "receive", recv, len)?;
         }
-        let recvs = vec![self.xfer(OP, "receive", recv, len, root)?];
-        self.submit(OP, stream, sends, recvs)
+        self.submit(OP, stream, sends, vec![r.whole(root)?])
     }
 }
-

@@ -205,13 +205,11 @@ impl Communicator {
 
     // ================================================================ launch ============
 
-    /// Validate `[ptr, ptr+len)` as device memory of one allocation.
-    fn xfer(&self, op: &'static str, what: &str, ptr: DevPtr, len: usize, peer: usize) -> Result<Xfer> {
-        if peer >= self.size {
-            return Err(Error::invalid_arg(op, format!("peer rank {peer} out of range (size {})", self.size)));
-        }
+    /// Validate `[ptr, ptr+len)` as device memory inside one allocation (one lookup per
+    /// user buffer per call; sub-ranges are cut from it with [`Region::part`]).
+    fn region(&self, op: &'static str, what: &'static str, ptr: DevPtr, len: usize) -> Result<Region> {
         if len == 0 {
-            return Ok(Xfer { peer, ptr, len, alloc: None });
+            return Ok(Region { op, what, ptr, len, alloc: None });
         }
         if ptr.is_null() {
             return Err(Error::invalid_arg(op, format!("{what} buffer is null")));
@@ -224,7 +222,14 @@ impl Communicator {
                 format!("{what} buffer too short: {len} bytes at offset {} of an allocation of {} bytes", ptr.0 - a.base.0, a.len),
             ));
         }
-        Ok(Xfer { peer, ptr, len, alloc: Some(a) })
+        Ok(Region { op, what, ptr, len, alloc: Some(a) })
+    }
+
+    fn check_peer(&self, op: &'static str, peer: usize) -> Result<()> {
+        if peer >= self.size {
+            return Err(Error::invalid_arg(op, format!("peer rank {peer} out of range (size {})", self.size)));
+        }
+        Ok(())
     }
 
     /// Queue one op (or add it to the open group).
@@ -271,6 +276,36 @@ impl Communicator {
 
     fn bytes(op: &'static str, count: usize, dtype: DataType) -> Result<usize> {
         dtype.bytes(op, count)
+    }
+}
+
+/// A validated user buffer.
+struct Region {
+    op: &'static str,
+    what: &'static str,
+    ptr: DevPtr,
+    len: usize,
+    alloc: Option<crate::device::Allocation>,
+}
+
+impl Region {
+    /// The transfer of `len` bytes at `off` within this buffer, to or from `peer`.
+    fn part(&self, off: usize, len: usize, peer: usize) -> Result<Xfer> {
+        if len == 0 {
+            return Ok(Xfer { peer, ptr: self.ptr.add(off), len: 0, alloc: None });
+        }
+        match off.checked_add(len) {
+            Some(end) if end <= self.len => Ok(Xfer { peer, ptr: self.ptr.add(off), len, alloc: self.alloc }),
+            _ => Err(Error::invalid_arg(self.op, format!("{} range {off}+{len} exceeds the {}-byte buffer", self.what, self.len))),
+        }
+    }
+    fn whole(&self, peer: usize) -> Result<Xfer> {
+        self.part(0, self.len, peer)
+    }
+    /// A validated sub-buffer (same allocation).
+    fn sub(&self, off: usize, len: usize) -> Result<Region> {
+        let x = self.part(off, len, 0)?;
+        Ok(Region { op: self.op, what: self.what, ptr: x.ptr, len, alloc: x.alloc.or(self.alloc) })
     }
 }
 
