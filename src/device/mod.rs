@@ -196,19 +196,17 @@ pub fn pattern_word(seed: u64, w: u64) -> u32 {
     (z ^ (z >> 31)) as u32
 }
 
-/// Open the backend `choice` asks for on GPU `ordinal` (ignored on host).
+/// Open the backend `choice` asks for on GPU `ordinal` (ignored on host). `Cuda` fails with
+/// `NoDevice` (and the reason) when there is no driver or no such GPU; `Auto` takes CUDA when
+/// the driver reports at least one GPU and the host backend otherwise.
 pub fn open(choice: crate::config::BackendChoice, ordinal: usize) -> Result<Arc<dyn Device>> {
     use crate::config::BackendChoice;
     match choice {
         BackendChoice::Host => Ok(Arc::new(host::HostDevice::new()?)),
-        BackendChoice::Cuda => todo_backend(),
+        BackendChoice::Cuda => Ok(Arc::new(cuda::CudaDevice::open(ordinal)?)),
         BackendChoice::Auto => match cuda::probe() {
-            Ok(p) if p.count > 0 => { let _ = ordinal; todo_backend() }
+            Ok(p) if p.count > 0 => Ok(Arc::new(cuda::CudaDevice::open(ordinal % p.count)?)),
             _ => Ok(Arc::new(host::HostDevice::new()?)),
         },
     }
-}
-
-fn todo_backend() -> Result<Arc<dyn Device>> {
-    Err(crate::error::Error::NoDevice { op: "device::open", what: "backends are being written".into() })
 }

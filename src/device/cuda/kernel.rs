@@ -1,0 +1,141 @@
+//! Kernel launches from the embedded fatbin: the module is loaded on the first launch, once
+//! per device, and functions are looked up once by name.
+use super::driver::{check, error_name};
+use super::{cu_stream, lock, CudaDevice};
+use crate::device::{kernels, DevPtr, StreamHandle};
+use crate::error::{Error, Result};
+use cudarc::driver::sys;
+use std::collections::HashMap;
+use std::ffi::{c_void, CString};
+
+/// The loaded module and the functions found in it. Raw driver handles, valid while the
+/// device's context lives; only touched under the device's mutex.
+#[derive(Default)]
+pub(super) struct KernelCache {
+    module: Option<sys::CUmodule>,
+    funcs: HashMap<String, sys::CUfunction>,
+}
+
+// SAFETY: CUmodule/CUfunction are driver handles usable from any thread.
+unsafe impl Send for KernelCache {}
+
+const OP: &str = "CudaDevice::launch";
+
+impl CudaDevice {
+    /// The function `name`, loading the module first if needed. The context must be current.
+    fn function(&self, name: &str) -> Result<sys::CUfunction> {
+        let mut cache = lock(&self.kernels);
+        if let Some(&f) = cache.funcs.get(name) {
+            return Ok(f);
+        }
+        let module = match cache.module {
+            Some(m) => m,
+            None => {
+                let m = load_module()?;
+                cache.module = Some(m);
+                m
+            }
+        };
+        let cname = CString::new(name).map_err(|_| Error::invalid_arg(OP, format!("kernel name {name:?} contains NUL")))?;
+        let mut f: sys::CUfunction = std::ptr::null_mut();
+        // SAFETY: module is loaded in the current context; valid out-pointer and C string.
+        let r = unsafe { sys::cuModuleGetFunction(&mut f, module, cname.as_ptr()) };
+        if r == sys::CUresult::CUDA_ERROR_NOT_FOUND {
+            return Err(Error::invalid_arg(OP, format!("no kernel named {name} in the embedded fatbin")));
+        }
+        check(OP, "cuModuleGetFunction", r)?;
+        cache.funcs.insert(name.to_string(), f);
+        Ok(f)
+    }
+
+    /// Launch kernel `name` from the embedded fatbin on stream `s` (module loaded lazily,
+    /// once per device; every launch counted by `kernels::note_launch`).
+    ///
+    /// # Safety
+    /// `args` must hold one pointer per kernel parameter, each pointing to a value of that
+    /// parameter's type, and every device pointer among them must be valid for the
+    /// kernel's accesses until the launch completes on the stream.
+    pub unsafe fn launch(
+        &self,
+        s: StreamHandle,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        shared_bytes: u32,
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
+        let _g = self.enter(OP)?;
+        let f = self.function(name)?;
+        // SAFETY: f is a function of this context's module; the argument contract is the
+        // caller's (see # Safety); extra is null.
+        let r = unsafe {
+            sys::cuLaunchKernel(
+                f,
+                grid.0,
+                grid.1,
+                grid.2,
+                block.0,
+                block.1,
+                block.2,
+                shared_bytes,
+                cu_stream(s),
+                args.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        check(OP, "cuLaunchKernel", r)?;
+        kernels::note_launch();
+        Ok(())
+    }
+
+    /// `hoccl_fill_pattern` over `len` bytes at `dst` (tests and benchmarks only).
+    pub(super) fn fill_pattern(&self, s: StreamHandle, dst: DevPtr, len: usize, seed: u64) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        const THREADS: u32 = 256;
+        let words = (len as u64).div_ceil(4);
+        let max_blocks = (self.info.sm_count.max(1) * 16) as u64;
+        let blocks = words.div_ceil(THREADS as u64).clamp(1, max_blocks) as u32;
+        let (mut p, mut n, mut seed) = (dst.0, len as u64, seed);
+        let mut args = [
+            &mut p as *mut u64 as *mut c_void,
+            &mut n as *mut u64 as *mut c_void,
+            &mut seed as *mut u64 as *mut c_void,
+        ];
+        // SAFETY: hoccl_fill_pattern(uint8_t* dst, uint64_t len, uint64_t seed) takes three
+        // 8-byte parameters, matched by `args`; it writes only [dst, dst+len), which the
+        // caller provides as device memory (the driver reports bad addresses asynchronously).
+        unsafe { self.launch(s, "hoccl_fill_pattern", (blocks, 1, 1), (THREADS, 1, 1), 0, &mut args) }
+            .map_err(|e| e.with_op("Device::fill_pattern_async"))
+    }
+
+    /// Unload the module (device drop; the context is current or being torn down).
+    pub(super) fn unload_module(&self) {
+        let mut cache = lock(&self.kernels);
+        cache.funcs.clear();
+        if let Some(m) = cache.module.take() {
+            // SAFETY: m was loaded by cuModuleLoadData and is unloaded once.
+            let r = unsafe { sys::cuModuleUnload(m) };
+            if r != sys::CUresult::CUDA_SUCCESS {
+                log::warn!("hoccl: cuModuleUnload failed: {}", error_name(r));
+            }
+        }
+    }
+}
+
+/// Load the embedded fatbin into the current context.
+fn load_module() -> Result<sys::CUmodule> {
+    let image = kernels::fatbin();
+    if image.is_empty() {
+        return Err(Error::NoDevice {
+            op: OP,
+            what: "this build embeds no kernels (built with HOCCL_NO_CUDA=1); rebuild with nvcc available".into(),
+        });
+    }
+    let mut m: sys::CUmodule = std::ptr::null_mut();
+    // SAFETY: image is a complete fatbin, 64-byte aligned and 'static; valid out-pointer.
+    check(OP, "cuModuleLoadData", unsafe { sys::cuModuleLoadData(&mut m, image.as_ptr() as *const c_void) })?;
+    kernels::note_module_loaded();
+    Ok(m)
+}

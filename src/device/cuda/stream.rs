@@ -1,0 +1,107 @@
+//! Streams and stream memory operations (`cuStreamWriteValue*` / `cuStreamWaitValue*`).
+//!
+//! 64-bit operations are used when the GPU reports
+//! `CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS` (every GPU under CUDA 12+, H200
+//! included). Without it the 32-bit fallback applies, with this wrap rule:
+//! - `write_value(v)` writes the low 32 bits of `v` and then the high 32 bits (two ordered
+//!   stream writes). A CPU reader can observe the mix "new low, old high" in between; for
+//!   increasing values that mix is never above the new value, so a CPU `>=` test never
+//!   passes early.
+//! - `wait_value_geq(v)` compares only the low 32 bits, cyclically:
+//!   it passes when `(flag as u32).wrapping_sub(v as u32) as i32 >= 0`. It is therefore
+//!   exact as long as the flag's value and `v` differ by less than 2^31, which monotonic
+//!   sequence numbers with fewer than 2^31 operations in flight satisfy.
+//!
+//! The 64-bit wait is the same cyclic comparison on 64 bits (the driver's definition of
+//! `CU_STREAM_WAIT_VALUE_GEQ`), i.e. plain `>=` for any realistic sequence numbers.
+use super::driver::check;
+use super::{cu_stream, lock, CudaDevice};
+use crate::device::{DevPtr, StreamHandle};
+use crate::error::{Error, Result};
+use cudarc::driver::sys;
+
+const WRITE_DEFAULT: u32 = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
+const WAIT_GEQ: u32 = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
+
+impl CudaDevice {
+    pub(super) fn stream_create(&self) -> Result<StreamHandle> {
+        const OP: &str = "Device::create_stream";
+        let _g = self.enter(OP)?;
+        let mut s: sys::CUstream = std::ptr::null_mut();
+        let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+        // SAFETY: valid out-pointer; the context is current.
+        check(OP, "cuStreamCreate", unsafe { sys::cuStreamCreate(&mut s, flags) })?;
+        let h = StreamHandle(s as usize as u64);
+        lock(&self.streams).insert(h.0);
+        Ok(h)
+    }
+
+    /// Only streams made by `create_stream` on this device can be destroyed here.
+    pub(super) fn stream_destroy(&self, s: StreamHandle) -> Result<()> {
+        const OP: &str = "Device::destroy_stream";
+        if !lock(&self.streams).remove(&s.0) {
+            return Err(Error::invalid_arg(OP, format!("stream {:#x} was not created by this device", s.0)));
+        }
+        let _g = self.enter(OP)?;
+        // SAFETY: s was created by cuStreamCreate here and is destroyed once (removed above).
+        // Work still queued on it completes before the driver releases it.
+        check(OP, "cuStreamDestroy_v2", unsafe { sys::cuStreamDestroy_v2(cu_stream(s)) })
+    }
+
+    pub(super) fn stream_synchronize(&self, s: StreamHandle) -> Result<()> {
+        const OP: &str = "Device::synchronize";
+        let _g = self.enter(OP)?;
+        // SAFETY: the driver validates the stream handle.
+        check(OP, "cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(cu_stream(s)) })
+    }
+
+    pub(super) fn stream_write_value(&self, s: StreamHandle, flag: DevPtr, v: u64) -> Result<()> {
+        const OP: &str = "Device::write_value";
+        check_flag(OP, flag)?;
+        let _g = self.enter(OP)?;
+        let st = cu_stream(s);
+        if self.info.stream_mem_ops_64 {
+            // SAFETY: flag is an 8-byte-aligned device-visible address (checked above; the
+            // driver validates it); the stream handle is validated by the driver.
+            return check(OP, "cuStreamWriteValue64_v2", unsafe { sys::cuStreamWriteValue64_v2(st, flag.0, v, WRITE_DEFAULT) });
+        }
+        // Low word first, then high word: see the module comment for why this order.
+        // SAFETY: as above, on the two 4-byte halves of the flag (little-endian).
+        check(OP, "cuStreamWriteValue32_v2", unsafe { sys::cuStreamWriteValue32_v2(st, flag.0, v as u32, WRITE_DEFAULT) })?;
+        // SAFETY: as above.
+        check(OP, "cuStreamWriteValue32_v2", unsafe {
+            sys::cuStreamWriteValue32_v2(st, flag.0 + 4, (v >> 32) as u32, WRITE_DEFAULT)
+        })
+    }
+
+    pub(super) fn stream_wait_value_geq(&self, s: StreamHandle, flag: DevPtr, v: u64) -> Result<()> {
+        const OP: &str = "Device::wait_value_geq";
+        check_flag(OP, flag)?;
+        let _g = self.enter(OP)?;
+        let st = cu_stream(s);
+        if self.info.stream_mem_ops_64 {
+            // SAFETY: as in stream_write_value.
+            return check(OP, "cuStreamWaitValue64_v2", unsafe { sys::cuStreamWaitValue64_v2(st, flag.0, v, WAIT_GEQ) });
+        }
+        // SAFETY: as above, on the low half of the flag.
+        check(OP, "cuStreamWaitValue32_v2", unsafe { sys::cuStreamWaitValue32_v2(st, flag.0, v as u32, WAIT_GEQ) })
+    }
+
+    pub(super) fn stream_memcpy(&self, s: StreamHandle, dst: DevPtr, src: DevPtr, len: usize) -> Result<()> {
+        const OP: &str = "Device::memcpy_async";
+        if len == 0 {
+            return Ok(());
+        }
+        let _g = self.enter(OP)?;
+        // SAFETY: the driver validates both ranges against its allocations (unified
+        // addressing); keeping them alive until the copy completes is the caller's contract.
+        check(OP, "cuMemcpyAsync", unsafe { sys::cuMemcpyAsync(dst.0, src.0, len, cu_stream(s)) })
+    }
+}
+
+fn check_flag(op: &'static str, flag: DevPtr) -> Result<()> {
+    if flag.is_null() || flag.0 % 8 != 0 {
+        return Err(Error::invalid_arg(op, format!("flag address {:#x} is null or not 8-byte aligned", flag.0)));
+    }
+    Ok(())
+}
