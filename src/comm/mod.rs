@@ -1,1 +1,329 @@
-//! See DESIGN.md, layer `comm`.
+//! The `Communicator`: created from MPI (or any `Bootstrap`), it validates every call,
+//! turns it into byte ranges sent to and received from peers, enqueues the stream
+//! handshake on the caller's stream and hands the op to its engine. Calls are
+//! stream-ordered and asynchronous, as NCCL's.
+use crate::bootstrap::Bootstrap;
+use crate::config::{init_logging, Config};
+use crate::device::{self, DevPtr, Device, StreamHandle};
+use crate::engine::streams::StreamManager;
+use crate::engine::{Engine, EngineConfig, Op, Xfer};
+use crate::error::{Error, Result};
+use crate::types::DataType;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+mod collectives;
+mod setup;
+
+pub use setup::RankInfo;
+
+/// Point-to-point calls gathered between `group_start` and `group_end`.
+#[derive(Default)]
+struct Group {
+    depth: usize,
+    stream: Option<StreamHandle>,
+    sends: Vec<Xfer>,
+    recvs: Vec<Xfer>,
+}
+
+struct State {
+    next_seq: u64,
+    /// Per peer: ops so far that involved this rank and that peer.
+    pair_counts: Vec<u64>,
+    streams: StreamManager,
+    group: Group,
+    destroyed: bool,
+}
+
+pub struct Communicator {
+    rank: usize,
+    size: usize,
+    dev: Arc<dyn Device>,
+    engine: Engine,
+    bootstrap: Box<dyn Bootstrap>,
+    info: Vec<RankInfo>,
+    config: Config,
+    state: Mutex<State>,
+}
+
+impl Communicator {
+    // ================================================================ creation ==========
+
+    /// Create over any bootstrap. `device` overrides the backend choice (tests pass a host
+    /// device); otherwise `config.backend` decides and the GPU is `config.device` or the
+    /// local rank modulo the GPU count. Collective over the bootstrap's ranks.
+    pub fn with_bootstrap(bootstrap: Box<dyn Bootstrap>, device: Option<Arc<dyn Device>>, config: Config) -> Result<Communicator> {
+        const OP: &str = "Communicator::new";
+        config.validate()?;
+        init_logging(config.log.as_deref());
+        let (rank, size) = (bootstrap.rank(), bootstrap.size());
+        let info = setup::exchange_rank_info(bootstrap.as_ref(), &config)?;
+        let me = &info[rank];
+        let dev = match device {
+            Some(d) => d,
+            None => device::open(config.backend, me.gpu)?,
+        };
+        let comm_id = setup::agree_comm_id(bootstrap.as_ref())?;
+        let local: Vec<usize> = (0..size).filter(|r| info[*r].node == me.node).collect();
+        if local.len() != size {
+            return Err(Error::invalid_usage(
+                OP,
+                format!(
+                    "ranks span {} nodes; the inter-node transport is not implemented yet (HOCCL_VIRTUAL_NODES=1 and one host are required)",
+                    info.iter().map(|i| i.node).max().unwrap_or(0) + 1
+                ),
+            ));
+        }
+        let links = setup::connect_mailboxes(bootstrap.as_ref(), &info, comm_id, &local)?;
+        let engine = Engine::start(
+            dev.clone(),
+            links,
+            EngineConfig { chunk_bytes: config.chunk_bytes, copy_queues: config.copy_streams, timeout: config.timeout },
+        )?;
+        bootstrap.barrier().map_err(|e| e.with_op(OP))?;
+        log::info!("rank {rank}/{size}: communicator {comm_id:016x} on {} ({})", dev.name(), dev.pci_bus_id());
+        Ok(Communicator {
+            rank,
+            size,
+            dev,
+            engine,
+            bootstrap,
+            info,
+            config,
+            state: Mutex::new(State {
+                next_seq: 1,
+                pair_counts: vec![0; size],
+                streams: StreamManager::default(),
+                group: Group::default(),
+                destroyed: false,
+            }),
+        })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+    pub fn size(&self) -> usize {
+        self.size
+    }
+    /// The device this rank drives (allocate buffers and streams through it).
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.dev
+    }
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+    /// What every rank reported at creation (host, pid, GPU, node).
+    pub fn ranks(&self) -> &[RankInfo] {
+        &self.info
+    }
+
+    // ================================================================ errors ============
+
+    /// The first asynchronous error (a peer died, a timeout, mismatched calls), if any.
+    /// Once set, every later call fails with it, as NCCL's `ncclCommGetAsyncError`.
+    pub fn async_error(&self) -> Option<Error> {
+        self.engine.shared.error()
+    }
+
+    /// Tear down from any state: pending operations fail now and their streams are
+    /// released; later calls fail with `Aborted`. Never blocks on the GPU.
+    pub fn abort(&self) {
+        if let Ok(mut st) = self.state.lock() {
+            st.destroyed = true;
+        }
+        self.engine.shared.aborted.store(true, Ordering::Release);
+        self.engine.shutdown(false);
+    }
+
+    /// Operations submitted and not yet finished on this rank.
+    pub fn pending(&self) -> u64 {
+        self.engine.pending()
+    }
+
+    /// Block the calling thread until the communicator's pending operations are finished
+    /// (like `cudaStreamSynchronize` over every stream it used, but without touching the
+    /// streams). Returns the async error if one occurred.
+    pub fn wait_idle(&self) -> Result<()> {
+        let deadline = std::time::Instant::now() + self.config.timeout + std::time::Duration::from_secs(5);
+        while self.pending() > 0 {
+            if std::time::Instant::now() > deadline {
+                return Err(Error::Timeout { op: "Communicator::wait_idle", after: self.config.timeout, what: format!("{} operations pending", self.pending()) });
+            }
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+        self.async_error().map_or(Ok(()), Err)
+    }
+
+    fn lock(&self, op: &'static str) -> Result<MutexGuard<'_, State>> {
+        let st = self.state.lock().map_err(|_| Error::internal(op, "communicator lock poisoned"))?;
+        if st.destroyed || self.engine.shared.aborted.load(Ordering::Acquire) {
+            return Err(Error::Aborted { op });
+        }
+        if let Some(e) = self.engine.shared.error() {
+            // Sticky, as NCCL: the communicator must be aborted or destroyed.
+            return Err(e);
+        }
+        Ok(st)
+    }
+
+    // ================================================================ groups ============
+
+    /// Start a group: sends and receives until the matching `group_end` form one operation,
+    /// so any pattern of pairs completes without deadlock.
+    pub fn group_start(&self) -> Result<()> {
+        self.lock("group_start")?.group.depth += 1;
+        Ok(())
+    }
+
+    /// End a group; the outermost end launches the gathered sends and receives.
+    pub fn group_end(&self) -> Result<()> {
+        const OP: &str = "group_end";
+        let mut st = self.lock(OP)?;
+        if st.group.depth == 0 {
+            return Err(Error::invalid_usage(OP, "group_end without group_start"));
+        }
+        st.group.depth -= 1;
+        if st.group.depth > 0 {
+            return Ok(());
+        }
+        let g = std::mem::take(&mut st.group);
+        match g.stream {
+            Some(stream) => self.launch(&mut st, "group", stream, g.sends, g.recvs),
+            None => Ok(()),
+        }
+    }
+
+    /// Run `f` inside `group_start`/`group_end`; the group is closed even if `f` fails.
+    pub fn group<T>(&self, f: impl FnOnce(&Self) -> Result<T>) -> Result<T> {
+        self.group_start()?;
+        let r = f(self);
+        let end = self.group_end();
+        let v = r?;
+        end.map(|_| v)
+    }
+
+    // ================================================================ launch ============
+
+    /// Validate `[ptr, ptr+len)` as device memory inside one allocation (one lookup per
+    /// user buffer per call; sub-ranges are cut from it with [`Region::part`]).
+    fn region(&self, op: &'static str, what: &'static str, ptr: DevPtr, len: usize) -> Result<Region> {
+        if len == 0 {
+            return Ok(Region { op, what, ptr, len, alloc: None });
+        }
+        if ptr.is_null() {
+            return Err(Error::invalid_arg(op, format!("{what} buffer is null")));
+        }
+        let a = self.dev.allocation(ptr).map_err(|e| Error::invalid_arg(op, format!("{what} buffer: {e}")))?;
+        let end = ptr.0.checked_add(len as u64).ok_or_else(|| Error::invalid_arg(op, format!("{what} buffer range overflows")))?;
+        if end > a.base.0 + a.len as u64 {
+            return Err(Error::invalid_arg(
+                op,
+                format!("{what} buffer too short: {len} bytes at offset {} of an allocation of {} bytes", ptr.0 - a.base.0, a.len),
+            ));
+        }
+        Ok(Region { op, what, ptr, len, alloc: Some(a) })
+    }
+
+    fn check_peer(&self, op: &'static str, peer: usize) -> Result<()> {
+        if peer >= self.size {
+            return Err(Error::invalid_arg(op, format!("peer rank {peer} out of range (size {})", self.size)));
+        }
+        Ok(())
+    }
+
+    /// Queue one op (or add it to the open group).
+    fn submit(&self, name: &'static str, stream: StreamHandle, sends: Vec<Xfer>, recvs: Vec<Xfer>) -> Result<()> {
+        let mut st = self.lock(name)?;
+        if st.group.depth > 0 {
+            if st.group.stream.is_some_and(|s| s != stream) {
+                return Err(Error::invalid_usage(name, "all calls of one group must use the same stream"));
+            }
+            st.group.stream = Some(stream);
+            st.group.sends.extend(sends);
+            st.group.recvs.extend(recvs);
+            return Ok(());
+        }
+        self.launch(&mut st, name, stream, sends, recvs)
+    }
+
+    fn launch(&self, st: &mut State, name: &'static str, stream: StreamHandle, sends: Vec<Xfer>, recvs: Vec<Xfer>) -> Result<()> {
+        let mut peers: Vec<usize> = sends.iter().chain(recvs.iter()).map(|x| x.peer).filter(|p| *p != self.rank).collect();
+        peers.sort_unstable();
+        peers.dedup();
+        let hs = st.streams.enqueue(self.dev.as_ref(), stream, name)?;
+        let pair_seqs = peers
+            .into_iter()
+            .map(|p| {
+                st.pair_counts[p] += 1;
+                (p, st.pair_counts[p])
+            })
+            .collect();
+        let seq = st.next_seq;
+        st.next_seq += 1;
+        self.engine.submit(Op {
+            seq,
+            name,
+            flags: hs.flags,
+            start_flag: hs.start_flag,
+            finish_flag: hs.finish_flag,
+            stream_seq: hs.stream_seq,
+            sends,
+            recvs,
+            pair_seqs,
+        })
+    }
+
+    fn bytes(op: &'static str, count: usize, dtype: DataType) -> Result<usize> {
+        dtype.bytes(op, count)
+    }
+}
+
+/// A validated user buffer.
+struct Region {
+    op: &'static str,
+    what: &'static str,
+    ptr: DevPtr,
+    len: usize,
+    alloc: Option<crate::device::Allocation>,
+}
+
+impl Region {
+    /// The transfer of `len` bytes at `off` within this buffer, to or from `peer`.
+    fn part(&self, off: usize, len: usize, peer: usize) -> Result<Xfer> {
+        if len == 0 {
+            return Ok(Xfer { peer, ptr: self.ptr.add(off), len: 0, alloc: None });
+        }
+        match off.checked_add(len) {
+            Some(end) if end <= self.len => Ok(Xfer { peer, ptr: self.ptr.add(off), len, alloc: self.alloc }),
+            _ => Err(Error::invalid_arg(self.op, format!("{} range {off}+{len} exceeds the {}-byte buffer", self.what, self.len))),
+        }
+    }
+    fn whole(&self, peer: usize) -> Result<Xfer> {
+        self.part(0, self.len, peer)
+    }
+    /// A validated sub-buffer (same allocation).
+    fn sub(&self, off: usize, len: usize) -> Result<Region> {
+        let x = self.part(off, len, 0)?;
+        Ok(Region { op: self.op, what: self.what, ptr: x.ptr, len, alloc: x.alloc.or(self.alloc) })
+    }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        // Pending ops finish first (bounded by the timeout), then the proxy stops.
+        self.engine.shutdown(true);
+        let clean = self.engine.pending() == 0;
+        if let Ok(mut st) = self.state.lock() {
+            // Flags may be freed only once every stream has passed its last wait on them;
+            // otherwise they are leaked (a few hundred bytes) rather than risk a stream
+            // reading freed memory.
+            let idle = clean && st.streams.streams().all(|s| self.dev.stream_query(s).unwrap_or(false));
+            if !idle {
+                log::debug!("rank {}: leaving stream flags mapped at destroy", self.rank);
+                st.streams.leak();
+            }
+        }
+        let _ = &self.bootstrap;
+    }
+}

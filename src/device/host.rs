@@ -1,8 +1,546 @@
-//! Host backend. Being written.
+//! Host backend: "device memory" is POSIX shared memory (so other processes can map it by
+//! name, as CUDA IPC maps device memory), copy engines are worker threads, a stream is an
+//! in-order queue run by its own thread. It lets CI run the whole engine without a GPU.
+//!
+//! Every address this backend dereferences is checked against its registry of live
+//! allocations, imported mappings and flag slabs first, so a bad pointer is an error, not UB.
 use super::*;
-pub struct HostDevice;
+use crate::error::{Error, Result};
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::CString;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+const PAGE: usize = 4096;
+const HOST_COPY_ENGINES: usize = 3;
+
+fn round_page(len: usize) -> usize {
+    len.max(1).div_ceil(PAGE) * PAGE
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RegionKind {
+    Own { id: u64 },
+    Imported,
+    Flags,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Region {
+    len: usize,
+    map_len: usize,
+    kind: RegionKind,
+}
+
+/// Live address ranges, keyed by base address.
+#[derive(Default)]
+struct Registry {
+    regions: BTreeMap<u64, Region>,
+}
+
+impl Registry {
+    fn find(&self, p: u64) -> Option<(u64, Region)> {
+        let (base, r) = self.regions.range(..=p).next_back()?;
+        (p < base + r.len.max(1) as u64).then_some((*base, *r))
+    }
+    /// Checks that `[p, p+len)` lies inside one live region.
+    fn check(&self, op: &'static str, p: DevPtr, len: usize) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let (base, r) = self
+            .find(p.0)
+            .ok_or_else(|| Error::invalid_arg(op, format!("{:#x} is not memory of the host backend", p.0)))?;
+        let end = p.0.checked_add(len as u64).ok_or_else(|| Error::invalid_arg(op, "address range overflows"))?;
+        if end > base + r.len as u64 {
+            return Err(Error::invalid_arg(
+                op,
+                format!("range {:#x}+{len} exceeds its allocation {base:#x}+{}", p.0, r.len),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The process-wide registry: ranks of one process (thread bootstrap) map each other's
+/// memory, so all host devices of a process share it.
+fn registry() -> &'static Mutex<Registry> {
+    static R: std::sync::OnceLock<Mutex<Registry>> = std::sync::OnceLock::new();
+    R.get_or_init(|| Mutex::new(Registry::default()))
+}
+
+fn lock_registry(op: &'static str) -> Result<std::sync::MutexGuard<'static, Registry>> {
+    registry().lock().map_err(|_| Error::internal(op, "host registry lock poisoned"))
+}
+
+static NEXT_ALLOC_ID: AtomicU64 = AtomicU64::new(1);
+
+fn shm_name(id: u64) -> String {
+    format!("/hoccl.{}.{}", std::process::id(), id)
+}
+
+/// Map `name` (creating it with `len` bytes if `create`).
+fn map_shm(op: &'static str, name: &str, map_len: usize, create: bool) -> Result<*mut u8> {
+    let c = CString::new(name).map_err(|_| Error::invalid_arg(op, "shm name has a NUL"))?;
+    let flags = if create { libc::O_CREAT | libc::O_EXCL | libc::O_RDWR } else { libc::O_RDWR };
+    // SAFETY: `c` is a valid NUL-terminated string.
+    let fd = unsafe { libc::shm_open(c.as_ptr(), flags, 0o600) };
+    if fd < 0 {
+        return Err(Error::last_os(op, "shm_open"));
+    }
+    let res = (|| {
+        // SAFETY: fd is an open shm object we own.
+        if create && unsafe { libc::ftruncate(fd, map_len as libc::off_t) } != 0 {
+            return Err(Error::last_os(op, "ftruncate"));
+        }
+        // SAFETY: fresh shared mapping of an fd we own; the kernel picks the address.
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), map_len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
+        };
+        if p == libc::MAP_FAILED {
+            return Err(Error::last_os(op, "mmap"));
+        }
+        Ok(p as *mut u8)
+    })();
+    // SAFETY: fd is ours; the mapping stays valid after close.
+    unsafe { libc::close(fd) };
+    if res.is_err() && create {
+        // SAFETY: as above.
+        unsafe { libc::shm_unlink(c.as_ptr()) };
+    }
+    res
+}
+
+fn unlink_shm(name: &str) {
+    if let Ok(c) = CString::new(name) {
+        // SAFETY: valid C string; failure is harmless (already gone).
+        unsafe { libc::shm_unlink(c.as_ptr()) };
+    }
+}
+
+/// Remove `/dev/shm/hoccl.<pid>.*` objects left by processes that no longer exist.
+fn sweep_stale_objects() {
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else { return };
+    for e in dir.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix("hoccl.") else { continue };
+        let pid_str = rest.split('.').find(|s| !s.is_empty() && s.chars().all(|c| c.is_ascii_digit()));
+        let Some(pid) = pid_str.and_then(|s| s.parse::<i32>().ok()) else { continue };
+        // SAFETY: kill with signal 0 only checks existence.
+        let dead = unsafe { libc::kill(pid, 0) } != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        if dead {
+            unlink_shm(&format!("/{name}"));
+        }
+    }
+}
+
+// ------------------------------------------------------------------ streams -------------
+
+enum Task {
+    Write { addr: u64, v: u64 },
+    Wait { addr: u64, v: u64 },
+    Copy { dst: u64, src: u64, len: usize },
+    Fill { dst: u64, len: usize, seed: u64 },
+    Marker,
+}
+
+struct QueueState {
+    enqueued: AtomicU64,
+    done: AtomicU64,
+    lock: Mutex<()>,
+    cv: Condvar,
+    stop: AtomicBool,
+}
+
+impl QueueState {
+    fn new() -> Arc<Self> {
+        Arc::new(QueueState {
+            enqueued: AtomicU64::new(0),
+            done: AtomicU64::new(0),
+            lock: Mutex::new(()),
+            cv: Condvar::new(),
+            stop: AtomicBool::new(false),
+        })
+    }
+    fn finish_one(&self) {
+        self.done.fetch_add(1, Ordering::AcqRel);
+        let _g = self.lock.lock();
+        self.cv.notify_all();
+    }
+}
+
+/// Executes one task. Addresses were range-checked when the task was enqueued; the
+/// registry keeps them mapped until the owner frees them (freeing memory a queued task
+/// still uses is the same user error as on CUDA).
+fn run_task(t: Task, st: &QueueState) {
+    match t {
+        // SAFETY: addr was checked against a live flag slab or allocation, 8-aligned.
+        Task::Write { addr, v } => unsafe { (*(addr as *const AtomicU64)).store(v, Ordering::Release) },
+        Task::Wait { addr, v } => {
+            // SAFETY: as for Write.
+            let w = unsafe { &*(addr as *const AtomicU64) };
+            let mut spins = 0u32;
+            while w.load(Ordering::Acquire) < v && !st.stop.load(Ordering::Relaxed) {
+                spins += 1;
+                if spins < 256 {
+                    std::hint::spin_loop();
+                } else if spins < 1024 {
+                    std::thread::yield_now();
+                } else {
+                    std::thread::sleep(Duration::from_micros(20));
+                }
+            }
+        }
+        // SAFETY: both ranges were checked against live regions; memmove tolerates overlap.
+        Task::Copy { dst, src, len } => unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, len) },
+        Task::Fill { dst, len, seed } => {
+            // SAFETY: checked range of a live region, exclusively written by this task.
+            let out = unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, len) };
+            for (w, chunk) in out.chunks_mut(4).enumerate() {
+                let v = pattern_word(seed, w as u64).to_le_bytes();
+                chunk.copy_from_slice(&v[..chunk.len()]);
+            }
+        }
+        Task::Marker => {}
+    }
+}
+
+/// An in-order queue run by a thread (streams and copy engines alike).
+struct HostQueue {
+    tx: Mutex<Option<Sender<Task>>>,
+    st: Arc<QueueState>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl HostQueue {
+    fn spawn(name: String) -> Result<Arc<HostQueue>> {
+        let (tx, rx): (Sender<Task>, Receiver<Task>) = channel();
+        let st = QueueState::new();
+        let st2 = st.clone();
+        let h = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || {
+                while let Ok(t) = rx.recv() {
+                    run_task(t, &st2);
+                    st2.finish_one();
+                }
+            })
+            .map_err(|e| Error::io("HostQueue::spawn", "thread spawn", e))?;
+        Ok(Arc::new(HostQueue { tx: Mutex::new(Some(tx)), st, thread: Mutex::new(Some(h)) }))
+    }
+
+    fn push(&self, op: &'static str, t: Task) -> Result<u64> {
+        let g = self.tx.lock().map_err(|_| Error::internal(op, "queue lock poisoned"))?;
+        let tx = g.as_ref().ok_or_else(|| Error::invalid_usage(op, "stream was destroyed"))?;
+        let n = self.st.enqueued.fetch_add(1, Ordering::AcqRel) + 1;
+        tx.send(t).map_err(|_| Error::internal(op, "queue thread is gone"))?;
+        Ok(n)
+    }
+
+    fn wait_for(&self, n: u64) {
+        let mut g = self.st.lock.lock().unwrap_or_else(|e| e.into_inner());
+        while self.st.done.load(Ordering::Acquire) < n {
+            g = self.st.cv.wait_timeout(g, Duration::from_millis(50)).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+
+    fn shutdown(&self) {
+        self.st.stop.store(true, Ordering::Relaxed);
+        if let Ok(mut g) = self.tx.lock() {
+            g.take();
+        }
+        if let Some(h) = self.thread.lock().ok().and_then(|mut g| g.take()) {
+            let _ = h.join();
+        }
+    }
+}
+
+struct HostCopyQueue {
+    q: Arc<HostQueue>,
+    fences: std::collections::VecDeque<(u64, u64)>, // (ticket, task number)
+    next_ticket: u64,
+    completed: u64,
+}
+
+impl CopyQueue for HostCopyQueue {
+    fn copy(&mut self, dst: DevPtr, src: DevPtr, len: usize) -> Result<()> {
+        const OP: &str = "HostCopyQueue::copy";
+        {
+            let reg = lock_registry(OP)?;
+            reg.check(OP, dst, len)?;
+            reg.check(OP, src, len)?;
+        }
+        self.q.push(OP, Task::Copy { dst: dst.0, src: src.0, len }).map(|_| ())
+    }
+    fn fence(&mut self) -> Result<u64> {
+        let n = self.q.push("HostCopyQueue::fence", Task::Marker)?;
+        self.next_ticket += 1;
+        self.fences.push_back((self.next_ticket, n));
+        Ok(self.next_ticket)
+    }
+    fn completed(&mut self) -> Result<u64> {
+        let done = self.q.st.done.load(Ordering::Acquire);
+        while let Some(&(t, n)) = self.fences.front() {
+            if n > done {
+                break;
+            }
+            self.completed = t;
+            self.fences.pop_front();
+        }
+        Ok(self.completed)
+    }
+}
+
+impl Drop for HostCopyQueue {
+    fn drop(&mut self) {
+        self.q.shutdown();
+    }
+}
+
+// ------------------------------------------------------------------ device --------------
+
+/// The host backend. Cheap to create; several may exist in one process (one per rank).
+pub struct HostDevice {
+    /// Allocations made through this device: base -> (shm name, map_len).
+    owned: Mutex<HashMap<u64, (String, usize)>>,
+    streams: Mutex<HashMap<u64, Arc<HostQueue>>>,
+    next_stream: AtomicU64,
+}
+
 impl HostDevice {
     pub fn new() -> Result<HostDevice> {
-        Err(crate::error::Error::NoDevice { op: "HostDevice::new", what: "not built yet".into() })
+        static SWEEP: std::sync::Once = std::sync::Once::new();
+        SWEEP.call_once(sweep_stale_objects);
+        Ok(HostDevice { owned: Mutex::new(HashMap::new()), streams: Mutex::new(HashMap::new()), next_stream: AtomicU64::new(1) })
+    }
+
+    fn stream(&self, op: &'static str, s: StreamHandle) -> Result<Arc<HostQueue>> {
+        let mut m = self.streams.lock().map_err(|_| Error::internal(op, "stream table poisoned"))?;
+        if s.0 == 0 {
+            // The default stream exists implicitly, as on CUDA.
+            if let Some(q) = m.get(&0) {
+                return Ok(q.clone());
+            }
+            let q = HostQueue::spawn("hoccl-host-stream0".into())?;
+            m.insert(0, q.clone());
+            return Ok(q);
+        }
+        m.get(&s.0).cloned().ok_or_else(|| Error::invalid_arg(op, format!("unknown stream {:#x}", s.0)))
+    }
+
+    fn check(op: &'static str, p: DevPtr, len: usize) -> Result<()> {
+        lock_registry(op)?.check(op, p, len)
+    }
+
+    fn check_flag(op: &'static str, p: DevPtr) -> Result<()> {
+        if p.0 % 8 != 0 {
+            return Err(Error::invalid_arg(op, "flag address is not 8-byte aligned"));
+        }
+        Self::check(op, p, 8)
+    }
+}
+
+impl Drop for HostDevice {
+    fn drop(&mut self) {
+        let streams: Vec<_> = self.streams.lock().map(|mut m| m.drain().map(|(_, q)| q).collect()).unwrap_or_default();
+        for q in streams {
+            q.shutdown();
+        }
+        let owned: Vec<u64> = self.owned.lock().map(|m| m.keys().copied().collect()).unwrap_or_default();
+        for base in owned {
+            if let Err(e) = self.free(DevPtr(base)) {
+                log::warn!("host backend: freeing {base:#x} at drop: {e}");
+            }
+        }
+    }
+}
+
+impl Device for HostDevice {
+    fn backend(&self) -> Backend {
+        Backend::Host
+    }
+    fn ordinal(&self) -> usize {
+        0
+    }
+    fn name(&self) -> String {
+        "host".into()
+    }
+    fn pci_bus_id(&self) -> String {
+        "host".into()
+    }
+    fn bind_thread(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn alloc(&self, len: usize) -> Result<DevPtr> {
+        const OP: &str = "HostDevice::alloc";
+        let id = NEXT_ALLOC_ID.fetch_add(1, Ordering::Relaxed);
+        let name = shm_name(id);
+        let map_len = round_page(len);
+        let p = map_shm(OP, &name, map_len, true)? as u64;
+        lock_registry(OP)?.regions.insert(p, Region { len: len.max(1), map_len, kind: RegionKind::Own { id } });
+        self.owned.lock().map_err(|_| Error::internal(OP, "poisoned"))?.insert(p, (name, map_len));
+        Ok(DevPtr(p))
+    }
+
+    fn free(&self, p: DevPtr) -> Result<()> {
+        const OP: &str = "HostDevice::free";
+        let (name, map_len) = self
+            .owned
+            .lock()
+            .map_err(|_| Error::internal(OP, "poisoned"))?
+            .remove(&p.0)
+            .ok_or_else(|| Error::invalid_arg(OP, format!("{:#x} is not an allocation of this device", p.0)))?;
+        lock_registry(OP)?.regions.remove(&p.0);
+        // SAFETY: p/map_len came from our own mmap and are removed from the registry.
+        unsafe { libc::munmap(p.0 as *mut libc::c_void, map_len) };
+        unlink_shm(&name);
+        Ok(())
+    }
+
+    fn allocation(&self, p: DevPtr) -> Result<Allocation> {
+        const OP: &str = "HostDevice::allocation";
+        let reg = lock_registry(OP)?;
+        match reg.find(p.0) {
+            Some((base, Region { len, kind: RegionKind::Own { id }, .. })) => Ok(Allocation { base: DevPtr(base), len, id }),
+            _ => Err(Error::invalid_arg(OP, format!("{:#x} is not device memory of the host backend", p.0))),
+        }
+    }
+
+    fn export(&self, a: &Allocation) -> Result<ExportHandle> {
+        let name = shm_name(a.id);
+        let mut h = [0u8; 64];
+        h[..name.len()].copy_from_slice(name.as_bytes());
+        Ok(ExportHandle(h))
+    }
+
+    fn import(&self, h: &ExportHandle, len: usize) -> Result<DevPtr> {
+        const OP: &str = "HostDevice::import";
+        let end = h.0.iter().position(|b| *b == 0).unwrap_or(64);
+        let name = std::str::from_utf8(&h.0[..end]).map_err(|_| Error::invalid_arg(OP, "bad handle"))?;
+        if !name.starts_with("/hoccl.") {
+            return Err(Error::invalid_arg(OP, "not a host-backend handle"));
+        }
+        let map_len = round_page(len);
+        let p = map_shm(OP, name, map_len, false)? as u64;
+        lock_registry(OP)?.regions.insert(p, Region { len: len.max(1), map_len, kind: RegionKind::Imported });
+        Ok(DevPtr(p))
+    }
+
+    fn unimport(&self, base: DevPtr, _len: usize) -> Result<()> {
+        const OP: &str = "HostDevice::unimport";
+        let r = lock_registry(OP)?.regions.remove(&base.0);
+        match r {
+            Some(Region { map_len, kind: RegionKind::Imported, .. }) => {
+                // SAFETY: an imported mapping we made, now out of the registry.
+                unsafe { libc::munmap(base.0 as *mut libc::c_void, map_len) };
+                Ok(())
+            }
+            Some(other) => {
+                lock_registry(OP)?.regions.insert(base.0, other);
+                Err(Error::invalid_arg(OP, "not an imported mapping"))
+            }
+            None => Err(Error::invalid_arg(OP, "not an imported mapping")),
+        }
+    }
+
+    fn alloc_flags(&self, n: usize) -> Result<FlagSlab> {
+        const OP: &str = "HostDevice::alloc_flags";
+        let words: Box<[AtomicU64]> = (0..n.max(1)).map(|_| AtomicU64::new(0)).collect();
+        let p = words.as_ptr() as *mut u64;
+        lock_registry(OP)?.regions.insert(p as u64, Region { len: n.max(1) * 8, map_len: 0, kind: RegionKind::Flags });
+        struct Keep(Box<[AtomicU64]>);
+        impl Drop for Keep {
+            fn drop(&mut self) {
+                if let Ok(mut r) = registry().lock() {
+                    r.regions.remove(&(self.0.as_ptr() as u64));
+                }
+            }
+        }
+        // SAFETY: `words` are n zeroed aligned atomics, kept alive by `Keep`; host == dev here.
+        Ok(unsafe { FlagSlab::from_raw(p, DevPtr(p as u64), n, Box::new(Keep(words))) })
+    }
+
+    fn copy_to_host(&self, dst: &mut [u8], src: DevPtr) -> Result<()> {
+        Self::check("HostDevice::copy_to_host", src, dst.len())?;
+        // SAFETY: src range checked against a live region; dst is a distinct Rust slice.
+        unsafe { std::ptr::copy(src.0 as *const u8, dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    fn copy_from_host(&self, dst: DevPtr, src: &[u8]) -> Result<()> {
+        Self::check("HostDevice::copy_from_host", dst, src.len())?;
+        // SAFETY: dst range checked against a live region.
+        unsafe { std::ptr::copy(src.as_ptr(), dst.0 as *mut u8, src.len()) };
+        Ok(())
+    }
+
+    fn create_stream(&self) -> Result<StreamHandle> {
+        const OP: &str = "HostDevice::create_stream";
+        let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
+        let q = HostQueue::spawn(format!("hoccl-host-stream{id}"))?;
+        self.streams.lock().map_err(|_| Error::internal(OP, "poisoned"))?.insert(id, q);
+        Ok(StreamHandle(id))
+    }
+
+    fn destroy_stream(&self, s: StreamHandle) -> Result<()> {
+        const OP: &str = "HostDevice::destroy_stream";
+        let q = self.streams.lock().map_err(|_| Error::internal(OP, "poisoned"))?.remove(&s.0);
+        let q = q.ok_or_else(|| Error::invalid_arg(OP, format!("unknown stream {:#x}", s.0)))?;
+        // Like cuStreamDestroy: work already queued completes first.
+        let n = q.st.enqueued.load(Ordering::Acquire);
+        q.wait_for(n);
+        q.shutdown();
+        Ok(())
+    }
+
+    fn write_value(&self, s: StreamHandle, flag: DevPtr, v: u64) -> Result<()> {
+        const OP: &str = "HostDevice::write_value";
+        Self::check_flag(OP, flag)?;
+        self.stream(OP, s)?.push(OP, Task::Write { addr: flag.0, v }).map(|_| ())
+    }
+
+    fn wait_value_geq(&self, s: StreamHandle, flag: DevPtr, v: u64) -> Result<()> {
+        const OP: &str = "HostDevice::wait_value_geq";
+        Self::check_flag(OP, flag)?;
+        self.stream(OP, s)?.push(OP, Task::Wait { addr: flag.0, v }).map(|_| ())
+    }
+
+    fn synchronize(&self, s: StreamHandle) -> Result<()> {
+        const OP: &str = "HostDevice::synchronize";
+        let q = self.stream(OP, s)?;
+        let n = q.push(OP, Task::Marker)?;
+        q.wait_for(n);
+        Ok(())
+    }
+
+    fn stream_query(&self, s: StreamHandle) -> Result<bool> {
+        let q = self.stream("HostDevice::stream_query", s)?;
+        Ok(q.st.done.load(Ordering::Acquire) >= q.st.enqueued.load(Ordering::Acquire))
+    }
+
+    fn memcpy_async(&self, s: StreamHandle, dst: DevPtr, src: DevPtr, len: usize) -> Result<()> {
+        const OP: &str = "HostDevice::memcpy_async";
+        Self::check(OP, dst, len)?;
+        Self::check(OP, src, len)?;
+        self.stream(OP, s)?.push(OP, Task::Copy { dst: dst.0, src: src.0, len }).map(|_| ())
+    }
+
+    fn fill_pattern_async(&self, s: StreamHandle, dst: DevPtr, len: usize, seed: u64) -> Result<()> {
+        const OP: &str = "HostDevice::fill_pattern_async";
+        Self::check(OP, dst, len)?;
+        self.stream(OP, s)?.push(OP, Task::Fill { dst: dst.0, len, seed }).map(|_| ())
+    }
+
+    fn copy_engine_count(&self) -> usize {
+        HOST_COPY_ENGINES
+    }
+
+    fn create_copy_queue(&self) -> Result<Box<dyn CopyQueue>> {
+        let q = HostQueue::spawn("hoccl-host-ce".into())?;
+        Ok(Box::new(HostCopyQueue { q, fences: Default::default(), next_ticket: 0, completed: 0 }))
     }
 }

@@ -157,6 +157,11 @@ pub trait Device: Send + Sync + 'static {
     fn wait_value_geq(&self, s: StreamHandle, flag: DevPtr, v: u64) -> Result<()>;
     /// Block the calling thread until the stream drains.
     fn synchronize(&self, s: StreamHandle) -> Result<()>;
+    /// Whether everything queued on the stream so far has completed (never blocks).
+    /// The default answers "not known to be idle".
+    fn stream_query(&self, _s: StreamHandle) -> Result<bool> {
+        Ok(false)
+    }
     /// Enqueue a copy on a user stream (stream-ordered; a kernel-free DMA on CUDA).
     fn memcpy_async(&self, s: StreamHandle, dst: DevPtr, src: DevPtr, len: usize) -> Result<()>;
     /// Enqueue the test-data generator: byte i of `dst` becomes `pattern_byte(seed, i)`.
@@ -197,15 +202,11 @@ pub fn pattern_word(seed: u64, w: u64) -> u32 {
 pub fn open(choice: crate::config::BackendChoice, ordinal: usize) -> Result<Arc<dyn Device>> {
     use crate::config::BackendChoice;
     match choice {
-        BackendChoice::Host => todo_backend(),
+        BackendChoice::Host => Ok(Arc::new(host::HostDevice::new()?)),
         BackendChoice::Cuda => Ok(Arc::new(cuda::CudaDevice::open(ordinal)?)),
         BackendChoice::Auto => match cuda::probe() {
-            Ok(p) if p.count > 0 => Ok(Arc::new(cuda::CudaDevice::open(ordinal)?)),
-            _ => todo_backend(),
+            Ok(p) if p.count > 0 => Ok(Arc::new(cuda::CudaDevice::open(ordinal % p.count)?)),
+            _ => Ok(Arc::new(host::HostDevice::new()?)),
         },
     }
-}
-
-fn todo_backend() -> Result<Arc<dyn Device>> {
-    Err(crate::error::Error::NoDevice { op: "device::open", what: "the host backend is being written".into() })
 }

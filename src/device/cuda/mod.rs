@@ -236,6 +236,9 @@ impl Device for CudaDevice {
     fn synchronize(&self, s: StreamHandle) -> Result<()> {
         self.stream_synchronize(s)
     }
+    fn stream_query(&self, s: StreamHandle) -> Result<bool> {
+        self.stream_query(s)
+    }
     fn memcpy_async(&self, s: StreamHandle, dst: DevPtr, src: DevPtr, len: usize) -> Result<()> {
         self.stream_memcpy(s, dst, src, len)
     }

@@ -55,6 +55,18 @@ impl CudaDevice {
         check(OP, "cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(cu_stream(s)) })
     }
 
+    /// Whether all work queued on `s` so far has completed (`cuStreamQuery`; never blocks).
+    pub(super) fn stream_query(&self, s: StreamHandle) -> Result<bool> {
+        const OP: &str = "Device::stream_query";
+        let _g = self.enter(OP)?;
+        // SAFETY: the driver validates the stream handle; cuStreamQuery does not block.
+        let r = unsafe { sys::cuStreamQuery(cu_stream(s)) };
+        if r == sys::CUresult::CUDA_ERROR_NOT_READY {
+            return Ok(false);
+        }
+        check(OP, "cuStreamQuery", r).map(|_| true)
+    }
+
     pub(super) fn stream_write_value(&self, s: StreamHandle, flag: DevPtr, v: u64) -> Result<()> {
         const OP: &str = "Device::write_value";
         check_flag(OP, flag)?;

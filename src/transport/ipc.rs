@@ -1,0 +1,115 @@
+//! Same-host transfers: the receiver exports the allocation that holds its buffer, the
+//! sender maps it once and copies straight into it on a copy-engine queue.
+//!
+//! Mappings are cached per (peer rank, allocation id). Allocation ids change when memory is
+//! freed and reallocated, so a reused address is never served a stale mapping. Entries in
+//! use by in-flight copies are pinned (`refs > 0`) and never evicted.
+use crate::device::{Allocation, DevPtr, Device, ExportHandle};
+use crate::error::Result;
+use crate::transport::mailbox::Msg;
+use std::collections::HashMap;
+
+/// Bound on cached peer mappings before unused ones are closed.
+pub const IMPORT_CACHE_CAP: usize = 1024;
+
+struct Entry {
+    base: DevPtr,
+    len: usize,
+    refs: usize,
+    last_use: u64,
+    imported: bool,
+}
+
+#[derive(Default)]
+pub struct ImportCache {
+    entries: HashMap<(usize, u64), Entry>,
+    clock: u64,
+}
+
+/// A pinned mapping; give it back with [`ImportCache::release`].
+#[derive(Clone, Copy, Debug)]
+pub struct Mapped {
+    pub key: (usize, u64),
+    pub base: DevPtr,
+}
+
+impl ImportCache {
+    /// Map the region a `Ready` message from `peer` describes; returns its base here.
+    pub fn acquire(&mut self, dev: &dyn Device, peer: usize, m: &Msg) -> Result<Mapped> {
+        self.clock += 1;
+        let key = (peer, m.alloc_id);
+        if let Some(e) = self.entries.get_mut(&key) {
+            e.refs += 1;
+            e.last_use = self.clock;
+            return Ok(Mapped { key, base: e.base });
+        }
+        self.evict(dev);
+        // Ranks in one process share an address space, and CUDA refuses to import a handle
+        // into the process that exported it: use the exporter's address directly.
+        let (base, imported) = if m.pid == std::process::id() {
+            (DevPtr(m.base), false)
+        } else {
+            (dev.import(&ExportHandle(m.handle), m.alloc_len as usize)?, true)
+        };
+        self.entries.insert(key, Entry { base, len: m.alloc_len as usize, refs: 1, last_use: self.clock, imported });
+        Ok(Mapped { key, base })
+    }
+
+    pub fn release(&mut self, m: &Mapped) {
+        if let Some(e) = self.entries.get_mut(&m.key) {
+            e.refs = e.refs.saturating_sub(1);
+        }
+    }
+
+    fn evict(&mut self, dev: &dyn Device) {
+        while self.entries.len() >= IMPORT_CACHE_CAP {
+            let victim = self.entries.iter().filter(|(_, e)| e.refs == 0).min_by_key(|(_, e)| e.last_use).map(|(k, _)| *k);
+            let Some(k) = victim else { return };
+            if let Some(e) = self.entries.remove(&k) {
+                Self::close(dev, &e);
+            }
+        }
+    }
+
+    fn close(dev: &dyn Device, e: &Entry) {
+        if e.imported {
+            if let Err(err) = dev.unimport(e.base, e.len) {
+                log::warn!("closing a peer mapping: {err}");
+            }
+        }
+    }
+
+    /// Close every mapping (proxy shutdown).
+    pub fn clear(&mut self, dev: &dyn Device) {
+        for (_, e) in self.entries.drain() {
+            Self::close(dev, &e);
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+/// Export handles of this rank's allocations, cached by allocation id.
+#[derive(Default)]
+pub struct ExportCache {
+    handles: HashMap<u64, ExportHandle>,
+}
+
+impl ExportCache {
+    pub fn get(&mut self, dev: &dyn Device, a: &Allocation) -> Result<ExportHandle> {
+        if let Some(h) = self.handles.get(&a.id) {
+            return Ok(*h);
+        }
+        if self.handles.len() >= IMPORT_CACHE_CAP {
+            self.handles.clear();
+        }
+        let h = dev.export(a)?;
+        self.handles.insert(a.id, h);
+        Ok(h)
+    }
+}

@@ -1,0 +1,275 @@
+//! Shared-memory mailboxes between the proxies of one host.
+//!
+//! Every rank owns one segment `/hoccl.<pid>.ctl.<comm>.<rank>` holding one single-producer
+//! single-consumer ring per local sender. A sender writes into ring `sender_local` of the
+//! receiver's segment; only the receiver reads it. Messages are fixed 128-byte records.
+//! A full ring is never waited on: the sender keeps the message and retries (so two proxies
+//! can never deadlock on each other's full rings).
+use crate::error::{Error, Result};
+use std::ffi::CString;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Slots per ring (power of two).
+pub const RING_SLOTS: usize = 512;
+const MAGIC: u64 = 0x484f_4343_4c43_544c; // "HOCCLCTL"
+
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MsgKind {
+    /// Receiver → sender: my buffer for your k-th send of op `seq` is ready.
+    Ready = 1,
+    /// Sender → receiver: all bytes of my k-th send of op `seq` have landed.
+    Landed = 2,
+    /// Either way: op `seq` failed on my side (`code` = ErrorCode, `len` = my byte count).
+    Fail = 3,
+}
+
+/// One control record. `repr(C)`, exactly 128 bytes, plain data.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Msg {
+    pub kind: u32,
+    /// (`seq` is the pair sequence number: the count of ops between the two ranks.)
+    /// Index of this transfer among the op's transfers between the same two ranks.
+    pub k: u32,
+    pub seq: u64,
+    pub len: u64,
+    /// Offset of the receive region inside its allocation.
+    pub offset: u64,
+    pub alloc_len: u64,
+    pub alloc_id: u64,
+    /// The allocation's base in the receiver's address space (used when both ranks share
+    /// one process, where importing would fail).
+    pub base: u64,
+    pub pid: u32,
+    pub code: u32,
+    pub handle: [u8; 64],
+}
+
+const _: () = assert!(std::mem::size_of::<Msg>() == 128);
+
+impl Msg {
+    pub fn new(kind: MsgKind, seq: u64, k: u32) -> Msg {
+        Msg {
+            kind: kind as u32,
+            k,
+            seq,
+            len: 0,
+            offset: 0,
+            alloc_len: 0,
+            alloc_id: 0,
+            base: 0,
+            pid: std::process::id(),
+            code: 0,
+            handle: [0; 64],
+        }
+    }
+    pub fn kind(&self) -> Option<MsgKind> {
+        match self.kind {
+            1 => Some(MsgKind::Ready),
+            2 => Some(MsgKind::Landed),
+            3 => Some(MsgKind::Fail),
+            _ => None,
+        }
+    }
+}
+
+#[repr(C, align(64))]
+struct Counter(AtomicU64);
+
+#[repr(C)]
+struct RingHeader {
+    head: Counter,
+    tail: Counter,
+}
+
+#[repr(C, align(64))]
+struct SegHeader {
+    magic: AtomicU64,
+    pid: AtomicU64,
+    nrings: AtomicU64,
+    /// Set to 1 by the owner when it aborts or is destroyed.
+    closed: AtomicU64,
+}
+
+fn ring_bytes() -> usize {
+    std::mem::size_of::<RingHeader>() + RING_SLOTS * 128
+}
+
+fn seg_bytes(nrings: usize) -> usize {
+    std::mem::size_of::<SegHeader>() + nrings * ring_bytes()
+}
+
+/// A mapped segment (own or a peer's).
+pub struct Segment {
+    base: *mut u8,
+    len: usize,
+    name: String,
+    owner: bool,
+}
+
+// SAFETY: the mapping is shared memory accessed only through atomics and whole-record copies
+// guarded by the ring protocol; the pointer itself may move between threads.
+unsafe impl Send for Segment {}
+
+impl Segment {
+    /// The mailbox name of `rank` (living in process `pid`) in communicator `comm_id`.
+    pub fn name(pid: u32, comm_id: u64, rank: usize) -> String {
+        format!("/hoccl.{pid}.ctl.{comm_id:016x}.{rank}")
+    }
+
+    /// Create this rank's segment with `nrings` rings (one per local sender).
+    pub fn create(name: &str, nrings: usize) -> Result<Segment> {
+        let seg = Self::map(name, seg_bytes(nrings), true)?;
+        let h = seg.header();
+        h.pid.store(std::process::id() as u64, Ordering::Relaxed);
+        h.nrings.store(nrings as u64, Ordering::Relaxed);
+        h.magic.store(MAGIC, Ordering::Release);
+        Ok(seg)
+    }
+
+    /// Open a peer's segment by name, checking that it is one.
+    pub fn open(name: &str, nrings: usize) -> Result<Segment> {
+        let seg = Self::map(name, seg_bytes(nrings), false)?;
+        let h = seg.header();
+        if h.magic.load(Ordering::Acquire) != MAGIC || h.nrings.load(Ordering::Relaxed) != nrings as u64 {
+            return Err(Error::internal("mailbox::open", format!("{name} is not a hoccl mailbox of {nrings} rings")));
+        }
+        Ok(seg)
+    }
+
+    fn map(name: &str, len: usize, create: bool) -> Result<Segment> {
+        const OP: &str = "mailbox::map";
+        let c = CString::new(name).map_err(|_| Error::invalid_arg(OP, "name has a NUL"))?;
+        let flags = if create { libc::O_CREAT | libc::O_EXCL | libc::O_RDWR } else { libc::O_RDWR };
+        // SAFETY: valid C string.
+        let fd = unsafe { libc::shm_open(c.as_ptr(), flags, 0o600) };
+        if fd < 0 {
+            return Err(Error::last_os(OP, "shm_open"));
+        }
+        // SAFETY: fd is ours.
+        if create && unsafe { libc::ftruncate(fd, len as libc::off_t) } != 0 {
+            let e = Error::last_os(OP, "ftruncate");
+            // SAFETY: fd is ours; name was created by us.
+            unsafe {
+                libc::close(fd);
+                libc::shm_unlink(c.as_ptr());
+            }
+            return Err(e);
+        }
+        // SAFETY: new shared mapping of an fd we own.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0) };
+        // SAFETY: fd is ours; the mapping survives close.
+        unsafe { libc::close(fd) };
+        if p == libc::MAP_FAILED {
+            let e = Error::last_os(OP, "mmap");
+            if create {
+                // SAFETY: valid C string.
+                unsafe { libc::shm_unlink(c.as_ptr()) };
+            }
+            return Err(e);
+        }
+        Ok(Segment { base: p as *mut u8, len, name: name.to_string(), owner: create })
+    }
+
+    fn header(&self) -> &SegHeader {
+        // SAFETY: the mapping is at least one header long, page aligned, zero-initialised by
+        // ftruncate; fields are atomics.
+        unsafe { &*(self.base as *const SegHeader) }
+    }
+
+    fn ring(&self, i: usize) -> (&RingHeader, *mut Msg) {
+        let nrings = self.header().nrings.load(Ordering::Relaxed) as usize;
+        assert!(i < nrings, "ring {i} out of {nrings}");
+        let off = std::mem::size_of::<SegHeader>() + i * ring_bytes();
+        // SAFETY: off + ring_bytes() <= len by construction of seg_bytes; 64-aligned.
+        unsafe {
+            let h = &*(self.base.add(off) as *const RingHeader);
+            (h, self.base.add(off + std::mem::size_of::<RingHeader>()) as *mut Msg)
+        }
+    }
+
+    /// Producer side: append to ring `i`; `false` if it is full (retry later).
+    pub fn try_push(&self, i: usize, m: &Msg) -> bool {
+        let (h, slots) = self.ring(i);
+        let head = h.head.0.load(Ordering::Relaxed);
+        let tail = h.tail.0.load(Ordering::Acquire);
+        if head - tail >= RING_SLOTS as u64 {
+            return false;
+        }
+        // SAFETY: slot index < RING_SLOTS; the consumer does not read it until head moves.
+        unsafe { std::ptr::write_volatile(slots.add(head as usize % RING_SLOTS), *m) };
+        h.head.0.store(head + 1, Ordering::Release);
+        true
+    }
+
+    /// Consumer side: take the next message of ring `i`.
+    pub fn try_pop(&self, i: usize) -> Option<Msg> {
+        let (h, slots) = self.ring(i);
+        let tail = h.tail.0.load(Ordering::Relaxed);
+        if h.head.0.load(Ordering::Acquire) == tail {
+            return None;
+        }
+        // SAFETY: the producer published this slot with the Release store of head.
+        let m = unsafe { std::ptr::read_volatile(slots.add(tail as usize % RING_SLOTS)) };
+        h.tail.0.store(tail + 1, Ordering::Release);
+        Some(m)
+    }
+
+    pub fn owner_pid(&self) -> u32 {
+        self.header().pid.load(Ordering::Relaxed) as u32
+    }
+    pub fn mark_closed(&self) {
+        self.header().closed.store(1, Ordering::Release);
+    }
+    pub fn is_closed(&self) -> bool {
+        self.header().closed.load(Ordering::Acquire) != 0
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping of `len` bytes.
+        unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
+        if self.owner {
+            if let Ok(c) = CString::new(self.name.as_str()) {
+                // SAFETY: valid C string; a missing name is harmless.
+                unsafe { libc::shm_unlink(c.as_ptr()) };
+            }
+        }
+    }
+}
+
+/// Whether process `pid` still exists.
+pub fn pid_alive(pid: u32) -> bool {
+    // SAFETY: signal 0 only checks for existence/permission.
+    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ring_round_trip_and_full() {
+        let name = format!("/hoccl.{}.ctl.test{}.0", std::process::id(), line!());
+        let own = Segment::create(&name, 2).unwrap();
+        let peer = Segment::open(&name, 2).unwrap();
+        assert!(Segment::open(&name, 3).is_err());
+        for i in 0..RING_SLOTS as u64 {
+            let mut m = Msg::new(MsgKind::Ready, i, 1);
+            m.len = i * 3;
+            assert!(peer.try_push(1, &m));
+        }
+        assert!(!peer.try_push(1, &Msg::new(MsgKind::Landed, 0, 0)), "ring must report full");
+        assert!(own.try_pop(0).is_none());
+        for i in 0..RING_SLOTS as u64 {
+            let m = own.try_pop(1).unwrap();
+            assert_eq!((m.seq, m.len, m.kind()), (i, i * 3, Some(MsgKind::Ready)));
+        }
+        assert!(own.try_pop(1).is_none());
+        assert!(peer.try_push(1, &Msg::new(MsgKind::Fail, 9, 0)));
+        assert_eq!(own.try_pop(1).unwrap().kind(), Some(MsgKind::Fail));
+    }
+}

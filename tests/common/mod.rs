@@ -1,0 +1,137 @@
+//! Shared test harness: run N ranks as threads (thread bootstrap), each with its own
+//! device of the chosen backend; verifiable data from `device::pattern_byte`.
+#![allow(dead_code)]
+use hoccl::bootstrap::thread::ThreadBootstrap;
+use hoccl::comm::Communicator;
+use hoccl::config::BackendChoice;
+use hoccl::device::{self, pattern_byte, DevPtr, Device, StreamHandle};
+use hoccl::Config;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Host,
+    Cuda,
+}
+
+/// A device of `backend`. On CUDA a missing GPU FAILS the test (never a silent pass).
+pub fn open_device(backend: Backend, rank: usize) -> Arc<dyn Device> {
+    match backend {
+        Backend::Host => device::open(BackendChoice::Host, 0).expect("host backend"),
+        Backend::Cuda => {
+            let p = device::cuda::probe().expect("this test needs a GPU: CUDA probe failed");
+            assert!(p.count > 0, "this test needs a GPU and none was found");
+            device::open(BackendChoice::Cuda, rank % p.count).expect("open CUDA device")
+        }
+    }
+}
+
+pub fn test_config() -> Config {
+    Config { timeout: Duration::from_secs(20), chunk_bytes: 64 << 10, ..Config::default() }
+}
+
+/// Run `f(comm)` on `n` ranks (threads); panics in any rank fail the test.
+pub fn run_ranks<F>(backend: Backend, n: usize, cfg: Config, f: F)
+where
+    F: Fn(&Communicator) + Send + Sync + 'static,
+{
+    let f = Arc::new(f);
+    let handles: Vec<_> = ThreadBootstrap::group_with_timeout(n, Duration::from_secs(30))
+        .into_iter()
+        .enumerate()
+        .map(|(r, b)| {
+            let f = f.clone();
+            let cfg = cfg.clone();
+            std::thread::Builder::new()
+                .name(format!("rank{r}"))
+                .spawn(move || {
+                    let dev = open_device(backend, r);
+                    let comm = Communicator::with_bootstrap(Box::new(b), Some(dev), cfg).expect("communicator");
+                    f(&comm);
+                })
+                .unwrap()
+        })
+        .collect();
+    let mut failed = Vec::new();
+    for (r, h) in handles.into_iter().enumerate() {
+        if h.join().is_err() {
+            failed.push(r);
+        }
+    }
+    assert!(failed.is_empty(), "ranks {failed:?} failed");
+}
+
+/// splitmix64 PRNG for sizes/offsets (seeded, reproducible).
+pub struct Rng(pub u64);
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next() % n
+        }
+    }
+}
+
+/// A device buffer with guard bands: `ptr` is `off` bytes into an allocation of
+/// `off + len + guard` bytes; everything is pre-filled with a poison pattern.
+pub struct Buf {
+    pub dev: Arc<dyn Device>,
+    pub base: DevPtr,
+    pub ptr: DevPtr,
+    pub len: usize,
+    pub off: usize,
+    pub total: usize,
+    pub poison: u64,
+}
+
+pub const GUARD: usize = 37;
+
+impl Buf {
+    pub fn new(dev: &Arc<dyn Device>, len: usize, off: usize, poison: u64) -> Buf {
+        let total = off + len + GUARD;
+        let base = dev.alloc(total).expect("alloc");
+        let b = Buf { dev: dev.clone(), base, ptr: base.add(off), len, off, total, poison };
+        let s = dev.create_stream().unwrap();
+        dev.fill_pattern_async(s, base, total, poison).unwrap();
+        dev.synchronize(s).unwrap();
+        dev.destroy_stream(s).unwrap();
+        b
+    }
+    pub fn read_all(&self) -> Vec<u8> {
+        let mut v = vec![0u8; self.total];
+        self.dev.copy_to_host(&mut v, self.base).unwrap();
+        v
+    }
+    /// Count bytes outside [off, off+len) that differ from the poison.
+    pub fn guard_damage(&self, all: &[u8]) -> usize {
+        (0..self.total).filter(|i| (*i < self.off || *i >= self.off + self.len) && all[*i] != pattern_byte(self.poison, *i as u64)).count()
+    }
+}
+
+impl Drop for Buf {
+    fn drop(&mut self) {
+        let _ = self.dev.free(self.base);
+    }
+}
+
+/// Wrong bytes of `got[at..at+len]` against the pattern of `seed` starting at index 0.
+pub fn wrong(got: &[u8], at: usize, len: usize, seed: u64) -> usize {
+    (0..len).filter(|i| got[at + i] != pattern_byte(seed, *i as u64)).count()
+}
+
+pub fn seed_of(test: u64, rank: usize, block: usize) -> u64 {
+    test.wrapping_mul(1_000_003) ^ ((rank as u64) << 32) ^ (block as u64).wrapping_mul(7919)
+}
+
+pub fn sync(dev: &Arc<dyn Device>, s: StreamHandle) {
+    dev.synchronize(s).expect("synchronize");
+}

@@ -1,0 +1,99 @@
+//! Bad input is a clear error, never UB or a hang: synchronous argument errors, peers that
+//! disagree, a peer that aborts, a peer that never calls (timeout), use after abort.
+mod common;
+use common::*;
+use hoccl::device::DevPtr;
+use hoccl::{Config, DataType, ErrorCode};
+use std::time::{Duration, Instant};
+
+fn bad_arguments(b: Backend) {
+    run_ranks(b, 2, test_config(), |c| {
+        let dev = c.device().clone();
+        let s = dev.create_stream().unwrap();
+        let buf = Buf::new(&dev, 1000, 0, 1);
+        let code = |r: hoccl::Result<()>| r.unwrap_err().code();
+        assert_eq!(code(c.all_gather(DevPtr::NULL, buf.ptr, 10, DataType::U8, s)), ErrorCode::InvalidArgument, "null");
+        assert_eq!(code(c.all_gather(buf.ptr, buf.ptr.add(500), 300, DataType::U8, s)), ErrorCode::InvalidArgument, "too short");
+        assert_eq!(code(c.send(buf.ptr, 10, DataType::U8, 7, s)), ErrorCode::InvalidArgument, "bad peer");
+        assert_eq!(code(c.broadcast(buf.ptr, buf.ptr, 10, DataType::U8, 2, s)), ErrorCode::InvalidArgument, "bad root");
+        assert_eq!(code(c.all_gather(buf.ptr, buf.ptr, usize::MAX / 2, DataType::F32, s)), ErrorCode::InvalidArgument, "overflow");
+        assert_eq!(code(c.all_to_all(buf.ptr, buf.ptr.add(8), 100, DataType::U8, s)), ErrorCode::InvalidArgument, "in-place alltoall");
+        assert_eq!(code(c.send(DevPtr(0x1234), 10, DataType::U8, 1, s)), ErrorCode::InvalidArgument, "not device memory");
+        assert_eq!(DataType::from_raw("x", 42).unwrap_err().code(), ErrorCode::InvalidArgument, "unknown dtype");
+        assert_eq!(code(c.group_end()), ErrorCode::InvalidUsage, "group_end without start");
+        // None of that disturbed the communicator: a real call still works.
+        c.all_gather(buf.ptr.add(c.rank() * 100), buf.ptr, 100, DataType::U8, s).unwrap();
+        dev.synchronize(s).unwrap();
+        assert!(c.async_error().is_none());
+    });
+}
+
+/// Ranks disagreeing on the count: both fail with InvalidUsage, streams are released.
+fn mismatched_counts(b: Backend) {
+    run_ranks(b, 2, test_config(), |c| {
+        let dev = c.device().clone();
+        let s = dev.create_stream().unwrap();
+        let buf = Buf::new(&dev, 4000, 0, 1);
+        let count = if c.rank() == 0 { 100 } else { 120 };
+        c.all_gather(buf.ptr.add(c.rank() * count), buf.ptr, count, DataType::U8, s).unwrap();
+        dev.synchronize(s).unwrap(); // must not hang
+        let e = c.async_error().expect("mismatch detected");
+        assert!(matches!(e.code(), ErrorCode::InvalidUsage | ErrorCode::Remote), "{e}");
+        // Sticky: later calls fail at once.
+        assert!(c.all_gather(buf.ptr, buf.ptr, 1, DataType::U8, s).is_err());
+    });
+}
+
+/// A peer aborts instead of calling: the others fail with Remote quickly, no hang.
+fn peer_aborts(b: Backend) {
+    let cfg = Config { timeout: Duration::from_secs(30), ..test_config() };
+    run_ranks(b, 3, cfg, |c| {
+        let dev = c.device().clone();
+        let s = dev.create_stream().unwrap();
+        let buf = Buf::new(&dev, 3000, 0, 1);
+        if c.rank() == 2 {
+            std::thread::sleep(Duration::from_millis(100));
+            c.abort();
+            assert_eq!(c.all_gather(buf.ptr.add(2000), buf.ptr, 1000, DataType::U8, s).unwrap_err().code(), ErrorCode::Aborted);
+            return;
+        }
+        let t = Instant::now();
+        c.all_gather(buf.ptr.add(c.rank() * 1000), buf.ptr, 1000, DataType::U8, s).unwrap();
+        dev.synchronize(s).unwrap();
+        assert!(t.elapsed() < Duration::from_secs(10), "failure must be prompt, not the 30 s timeout");
+        let e = c.async_error().expect("peer abort detected");
+        assert_eq!(e.code(), ErrorCode::Remote, "{e}");
+    });
+}
+
+/// A peer that never calls: Timeout after the configured time, stream released.
+fn peer_never_calls(b: Backend) {
+    let cfg = Config { timeout: Duration::from_millis(700), ..test_config() };
+    run_ranks(b, 2, cfg, |c| {
+        let dev = c.device().clone();
+        let s = dev.create_stream().unwrap();
+        let buf = Buf::new(&dev, 100, 0, 1);
+        if c.rank() == 0 {
+            c.send(buf.ptr, 100, DataType::U8, 1, s).unwrap();
+            dev.synchronize(s).unwrap();
+            let e = c.async_error().expect("timeout");
+            assert_eq!(e.code(), ErrorCode::Timeout, "{e}");
+            assert!(e.to_string().contains("rank 1"), "names the peer: {e}");
+        } else {
+            std::thread::sleep(Duration::from_millis(1500));
+        }
+    });
+}
+
+macro_rules! backend_tests {
+    ($($name:ident),* $(,)?) => {
+        mod host {
+            $( #[test] fn $name() { super::$name(super::Backend::Host) } )*
+        }
+        mod cuda {
+            $( #[test] #[ignore = "needs a GPU: run with --ignored"] fn $name() { super::$name(super::Backend::Cuda) } )*
+        }
+    };
+}
+
+backend_tests!(bad_arguments, mismatched_counts, peer_aborts, peer_never_calls);
