@@ -46,6 +46,7 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuStreamCreate",
     "cuStreamDestroy_v2",
     "cuStreamSynchronize",
+    "cuStreamQuery",
     "cuStreamWriteValue32_v2",
     "cuStreamWaitValue32_v2",
     "cuStreamWriteValue64_v2",
