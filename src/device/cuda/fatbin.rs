@@ -94,7 +94,7 @@ fn elf_kernel_names(elf: &[u8], names: &mut BTreeSet<String>) {
         let shnum = u16_at(elf, 0x3c)? as usize;
         let shstrndx = u16_at(elf, 0x3e)? as usize;
         let section = |i: usize| shoff.checked_add(i.checked_mul(shentsize)?);
-        let strtab_off = u64_at(elf, section(shstrndx)? + 0x18)? as usize;
+        let strtab_off = u64_at(elf, section(shstrndx)?.checked_add(0x18)?)? as usize;
         for i in 0..shnum {
             let name_off = u32_at(elf, section(i)?)? as usize;
             let start = strtab_off.checked_add(name_off)?;
@@ -151,6 +151,25 @@ mod tests {
         let _ = parse(&b);
         for cut in 0..b.len() {
             let _ = parse(&b[..cut]);
+        }
+    }
+
+    #[test]
+    fn corrupted_embedded_fatbin_never_panics() {
+        let good = crate::device::kernels::fatbin().to_vec();
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        for round in 0..2000 {
+            let mut b = good.clone();
+            for _ in 0..1 + round % 8 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                if !b.is_empty() {
+                    let i = (x as usize) % b.len();
+                    b[i] = (x >> 32) as u8;
+                }
+            }
+            let _ = parse(&b);
         }
     }
 

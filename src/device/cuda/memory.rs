@@ -34,15 +34,20 @@ fn pointer_attributes<const N: usize>(op: &'static str, p: DevPtr, attrs: [PA; N
     // SAFETY: attrs and data both hold N entries; every data slot is 8 writable bytes, enough
     // for each attribute requested here. For an address unknown to CUDA the call succeeds and
     // leaves the slots at their defaults (zero).
-    check(op, "cuPointerGetAttributes", unsafe {
-        sys::cuPointerGetAttributes(N as u32, attrs.as_mut_ptr(), data.as_mut_ptr(), p.0)
-    })?;
+    let r = unsafe { sys::cuPointerGetAttributes(N as u32, attrs.as_mut_ptr(), data.as_mut_ptr(), p.0) };
+    // Some drivers answer an address that no context knows with an error instead of
+    // defaults; the caller's context is current, so these mean "not CUDA memory".
+    use sys::CUresult as R;
+    if matches!(r, R::CUDA_ERROR_INVALID_VALUE | R::CUDA_ERROR_NOT_FOUND | R::CUDA_ERROR_INVALID_CONTEXT) {
+        return Err(Error::invalid_arg(op, format!("{:#x}: not memory known to CUDA ({})", p.0, error_name(r))));
+    }
+    check(op, "cuPointerGetAttributes", r)?;
     Ok(vals)
 }
 
-/// The memory type, buffer id and device ordinal of `p`, or `InvalidArgument` unless it is
-/// device memory of GPU `ordinal`.
-fn device_memory(op: &'static str, p: DevPtr, ordinal: usize) -> Result<(u64, usize)> {
+/// The buffer id of the allocation holding `p`, or `InvalidArgument` unless `p` is device
+/// memory of GPU `ordinal`.
+fn device_memory(op: &'static str, p: DevPtr, ordinal: usize) -> Result<u64> {
     let [mem_type, id, dev] =
         pointer_attributes(op, p, [PA::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, PA::CU_POINTER_ATTRIBUTE_BUFFER_ID, PA::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL])?;
     if mem_type != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u64 {
@@ -56,7 +61,7 @@ fn device_memory(op: &'static str, p: DevPtr, ordinal: usize) -> Result<(u64, us
     if dev as usize != ordinal {
         return Err(Error::invalid_arg(op, format!("{:#x} is memory of GPU {dev}, not of GPU {ordinal}", p.0)));
     }
-    Ok((id, dev as usize))
+    Ok(id)
 }
 
 /// The owner of a flag slab's pinned memory: frees it when the slab drops.
@@ -110,7 +115,7 @@ impl CudaDevice {
     pub(super) fn mem_allocation(&self, p: DevPtr) -> Result<Allocation> {
         const OP: &str = "Device::allocation";
         let _g = self.enter(OP)?;
-        let (id, _) = device_memory(OP, p, self.info.ordinal)?;
+        let id = device_memory(OP, p, self.info.ordinal)?;
         let (mut base, mut len): (sys::CUdeviceptr, usize) = (0, 0);
         // SAFETY: valid out-pointers; p is device memory (checked above).
         let r = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut len, p.0) };
@@ -124,7 +129,7 @@ impl CudaDevice {
     pub(super) fn mem_export(&self, a: &Allocation) -> Result<ExportHandle> {
         const OP: &str = "Device::export";
         let _g = self.enter(OP)?;
-        let (id, _) = device_memory(OP, a.base, self.info.ordinal)?;
+        let id = device_memory(OP, a.base, self.info.ordinal)?;
         if id != a.id {
             return Err(Error::invalid_arg(OP, format!("stale allocation {:#x} (freed and reused since)", a.base.0)));
         }

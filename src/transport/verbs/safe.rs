@@ -408,7 +408,7 @@ impl CompletionQueue {
         while total < max {
             let want = (max - total).min(wc.len());
             // SAFETY: raw is live while self lives.
-            let n = unsafe { r::poll_cq(self.raw, &mut wc[..want]) }.map_err(|e| e.with_op("verbs::CompletionQueue::poll"))?;
+            let n = unsafe { r::poll_cq(self.raw, &mut wc[..want]) }.map_err(|e| e.with_op("verbs::CompletionQueue::poll"))?.min(want);
             out.extend(wc[..n].iter().map(|w| self.completion(w)));
             total += n;
             if n < want {
