@@ -49,6 +49,26 @@ pub struct Communicator {
 impl Communicator {
     // ================================================================ creation ==========
 
+    /// Create over `MPI_COMM_WORLD` (initializing MPI if nobody has). Collective.
+    pub fn world(config: Config) -> Result<Communicator> {
+        let b = crate::bootstrap::mpi::MpiBootstrap::world()?;
+        Self::with_bootstrap(Box::new(b), None, config)
+    }
+
+    /// Create from an MPI communicator (duplicated, so hoccl's traffic never mixes with
+    /// the caller's). Collective over `comm`.
+    pub fn from_mpi<C: mpi::traits::Communicator>(comm: &C, config: Config) -> Result<Communicator> {
+        let b = crate::bootstrap::mpi::MpiBootstrap::from_communicator(comm)?;
+        Self::with_bootstrap(Box::new(b), None, config)
+    }
+
+    /// Create from the Fortran handle of an MPI communicator (`MPI_Comm_c2f`), as C and C++
+    /// callers pass it. Collective over that communicator.
+    pub fn from_mpi_fortran(handle: i32, config: Config) -> Result<Communicator> {
+        let b = crate::bootstrap::mpi::MpiBootstrap::from_fortran(handle)?;
+        Self::with_bootstrap(Box::new(b), None, config)
+    }
+
     /// Create over any bootstrap. `device` overrides the backend choice (tests pass a host
     /// device); otherwise `config.backend` decides and the GPU is `config.device` or the
     /// local rank modulo the GPU count. Collective over the bootstrap's ranks.
@@ -112,6 +132,10 @@ impl Communicator {
     }
     pub fn config(&self) -> &Config {
         &self.config
+    }
+    /// The bootstrap the communicator was created over (out-of-band exchange, barriers).
+    pub fn bootstrap(&self) -> &dyn Bootstrap {
+        self.bootstrap.as_ref()
     }
     /// What every rank reported at creation (host, pid, GPU, node).
     pub fn ranks(&self) -> &[RankInfo] {
@@ -324,6 +348,5 @@ impl Drop for Communicator {
                 st.streams.leak();
             }
         }
-        let _ = &self.bootstrap;
     }
 }

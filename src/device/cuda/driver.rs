@@ -96,12 +96,37 @@ fn load_library() -> Result<()> {
 pub(crate) fn init() -> Result<()> {
     static INIT: OnceLock<Result<()>> = OnceLock::new();
     INIT.get_or_init(|| {
+        widen_hardware_queues();
         load_library()?;
         // SAFETY: the library and cuInit are present (checked above).
         let r = unsafe { sys::cuInit(0) };
         check("cuda::init", "cuInit", r).map_err(|e| Error::NoDevice { op: "cuda::init", what: e.to_string() })
     })
     .clone()
+}
+
+/// Hardware work queues per context that hoccl asks for (`CUDA_DEVICE_MAX_CONNECTIONS`).
+pub const WANT_CONNECTIONS: u32 = 32;
+
+/// Streams are spread over a context's hardware work queues (8 by default). A stream
+/// blocked in `cuStreamWaitValue` (a user stream waiting for a collective to finish) blocks
+/// every stream that shares its queue, so a copy-engine queue sharing it could never run
+/// and the collective would never finish. Ask for the maximum (32) before the driver makes
+/// a context, unless the application chose a value itself. Too late once a context exists
+/// in the process: then the application's own setting stands (see the README).
+fn widen_hardware_queues() {
+    const VAR: &str = "CUDA_DEVICE_MAX_CONNECTIONS";
+    match std::env::var(VAR) {
+        Ok(v) => {
+            if v.trim().parse::<u32>().map_or(true, |n| n < 16) {
+                log::warn!("hoccl: {VAR}={v}: streams waiting on collectives can block hoccl's copy queues; 32 is recommended");
+            }
+        }
+        Err(_) => {
+            // Called once, before cuInit, from the first CUDA use of the process.
+            std::env::set_var(VAR, WANT_CONNECTIONS.to_string());
+        }
+    }
 }
 
 /// The driver's name for `r` ("CUDA_ERROR_NOT_FOUND"); the enum's own name when the driver
