@@ -4,42 +4,52 @@
 #
 #   build machine:  bash scripts/gpu/device.sh stage
 #       builds `hoccl-info` and the `device_conformance` test executable in release mode
-#       and copies them to carry/ (git-ignored): carry/hoccl-info, carry/device_conformance
-#   GPU machine:    bash scripts/gpu/device.sh [run]        (with carry/ carried along)
+#       into carry/ (git-ignored) with the layout of scripts/gpu/pack.sh, which produces a
+#       compatible carry/ too: carry/hoccl-info, carry/tests/device_conformance, and this
+#       script as carry/device.sh
+#   GPU machine:    bash scripts/gpu/device.sh [run]   or   bash carry/device.sh [run]
 #       runs hoccl-info (text and --json) and the conformance tests with
 #       `--ignored --test-threads=1` on GPU 0 (and `cuda_conformance` on the last GPU when
 #       there are several); logs go to $OUT (default ./out). Exit status 0 only if every
 #       test passed.
 #
-# Binaries are looked up as carry/<name>, else the newest carry/**/<name>-<hash> (what
-# `cargo test --no-run` names them), so a carry/ filled by hand works too.
-# Environment: HOCCL_CARRY (default carry), OUT, HOCCL_TEST_TIMEOUT (seconds per command,
-# default 300), HOCCL_LOG (default hoccl=info).
+# Binaries are found as <carry>/<name>, <carry>/tests/<name>, else the newest
+# <carry>/**/<name>-<hash> (what `cargo test --no-run` names them).
+# Environment: HOCCL_CARRY (the carry folder), OUT, HOCCL_TEST_TIMEOUT (seconds per
+# command, default 300), HOCCL_LOG (default hoccl=info).
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-carry="${HOCCL_CARRY:-carry}"
+here="$(cd "$(dirname "$0")" && pwd)"
+if [ -n "${HOCCL_CARRY:-}" ]; then
+    carry="$(cd "$HOCCL_CARRY" && pwd)"
+elif [ -e "$here/hoccl-info" ] || [ -d "$here/tests" ]; then
+    carry="$here" # this script was packed into carry/
+else
+    carry="$(cd "$here/../.." && pwd)/carry"
+fi
 limit="${HOCCL_TEST_TIMEOUT:-300}"
 
 stage() {
     set -e
-    mkdir -p "$carry"
+    cd "$here/../.."
+    mkdir -p "$carry/tests"
     cargo build --release --bin hoccl-info
     cp -f target/release/hoccl-info "$carry/hoccl-info"
     local exe
     exe=$(cargo test --release --no-run --test device_conformance --message-format=json \
         | grep -o '"executable":"[^"]*device_conformance-[^"]*"' | tail -n1 | cut -d'"' -f4)
     [ -n "$exe" ] || { echo "device.sh: could not find the device_conformance executable" >&2; exit 1; }
-    cp -f "$exe" "$carry/device_conformance"
+    cp -f "$exe" "$carry/tests/device_conformance"
+    cp -f scripts/gpu/device.sh "$carry/device.sh"
     echo "staged into $carry/:"
-    ls -l "$carry/hoccl-info" "$carry/device_conformance"
+    ls -l "$carry/hoccl-info" "$carry/tests/device_conformance" "$carry/device.sh"
 }
 
-# find_bin NAME: carry/NAME, else the newest carry/**/NAME-<hash> executable.
+# find_bin NAME: <carry>/NAME, <carry>/tests/NAME, else the newest <carry>/**/NAME-<hash>.
 find_bin() {
-    if [ -x "$carry/$1" ] || [ -f "$carry/$1" ]; then
-        echo "$carry/$1"
-        return
-    fi
+    local f
+    for f in "$carry/$1" "$carry/tests/$1"; do
+        [ -f "$f" ] && { echo "$f"; return; }
+    done
     find "$carry" -type f -name "$1-*" ! -name '*.d' -printf '%T@ %p\n' 2>/dev/null | sort -nr | head -n1 | cut -d' ' -f2-
 }
 
@@ -65,7 +75,7 @@ run() {
     note "nvidia-smi sees ${ngpu:-0} GPU(s)"
 
     if [ -z "$info" ]; then
-        note "FAIL hoccl-info: not found under $carry/ (run 'bash scripts/gpu/device.sh stage' first)"
+        note "FAIL hoccl-info: not found under $carry/ (run 'bash scripts/gpu/device.sh stage' or scripts/gpu/pack.sh first)"
         status=1
     else
         timeout "$limit" "$info" 2>&1 | tee "$out/hoccl-info.txt"
@@ -102,6 +112,6 @@ run() {
 case "${1:-run}" in
     stage) stage ;;
     run) run ;;
-    -h | --help) sed -n '2,20p' "$0" ;;
+    -h | --help) sed -n '2,21p' "$0" ;;
     *) echo "usage: $0 [stage|run]" >&2; exit 2 ;;
 esac
