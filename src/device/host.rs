@@ -96,6 +96,18 @@ fn map_shm(op: &'static str, name: &str, map_len: usize, create: bool) -> Result
         if create && unsafe { libc::ftruncate(fd, map_len as libc::off_t) } != 0 {
             return Err(Error::last_os(op, "ftruncate"));
         }
+        if !create {
+            // Mapping past the object's end would fault (SIGBUS) on access: refuse.
+            // SAFETY: st is plain data filled by fstat on our fd.
+            let mut st: libc::stat = unsafe { std::mem::zeroed() };
+            // SAFETY: fd is open; st is writable.
+            if unsafe { libc::fstat(fd, &mut st) } != 0 {
+                return Err(Error::last_os(op, "fstat"));
+            }
+            if (st.st_size as u64) < map_len as u64 {
+                return Err(Error::invalid_arg(op, format!("{name} holds {} bytes, {map_len} requested", st.st_size)));
+            }
+        }
         // SAFETY: fresh shared mapping of an fd we own; the kernel picks the address.
         let p = unsafe {
             libc::mmap(std::ptr::null_mut(), map_len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
@@ -410,19 +422,28 @@ impl Device for HostDevice {
         }
     }
 
+    /// Handle layout: the shm name, NUL-padded, in bytes 0..48; the exact allocation length
+    /// (u64, little-endian) in bytes 48..56, so an importer asking for more is refused.
     fn export(&self, a: &Allocation) -> Result<ExportHandle> {
         let name = shm_name(a.id);
         let mut h = [0u8; 64];
         h[..name.len()].copy_from_slice(name.as_bytes());
+        h[48..56].copy_from_slice(&(a.len as u64).to_le_bytes());
         Ok(ExportHandle(h))
     }
 
     fn import(&self, h: &ExportHandle, len: usize) -> Result<DevPtr> {
         const OP: &str = "HostDevice::import";
-        let end = h.0.iter().position(|b| *b == 0).unwrap_or(64);
+        let end = h.0[..48].iter().position(|b| *b == 0).unwrap_or(48);
         let name = std::str::from_utf8(&h.0[..end]).map_err(|_| Error::invalid_arg(OP, "bad handle"))?;
         if !name.starts_with("/hoccl.") {
             return Err(Error::invalid_arg(OP, "not a host-backend handle"));
+        }
+        let mut exported = [0u8; 8];
+        exported.copy_from_slice(&h.0[48..56]);
+        let exported = u64::from_le_bytes(exported);
+        if len as u64 > exported {
+            return Err(Error::invalid_arg(OP, format!("{len} bytes requested from an allocation of {exported}")));
         }
         let map_len = round_page(len);
         let p = map_shm(OP, name, map_len, false)? as u64;

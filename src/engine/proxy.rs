@@ -75,6 +75,12 @@ impl OpState {
         self.sends.iter().map(|s| s.x.peer).chain(self.recvs.iter().map(|r| r.x.peer))
     }
 
+    /// Whether the op still needs a message from `peer` (its buffer-ready or data-landed).
+    fn waits_on(&self, peer: usize) -> bool {
+        self.sends.iter().any(|s| s.x.peer == peer && s.phase == SendPhase::WaitReady)
+            || self.recvs.iter().any(|r| r.x.peer == peer && !r.landed)
+    }
+
     fn complete(&self) -> bool {
         self.started && self.sends.iter().all(|s| s.phase == SendPhase::Done) && self.recvs.iter().all(|r| r.landed)
     }
@@ -528,11 +534,17 @@ impl Proxy {
             return;
         }
         self.last_check = Instant::now();
+        // A peer may have sent its last messages and then closed: read them first, so only
+        // ops that still wait on a gone peer fail.
+        let gone: Vec<(usize, String)> = (0..self.links.peers.len()).filter_map(|p| self.peer_problem(p)).collect();
+        if !gone.is_empty() {
+            self.poll_inbox();
+        }
         let now = Instant::now();
         let mut failures = Vec::new();
         for (seq, st) in &self.ops {
-            if let Some((peer, what)) = st.peers().find_map(|p| self.peer_problem(p)) {
-                failures.push((*seq, Error::Remote { op: st.op.name, peer, what }));
+            if let Some((peer, what)) = gone.iter().find(|(p, _)| st.waits_on(*p)) {
+                failures.push((*seq, Error::Remote { op: st.op.name, peer: *peer, what: what.clone() }));
             } else if st.started && now - st.last_progress > self.timeout {
                 failures.push((*seq, Error::Timeout { op: st.op.name, after: self.timeout, what: format!("waiting for {}", st.waiting_for()) }));
             }
