@@ -60,6 +60,17 @@ fn init_state() -> MutexGuard<'static, InitState> {
     INIT.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// The owner token to hold while a bootstrap lives, if hoccl owns MPI. Fails if hoccl's
+/// MPI has been (or is being) finalized: its last bootstrap went away.
+fn current_owner(op: &'static str) -> Result<Option<Arc<MpiOwner>>> {
+    let st = init_state();
+    match st.owner.upgrade() {
+        Some(o) => Ok(Some(o)),
+        None if st.ours => Err(Error::invalid_usage(op, "hoccl finalized MPI when its last bootstrap was dropped")),
+        None => Ok(None),
+    }
+}
+
 /// Exists while hoccl owns MPI and some bootstrap is alive; its drop finalizes MPI.
 struct MpiOwner {
     _private: (),
@@ -263,7 +274,7 @@ impl MpiBootstrap {
     pub fn from_communicator(comm: &impl mpi::traits::Communicator) -> Result<MpiBootstrap> {
         const OP: &str = "MpiBootstrap::from_communicator";
         require_live_mpi(OP)?;
-        let owner = init_state().owner.upgrade();
+        let owner = current_owner(OP)?;
         Self::dup_of(OP, comm.as_raw(), owner)
     }
 
@@ -279,7 +290,7 @@ impl MpiBootstrap {
         if comm == unsafe { ffi::RSMPI_COMM_NULL } || is_zero_handle(comm) {
             return Err(Error::invalid_arg(OP, format!("Fortran handle {handle} is not a communicator")));
         }
-        let owner = init_state().owner.upgrade();
+        let owner = current_owner(OP)?;
         Self::dup_of(OP, comm, owner)
     }
 
