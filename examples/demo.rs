@@ -1,3 +1,4 @@
+//! hoccl-example: self-checking
 //! The collectives demo (README command one): every copy-engine collective at a few sizes,
 //! with time, bandwidth and a count of wrong elements, on the GPUs when present and on the
 //! host backend otherwise.

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 mod collectives;
 mod setup;
 
-pub use setup::RankInfo;
+pub use crate::topology::{RankPlacement, Topology};
 
 /// Point-to-point calls gathered between `group_start` and `group_end`.
 #[derive(Default)]
@@ -41,7 +41,7 @@ pub struct Communicator {
     dev: Arc<dyn Device>,
     engine: Engine,
     bootstrap: Box<dyn Bootstrap>,
-    info: Vec<RankInfo>,
+    topo: Topology,
     config: Config,
     state: Mutex<State>,
 }
@@ -77,24 +77,22 @@ impl Communicator {
         config.validate()?;
         init_logging(config.log.as_deref());
         let (rank, size) = (bootstrap.rank(), bootstrap.size());
-        let info = setup::exchange_rank_info(bootstrap.as_ref(), &config)?;
-        let me = &info[rank];
+        let topo = setup::build_topology(bootstrap.as_ref(), &config)?;
+        let me = topo.ranks()[rank].clone();
+        if topo.nnodes() > 1 {
+            // Every rank sees the same topology, so every rank fails here together.
+            return Err(Error::invalid_usage(
+                OP,
+                format!("ranks span {} nodes; the inter-node transport is not implemented yet (one host and HOCCL_VIRTUAL_NODES=1 are required)", topo.nnodes()),
+            ));
+        }
         let dev = match device {
             Some(d) => d,
             None => device::open(config.backend, me.gpu)?,
         };
         let comm_id = setup::agree_comm_id(bootstrap.as_ref())?;
-        let local: Vec<usize> = (0..size).filter(|r| info[*r].node == me.node).collect();
-        if local.len() != size {
-            return Err(Error::invalid_usage(
-                OP,
-                format!(
-                    "ranks span {} nodes; the inter-node transport is not implemented yet (HOCCL_VIRTUAL_NODES=1 and one host are required)",
-                    info.iter().map(|i| i.node).max().unwrap_or(0) + 1
-                ),
-            ));
-        }
-        let links = setup::connect_mailboxes(bootstrap.as_ref(), &info, comm_id, &local)?;
+        let local: Vec<usize> = topo.local_peers(rank).to_vec();
+        let links = setup::connect_mailboxes(bootstrap.as_ref(), &topo, comm_id, &local)?;
         let engine = Engine::start(
             dev.clone(),
             links,
@@ -108,7 +106,7 @@ impl Communicator {
             dev,
             engine,
             bootstrap,
-            info,
+            topo,
             config,
             state: Mutex::new(State {
                 next_seq: 1,
@@ -137,9 +135,13 @@ impl Communicator {
     pub fn bootstrap(&self) -> &dyn Bootstrap {
         self.bootstrap.as_ref()
     }
-    /// What every rank reported at creation (host, pid, GPU, node).
-    pub fn ranks(&self) -> &[RankInfo] {
-        &self.info
+    /// Where every rank runs (host, pid, node, local rank, GPU).
+    pub fn ranks(&self) -> &[RankPlacement] {
+        self.topo.ranks()
+    }
+    /// The communicator's topology (nodes, GPUs, peer access, forwarding peers).
+    pub fn topology(&self) -> &Topology {
+        &self.topo
     }
 
     // ================================================================ errors ============
