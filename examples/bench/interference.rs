@@ -32,7 +32,10 @@ pub struct Outcome {
     pub alone: f64,
     pub alone_after: f64,
     pub rows: Vec<Row>,
+    /// Kernels hoccl launched during the hoccl background sections, summed over ranks, and
+    /// rank 0's `launch_count()` before and after its section.
     pub hoccl_launches: u64,
+    pub launch_count_before_after: (u64, u64),
 }
 
 /// Rank 0's GEMM and its stream (absent on other ranks).
@@ -146,6 +149,7 @@ pub fn run(ctx: &Ctx, imps: &[Impl]) -> Res<Result<Outcome, String>> {
     let window = t_alone * per_batch * BATCHES as f64;
     let mut rows = Vec::new();
     let mut hoccl_launches = 0;
+    let mut before_after = (0, 0);
     for &imp in imps {
         let t_ag = time_point(ctx, imp, &bg.g, &bg.b)?.time_us * 1e-6;
         let lead = Duration::from_secs_f64((3.0 * t_ag).max(5e-3));
@@ -153,9 +157,10 @@ pub fn run(ctx: &Ctx, imps: &[Impl]) -> Res<Result<Outcome, String>> {
         let n_ops = (((lead.as_secs_f64() + 3.0 * window + 0.05) / t_ag).ceil() as usize).clamp(20, 200_000);
         let l0 = launch_count();
         let (t, covered) = with_background(ctx, imp, comp.as_ref(), &bg, n_ops, lead)?;
-        let launched = launch_count() - l0;
+        let l1 = launch_count();
         if matches!(imp, Impl::Hoccl) {
-            hoccl_launches = ctx.sum_u64(launched)?;
+            hoccl_launches = ctx.sum_u64(l1 - l0)?;
+            before_after = (l0, l1);
         }
         let t = ctx.gather_f64(t)?[0];
         let covered = ctx.all(covered)?;
@@ -171,7 +176,7 @@ pub fn run(ctx: &Ctx, imps: &[Impl]) -> Res<Result<Outcome, String>> {
     }
     let alone_after = ctx.gather_f64(gemm_s(&comp)?)?[0];
     ctx.dev.synchronize(bg.stream).map_err(|e| e.to_string())?;
-    Ok(Ok(Outcome { cublas, gemm_n: o.gemm_n, bg_bytes: bg.g.bytes, alone: flops / t_alone / 1e12, alone_after: flops / alone_after / 1e12, rows, hoccl_launches }))
+    Ok(Ok(Outcome { cublas, gemm_n: o.gemm_n, bg_bytes: bg.g.bytes, alone: flops / t_alone / 1e12, alone_after: flops / alone_after / 1e12, rows, hoccl_launches, launch_count_before_after: before_after }))
 }
 
 pub fn table(ctx: &Ctx, r: &Outcome) -> String {
@@ -198,7 +203,13 @@ pub fn table(ctx: &Ctx, r: &Outcome) -> String {
         );
     }
     let _ = writeln!(s, "  {:<22} {:>9.1}   (drift check)", "GEMM alone, again", r.alone_after);
-    let _ = writeln!(s, "# hoccl kernel launches during the hoccl background sections (all ranks): {} (must be 0: copy engines only)", r.hoccl_launches);
+    let (l0, l1) = r.launch_count_before_after;
+    let _ = writeln!(
+        s,
+        "# hoccl launch_count() on rank 0 before/after its hoccl background section: {l0}/{l1}; launches in those sections, all ranks: {} {}",
+        r.hoccl_launches,
+        if r.hoccl_launches == 0 { "(zero-SM: copy engines only)" } else { "<-- ERROR: must be 0" }
+    );
     let h = r.rows.iter().find(|x| x.imp == "hoccl").map(|x| x.slowdown_pct);
     let n = r.rows.iter().find(|x| x.imp == "nccl").map(|x| x.slowdown_pct);
     if let (Some(h), Some(n)) = (h, n) {

@@ -200,6 +200,7 @@ fn run(opts: opts::Opts) -> Res<bool> {
         match interference::run(&ctx, &bg)? {
             Ok(r) => {
                 say(&ctx, &interference::table(&ctx, &r));
+                // A launch there is caught by the accounting below (it would not be a fill).
                 json.push(("interference", interference::json(&r)));
             }
             Err(why) => say(&ctx, &format!("\n# {why}\n")),

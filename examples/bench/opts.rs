@@ -10,7 +10,8 @@ usage: mpirun -np N bench [options]
   --min SIZE          smallest size (default 2M on CUDA, 64K on the host backend)
   --max SIZE          largest size, factor 2 between sizes (default 1G / 16M)
   --iters N           timed iterations per point (default: adaptive, >= --min-time-ms, >= 5)
-  --warmup N          untimed iterations before timing (default: adaptive probe, 4 ops)
+  --warmup N          untimed ops before timing (default: the adaptive probe's 3 ops,
+                      or 2 with --iters); the cold first op is always run and reported apart
   --min-time-ms MS    adaptive target time per point (default 20)
   --dtype T           bf16 (default), f16, f32, f64, u8, i8, i32, u32, i64, u64
   --json FILE         write every point (and launch/interference results) as JSON
