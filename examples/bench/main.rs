@@ -255,8 +255,15 @@ fn main() {
     };
     // NCCL reads this at init; NVLS (multicast objects) stays off in every run. Set while
     // the process still has one thread.
-    if std::env::var("NCCL_NVLS_ENABLE").as_deref() != Ok("0") {
-        std::env::set_var("NCCL_NVLS_ENABLE", "0");
+    match std::env::var("NCCL_NVLS_ENABLE") {
+        Ok(v) if v == "0" => {}
+        Ok(v) => {
+            if !quiet {
+                eprintln!("bench: NCCL_NVLS_ENABLE={v} overridden to 0 (no multicast objects in this benchmark)");
+            }
+            std::env::set_var("NCCL_NVLS_ENABLE", "0");
+        }
+        Err(_) => std::env::set_var("NCCL_NVLS_ENABLE", "0"),
     }
     let code = match run(opts) {
         Ok(true) => 0,

@@ -27,6 +27,9 @@ fi
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
+# ob1 over shared memory: the bootstrap's few messages never go through UCX (which would
+# touch CUDA itself); the collectives' data never goes through MPI at all.
+export OMPI_MCA_pml="${OMPI_MCA_pml:-ob1}" OMPI_MCA_oob_tcp_if_include="${OMPI_MCA_oob_tcp_if_include:-lo}"
 export NCCL_NVLS_ENABLE=0
 export HOCCL_LOG="${HOCCL_LOG:-warn}"
 
