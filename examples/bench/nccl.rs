@@ -324,12 +324,9 @@ impl Drop for NcclComm {
 }
 
 // SAFETY: an NCCL communicator may be used from any thread as long as calls on it do not
-// overlap; the benchmark hands a communicator to one background thread at a time and the
-// owning thread does not call it until that thread is joined (see interference.rs).
+// overlap; moving the owner to another thread cannot make calls overlap. (Not Sync: the
+// one place that lends it to a second thread says why that is exclusive, interference.rs.)
 unsafe impl Send for NcclComm {}
-// SAFETY: as above — shared references only cross into a scoped thread while the owner
-// makes no NCCL call on the same communicator.
-unsafe impl Sync for NcclComm {}
 
 /// NCCL for this run: the communicators, or the reason there are none.
 pub struct Nccl {
