@@ -39,7 +39,7 @@ impl Ctx {
         let (rank, n) = (comm.rank(), comm.size());
         let cuda = dev.backend() == Backend::Cuda;
         let info = comm.ranks();
-        let mut keys: Vec<(String, usize)> = info.iter().map(|i| (i.host.clone(), i.gpu)).collect();
+        let mut keys: Vec<(usize, usize)> = info.iter().map(|i| (i.host, i.gpu)).collect();
         let shared_gpu_ranks = keys.iter().filter(|k| keys.iter().filter(|o| o == k).count() > 1).count();
         keys.sort();
         keys.dedup();
