@@ -73,6 +73,14 @@ step() { # step NAME LIMIT_S ARGS... : one mpirun with a time limit, logged to $
 step bench_table 270 --compare nccl --json "$OUT/bench.json"
 step launch 60 --no-table --launch-cost --compare nccl --no-check --json "$OUT/launch.json"
 step interference 120 --no-table --interference --compare nccl --no-check --json "$OUT/interference.json"
+if [ "$ngpu" -lt 2 ]; then
+  # Several processes on one GPU time-slice its contexts, which slows any GEMM whatever the
+  # collective does; one rank (its AllGather is a local copy-engine copy) isolates what the
+  # copy engines' traffic alone costs the GEMM.
+  np_all=$np; np=1
+  step interference_1rank 90 --no-table --interference --no-check --json "$OUT/interference_1rank.json"
+  np=$np_all
+fi
 
 py=python3
 python3 -c 'import matplotlib' 2>/dev/null || py=/opt/torch/.venv/bin/python3

@@ -1,25 +1,26 @@
 #!/usr/bin/env bash
-# Runs on the H200 machine from binaries packed by scripts/gpu/pack.sh (carry/):
+# Runs on the H200 machine, from the repository root, with binaries packed by
+# scripts/gpu/pack.sh into carry/:
 # every test executable with the GPU tests included (host-backend tests run too), then
 # the demo under mpirun with 4 ranks (several ranks per GPU when fewer GPUs exist).
 # Logs go to $OUT.
 set -u
-cd "$(dirname "$0")"   # carry/
+cd "$(dirname "$0")/../.."   # repository root; binaries in carry/
 OUT=${OUT:-/tmp/hoccl-out}; mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 HOCCL_LOG=${HOCCL_LOG:-warn} RUST_BACKTRACE=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader \
        OMPI_MCA_btl_vader_single_copy_mechanism=none
 nvidia-smi -L | tee "$OUT/gpus.txt"
-[ -x ./hoccl-info ] && ./hoccl-info > "$OUT/hoccl-info.txt" 2>&1
+[ -x carry/hoccl-info ] && carry/hoccl-info > "$OUT/hoccl-info.txt" 2>&1
 status=0
-for t in tests/*; do
+for t in carry/tests/*; do
   n=$(basename "$t")
-  timeout 400 "$t" --include-ignored --test-threads=1 > "$OUT/test-$n.log" 2>&1
+  timeout "${TEST_LIMIT:-150}" "$t" --include-ignored --test-threads=1 > "$OUT/test-$n.log" 2>&1
   rc=$?; [ $rc = 0 ] || status=1
   echo "test $n: rc=$rc $(grep -E '^test result' "$OUT/test-$n.log" | tail -1)"
   grep -E "FAILED|panicked" "$OUT/test-$n.log" | head -5
 done
-timeout 300 mpirun --oversubscribe -np 4 ./demo ${DEMO_ARGS:-} > "$OUT/demo.log" 2>&1; rc=$?
+timeout 200 mpirun --oversubscribe -np 4 carry/demo ${DEMO_ARGS:-} > "$OUT/demo.log" 2>&1; rc=$?
 [ $rc = 0 ] || status=1
 echo "demo: rc=$rc"; cat "$OUT/demo.log" | tail -30
 exit $status

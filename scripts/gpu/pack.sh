@@ -20,6 +20,5 @@ for f in target/release/examples/*; do
   [ -f "$f" ] && [ -x "$f" ] && case "$f" in *-*|*.d) ;; *) cp "$f" carry/ ;; esac
 done
 for f in target/release/hoccl-*; do [ -f "$f" ] && [ -x "$f" ] && cp "$f" carry/; done
-cp scripts/gpu/*.sh carry/ 2>/dev/null || true
 find carry -type f -perm -u+x ! -name "*.sh" -exec strip --strip-debug {} +
 du -sh carry; ls carry carry/tests
