@@ -72,6 +72,11 @@ impl Error {
 
     /// The operation this error names.
     pub fn op(&self) -> &'static str {
+        let mut e = self.clone();
+        *e.op_mut()
+    }
+
+    fn op_mut(&mut self) -> &mut &'static str {
         match self {
             Error::InvalidArgument { op, .. }
             | Error::InvalidUsage { op, .. }
@@ -110,19 +115,7 @@ impl Error {
     /// Replace the operation name (used when a lower layer's error surfaces through a
     /// public call).
     pub fn with_op(mut self, new_op: &'static str) -> Self {
-        match &mut self {
-            Error::InvalidArgument { op, .. }
-            | Error::InvalidUsage { op, .. }
-            | Error::Cuda { op, .. }
-            | Error::System { op, .. }
-            | Error::Mpi { op, .. }
-            | Error::Remote { op, .. }
-            | Error::Timeout { op, .. }
-            | Error::CorruptData { op, .. }
-            | Error::Aborted { op }
-            | Error::NoDevice { op, .. }
-            | Error::Internal { op, .. } => *op = new_op,
-        }
+        *self.op_mut() = new_op;
         self
     }
 }

@@ -361,16 +361,5 @@ fn two_communicators(b: Backend) {
     }
 }
 
-macro_rules! backend_tests {
-    ($($name:ident),* $(,)?) => {
-        mod host {
-            $( #[test] fn $name() { super::$name(super::Backend::Host) } )*
-        }
-        mod cuda {
-            $( #[test] #[ignore = "needs a GPU: run with --ignored"] fn $name() { super::$name(super::Backend::Cuda) } )*
-        }
-    };
-}
-
 backend_tests!(all_gather, all_to_all, all_to_allv, broadcast, gather_scatter, send_recv_groups, back_to_back, stream_ordering, two_communicators);
 

@@ -85,15 +85,4 @@ fn peer_never_calls(b: Backend) {
     });
 }
 
-macro_rules! backend_tests {
-    ($($name:ident),* $(,)?) => {
-        mod host {
-            $( #[test] fn $name() { super::$name(super::Backend::Host) } )*
-        }
-        mod cuda {
-            $( #[test] #[ignore = "needs a GPU: run with --ignored"] fn $name() { super::$name(super::Backend::Cuda) } )*
-        }
-    };
-}
-
 backend_tests!(bad_arguments, mismatched_counts, peer_aborts, peer_never_calls);

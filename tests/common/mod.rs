@@ -135,3 +135,17 @@ pub fn seed_of(test: u64, rank: usize, block: usize) -> u64 {
 pub fn sync(dev: &Arc<dyn Device>, s: StreamHandle) {
     dev.synchronize(s).expect("synchronize");
 }
+
+/// Instantiate each test body twice: on the host backend, and on CUDA as an ignored test
+/// (`--ignored` on a GPU machine; it fails, never passes, when no GPU is found).
+#[macro_export]
+macro_rules! backend_tests {
+    ($($name:ident),* $(,)?) => {
+        mod host {
+            $( #[test] fn $name() { super::$name(super::Backend::Host) } )*
+        }
+        mod cuda {
+            $( #[test] #[ignore = "needs a GPU: run with --ignored"] fn $name() { super::$name(super::Backend::Cuda) } )*
+        }
+    };
+}
