@@ -7,7 +7,13 @@ use common::*;
 
 use hoccl::DataType;
 
-const DTYPES: [DataType; 5] = [DataType::U8, DataType::BF16, DataType::F32, DataType::I64, DataType::F8E4M3];
+const DTYPES: [DataType; 5] = [
+    DataType::U8,
+    DataType::BF16,
+    DataType::F32,
+    DataType::I64,
+    DataType::F8E4M3,
+];
 
 /// The call shape every rank agrees on (same seed), and a per-rank offset.
 struct Shape {
@@ -24,7 +30,12 @@ fn shape(rng: &mut Rng, n: usize, max: u64) -> Shape {
         1 => 1,
         _ => rng.below(max) as usize | 1,
     };
-    Shape { dtype, count, in_place: rng.below(2) == 0, root: rng.below(n as u64) as usize }
+    Shape {
+        dtype,
+        count,
+        in_place: rng.below(2) == 0,
+        root: rng.below(n as u64) as usize,
+    }
 }
 
 fn all_gather(b: Backend) {
@@ -36,17 +47,29 @@ fn all_gather(b: Backend) {
             let s = dev.create_stream().unwrap();
             for it in 0..6 {
                 let sh = shape(&mut rng, n, 20_000);
+                log::debug!(
+                    "all_gather n={n} rank {r} it {it}: count {} in_place {}",
+                    sh.count,
+                    sh.in_place
+                );
                 let len = sh.count * sh.dtype.size();
                 let recv = Buf::new(&dev, len * n, mine.below(64) as usize, 77 + it);
                 let own = recv.ptr.add(r * len);
-                let sendbuf = (!sh.in_place).then(|| Buf::new(&dev, len, mine.below(64) as usize, 5));
+                let sendbuf =
+                    (!sh.in_place).then(|| Buf::new(&dev, len, mine.below(64) as usize, 5));
                 let send = sendbuf.as_ref().map_or(own, |b| b.ptr);
-                dev.fill_pattern_async(s, send, len, seed_of(it, r, 0)).unwrap();
+                dev.fill_pattern_async(s, send, len, seed_of(it, r, 0))
+                    .unwrap();
                 c.all_gather(send, recv.ptr, sh.count, sh.dtype, s).unwrap();
                 sync(&dev, s);
                 let got = recv.read_all();
                 for p in 0..n {
-                    assert_eq!(wrong(&got, recv.off + p * len, len, seed_of(it, p, 0)), 0, "it {it} block {p} count {}", sh.count);
+                    assert_eq!(
+                        wrong(&got, recv.off + p * len, len, seed_of(it, p, 0)),
+                        0,
+                        "it {it} block {p} count {}",
+                        sh.count
+                    );
                 }
                 assert_eq!(recv.guard_damage(&got), 0, "guard bands");
             }
@@ -68,13 +91,19 @@ fn all_to_all(b: Backend) {
                 let send = Buf::new(&dev, len * n, mine.below(64) as usize, 3);
                 let recv = Buf::new(&dev, len * n, mine.below(64) as usize, 4);
                 for j in 0..n {
-                    dev.fill_pattern_async(s, send.ptr.add(j * len), len, seed_of(it, r, j)).unwrap();
+                    dev.fill_pattern_async(s, send.ptr.add(j * len), len, seed_of(it, r, j))
+                        .unwrap();
                 }
-                c.all_to_all(send.ptr, recv.ptr, sh.count, sh.dtype, s).unwrap();
+                c.all_to_all(send.ptr, recv.ptr, sh.count, sh.dtype, s)
+                    .unwrap();
                 sync(&dev, s);
                 let got = recv.read_all();
                 for p in 0..n {
-                    assert_eq!(wrong(&got, recv.off + p * len, len, seed_of(it, p, r)), 0, "it {it} from {p}");
+                    assert_eq!(
+                        wrong(&got, recv.off + p * len, len, seed_of(it, p, r)),
+                        0,
+                        "it {it} from {p}"
+                    );
                 }
                 assert_eq!(recv.guard_damage(&got), 0);
             }
@@ -119,18 +148,38 @@ fn all_to_allv(b: Backend) {
                 let send = Buf::new(&dev, stotal * es, 5, 1);
                 let recv = Buf::new(&dev, rtotal * es, 9, 2);
                 for j in 0..n {
-                    dev.fill_pattern_async(s, send.ptr.add(sd[j] * es), sc[j] * es, seed_of(it, r, j)).unwrap();
+                    dev.fill_pattern_async(
+                        s,
+                        send.ptr.add(sd[j] * es),
+                        sc[j] * es,
+                        seed_of(it, r, j),
+                    )
+                    .unwrap();
                 }
-                c.all_to_allv(send.ptr, &sc, &sd, recv.ptr, &rc, &rd, dtype, s).unwrap();
+                c.all_to_allv(send.ptr, &sc, &sd, recv.ptr, &rc, &rd, dtype, s)
+                    .unwrap();
                 sync(&dev, s);
                 let got = recv.read_all();
                 for p in 0..n {
-                    assert_eq!(wrong(&got, recv.off + rd[p] * es, rc[p] * es, seed_of(it, p, r)), 0, "it {it} from {p}");
+                    assert_eq!(
+                        wrong(&got, recv.off + rd[p] * es, rc[p] * es, seed_of(it, p, r)),
+                        0,
+                        "it {it} from {p}"
+                    );
                 }
                 // Gaps between received blocks keep the poison.
                 let poison = |i: usize| hoccl::device::pattern_byte(2, i as u64);
-                let in_block = |i: usize| (0..n).any(|p| i >= recv.off + rd[p] * es && i < recv.off + (rd[p] + rc[p]) * es);
-                assert_eq!((0..recv.total).filter(|i| !in_block(*i) && got[*i] != poison(*i)).count(), 0, "gaps untouched");
+                let in_block = |i: usize| {
+                    (0..n)
+                        .any(|p| i >= recv.off + rd[p] * es && i < recv.off + (rd[p] + rc[p]) * es)
+                };
+                assert_eq!(
+                    (0..recv.total)
+                        .filter(|i| !in_block(*i) && got[*i] != poison(*i))
+                        .count(),
+                    0,
+                    "gaps untouched"
+                );
             }
         });
     }
@@ -150,12 +199,19 @@ fn broadcast(b: Backend) {
                 let sendbuf = (r == sh.root && !sh.in_place).then(|| Buf::new(&dev, len, 3, 9));
                 let send = sendbuf.as_ref().map_or(recv.ptr, |b| b.ptr);
                 if r == sh.root {
-                    dev.fill_pattern_async(s, send, len, seed_of(it, 99, 0)).unwrap();
+                    dev.fill_pattern_async(s, send, len, seed_of(it, 99, 0))
+                        .unwrap();
                 }
-                c.broadcast(send, recv.ptr, sh.count, sh.dtype, sh.root, s).unwrap();
+                c.broadcast(send, recv.ptr, sh.count, sh.dtype, sh.root, s)
+                    .unwrap();
                 sync(&dev, s);
                 let got = recv.read_all();
-                assert_eq!(wrong(&got, recv.off, len, seed_of(it, 99, 0)), 0, "it {it} root {}", sh.root);
+                assert_eq!(
+                    wrong(&got, recv.off, len, seed_of(it, 99, 0)),
+                    0,
+                    "it {it} root {}",
+                    sh.root
+                );
                 assert_eq!(recv.guard_damage(&got), 0);
             }
         });
@@ -174,30 +230,46 @@ fn gather_scatter(b: Backend) {
                 // gather
                 let send = Buf::new(&dev, len, 1, 1);
                 let recv = Buf::new(&dev, len * n, 2, 2);
-                dev.fill_pattern_async(s, send.ptr, len, seed_of(it, r, 5)).unwrap();
-                c.gather(send.ptr, recv.ptr, sh.count, sh.dtype, sh.root, s).unwrap();
+                dev.fill_pattern_async(s, send.ptr, len, seed_of(it, r, 5))
+                    .unwrap();
+                c.gather(send.ptr, recv.ptr, sh.count, sh.dtype, sh.root, s)
+                    .unwrap();
                 sync(&dev, s);
                 let got = recv.read_all();
                 if r == sh.root {
                     for p in 0..n {
-                        assert_eq!(wrong(&got, recv.off + p * len, len, seed_of(it, p, 5)), 0, "gather it {it} from {p}");
+                        assert_eq!(
+                            wrong(&got, recv.off + p * len, len, seed_of(it, p, 5)),
+                            0,
+                            "gather it {it} from {p}"
+                        );
                     }
                     assert_eq!(recv.guard_damage(&got), 0);
                 } else {
-                    assert_eq!(wrong(&got, 0, recv.total, 2), 0, "non-root receive buffer untouched");
+                    assert_eq!(
+                        wrong(&got, 0, recv.total, 2),
+                        0,
+                        "non-root receive buffer untouched"
+                    );
                 }
                 // scatter
                 let send = Buf::new(&dev, len * n, 3, 3);
                 let recv = Buf::new(&dev, len, 4, 4);
                 if r == sh.root {
                     for j in 0..n {
-                        dev.fill_pattern_async(s, send.ptr.add(j * len), len, seed_of(it, j, 6)).unwrap();
+                        dev.fill_pattern_async(s, send.ptr.add(j * len), len, seed_of(it, j, 6))
+                            .unwrap();
                     }
                 }
-                c.scatter(send.ptr, recv.ptr, sh.count, sh.dtype, sh.root, s).unwrap();
+                c.scatter(send.ptr, recv.ptr, sh.count, sh.dtype, sh.root, s)
+                    .unwrap();
                 sync(&dev, s);
                 let got = recv.read_all();
-                assert_eq!(wrong(&got, recv.off, len, seed_of(it, r, 6)), 0, "scatter it {it}");
+                assert_eq!(
+                    wrong(&got, recv.off, len, seed_of(it, r, 6)),
+                    0,
+                    "scatter it {it}"
+                );
                 assert_eq!(recv.guard_damage(&got), 0);
             }
         });
@@ -215,9 +287,19 @@ fn send_recv_groups(b: Backend) {
                 // Every rank derives the same list of (src, dst, bytes) messages.
                 let mut rng = Rng(500 + it * 13 + n as u64);
                 let msgs: Vec<(usize, usize, usize)> = (0..rng.below(7) + 1)
-                    .map(|_| (rng.below(n as u64) as usize, rng.below(n as u64) as usize, rng.below(40_000) as usize))
+                    .map(|_| {
+                        (
+                            rng.below(n as u64) as usize,
+                            rng.below(n as u64) as usize,
+                            rng.below(40_000) as usize,
+                        )
+                    })
                     .collect();
-                let mine: Vec<_> = msgs.iter().enumerate().filter(|(_, m)| m.0 == r || m.1 == r).collect();
+                let mine: Vec<_> = msgs
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, m)| m.0 == r || m.1 == r)
+                    .collect();
                 if mine.is_empty() {
                     continue; // not involved: point-to-point needs no call from this rank
                 }
@@ -232,7 +314,8 @@ fn send_recv_groups(b: Backend) {
                     for (i, rb, sb) in &bufs {
                         let (src, dst, len) = msgs[*i];
                         if let Some(sb) = sb {
-                            dev.fill_pattern_async(s, sb.ptr, len, seed_of(it, src, *i)).unwrap();
+                            dev.fill_pattern_async(s, sb.ptr, len, seed_of(it, src, *i))
+                                .unwrap();
                             c.send(sb.ptr, len, DataType::U8, dst, s)?;
                         }
                         if dst == r {
@@ -247,7 +330,11 @@ fn send_recv_groups(b: Backend) {
                     let (src, dst, len) = msgs[*i];
                     if dst == r {
                         let got = rb.read_all();
-                        assert_eq!(wrong(&got, rb.off, len, seed_of(it, src, *i)), 0, "it {it} msg {i}");
+                        assert_eq!(
+                            wrong(&got, rb.off, len, seed_of(it, src, *i)),
+                            0,
+                            "it {it} msg {i}"
+                        );
                         assert_eq!(rb.guard_damage(&got), 0);
                     }
                 }
@@ -265,13 +352,15 @@ fn back_to_back(b: Backend) {
         let a = Buf::new(&dev, len * n, 0, 1);
         let bb = Buf::new(&dev, len * n, 0, 2);
         let s = dev.create_stream().unwrap();
-        dev.fill_pattern_async(s, a.ptr.add(r * len), len, seed_of(1, r, 0)).unwrap();
+        dev.fill_pattern_async(s, a.ptr.add(r * len), len, seed_of(1, r, 0))
+            .unwrap();
         // AllGather then AlltoAll-identity shuffles: a -> b -> a ... 1000 times. An AllGather
         // of a full buffer slot-by-slot is idempotent, so the end state is checkable and any
         // op running before its predecessor finished would read stale data.
         for i in 0..1000 {
             let (src, dst) = if i % 2 == 0 { (&a, &bb) } else { (&bb, &a) };
-            c.all_gather(src.ptr.add(r * len), dst.ptr, len, DataType::U8, s).unwrap();
+            c.all_gather(src.ptr.add(r * len), dst.ptr, len, DataType::U8, s)
+                .unwrap();
         }
         sync(&dev, s);
         let got = a.read_all();
@@ -280,18 +369,32 @@ fn back_to_back(b: Backend) {
         }
         // Three streams interleaved, independent buffers.
         let streams: Vec<_> = (0..3).map(|_| dev.create_stream().unwrap()).collect();
-        let bufs: Vec<_> = (0..3).map(|k| Buf::new(&dev, len * n, k, 10 + k as u64)).collect();
+        let bufs: Vec<_> = (0..3)
+            .map(|k| Buf::new(&dev, len * n, k, 10 + k as u64))
+            .collect();
         for round in 0..30u64 {
             for (k, st) in streams.iter().enumerate() {
-                dev.fill_pattern_async(*st, bufs[k].ptr.add(r * len), len, seed_of(round, r, k)).unwrap();
-                c.all_gather(bufs[k].ptr.add(r * len), bufs[k].ptr, len, DataType::U8, *st).unwrap();
+                dev.fill_pattern_async(*st, bufs[k].ptr.add(r * len), len, seed_of(round, r, k))
+                    .unwrap();
+                c.all_gather(
+                    bufs[k].ptr.add(r * len),
+                    bufs[k].ptr,
+                    len,
+                    DataType::U8,
+                    *st,
+                )
+                .unwrap();
             }
         }
         for (k, st) in streams.iter().enumerate() {
             sync(&dev, *st);
             let got = bufs[k].read_all();
             for p in 0..n {
-                assert_eq!(wrong(&got, bufs[k].off + p * len, len, seed_of(29, p, k)), 0, "stream {k} slot {p}");
+                assert_eq!(
+                    wrong(&got, bufs[k].off + p * len, len, seed_of(29, p, k)),
+                    0,
+                    "stream {k} slot {p}"
+                );
             }
         }
         c.wait_idle().unwrap();
@@ -309,8 +412,10 @@ fn stream_ordering(b: Backend) {
         let out = Buf::new(&dev, len * n, 0, 3);
         let s = dev.create_stream().unwrap();
         for it in 0..20u64 {
-            dev.fill_pattern_async(s, send.ptr, len, seed_of(it, r, 7)).unwrap();
-            c.all_gather(send.ptr, recv.ptr, len, DataType::U8, s).unwrap();
+            dev.fill_pattern_async(s, send.ptr, len, seed_of(it, r, 7))
+                .unwrap();
+            c.all_gather(send.ptr, recv.ptr, len, DataType::U8, s)
+                .unwrap();
             dev.memcpy_async(s, out.ptr, recv.ptr, len * n).unwrap();
         }
         sync(&dev, s);
@@ -324,7 +429,6 @@ fn stream_ordering(b: Backend) {
 /// Two communicators over the same ranks, used in alternation.
 fn two_communicators(b: Backend) {
     use hoccl::bootstrap::thread::ThreadBootstrap;
-    use hoccl::comm::Communicator;
     let g1 = ThreadBootstrap::group(3);
     let g2 = ThreadBootstrap::group(3);
     let hs: Vec<_> = g1
@@ -333,26 +437,8 @@ fn two_communicators(b: Backend) {
         .enumerate()
         .map(|(r, (b1, b2))| {
             std::thread::spawn(move || {
-                let dev = open_device(b, r);
-                let c1 = Communicator::with_bootstrap(Box::new(b1), Some(dev.clone()), test_config()).unwrap();
-                let c2 = Communicator::with_bootstrap(Box::new(b2), Some(dev.clone()), test_config()).unwrap();
-                let len = 4099;
-                let x = Buf::new(&dev, len * 3, 0, 1);
-                let y = Buf::new(&dev, len * 3, 0, 2);
-                let s = dev.create_stream().unwrap();
-                for it in 0..10u64 {
-                    dev.fill_pattern_async(s, x.ptr.add(r * len), len, seed_of(it, r, 1)).unwrap();
-                    dev.fill_pattern_async(s, y.ptr.add(r * len), len, seed_of(it, r, 2)).unwrap();
-                    c1.all_gather(x.ptr.add(r * len), x.ptr, len, DataType::U8, s).unwrap();
-                    c2.broadcast(y.ptr.add(r * len), y.ptr.add(r * len), len, DataType::U8, (it % 3) as usize, s).unwrap();
-                }
-                dev.synchronize(s).unwrap();
-                let gx = x.read_all();
-                for p in 0..3 {
-                    assert_eq!(wrong(&gx, p * len, len, seed_of(9, p, 1)), 0);
-                }
-                let gy = y.read_all();
-                assert_eq!(wrong(&gy, r * len, len, seed_of(9, 0, 2)), 0, "last broadcast came from root 0");
+                two_communicators_rank(b, r, b1, b2);
+                free_deferred();
             })
         })
         .collect();
@@ -361,5 +447,64 @@ fn two_communicators(b: Backend) {
     }
 }
 
-backend_tests!(all_gather, all_to_all, all_to_allv, broadcast, gather_scatter, send_recv_groups, back_to_back, stream_ordering, two_communicators);
+fn two_communicators_rank(
+    b: Backend,
+    r: usize,
+    b1: hoccl::bootstrap::thread::ThreadBootstrap,
+    b2: hoccl::bootstrap::thread::ThreadBootstrap,
+) {
+    use hoccl::comm::Communicator;
+    {
+        let dev = open_device(b, r);
+        let c1 =
+            Communicator::with_bootstrap(Box::new(b1), Some(dev.clone()), test_config()).unwrap();
+        let c2 =
+            Communicator::with_bootstrap(Box::new(b2), Some(dev.clone()), test_config()).unwrap();
+        let len = 4099;
+        let x = Buf::new(&dev, len * 3, 0, 1);
+        let y = Buf::new(&dev, len * 3, 0, 2);
+        let s = dev.create_stream().unwrap();
+        for it in 0..10u64 {
+            dev.fill_pattern_async(s, x.ptr.add(r * len), len, seed_of(it, r, 1))
+                .unwrap();
+            dev.fill_pattern_async(s, y.ptr.add(r * len), len, seed_of(it, r, 2))
+                .unwrap();
+            c1.all_gather(x.ptr.add(r * len), x.ptr, len, DataType::U8, s)
+                .unwrap();
+            c2.broadcast(
+                y.ptr.add(r * len),
+                y.ptr.add(r * len),
+                len,
+                DataType::U8,
+                (it % 3) as usize,
+                s,
+            )
+            .unwrap();
+        }
+        dev.synchronize(s).unwrap();
+        let gx = x.read_all();
+        c1.wait_idle().unwrap();
+        c2.wait_idle().unwrap();
+        for p in 0..3 {
+            assert_eq!(wrong(&gx, p * len, len, seed_of(9, p, 1)), 0);
+        }
+        let gy = y.read_all();
+        assert_eq!(
+            wrong(&gy, r * len, len, seed_of(9, 0, 2)),
+            0,
+            "last broadcast came from root 0"
+        );
+    }
+}
 
+backend_tests!(
+    all_gather,
+    all_to_all,
+    all_to_allv,
+    broadcast,
+    gather_scatter,
+    send_recv_groups,
+    back_to_back,
+    stream_ordering,
+    two_communicators
+);

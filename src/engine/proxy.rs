@@ -240,6 +240,7 @@ impl Proxy {
 
     fn submit(&mut self, op: Op) {
         let seq = op.seq;
+        log::debug!("rank {}: op {seq} {} submitted: {} sends, {} recvs", self.links.rank, op.name, op.sends.len(), op.recvs.len());
         let pairs = op.pair_seqs.clone();
         for &(peer, ps) in &pairs {
             self.index.insert((peer, ps), seq);
@@ -368,6 +369,7 @@ impl Proxy {
             }
             st.started = true;
             st.last_progress = Instant::now();
+            log::debug!("rank {me}: op {seq} {} started (stream seq {})", st.op.name, st.op.stream_seq);
             progressed = true;
             let mut msgs = Vec::new();
             for r in &st.recvs {
@@ -508,6 +510,7 @@ impl Proxy {
                 }
             }
         }
+        log::debug!("rank {}: op {seq} {} finished{}", self.links.rank, st.op.name, if err.is_some() { " (failed)" } else { "" });
         st.op.flags.store(st.op.finish_flag, st.op.stream_seq);
         self.shared.finished.fetch_add(1, Ordering::AcqRel);
     }

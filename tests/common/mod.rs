@@ -28,7 +28,11 @@ pub fn open_device(backend: Backend, rank: usize) -> Arc<dyn Device> {
 }
 
 pub fn test_config() -> Config {
-    Config { timeout: Duration::from_secs(10), chunk_bytes: 64 << 10, ..Config::default() }
+    Config {
+        timeout: Duration::from_secs(10),
+        chunk_bytes: 64 << 10,
+        ..Config::default()
+    }
 }
 
 /// Run `f(comm)` on `n` ranks (threads); panics in any rank fail the test.
@@ -47,8 +51,11 @@ where
                 .name(format!("rank{r}"))
                 .spawn(move || {
                     let dev = open_device(backend, r);
-                    let comm = Communicator::with_bootstrap(Box::new(b), Some(dev), cfg).expect("communicator");
+                    let comm = Communicator::with_bootstrap(Box::new(b), Some(dev), cfg)
+                        .expect("communicator");
                     f(&comm);
+                    comm.wait_idle().ok();
+                    free_deferred();
                 })
                 .unwrap()
         })
@@ -99,7 +106,15 @@ impl Buf {
     pub fn new(dev: &Arc<dyn Device>, len: usize, off: usize, poison: u64) -> Buf {
         let total = off + len + GUARD;
         let base = dev.alloc(total).expect("alloc");
-        let b = Buf { dev: dev.clone(), base, ptr: base.add(off), len, off, total, poison };
+        let b = Buf {
+            dev: dev.clone(),
+            base,
+            ptr: base.add(off),
+            len,
+            off,
+            total,
+            poison,
+        };
         // Poison from the host (no stream: tests keep the number of streams small, see
         // `CUDA_DEVICE_MAX_CONNECTIONS` in the README).
         let bytes: Vec<u8> = (0..total as u64).map(|i| pattern_byte(poison, i)).collect();
@@ -113,19 +128,41 @@ impl Buf {
     }
     /// Count bytes outside [off, off+len) that differ from the poison.
     pub fn guard_damage(&self, all: &[u8]) -> usize {
-        (0..self.total).filter(|i| (*i < self.off || *i >= self.off + self.len) && all[*i] != pattern_byte(self.poison, *i as u64)).count()
+        (0..self.total)
+            .filter(|i| {
+                (*i < self.off || *i >= self.off + self.len)
+                    && all[*i] != pattern_byte(self.poison, *i as u64)
+            })
+            .count()
     }
 }
 
+thread_local! {
+    /// Buffers dropped while the rank's test body runs, freed when it ends.
+    static DEFERRED: std::cell::RefCell<Vec<(Arc<dyn Device>, DevPtr)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 impl Drop for Buf {
+    /// Ranks that are threads of one process share one CUDA context, where `cuMemFree`
+    /// waits for every stream, another rank's stream blocked in a collective included; that
+    /// rank may be waiting for this one's next call. So frees wait for `free_deferred`.
     fn drop(&mut self) {
-        let _ = self.dev.free(self.base);
+        DEFERRED.with(|d| d.borrow_mut().push((self.dev.clone(), self.base)));
+    }
+}
+
+/// Free the buffers this thread dropped (call when the rank has no collective pending).
+pub fn free_deferred() {
+    for (dev, p) in DEFERRED.with(|d| std::mem::take(&mut *d.borrow_mut())) {
+        let _ = dev.free(p);
     }
 }
 
 /// Wrong bytes of `got[at..at+len]` against the pattern of `seed` starting at index 0.
 pub fn wrong(got: &[u8], at: usize, len: usize, seed: u64) -> usize {
-    (0..len).filter(|i| got[at + i] != pattern_byte(seed, *i as u64)).count()
+    (0..len)
+        .filter(|i| got[at + i] != pattern_byte(seed, *i as u64))
+        .count()
 }
 
 pub fn seed_of(test: u64, rank: usize, block: usize) -> u64 {

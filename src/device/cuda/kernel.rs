@@ -134,8 +134,10 @@ fn load_module() -> Result<sys::CUmodule> {
         });
     }
     let mut m: sys::CUmodule = std::ptr::null_mut();
+    log::debug!("loading the kernel module ({} bytes)", image.len());
     // SAFETY: image is a complete fatbin, 64-byte aligned and 'static; valid out-pointer.
     check(OP, "cuModuleLoadData", unsafe { sys::cuModuleLoadData(&mut m, image.as_ptr() as *const c_void) })?;
     kernels::note_module_loaded();
+    log::debug!("kernel module loaded");
     Ok(m)
 }
