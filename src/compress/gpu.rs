@@ -226,10 +226,10 @@ pub(crate) fn decompress(
     launch(cuda, s, &format!("hoccl_bfx_decompress_{}", kernel_suffix(dtype)), ctas, args)
 }
 
-/// What the device decoder does, on the CPU, for the host backend: the stream at the front
+/// What the device decoder does, on the CPU (the host backend uses it): the stream at the front
 /// of `input` (which may be longer) must be of `dtype` and hold `n` values. Returns the
 /// values or a status word.
-pub(crate) fn host_decode(input: &[u8], dtype: Dtype, n: usize) -> std::result::Result<Vec<u8>, u32> {
+pub fn host_decode(input: &[u8], dtype: Dtype, n: usize) -> std::result::Result<Vec<u8>, u32> {
     if input.len() < format::STREAM_HEADER_BYTES {
         return Err(Status::Truncated.word(0));
     }

@@ -44,7 +44,7 @@ impl Dtype {
 }
 
 /// Bytes to allocate for the compressed form of `n` values: the stream's upper bound (every
-/// block raw, headers included: at most `12·nblocks + 24` bytes over the input) plus the
+/// block raw, headers included: at most `12·nblocks + 27` bytes over the input) plus the
 /// device compressor's look-back scratch (`8·(nblocks + 1) + 8` bytes, used past the end of
 /// the stream; host encoders leave it alone). The same bound serves host and device.
 pub fn max_compressed_len(dtype: Dtype, n: usize, params: &Params) -> Result<usize> {
