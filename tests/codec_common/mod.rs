@@ -124,10 +124,14 @@ pub fn normal_values(dt: Dtype, n: usize, std: f64, seed: u64) -> Vec<u8> {
     out
 }
 
-/// The committed real-data fixtures: (file, class, dtype, bytes).
+/// The committed real-data fixtures: (file, class, dtype, bytes), from `HOCCL_TEST_DATA`
+/// (for test binaries run away from their checkout) or the crate's `tests/data`.
 pub fn fixtures() -> Vec<(String, String, Dtype, Vec<u8>)> {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
-    let manifest = std::fs::read_to_string(dir.join("minilm-manifest.txt")).expect("tests/data/minilm-manifest.txt");
+    let dir = std::env::var_os("HOCCL_TEST_DATA")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data"));
+    let manifest = std::fs::read_to_string(dir.join("minilm-manifest.txt"))
+        .unwrap_or_else(|e| panic!("{}: {e} (set HOCCL_TEST_DATA to the fixtures' folder)", dir.display()));
     manifest
         .lines()
         .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
