@@ -8,7 +8,7 @@
 // offset in the contiguous stream with a decoupled look-back over its predecessors, then
 // writes every section straight to its final place. No second pass, no compaction.
 //
-// Decompressor: CTA c decodes the contiguous range of blocks [c·nb/G, (c+1)·nb/G), starting
+// Decompressor: CTA c decodes the contiguous range of blocks [c·n/G, (c+1)·n/G) of the n blocks, starting
 // at the offset it sums from block_bytes; a block is decoded in tiles of 2048 values (any B
 // works). Every header field is validated; corrupt input stops the CTA and sets *status.
 #include "bfx.cuh"
@@ -669,6 +669,7 @@ __device__ void decompress_kernel(const uint8_t* in, uint64_t in_len, uint8_t* o
     const uint64_t b0 = (uint64_t)nblocks * blockIdx.x / gridDim.x, b1 = (uint64_t)nblocks * (blockIdx.x + 1) / gridDim.x;
     if (b0 == b1) return;
     uint64_t part = 0;
+#pragma unroll 8
     for (uint64_t i = tid; i < b0; i += THREADS) part += ld32(in + 24 + 4 * i);
     uint64_t off = 24 + 4 * (uint64_t)nblocks + block_sum64(part, sm.wtmp64);
     for (uint64_t j = b0; j < b1; ++j) {

@@ -19,6 +19,8 @@ use std::ffi::c_void;
 const THREADS: u32 = 256;
 /// Values one CTA step covers (256 threads × 8 values).
 const TILE: u32 = THREADS * 8;
+/// Decoder CTAs per SM (its grid is one wave of resident CTAs).
+const DECODE_CTAS_PER_SM: u64 = 4;
 
 /// Largest block the GPU encoder takes (values): 8 chunks per thread (4 for fp32).
 pub fn max_gpu_block(dtype: Dtype) -> u32 {
@@ -216,11 +218,12 @@ pub(crate) fn decompress(
 ) -> Result<()> {
     launch(cuda, s, "hoccl_bfx_decompress_begin", 1, Args::new().u64(status.0))?;
     // CTAs split the stream's blocks evenly; idle ones (more CTAs than blocks) return at once.
+    // 4 CTAs of 256 threads fit an SM at the decoder's 64 registers: one wave.
     let sms = match cuda.sm_count() {
         0 => 132,
         c => c as u64,
     };
-    let ctas = (sms * 8).min(n.div_ceil(TILE as u64).max(1)) as u32;
+    let ctas = (sms * DECODE_CTAS_PER_SM).min(n.div_ceil(TILE as u64).max(1)) as u32;
     let flags = u32::from(output.0 % 16 == 0) | (u32::from(output.0 % 4 == 0) << 1);
     let args = Args::new().u64(input.0).u64(input_len).u64(output.0).u64(n).u64(status.0).u32(flags);
     launch(cuda, s, &format!("hoccl_bfx_decompress_{}", kernel_suffix(dtype)), ctas, args)
