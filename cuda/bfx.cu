@@ -193,7 +193,7 @@ __device__ __forceinline__ void put_payload(const Chunk<D>& ch, int c, int nb, u
     uint8_t* bytes = pay;  // nb bytes, 8 per chunk
     if constexpr (D::NSYM == 32) {
         const uint2 t = make_uint2(f16_top3(p0, p1), f16_top3(p2, p3));
-        const uint32_t w = quad_transpose(plane_bytes4(t, 3), q);
+        const uint32_t w = quad_transpose(plane_bytes4<3>(t), q);
         if ((uint32_t)g < G && q < 3) st32(pay + 4 * (3 * g + q), w);
         bytes = pay + 12 * G;
         if (8 * c < nb) st32(bytes + 8 * c, __byte_perm(p0, p1, 0x6420));
@@ -259,11 +259,13 @@ __device__ void put_escapes(EncSmem<CPT>& sm, uint8_t* p2, uint8_t* raw) {
     if ((uint32_t)tid < pad4(n_raw) - n_raw) raw[n_raw + tid] = 0;
 }
 
-// Block j coded: header, table, planes1, escapes, payload.
-template <class D, int CPT>
+// Block j coded: header, table, planes1, escapes, payload. K1 (= sm.k1) is a template
+// parameter so the plane loop has no run-time width.
+template <class D, int CPT, int K1>
 __device__ void put_coded(EncSmem<CPT>& sm, const Chunk<D> (&ch)[CPT], const uint2 (&codes)[CPT], int nb, uint8_t* dst) {
     const int tid = threadIdx.x;
-    const uint32_t k1 = sm.k1, k2 = sm.k2, tt = tier(k1) + tier(k2), G = ((uint32_t)nb + 31) / 32;
+    constexpr uint32_t k1 = K1;
+    const uint32_t k2 = sm.k2, tt = tier(k1) + tier(k2), G = ((uint32_t)nb + 31) / 32;
     const uint32_t n_esc1 = sm.n_esc1, n_raw = sm.n_raw;
     uint8_t* p1 = dst + 8 + pad4(tt);
     uint8_t* p2 = p1 + 4 * G * k1;
@@ -285,9 +287,9 @@ __device__ void put_coded(EncSmem<CPT>& sm, const Chunk<D> (&ch)[CPT], const uin
         const int c = i * THREADS + tid, q = c & 3;
         const uint32_t g = (uint32_t)c >> 2;
         const uint2 code = codes[i];
-        const uint32_t w = quad_transpose(plane_bytes4(code, (int)k1), q);
+        const uint32_t w = quad_transpose(plane_bytes4<K1>(code), q);
         if (g < G && (uint32_t)q < k1) st32(p1 + 4 * (g * k1 + q), w);
-        if (k1 == 5) {  // the fifth plane: OR of the quad's bytes
+        if constexpr (K1 == 5) {  // the fifth plane: OR of the quad's bytes
             uint32_t p4 = gather_plane(code.x, code.y, 4) << (8 * q);
             p4 |= __shfl_xor_sync(FULL, p4, 1);
             p4 |= __shfl_xor_sync(FULL, p4, 2);
@@ -362,7 +364,8 @@ __device__ void compress_kernel(const uint8_t* in, uint64_t n, uint32_t B, uint3
 #pragma unroll
     for (int i = 0; i < CPT; ++i) {
         const int c = i * THREADS + tid;
-        codes[i] = chunk_codes<CPT>(sm, chunk_exps<D>(ch[i]), valid_mask(nb - 8 * c));
+        const uint2 vm = nb - 8 * c >= 8 ? make_uint2(FULL, FULL) : valid_mask(nb - 8 * c);
+        codes[i] = chunk_codes<CPT>(sm, chunk_exps<D>(ch[i]), vm);
         const uint32_t esc = __popc((codes[i].x & 0x40404040u) | ((codes[i].y >> 1) & 0x20202020u));
         const uint32_t raw = __popc((codes[i].x & 0x80808080u) | ((codes[i].y >> 1) & 0x40404040u));
         sm.cnt[c] = esc | (raw << 16);
@@ -388,8 +391,17 @@ __device__ void compress_kernel(const uint8_t* in, uint64_t n, uint32_t B, uint3
     }
     __syncthreads();
     uint8_t* dst = out + sm.offset;
-    if (sm.raw) put_raw<D, CPT>(ch, nb, dst);
-    else put_coded<D, CPT>(sm, ch, codes, nb, dst);
+    if (sm.raw) {
+        put_raw<D, CPT>(ch, nb, dst);
+        return;
+    }
+    switch (sm.k1) {
+        case 1: put_coded<D, CPT, 1>(sm, ch, codes, nb, dst); break;
+        case 2: put_coded<D, CPT, 2>(sm, ch, codes, nb, dst); break;
+        case 3: put_coded<D, CPT, 3>(sm, ch, codes, nb, dst); break;
+        case 4: put_coded<D, CPT, 4>(sm, ch, codes, nb, dst); break;
+        default: put_coded<D, CPT, 5>(sm, ch, codes, nb, dst); break;
+    }
 }
 
 // ===================================================================== decompressor ===

@@ -145,13 +145,13 @@ __device__ __forceinline__ uint32_t quad_transpose(uint32_t x, int q) {
     return __byte_perm(a, z, (q & 2) ? 0x3276 : 0x5410);
 }
 
-// Bytes of planes 0..3 of a chunk's codes packed into one word (byte b = plane b).
-__device__ __forceinline__ uint32_t plane_bytes4(uint2 codes, int k) {
-    uint32_t p0 = gather_plane(codes.x, codes.y, 0);
-    uint32_t p1 = k > 1 ? gather_plane(codes.x, codes.y, 1) : 0u;
-    uint32_t p2 = k > 2 ? gather_plane(codes.x, codes.y, 2) : 0u;
-    uint32_t p3 = k > 3 ? gather_plane(codes.x, codes.y, 3) : 0u;
-    return p0 | (p1 << 8) | (p2 << 16) | (p3 << 24);
+// Bytes of planes 0..min(K,4)-1 of a chunk's codes packed into one word (byte b = plane b).
+template <int K>
+__device__ __forceinline__ uint32_t plane_bytes4(uint2 codes) {
+    uint32_t w = 0;
+#pragma unroll
+    for (int b = 0; b < (K < 4 ? K : 4); ++b) w |= gather_plane(codes.x, codes.y, b) << (8 * b);
+    return w;
 }
 
 // Byte mask of the valid values of a chunk (valid in 0..8), as two words.
