@@ -67,8 +67,8 @@ pub fn compress(dtype: Dtype, input: &[u8], params: &Params) -> Result<Vec<u8>> 
     Ok(out)
 }
 
-/// Compress into `out` (at least [`max_compressed_len`] bytes... or the stream bound);
-/// returns the stream length.
+/// Compress into `out`, which must hold the stream's upper bound
+/// ([`format::max_stream_len`]; [`max_compressed_len`] is enough); returns the stream length.
 pub fn compress_into(dtype: Dtype, input: &[u8], out: &mut [u8], params: &Params) -> Result<usize> {
     cpu::encode_into(dtype, input, out, params)
 }
