@@ -153,7 +153,7 @@ fn emu_decoder_agrees_on_mutated_streams() {
             2 => {
                 let off = 4 * r.below(s.len().min(256) as u64 / 4) as usize;
                 let v = [0, 1, 0xffff_ffff, r.next() as u32, 1 << r.below(32)][r.below(5) as usize];
-                s[off..off + 4].copy_from_slice(&(v as u32).to_le_bytes());
+                s[off..off + 4].copy_from_slice(&v.to_le_bytes());
             }
             _ => {
                 let off = r.below(s.len() as u64) as usize;
