@@ -1,0 +1,244 @@
+// BFX1/HFX1/FFX1 codec: dtype traits and warp-level building blocks shared by the
+// single-pass compressor and the decompressor in bfx.cu. The format and the encoder's
+// choice are specified in src/compress/format.rs and src/compress/select.rs; this file and
+// the Rust reference must stay step-for-step identical (GPU bytes == CPU bytes).
+//
+// Thread layout (both kernels): 256 threads per CTA; thread t owns "chunks" of 8
+// consecutive values (16 bytes of bf16/fp16, 32 of fp32). Chunk c covers values 8c..8c+7,
+// so the 4 lanes of a quad (c & 3 = q) hold one 32-value group g = c >> 2 and lane q
+// holds bits 8q..8q+7 of every bit-plane word of that group. Codes of a chunk live packed
+// in two u32 (byte k of .x = value k, byte k of .y = value 4+k); a plane byte is gathered
+// with one multiply (SWAR) and the quad assembles whole plane words with two shuffles.
+#pragma once
+#include <stdint.h>
+
+#ifndef BFX_EMU
+#define BFX_EMU_POISON(smem)
+#endif
+
+namespace bfx {
+
+constexpr int THREADS = 256;
+constexpr int WARPS = THREADS / 32;
+constexpr int TILE = THREADS * 8;  // values per CTA step
+constexpr uint32_t FULL = 0xffffffffu;
+constexpr int MAX_TABLE = 31;
+constexpr int NCAND = 21;
+
+// Status codes of the decoder (low 8 bits; block index in bits 8..31). Mirror of
+// `compress::gpu::Status` in Rust.
+enum Status : uint32_t {
+    ST_OK = 0,
+    ST_MAGIC = 1,
+    ST_VERSION = 2,
+    ST_COUNT = 3,
+    ST_GEOMETRY = 4,
+    ST_TRUNCATED = 5,
+    ST_BLOCK_SIZE = 6,
+    ST_BLOCK_HEADER = 7,
+    ST_SYMBOL = 8,
+    ST_ESCAPES = 9,
+    ST_RAWS = 10,
+};
+
+// Lookup entry of a symbol: tier-1 code in bits 0..4, escape flag, raw flag.
+constexpr uint32_t LUT_ESC = 0x40;
+constexpr uint32_t LUT_RAW = 0x80;
+
+// Look-back status word: flag in bits 62..63, byte count below.
+constexpr uint64_t LB_AGG = 1ull << 62;
+constexpr uint64_t LB_INC = 2ull << 62;
+constexpr uint64_t LB_VAL = (1ull << 62) - 1;
+
+// Candidate (k1, k2) pairs in the order of select.rs `candidates()`.
+__device__ __forceinline__ uint32_t cand_k1(int i) { return i < 20 ? 1 + i / 5 : 5; }
+__device__ __forceinline__ uint32_t cand_k2(int i) { return i < 20 ? i % 5 : 0; }
+
+__device__ __forceinline__ uint32_t pad4(uint32_t x) { return (x + 3u) & ~3u; }
+__device__ __forceinline__ uint32_t tier(uint32_t k) { return (1u << k) - 1u; }
+__device__ __forceinline__ uint32_t lanemask_lt(int lane) { return (1u << lane) - 1u; }
+
+// ------------------------------------------------------------------ dtype traits -------
+
+// A 16-bit pair word p holds value 2i in its low half and 2i+1 in its high half.
+struct Bf16T {
+    static constexpr int SIZE = 2, WORDS = 4, NSYM = 256;
+    static constexpr uint32_t MAGIC = 0x31584642u;
+    static constexpr int ESHIFT = 7;
+    static constexpr uint32_t EMASK2 = 0x00ff00ffu;
+};
+struct F16T {
+    static constexpr int SIZE = 2, WORDS = 4, NSYM = 32;
+    static constexpr uint32_t MAGIC = 0x31584648u;
+    static constexpr int ESHIFT = 10;
+    static constexpr uint32_t EMASK2 = 0x001f001fu;
+};
+struct F32T {  // the top halves are coded as bf16 would be, the low halves stored raw
+    static constexpr int SIZE = 4, WORDS = 8, NSYM = 256;
+    static constexpr uint32_t MAGIC = 0x31584646u;
+    static constexpr int ESHIFT = 7;
+    static constexpr uint32_t EMASK2 = 0x00ff00ffu;
+};
+
+template <class D>
+struct Chunk {
+    uint32_t w[D::WORDS];
+};
+
+// Pair word i (i < 4) of the coded 16-bit view: the value itself for 16-bit types, the
+// top halves of two fp32 values for fp32.
+template <class D>
+__device__ __forceinline__ uint32_t top_pair(const Chunk<D>& c, int i) {
+    if constexpr (D::SIZE == 4) return __byte_perm(c.w[2 * i], c.w[2 * i + 1], 0x7632);
+    else return c.w[i];
+}
+// Low halves of two fp32 values (fp32 only).
+template <class D>
+__device__ __forceinline__ uint32_t low_pair(const Chunk<D>& c, int i) {
+    return __byte_perm(c.w[2 * i], c.w[2 * i + 1], 0x5410);
+}
+
+// The 8 exponents of a chunk, packed (byte k of .x = value k, of .y = value 4 + k).
+template <class D>
+__device__ __forceinline__ uint2 chunk_exps(const Chunk<D>& c) {
+    uint32_t t[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) t[i] = (top_pair<D>(c, i) >> D::ESHIFT) & D::EMASK2;
+    return make_uint2(__byte_perm(t[0], t[1], 0x6420), __byte_perm(t[2], t[3], 0x6420));
+}
+
+// (sign << 7) | mantissa7 of 4 values from two bf16 pair words.
+__device__ __forceinline__ uint32_t sm_bytes(uint32_t p0, uint32_t p1) {
+    const uint32_t k = 0x007f007fu;
+    uint32_t u0 = (p0 & k) | ((p0 >> 8) & ~k);
+    uint32_t u1 = (p1 & k) | ((p1 >> 8) & ~k);
+    return __byte_perm(u0, u1, 0x6420);
+}
+
+// fp16: (sign << 2) | (mantissa >> 8) of 4 values from two pair words.
+__device__ __forceinline__ uint32_t f16_top3(uint32_t p0, uint32_t p1) {
+    uint32_t t0 = ((p0 >> 13) & 0x00040004u) | ((p0 >> 8) & 0x00030003u);
+    uint32_t t1 = ((p1 >> 13) & 0x00040004u) | ((p1 >> 8) & 0x00030003u);
+    return __byte_perm(t0, t1, 0x6420);
+}
+
+// ------------------------------------------------------------------ bit planes ---------
+
+// Byte whose bit j is bit b of code j (codes packed as in chunk_exps).
+__device__ __forceinline__ uint32_t gather_plane(uint32_t x, uint32_t y, int b) {
+    uint32_t z = ((x >> b) & 0x01010101u) | (((y >> b) << 4) & 0x10101010u);
+    return (z * 0x01020408u) >> 24;
+}
+
+// Inverse: bit j of `byte` moved to bit 0 of byte j (j < 4 in .x, j >= 4 in .y).
+__device__ __forceinline__ uint2 scatter_plane(uint32_t byte) {
+    return make_uint2(((byte & 0xfu) * 0x00204081u) & 0x01010101u,
+                      (((byte >> 4) & 0xfu) * 0x00204081u) & 0x01010101u);
+}
+
+// Quad transpose: lane q holds X (byte b = its plane-b byte); returns plane word q of the
+// quad's group (byte i = lane i's byte). Every lane of the warp must call it.
+__device__ __forceinline__ uint32_t quad_transpose(uint32_t x, int q) {
+    uint32_t y = __shfl_xor_sync(FULL, x, 1);
+    uint32_t a = __byte_perm(x, y, (q & 1) ? 0x3715 : 0x6240);
+    uint32_t z = __shfl_xor_sync(FULL, a, 2);
+    return __byte_perm(a, z, (q & 2) ? 0x3276 : 0x5410);
+}
+
+// Bytes of planes 0..min(K,4)-1 of a chunk's codes packed into one word (byte b = plane b).
+template <int K>
+__device__ __forceinline__ uint32_t plane_bytes4(uint2 codes) {
+    uint32_t w = 0;
+#pragma unroll
+    for (int b = 0; b < (K < 4 ? K : 4); ++b) w |= gather_plane(codes.x, codes.y, b) << (8 * b);
+    return w;
+}
+
+// Byte mask of the valid values of a chunk (valid in 0..8), as two words.
+__device__ __forceinline__ uint2 valid_mask(int valid) {
+    uint32_t lo = valid >= 4 ? FULL : (valid <= 0 ? 0u : (1u << (8 * valid)) - 1u);
+    uint32_t hi = valid >= 8 ? FULL : (valid <= 4 ? 0u : (1u << (8 * (valid - 4))) - 1u);
+    return make_uint2(lo, hi);
+}
+
+__device__ __forceinline__ uint32_t byte_of(uint2 v, int j) {
+    return ((j < 4 ? v.x : v.y) >> (8 * (j & 3))) & 0xffu;
+}
+
+// ------------------------------------------------------------------ warp / block -------
+
+__device__ __forceinline__ uint32_t warp_incl_scan(uint32_t v, int lane) {
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+        uint32_t o = __shfl_up_sync(FULL, v, d);
+        if (lane >= d) v += o;
+    }
+    return v;
+}
+
+__device__ __forceinline__ uint64_t warp_sum64(uint64_t v) {
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(FULL, v, d);
+    return v;
+}
+
+__device__ __forceinline__ uint32_t warp_sum32(uint32_t v) {
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(FULL, v, d);
+    return v;
+}
+
+// Exclusive scan of `a[0 .. THREADS*per)` (u32, in shared memory) in place; returns the
+// total. `tmp` holds WARPS words. Every thread of the CTA must call it.
+template <int PER>
+__device__ uint32_t block_scan(uint32_t* a, uint32_t* tmp) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    uint32_t loc[PER];
+    uint32_t sum = 0;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        loc[i] = sum;
+        sum += a[tid * PER + i];
+    }
+    uint32_t incl = warp_incl_scan(sum, lane);
+    if (lane == 31) tmp[warp] = incl;
+    __syncthreads();
+    uint32_t base = 0, total = 0;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) {
+        uint32_t t = tmp[w];
+        base += w < warp ? t : 0u;
+        total += t;
+    }
+    base += incl - sum;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) a[tid * PER + i] = base + loc[i];
+    __syncthreads();
+    return total;
+}
+
+// Sum of a u64 over the CTA (every thread calls; tmp holds WARPS u64).
+__device__ __forceinline__ uint64_t block_sum64(uint64_t v, uint64_t* tmp) {
+    const int tid = threadIdx.x;
+    v = warp_sum64(v);
+    if ((tid & 31) == 0) tmp[tid >> 5] = v;
+    __syncthreads();
+    uint64_t s = 0;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) s += tmp[w];
+    __syncthreads();
+    return s;
+}
+
+__device__ __forceinline__ uint32_t ld32(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+__device__ __forceinline__ void st32(uint8_t* p, uint32_t v) { *reinterpret_cast<uint32_t*>(p) = v; }
+
+__device__ __forceinline__ void spin_pause() {
+#ifdef BFX_EMU
+    emu_yield();
+#else
+    __nanosleep(64);
+#endif
+}
+
+}  // namespace bfx

@@ -1,0 +1,123 @@
+// Command-line driver of the bfx kernels under the CPU emulator (bfx_emu.hpp). Built and
+// run by tests/codec_emu.rs; it launches the kernels exactly as src/compress/gpu.rs does.
+//
+//   bfx_emu compress DTYPE B TIERS IN OUT [MISALIGN]   -> writes the stream to OUT
+//   bfx_emu decompress DTYPE N IN OUT [CTAS] [MISALIGN] -> prints the status word
+//
+// DTYPE is bf16, f16 or f32; MISALIGN (bytes) shifts the value buffer off 16-byte alignment.
+#include "bfx_emu.hpp"
+#include "bfx.cu"
+
+#include <string>
+
+static std::vector<uint8_t> read_file(const char* p) {
+    std::vector<uint8_t> v;
+    FILE* f = std::fopen(p, "rb");
+    if (!f) {
+        std::perror(p);
+        std::exit(2);
+    }
+    uint8_t buf[1 << 16];
+    size_t r;
+    while ((r = std::fread(buf, 1, sizeof buf, f)) > 0) v.insert(v.end(), buf, buf + r);
+    std::fclose(f);
+    return v;
+}
+
+static void write_file(const char* p, const uint8_t* d, size_t n) {
+    FILE* f = std::fopen(p, "wb");
+    if (!f || std::fwrite(d, 1, n, f) != n) {
+        std::perror(p);
+        std::exit(2);
+    }
+    std::fclose(f);
+}
+
+static int size_of(const std::string& dt) { return dt == "f32" ? 4 : 2; }
+static uint32_t magic_of(const std::string& dt) {
+    return dt == "bf16" ? 0x31584642u : dt == "f16" ? 0x31584648u : 0x31584646u;
+}
+
+// A 256-byte aligned buffer with `len` usable bytes starting `shift` bytes in.
+struct Buf {
+    std::vector<uint8_t> mem;
+    uint8_t* p;
+    Buf(size_t len, size_t shift, uint8_t fill) : mem(len + shift + 512, fill) {
+        uintptr_t a = (reinterpret_cast<uintptr_t>(mem.data()) + 255) & ~(uintptr_t)255;
+        p = reinterpret_cast<uint8_t*>(a) + shift;
+    }
+};
+
+static int compress(const std::string& dt, uint32_t B, uint32_t tiers, const char* in, const char* out, size_t mis) {
+    const std::vector<uint8_t> data = read_file(in);
+    const int size = size_of(dt);
+    const uint64_t n = data.size() / size;
+    const uint64_t nblocks = (n + B - 1) / B;
+    const uint32_t cpt = (B + bfx::TILE - 1) / bfx::TILE;
+    const uint32_t cpt2 = cpt <= 1 ? 1 : cpt <= 2 ? 2 : cpt <= 4 ? 4 : 8;
+    Buf src(data.size(), mis, 0);
+    std::memcpy(src.p, data.data(), data.size());
+    const size_t cap = 24 + 4 * nblocks + n * size + nblocks * 11;
+    Buf dst(cap, 0, 0xEE);  // garbage: every stream byte must be written
+    std::vector<uint64_t> scratch(nblocks + 1, 0xDEADBEEFull);
+    uint64_t out_len = 0;
+    emu::launch(1, 256, [&] {
+        hoccl_bfx_compress_begin(dst.p, n, B, (uint32_t)nblocks, magic_of(dt), scratch.data(), nblocks + 1, &out_len);
+    });
+    const uint32_t flags = (reinterpret_cast<uintptr_t>(src.p) % 16 == 0) ? 1u : 0u;
+    auto body = [&] {
+#define BFX_CALL(DT, C, NAME) \
+    if (dt == DT && cpt2 == C) NAME(src.p, n, B, tiers, dst.p, scratch.data(), &out_len, flags);
+        BFX_CALL("bf16", 1, hoccl_bfx_compress_bf16_1)
+        BFX_CALL("bf16", 2, hoccl_bfx_compress_bf16_2)
+        BFX_CALL("bf16", 4, hoccl_bfx_compress_bf16_4)
+        BFX_CALL("bf16", 8, hoccl_bfx_compress_bf16_8)
+        BFX_CALL("f16", 1, hoccl_bfx_compress_f16_1)
+        BFX_CALL("f16", 2, hoccl_bfx_compress_f16_2)
+        BFX_CALL("f16", 4, hoccl_bfx_compress_f16_4)
+        BFX_CALL("f16", 8, hoccl_bfx_compress_f16_8)
+        BFX_CALL("f32", 1, hoccl_bfx_compress_f32_1)
+        BFX_CALL("f32", 2, hoccl_bfx_compress_f32_2)
+        BFX_CALL("f32", 4, hoccl_bfx_compress_f32_4)
+#undef BFX_CALL
+    };
+    if (nblocks > 0) emu::launch((unsigned)nblocks, 256, body);
+    if (out_len == 0 || out_len > cap) {
+        std::fprintf(stderr, "bad out_len %llu\n", (unsigned long long)out_len);
+        return 1;
+    }
+    write_file(out, dst.p, out_len);
+    return 0;
+}
+
+static int decompress(const std::string& dt, uint64_t n, const char* in, const char* out, unsigned ctas, size_t mis) {
+    const std::vector<uint8_t> stream = read_file(in);
+    const int size = size_of(dt);
+    Buf src(stream.size(), 0, 0xEE);
+    std::memcpy(src.p, stream.data(), stream.size());
+    Buf dst(n * size, mis, 0xEE);
+    uint32_t status = 0xFFFFFFFFu;
+    emu::launch(1, 32, [&] { hoccl_bfx_decompress_begin(&status); });
+    const uintptr_t a = reinterpret_cast<uintptr_t>(dst.p);
+    const uint32_t flags = (a % 16 == 0 ? 1u : 0u) | (a % 4 == 0 ? 2u : 0u);
+    auto body = [&] {
+        if (dt == "bf16") hoccl_bfx_decompress_bf16(src.p, stream.size(), dst.p, n, &status, flags);
+        if (dt == "f16") hoccl_bfx_decompress_f16(src.p, stream.size(), dst.p, n, &status, flags);
+        if (dt == "f32") hoccl_bfx_decompress_f32(src.p, stream.size(), dst.p, n, &status, flags);
+    };
+    emu::launch(ctas, 256, body);
+    std::printf("status %u\n", status);
+    write_file(out, dst.p, n * size);
+    return 0;
+}
+
+int main(int argc, char** argv) {
+    if (argc >= 7 && std::string(argv[1]) == "compress")
+        return compress(argv[2], (uint32_t)std::stoul(argv[3]), (uint32_t)std::stoul(argv[4]), argv[5], argv[6],
+                        argc > 7 ? std::stoul(argv[7]) : 0);
+    if (argc >= 6 && std::string(argv[1]) == "decompress")
+        return decompress(argv[2], std::stoull(argv[3]), argv[4], argv[5], argc > 6 ? (unsigned)std::stoul(argv[6]) : 4,
+                          argc > 7 ? std::stoul(argv[7]) : 0);
+    std::fprintf(stderr, "usage: bfx_emu compress DTYPE B TIERS IN OUT [MISALIGN] | decompress DTYPE N IN OUT [CTAS] [MISALIGN]\n");
+    return 2;
+}

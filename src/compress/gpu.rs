@@ -1,0 +1,305 @@
+//! Launchers of the CUDA codec kernels (`cuda/bfx.cu`) through `CudaDevice::launch`, and the
+//! decoder's status words.
+//!
+//! **Compression** enqueues two kernels: `hoccl_bfx_compress_begin` zeroes the look-back
+//! scratch (which lives in the output buffer past the stream's upper bound, so callers need
+//! no workspace) and writes the fixed stream header; `hoccl_bfx_compress_<dtype>_<cpt>` runs
+//! one CTA of 256 threads per block, single pass: each CTA holds its block in registers
+//! (`cpt` = 16-byte chunks per thread), chooses its table, learns its exact size, finds its
+//! offset by decoupled look-back and writes straight into the contiguous `BFX1` stream.
+//! **Decompression** enqueues `hoccl_bfx_decompress_begin` (status = 0) and
+//! `hoccl_bfx_decompress_<dtype>`, whose CTAs decode contiguous ranges of blocks.
+use super::format::{self, Dtype};
+use super::Params;
+use crate::device::cuda::CudaDevice;
+use crate::device::{DevPtr, StreamHandle};
+use crate::error::{Error, Result};
+use std::ffi::c_void;
+
+const THREADS: u32 = 256;
+/// Values one CTA step covers (256 threads × 8 values).
+const TILE: u32 = THREADS * 8;
+/// Decoder CTAs per SM (its grid is one wave of resident CTAs).
+const DECODE_CTAS_PER_SM: u64 = 4;
+
+/// Largest block the GPU encoder takes (values): 8 chunks per thread (4 for fp32).
+pub fn max_gpu_block(dtype: Dtype) -> u32 {
+    match dtype {
+        Dtype::Bf16 | Dtype::F16 => 8 * TILE,
+        Dtype::F32 => 4 * TILE,
+    }
+}
+
+/// Bytes the device compressor needs past the stream bound: `nblocks + 1` u64 words
+/// (ticket counter, one look-back status per block) and 8 bytes of alignment slack.
+pub fn scratch_bytes(nblocks: usize) -> usize {
+    8 * (nblocks + 1) + 8
+}
+
+/// Why the device decoder rejected a stream: the low 8 bits of its status word (the block
+/// index is in bits 8..31). Mirror of `enum Status` in `cuda/bfx.cuh`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Status {
+    Magic = 1,
+    Version = 2,
+    Count = 3,
+    Geometry = 4,
+    Truncated = 5,
+    BlockSize = 6,
+    BlockHeader = 7,
+    Symbol = 8,
+    Escapes = 9,
+    Raws = 10,
+    /// Any other inconsistency (reported by the host backend, which decodes with the CPU
+    /// reference and does not classify block faults).
+    Corrupt = 11,
+}
+
+impl Status {
+    /// The status and block index of a nonzero word (`None` for success).
+    pub fn from_word(w: u32) -> Option<(Status, u32)> {
+        if w == 0 {
+            return None;
+        }
+        let s = match w & 0xff {
+            1 => Status::Magic,
+            2 => Status::Version,
+            3 => Status::Count,
+            4 => Status::Geometry,
+            5 => Status::Truncated,
+            6 => Status::BlockSize,
+            7 => Status::BlockHeader,
+            8 => Status::Symbol,
+            9 => Status::Escapes,
+            10 => Status::Raws,
+            _ => Status::Corrupt,
+        };
+        Some((s, w >> 8))
+    }
+
+    pub fn word(self, block: u64) -> u32 {
+        self as u32 | ((block.min(0xff_ffff) as u32) << 8)
+    }
+
+    pub fn describe(self, block: u32) -> String {
+        let what = match self {
+            Status::Magic => "wrong magic (not a stream of this dtype)",
+            Status::Version => "unsupported version",
+            Status::Count => "value count differs from the caller's",
+            Status::Geometry => "bad block size or block count",
+            Status::Truncated => "stream longer than its buffer",
+            Status::BlockSize => "block size impossible or inconsistent with its header",
+            Status::BlockHeader => "bad block header",
+            Status::Symbol => "exponent symbol out of range",
+            Status::Escapes => "escape count disagrees with the header",
+            Status::Raws => "raw exponent count disagrees with the header",
+            Status::Corrupt => "corrupt block",
+        };
+        match self {
+            Status::Magic | Status::Version | Status::Count | Status::Geometry => what.to_string(),
+            _ => format!("block {block}: {what}"),
+        }
+    }
+}
+
+fn kernel_suffix(dtype: Dtype) -> &'static str {
+    dtype.name()
+}
+
+/// One kernel parameter, by value, with the exact type of the kernel's parameter.
+enum Arg {
+    U64(u64),
+    U32(u32),
+}
+
+/// Arguments of one launch, in parameter order.
+struct Args(Vec<Arg>);
+
+impl Args {
+    fn new() -> Args {
+        Args(Vec::new())
+    }
+    fn u64(mut self, v: u64) -> Args {
+        self.0.push(Arg::U64(v));
+        self
+    }
+    fn u32(mut self, v: u32) -> Args {
+        self.0.push(Arg::U32(v));
+        self
+    }
+    /// One pointer per parameter, each to a value of that parameter's type.
+    fn pointers(&mut self) -> Vec<*mut c_void> {
+        self.0
+            .iter_mut()
+            .map(|a| match a {
+                Arg::U64(v) => v as *mut u64 as *mut c_void,
+                Arg::U32(v) => v as *mut u32 as *mut c_void,
+            })
+            .collect()
+    }
+}
+
+fn launch(cuda: &CudaDevice, s: StreamHandle, name: &str, grid: u32, mut args: Args) -> Result<()> {
+    let mut ptrs = args.pointers();
+    // SAFETY: `ptrs` holds one pointer per parameter of `name` (bfx.cu's entry points take
+    // exactly the u64/u32 sequence built by the caller), each to a live value in `args`
+    // that outlives the call; the device pointers among them were checked by the public
+    // functions and must stay valid until the stream reaches the kernel (their contract).
+    unsafe { cuda.launch(s, name, (grid, 1, 1), (THREADS, 1, 1), 0, &mut ptrs) }
+}
+
+/// Enqueue the compressor (arguments already checked by `compress_async`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn compress(
+    cuda: &CudaDevice,
+    s: StreamHandle,
+    dtype: Dtype,
+    input: DevPtr,
+    n: u64,
+    output: DevPtr,
+    out_len: DevPtr,
+    params: &Params,
+) -> Result<()> {
+    const OP: &str = "compress_async";
+    let b = params.check(OP, dtype)?;
+    if b > max_gpu_block(dtype) {
+        return Err(Error::invalid_arg(
+            OP,
+            format!("the GPU encoder takes blocks of at most {} {} values, not {b}", max_gpu_block(dtype), dtype.name()),
+        ));
+    }
+    let nblocks = format::block_count(OP, n, b)?;
+    if nblocks > i32::MAX as u32 {
+        return Err(Error::invalid_arg(OP, format!("{nblocks} blocks exceed one launch")));
+    }
+    let cpt = b.div_ceil(TILE).next_power_of_two();
+    let bound = format::max_stream_len(OP, dtype, n, b)? as u64;
+    let scratch = DevPtr((output.0 + bound + 7) & !7);
+    let words = nblocks as u64 + 1;
+    let begin = Args::new()
+        .u64(output.0)
+        .u64(n)
+        .u32(b)
+        .u32(nblocks)
+        .u32(dtype.magic())
+        .u64(scratch.0)
+        .u64(words)
+        .u64(out_len.0);
+    launch(cuda, s, "hoccl_bfx_compress_begin", (words.div_ceil(THREADS as u64)).min(1024) as u32, begin)?;
+    if nblocks == 0 {
+        return Ok(());
+    }
+    let name = format!("hoccl_bfx_compress_{}_{cpt}", kernel_suffix(dtype));
+    let flags = u32::from(input.0 % 16 == 0);
+    let args = Args::new()
+        .u64(input.0)
+        .u64(n)
+        .u32(b)
+        .u32(params.tiers as u32)
+        .u64(output.0)
+        .u64(scratch.0)
+        .u64(out_len.0)
+        .u32(flags);
+    launch(cuda, s, &name, nblocks, args)
+}
+
+/// Enqueue the decompressor (arguments already checked by `decompress_async`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn decompress(
+    cuda: &CudaDevice,
+    s: StreamHandle,
+    dtype: Dtype,
+    input: DevPtr,
+    input_len: u64,
+    output: DevPtr,
+    n: u64,
+    status: DevPtr,
+) -> Result<()> {
+    launch(cuda, s, "hoccl_bfx_decompress_begin", 1, Args::new().u64(status.0))?;
+    // CTAs split the stream's blocks evenly; idle ones (more CTAs than blocks) return at once.
+    // 4 CTAs of 256 threads fit an SM at the decoder's 64 registers: one wave.
+    let sms = match cuda.sm_count() {
+        0 => 132,
+        c => c as u64,
+    };
+    let ctas = (sms * DECODE_CTAS_PER_SM).min(n.div_ceil(TILE as u64).max(1)) as u32;
+    let flags = u32::from(output.0 % 16 == 0) | (u32::from(output.0 % 4 == 0) << 1);
+    let args = Args::new().u64(input.0).u64(input_len).u64(output.0).u64(n).u64(status.0).u32(flags);
+    launch(cuda, s, &format!("hoccl_bfx_decompress_{}", kernel_suffix(dtype)), ctas, args)
+}
+
+/// What the device decoder does, on the CPU (the host backend uses it): the stream at the front
+/// of `input` (which may be longer) must be of `dtype` and hold `n` values. Returns the
+/// values or a status word.
+pub fn host_decode(input: &[u8], dtype: Dtype, n: usize) -> std::result::Result<Vec<u8>, u32> {
+    if input.len() < format::STREAM_HEADER_BYTES {
+        return Err(Status::Truncated.word(0));
+    }
+    let h = match format::StreamHeader::parse("decompress", input) {
+        Ok(h) => h,
+        Err(_) => return Err(header_fault(input)),
+    };
+    if h.dtype != dtype {
+        return Err(Status::Magic.word(0));
+    }
+    if h.n != n as u64 {
+        return Err(Status::Count.word(0));
+    }
+    let mut len = format::header_bytes(h.nblocks);
+    for j in 0..h.nblocks as usize {
+        len = len.saturating_add(format::rd32(input, format::STREAM_HEADER_BYTES + 4 * j) as usize);
+    }
+    if len > input.len() {
+        return Err(Status::Truncated.word(0));
+    }
+    let mut out = vec![0u8; n * dtype.size()];
+    match super::cpu::decode_into(&input[..len], &mut out) {
+        Ok(_) => Ok(out),
+        Err(_) => Err(Status::Corrupt.word(0xff_ffff)),
+    }
+}
+
+/// The status of a stream header that `StreamHeader::parse` rejected, in the device's order.
+fn header_fault(s: &[u8]) -> u32 {
+    if Dtype::from_magic(format::rd32(s, 0)).is_none() {
+        Status::Magic.word(0)
+    } else if format::rd32(s, 4) != format::VERSION {
+        Status::Version.word(0)
+    } else if format::check_block("decompress", format::rd32(s, 16)).is_err() {
+        Status::Geometry.word(0)
+    } else {
+        let nb = format::rd32(s, 20) as u64;
+        let n = u64::from_le_bytes(s[8..16].try_into().unwrap_or_default());
+        if n.div_ceil(format::rd32(s, 16) as u64) != nb {
+            Status::Geometry.word(0)
+        } else {
+            Status::Truncated.word(0)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_words_round_trip() {
+        assert_eq!(Status::from_word(0), None);
+        let w = Status::Escapes.word(7);
+        assert_eq!(Status::from_word(w), Some((Status::Escapes, 7)));
+        assert!(Status::Raws.describe(3).contains("block 3"));
+    }
+
+    #[test]
+    fn host_decode_reports_like_the_device() {
+        let s = super::super::compress(Dtype::Bf16, &[1, 2, 3, 4], &Params::default()).unwrap();
+        assert_eq!(host_decode(&s, Dtype::Bf16, 2).unwrap(), vec![1, 2, 3, 4]);
+        assert_eq!(Status::from_word(host_decode(&s, Dtype::F16, 2).unwrap_err()).unwrap().0, Status::Magic);
+        assert_eq!(Status::from_word(host_decode(&s, Dtype::Bf16, 3).unwrap_err()).unwrap().0, Status::Count);
+        assert_eq!(Status::from_word(host_decode(&s[..s.len() - 4], Dtype::Bf16, 2).unwrap_err()).unwrap().0, Status::Truncated);
+        let mut longer = s.clone();
+        longer.extend_from_slice(&[0xee; 12]);
+        assert_eq!(host_decode(&longer, Dtype::Bf16, 2).unwrap(), vec![1, 2, 3, 4]);
+    }
+}

@@ -1,0 +1,306 @@
+//! Test bodies shared by every codec implementation: the CPU reference (tests/codec_cpu.rs),
+//! the CUDA kernels on a GPU (tests/codec_cuda.rs, ignored without one) and the same kernels
+//! under the CPU emulator (tests/codec_emu.rs). A body takes a `&dyn Codec` and checks
+//! counts of wrong values instead of stopping at the first.
+#![allow(dead_code)]
+use hoccl::compress::{self, format, Dtype, Params};
+
+pub mod device;
+
+/// A compressor/decompressor pair under test.
+pub trait Codec {
+    fn name(&self) -> String;
+    fn compress(&self, dt: Dtype, data: &[u8], p: &Params) -> Result<Vec<u8>, String>;
+    /// Decode `stream`, which must hold `n` values of `dt`.
+    fn decompress(&self, dt: Dtype, stream: &[u8], n: usize) -> Result<Vec<u8>, String>;
+    /// The largest block this encoder takes.
+    fn max_block(&self, dt: Dtype) -> u32 {
+        let _ = dt;
+        format::MAX_BLOCK
+    }
+    /// How many values a "large" input has for this implementation.
+    fn large(&self) -> usize {
+        3 << 20
+    }
+}
+
+/// The CPU reference through the public host API.
+pub struct Cpu;
+
+impl Codec for Cpu {
+    fn name(&self) -> String {
+        "cpu".into()
+    }
+    fn compress(&self, dt: Dtype, data: &[u8], p: &Params) -> Result<Vec<u8>, String> {
+        compress::compress(dt, data, p).map_err(|e| e.to_string())
+    }
+    fn decompress(&self, dt: Dtype, stream: &[u8], n: usize) -> Result<Vec<u8>, String> {
+        let h = compress::cpu::peek(stream).map_err(|e| e.to_string())?;
+        if h.dtype != dt || h.n != n as u64 {
+            return Err(format!("stream holds {} {}, expected {n} {}", h.n, h.dtype.name(), dt.name()));
+        }
+        compress::decompress(stream).map_err(|e| e.to_string())
+    }
+}
+
+// ---------------------------------------------------------------- data --------------------
+
+/// splitmix64: seeded, so every failure names the seed that reproduces it.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next() % n
+        }
+    }
+    /// A standard normal (Box–Muller).
+    pub fn normal(&mut self) -> f64 {
+        let u1 = ((self.next() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+        let u2 = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
+        (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+    }
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+}
+
+/// fp32 → bf16, round to nearest even (NaN stays NaN).
+pub fn bf16_of(x: f32) -> u16 {
+    let u = x.to_bits();
+    if x.is_nan() {
+        return ((u >> 16) | 0x40) as u16;
+    }
+    ((u + 0x7fff + ((u >> 16) & 1)) >> 16) as u16
+}
+
+/// fp32 → fp16, round to nearest even (enough for test data: no NaN payload care).
+pub fn f16_of(x: f32) -> u16 {
+    let u = x.to_bits();
+    let sign = ((u >> 16) & 0x8000) as u16;
+    let e = ((u >> 23) & 0xff) as i32 - 127 + 15;
+    let m = u & 0x7f_ffff;
+    if ((u >> 23) & 0xff) == 0xff {
+        return sign | 0x7c00 | if m != 0 { 0x200 } else { 0 };
+    }
+    if e >= 31 {
+        return sign | 0x7c00;
+    }
+    if e <= 0 {
+        if e < -10 {
+            return sign;
+        }
+        let m = m | 0x80_0000;
+        let shift = (14 - e) as u32;
+        let half = 1u32 << (shift - 1);
+        let r = (m + half - 1 + ((m >> shift) & 1)) >> shift;
+        return sign | r as u16;
+    }
+    let r = ((e as u32) << 10 | (m >> 13)) + (((m & 0x1fff) + 0xfff + ((m >> 13) & 1)) >> 13);
+    sign | r as u16
+}
+
+/// `n` values of `dt` drawn like trained data: normal with std `std`, as raw bytes.
+pub fn normal_values(dt: Dtype, n: usize, std: f64, seed: u64) -> Vec<u8> {
+    let mut r = Rng(seed);
+    let mut out = Vec::with_capacity(n * dt.size());
+    for _ in 0..n {
+        let x = (r.normal() * std) as f32;
+        match dt {
+            Dtype::Bf16 => out.extend_from_slice(&bf16_of(x).to_le_bytes()),
+            Dtype::F16 => out.extend_from_slice(&f16_of(x).to_le_bytes()),
+            Dtype::F32 => out.extend_from_slice(&x.to_le_bytes()),
+        }
+    }
+    out
+}
+
+/// The committed real-data fixtures: (file, class, dtype, bytes), from `HOCCL_TEST_DATA`
+/// (for test binaries run away from their checkout) or the crate's `tests/data`.
+pub fn fixtures() -> Vec<(String, String, Dtype, Vec<u8>)> {
+    let dir = std::env::var_os("HOCCL_TEST_DATA")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data"));
+    let manifest = std::fs::read_to_string(dir.join("minilm-manifest.txt"))
+        .unwrap_or_else(|e| panic!("{}: {e} (set HOCCL_TEST_DATA to the fixtures' folder)", dir.display()));
+    manifest
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| {
+            let mut f = l.split_whitespace();
+            let (file, class) = (f.next().unwrap().to_string(), f.next().unwrap().to_string());
+            let dt = Dtype::parse(file.rsplit('.').next().unwrap()).expect("fixture extension names a dtype");
+            let data = std::fs::read(dir.join(&file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+            (file, class, dt, data)
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------- bodies ------------------
+
+/// Compress and decompress; panics with the case name unless bit-exact. Returns the stream.
+pub fn round_trip(c: &dyn Codec, dt: Dtype, data: &[u8], p: &Params, case: &str) -> Vec<u8> {
+    let n = data.len() / dt.size();
+    let s = c.compress(dt, data, p).unwrap_or_else(|e| panic!("{}: {case}: compress: {e}", c.name()));
+    let back = c.decompress(dt, &s, n).unwrap_or_else(|e| panic!("{}: {case}: decompress: {e}", c.name()));
+    assert_eq!(back.len(), data.len(), "{}: {case}: length", c.name());
+    let bad = back.chunks(dt.size()).zip(data.chunks(dt.size())).filter(|(a, b)| a != b).count();
+    assert_eq!(bad, 0, "{}: {case}: {bad} of {n} values differ", c.name());
+    s
+}
+
+/// Every one of the 65,536 bf16 (and fp16) bit patterns, in order and shuffled, with the
+/// default block and with 32-value blocks.
+pub fn all_16bit_patterns(c: &dyn Codec) {
+    let mut all: Vec<u16> = (0..=u16::MAX).collect();
+    let ordered: Vec<u8> = all.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let mut r = Rng(7);
+    for i in (1..all.len()).rev() {
+        all.swap(i, r.below(i as u64 + 1) as usize);
+    }
+    let shuffled: Vec<u8> = all.iter().flat_map(|v| v.to_le_bytes()).collect();
+    for dt in [Dtype::Bf16, Dtype::F16] {
+        for (what, data) in [("ordered", &ordered), ("shuffled", &shuffled)] {
+            for block in [0, 32, 4096] {
+                for tiers in [1, 2] {
+                    let p = Params { block, tiers };
+                    round_trip(c, dt, data, &p, &format!("all {} patterns {what} B={block} tiers={tiers}", dt.name()));
+                }
+            }
+        }
+    }
+}
+
+/// fp32 special values and random bit patterns (NaN payloads, ±inf, ±0, subnormals).
+pub fn f32_specials(c: &dyn Codec) {
+    let mut v: Vec<u32> = vec![0, 0x8000_0000, 0x7f80_0000, 0xff80_0000, 0x7fc0_0000, 0x7f80_0001, 0xffff_ffff, 1, 0x807f_ffff];
+    let mut r = Rng(11);
+    v.extend((0..40_000).map(|_| r.next() as u32));
+    v.extend((0..40_000).map(|i| if i % 3 == 0 { r.next() as u32 & 0x807f_ffff } else { (r.normal() as f32 * 1e-3).to_bits() }));
+    let data: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    for tiers in [1, 2] {
+        round_trip(c, Dtype::F32, &data, &Params { block: 0, tiers }, &format!("f32 specials tiers={tiers}"));
+    }
+}
+
+/// Sizes 0, 1, 31, 33, B±1, B, 5B+77 and a large input, for every dtype.
+pub fn sizes(c: &dyn Codec) {
+    for dt in Dtype::ALL {
+        let b = dt.default_block() as usize;
+        for n in [0, 1, 2, 7, 8, 9, 31, 32, 33, 255, 2047, 2048, 2049, b - 1, b, b + 1, 5 * b + 77, c.large() + 3] {
+            let data = normal_values(dt, n, 0.02, n as u64 ^ 0x5eed);
+            let s = round_trip(c, dt, &data, &Params::default(), &format!("{} n={n}", dt.name()));
+            if n > 0 && n >= b {
+                assert!(s.len() < data.len(), "{}: {} n={n}: normal data did not compress", c.name(), dt.name());
+            }
+        }
+    }
+}
+
+/// Block sizes from the smallest to the encoder's largest, odd counts of blocks.
+pub fn block_sizes(c: &dyn Codec) {
+    for dt in Dtype::ALL {
+        for b in [32u32, 64, 96, 160, 2048, 2080, 4096, 8192, 16384, 65536] {
+            if b > c.max_block(dt) {
+                continue;
+            }
+            let n = 3 * b as usize + 17;
+            let data = normal_values(dt, n, 1.0, b as u64);
+            round_trip(c, dt, &data, &Params { block: b, tiers: 2 }, &format!("{} B={b}", dt.name()));
+        }
+    }
+}
+
+/// Random bits: never larger than the input plus headers (24 + 12 per block, and the last
+/// block's padding to 4 bytes).
+pub fn incompressible(c: &dyn Codec) {
+    for dt in Dtype::ALL {
+        let n = 3 * dt.default_block() as usize + 5;
+        let data = Rng(99).bytes(n * dt.size());
+        let s = round_trip(c, dt, &data, &Params::default(), &format!("{} random bits", dt.name()));
+        let nblocks = n.div_ceil(dt.default_block() as usize);
+        assert!(s.len() <= data.len() + 24 + 12 * nblocks + 3, "{}: {} random: {} > bound", c.name(), dt.name(), s.len());
+    }
+}
+
+/// Edge distributions: one exponent only, two, all 256 equally, zeros, alternating.
+pub fn distributions(c: &dyn Codec) {
+    let n = 40_000;
+    let mut r = Rng(5);
+    let cases: Vec<(&str, Vec<u16>)> = vec![
+        ("zeros", vec![0; n]),
+        ("one exponent", (0..n).map(|_| 0x3f80 | (r.next() as u16 & 0x807f)).collect()),
+        ("two exponents", (0..n).map(|i| if i % 2 == 0 { 0x3f80 } else { 0x4000 } | (r.next() as u16 & 0x7f)).collect()),
+        ("uniform exponents", (0..n).map(|_| r.next() as u16).collect()),
+        ("rare outliers", (0..n).map(|i| if i % 1000 == 0 { 0x7f00 | i as u16 & 0x7f } else { 0x3c00 | (r.next() as u16 & 0x81ff) }).collect()),
+        ("32 exponents", (0..n).map(|_| ((100 + r.below(32) as u16) << 7) | (r.next() as u16 & 0x807f)).collect()),
+    ];
+    for (what, v) in cases {
+        let data: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        for tiers in [1, 2] {
+            round_trip(c, Dtype::Bf16, &data, &Params { block: 0, tiers }, &format!("bf16 {what} tiers={tiers}"));
+        }
+    }
+}
+
+/// Every fixture in both tier modes. Returns (file, class, one-tier ratio, two-tier ratio).
+pub fn real_data(c: &dyn Codec) -> Vec<(String, String, f64, f64)> {
+    let mut out = Vec::new();
+    for (file, class, dt, data) in fixtures() {
+        let s1 = round_trip(c, dt, &data, &Params { block: 0, tiers: 1 }, &format!("{file} one tier"));
+        let s2 = round_trip(c, dt, &data, &Params { block: 0, tiers: 2 }, &format!("{file} two tiers"));
+        out.push((file, class, s1.len() as f64 / data.len() as f64, s2.len() as f64 / data.len() as f64));
+    }
+    out
+}
+
+/// The implementation's bytes equal the CPU reference's, for the same input and block.
+pub fn same_bytes_as_cpu(c: &dyn Codec) {
+    let mut inputs: Vec<(String, Dtype, Vec<u8>, Params)> = Vec::new();
+    for (file, _, dt, data) in fixtures() {
+        inputs.push((file.clone(), dt, data.clone(), Params { block: 0, tiers: 2 }));
+        inputs.push((format!("{file} one tier"), dt, data, Params { block: 0, tiers: 1 }));
+    }
+    for dt in Dtype::ALL {
+        for (n, b) in [(1usize, 0u32), (33, 0), (100_003, 0), (5000, 32), (70_000, 2048), (9000, 4096)] {
+            inputs.push((format!("{} normal n={n} B={b}", dt.name()), dt, normal_values(dt, n, 0.5, n as u64), Params { block: b, tiers: 2 }));
+        }
+        inputs.push((format!("{} random bits", dt.name()), dt, Rng(3).bytes(20_000 * dt.size()), Params::default()));
+    }
+    let mut differing = Vec::new();
+    for (what, dt, data, p) in &inputs {
+        if p.block_for(*dt) > c.max_block(*dt) {
+            continue;
+        }
+        let mine = c.compress(*dt, data, p).unwrap_or_else(|e| panic!("{}: {what}: {e}", c.name()));
+        let cpu = compress::compress(*dt, data, p).unwrap();
+        if mine != cpu {
+            let first = mine.iter().zip(&cpu).position(|(a, b)| a != b).unwrap_or(mine.len().min(cpu.len()));
+            differing.push(format!("{what}: {} vs {} bytes, first difference at {first}", mine.len(), cpu.len()));
+        }
+    }
+    assert!(differing.is_empty(), "{}: bytes differ from the CPU reference:\n{}", c.name(), differing.join("\n"));
+}
+
+/// Streams of the CPU encoder with any legal block size decode on this implementation.
+pub fn decodes_cpu_streams(c: &dyn Codec) {
+    for dt in Dtype::ALL {
+        for b in [32u32, 96, 2048, 2080, 16384, 40_000 * 32 / 32 + 32, 1 << 20] {
+            let b = b / 32 * 32;
+            let n = 2 * b as usize + 1000;
+            let data = normal_values(dt, n.min(3_000_000), 0.1, b as u64 + 1);
+            let s = compress::compress(dt, &data, &Params { block: b, tiers: 2 }).unwrap();
+            let back = c.decompress(dt, &s, data.len() / dt.size()).unwrap_or_else(|e| panic!("{}: {} B={b}: {e}", c.name(), dt.name()));
+            assert!(back == data, "{}: {} B={b}: CPU stream decoded wrong", c.name(), dt.name());
+        }
+    }
+}

@@ -1,0 +1,142 @@
+//! The codec's shared test bodies on the CUDA kernels. Ignored by default; run on a GPU
+//! machine with `--ignored` (scripts/gpu/codec.sh does). Without a usable GPU they FAIL.
+mod codec_common;
+use codec_common::device::DeviceCodec;
+use codec_common::*;
+use hoccl::compress::{self, gpu, Dtype, Params};
+use hoccl::config::BackendChoice;
+use std::sync::Arc;
+
+fn cuda(shift: usize) -> DeviceCodec {
+    let dev = hoccl::device::open(BackendChoice::Cuda, 0).unwrap_or_else(|e| panic!("needs a GPU, none usable: {e}"));
+    assert!(dev.as_cuda().is_some(), "BackendChoice::Cuda opened a device without CUDA");
+    DeviceCodec::new(Arc::clone(&dev), shift)
+}
+
+const GPU: &str = "needs a GPU: run with --ignored";
+
+#[test]
+#[ignore = "needs a GPU: run with --ignored"]
+fn cuda_same_bytes_as_cpu() {
+    same_bytes_as_cpu(&cuda(0));
+    same_bytes_as_cpu(&cuda(1));
+}
+
+#[test]
+#[ignore = "needs a GPU: run with --ignored"]
+fn cuda_all_16bit_patterns() {
+    all_16bit_patterns(&cuda(0));
+}
+
+#[test]
+#[ignore = "needs a GPU: run with --ignored"]
+fn cuda_f32_specials() {
+    f32_specials(&cuda(0));
+}
+
+#[test]
+#[ignore = "needs a GPU: run with --ignored"]
+fn cuda_sizes() {
+    sizes(&cuda(0));
+    sizes(&cuda(1));
+}
+
+#[test]
+#[ignore = "needs a GPU: run with --ignored"]
+fn cuda_block_sizes() {
+    block_sizes(&cuda(0));
+}
+
+#[test]
+#[ignore = "needs a GPU: run with --ignored"]
+fn cuda_incompressible() {
+    incompressible(&cuda(0));
+}
+
+#[test]
+#[ignore = "needs a GPU: run with --ignored"]
+fn cuda_distributions() {
+    distributions(&cuda(0));
+}
+
+#[test]
+#[ignore = "needs a GPU: run with --ignored"]
+fn cuda_real_data() {
+    for (file, class, r1, r2) in real_data(&cuda(0)) {
+        eprintln!("{file:34} {class:12} one tier {r1:.4}  two tiers {r2:.4}");
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU: run with --ignored"]
+fn cuda_decodes_cpu_streams() {
+    decodes_cpu_streams(&cuda(0));
+    decodes_cpu_streams(&cuda(1));
+}
+
+/// Compress and decompress back to back on one stream, one synchronization.
+#[test]
+#[ignore = "needs a GPU: run with --ignored"]
+fn cuda_stream_ordered_round_trip() {
+    let c = cuda(0);
+    for dt in Dtype::ALL {
+        for n in [0usize, 1, 5000, 1 << 20] {
+            let data = normal_values(dt, n, 0.02, n as u64);
+            let back = c.round_trip_on_stream(dt, &data, &Params::default()).unwrap();
+            assert!(back == data, "{} n={n}", dt.name());
+        }
+    }
+}
+
+/// Corrupt and mutated streams: the decoder reports a status and never faults, and agrees
+/// with the CPU reference on what is valid.
+#[test]
+#[ignore = "needs a GPU: run with --ignored"]
+fn cuda_rejects_corrupt_streams() {
+    let c = cuda(0);
+    let data = normal_values(Dtype::Bf16, 40_000, 0.02, 1);
+    let good = compress::compress(Dtype::Bf16, &data, &Params::default()).unwrap();
+    let mut r = Rng(77);
+    let mut disagreements = Vec::new();
+    for i in 0..300 {
+        let mut s = good.clone();
+        match i % 3 {
+            0 => {
+                let bit = r.below(8 * s.len() as u64) as usize;
+                s[bit / 8] ^= 1 << (bit % 8);
+            }
+            1 => s.truncate(r.below(s.len() as u64) as usize),
+            _ => {
+                let off = 4 * r.below(s.len() as u64 / 4) as usize;
+                s[off..off + 4].copy_from_slice(&(r.next() as u32 >> r.below(32)).to_le_bytes());
+            }
+        }
+        let cpu = gpu::host_decode(&s, Dtype::Bf16, 40_000);
+        let dev = c.decompress(Dtype::Bf16, &s, 40_000);
+        match (&cpu, &dev) {
+            (Ok(a), Ok(b)) if a == b => {}
+            (Err(_), Err(_)) => {}
+            _ => disagreements.push(format!("case {i}: cpu {:?} gpu {:?}", cpu.as_ref().map(|_| ()), dev.as_ref().map(|_| ()))),
+        }
+    }
+    assert!(disagreements.is_empty(), "{GPU}: {}", disagreements.join("\n"));
+    // The device is still healthy.
+    assert!(c.decompress(Dtype::Bf16, &good, 40_000).unwrap() == data);
+}
+
+#[test]
+#[ignore = "needs a GPU: run with --ignored"]
+fn cuda_bad_arguments_are_errors_before_launch() {
+    let c = cuda(0);
+    let d = &*c.dev;
+    let p = Params::default();
+    let buf = codec_common::device::Buf::new(d, 1 << 16, 0).unwrap();
+    let cap = compress::max_compressed_len(Dtype::Bf16, 1000, &p).unwrap();
+    let s = c.stream;
+    assert!(compress::compress_async(d, s, Dtype::Bf16, buf.ptr, 1000, buf.ptr.add(2), cap, hoccl::device::DevPtr::NULL, &p).is_err());
+    assert!(compress::compress_async(d, s, Dtype::Bf16, buf.ptr, 1000, buf.ptr, cap - 1, hoccl::device::DevPtr::NULL, &p).is_err());
+    assert!(compress::compress_async(d, s, Dtype::F32, buf.ptr.add(2), 10, buf.ptr, cap, hoccl::device::DevPtr::NULL, &p).is_err());
+    let big = Params { block: 32768, tiers: 2 };
+    let cap = compress::max_compressed_len(Dtype::Bf16, 10, &big).unwrap();
+    assert!(compress::compress_async(d, s, Dtype::Bf16, buf.ptr, 10, buf.ptr, cap, hoccl::device::DevPtr::NULL, &big).is_err());
+}

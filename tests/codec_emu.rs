@@ -1,0 +1,175 @@
+//! The CUDA kernels (cuda/bfx.cu) run under the CPU emulator (cuda/bfx_emu.hpp), launched
+//! as gpu.rs launches them: the shared test bodies, "GPU bytes == CPU bytes", and the
+//! decoder's verdicts on mutated streams, all without a GPU. The emulator is built here
+//! with the system C++ compiler (`CXX`, default `c++`), which the crate's build needs anyway.
+mod codec_common;
+use codec_common::*;
+use hoccl::compress::{self, gpu, Dtype, Params};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+
+fn emulator() -> &'static PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let bin = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bfx_emu");
+        let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+        let out = Command::new(&cxx)
+            .args(["-std=c++17", "-O2", "-g", "-Wall", "-Wno-unknown-pragmas", "-Wno-unused-function", "-I"])
+            .arg(root.join("cuda"))
+            .arg("-o")
+            .arg(&bin)
+            .arg(root.join("cuda/bfx_emu_main.cpp"))
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run the C++ compiler `{cxx}`: {e}"));
+        assert!(out.status.success(), "building the emulator failed:\n{}", String::from_utf8_lossy(&out.stderr));
+        bin
+    })
+}
+
+/// The kernels under the emulator; `shift` misaligns the value buffers, `ctas` is the
+/// decoder's grid (fewer CTAs than blocks exercises the contiguous ranges).
+struct Emu {
+    shift: usize,
+    ctas: u32,
+}
+
+fn tmp(tag: &str) -> PathBuf {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let i = N.fetch_add(1, Ordering::Relaxed);
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("emu-{}-{i}-{tag}", std::process::id()))
+}
+
+fn run(args: &[String]) -> Result<String, String> {
+    let out = Command::new(emulator()).args(args).output().map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(format!("emulator {args:?} failed: {}", String::from_utf8_lossy(&out.stderr)));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+impl Codec for Emu {
+    fn name(&self) -> String {
+        format!("emulated kernels (shift {}, {} CTAs)", self.shift, self.ctas)
+    }
+
+    fn compress(&self, dt: Dtype, data: &[u8], p: &Params) -> Result<Vec<u8>, String> {
+        let b = p.check("emu", dt).map_err(|e| e.to_string())?;
+        let (i, o) = (tmp("in"), tmp("out"));
+        std::fs::write(&i, data).map_err(|e| e.to_string())?;
+        let shift = (self.shift * dt.size()).to_string();
+        let a = ["compress", dt.name(), &b.to_string(), &p.tiers.to_string(), &i.to_string_lossy(), &o.to_string_lossy(), &shift];
+        let r = run(&a.map(String::from)).and_then(|_| std::fs::read(&o).map_err(|e| e.to_string()));
+        let _ = (std::fs::remove_file(&i), std::fs::remove_file(&o));
+        r
+    }
+
+    fn decompress(&self, dt: Dtype, stream: &[u8], n: usize) -> Result<Vec<u8>, String> {
+        let (i, o) = (tmp("s"), tmp("v"));
+        std::fs::write(&i, stream).map_err(|e| e.to_string())?;
+        let shift = (self.shift * dt.size()).to_string();
+        let a = ["decompress", dt.name(), &n.to_string(), &i.to_string_lossy(), &o.to_string_lossy(), &self.ctas.to_string(), &shift];
+        let r = run(&a.map(String::from)).and_then(|out| {
+            let w: u32 = out.trim().strip_prefix("status ").and_then(|s| s.parse().ok()).ok_or(format!("bad output {out}"))?;
+            compress::status_result(w).map_err(|e| e.to_string())?;
+            std::fs::read(&o).map_err(|e| e.to_string())
+        });
+        let _ = (std::fs::remove_file(&i), std::fs::remove_file(&o));
+        r
+    }
+
+    fn max_block(&self, dt: Dtype) -> u32 {
+        gpu::max_gpu_block(dt)
+    }
+
+    fn large(&self) -> usize {
+        300_000
+    }
+}
+
+const EMU: Emu = Emu { shift: 0, ctas: 3 };
+
+#[test]
+fn emu_same_bytes_as_cpu() {
+    same_bytes_as_cpu(&EMU);
+    same_bytes_as_cpu(&Emu { shift: 1, ctas: 1 });
+}
+
+#[test]
+fn emu_all_16bit_patterns() {
+    all_16bit_patterns(&EMU);
+}
+
+#[test]
+fn emu_f32_specials() {
+    f32_specials(&Emu { shift: 1, ctas: 2 });
+}
+
+#[test]
+fn emu_sizes() {
+    sizes(&EMU);
+    sizes(&Emu { shift: 1, ctas: 64 });
+}
+
+#[test]
+fn emu_block_sizes_and_distributions() {
+    block_sizes(&EMU);
+    distributions(&EMU);
+    incompressible(&EMU);
+}
+
+#[test]
+fn emu_real_data() {
+    real_data(&EMU);
+}
+
+#[test]
+fn emu_decodes_cpu_streams() {
+    decodes_cpu_streams(&Emu { shift: 0, ctas: 5 });
+}
+
+/// Mutated streams (bit flips, truncations, random header words): the emulated decoder and
+/// the CPU reference agree on what is valid, and on the values when it is.
+#[test]
+fn emu_decoder_agrees_on_mutated_streams() {
+    let mut r = Rng(2024);
+    let mut bad = Vec::new();
+    for case in 0..200 {
+        let dt = Dtype::ALL[case % 3];
+        let n = 1 + r.below(9000) as usize;
+        let p = Params { block: [32, 96, 2048, 0][r.below(4) as usize], tiers: 1 + (case % 2) as u8 };
+        let good = compress::compress(dt, &normal_values(dt, n, 0.05, r.next()), &p).unwrap();
+        let mut s = good.clone();
+        match r.below(4) {
+            0 => {
+                for _ in 0..1 + r.below(3) {
+                    let bit = r.below(8 * s.len() as u64) as usize;
+                    s[bit / 8] ^= 1 << (bit % 8);
+                }
+            }
+            1 => s.truncate(r.below(s.len() as u64) as usize),
+            2 => {
+                let off = 4 * r.below(s.len().min(256) as u64 / 4) as usize;
+                let v = [0, 1, 0xffff_ffff, r.next() as u32, 1 << r.below(32)][r.below(5) as usize];
+                s[off..off + 4].copy_from_slice(&v.to_le_bytes());
+            }
+            _ => {
+                let off = r.below(s.len() as u64) as usize;
+                s[off] = r.next() as u8;
+            }
+        }
+        let cpu = gpu::host_decode(&s, dt, n);
+        let emu = EMU.decompress(dt, &s, n);
+        let agree = match (&cpu, &emu) {
+            (Ok(a), Ok(b)) => a == b,
+            (Err(_), Err(_)) => true,
+            _ => false,
+        };
+        if !agree {
+            bad.push(format!("case {case} ({} n={n} {p:?}): cpu {:?} emu {:?}", dt.name(), cpu.map(|_| ()), emu.map(|_| ())));
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
