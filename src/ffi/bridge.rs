@@ -38,12 +38,14 @@ mod ffi {
         type Dev;
 
         fn version() -> String;
+        /// Log through hoccl's logger (`HOCCL_LOG`), for C++ code that must not throw.
+        fn log_error(message: &str);
 
         // ---- communicator: creation, identity, life cycle -------------------------------
         fn comm_init_mpi(mpi_comm_f: i32, status: &mut Status) -> Box<Comm>;
         fn rank(self: &Comm, status: &mut Status) -> i32;
         fn size(self: &Comm, status: &mut Status) -> i32;
-        fn async_error(self: &Comm) -> Status;
+        fn async_error(self: &Comm, status: &mut Status) -> Status;
         fn wait_idle(self: &Comm) -> Status;
         fn abort(self: &Comm) -> Status;
         fn destroy(self: &Comm) -> Status;
@@ -134,6 +136,10 @@ fn version() -> String {
     env!("CARGO_PKG_VERSION").to_string()
 }
 
+fn log_error(message: &str) {
+    log::error!("hoccl: {message}");
+}
+
 // ---------------------------------------------------------------- conversions ------------
 
 fn status(r: Result<()>) -> Status {
@@ -213,9 +219,12 @@ impl Comm {
         const OP: &str = "size";
         value(out, guarded(OP, || to_c_int(OP, self.handle.get(OP)?.size())))
     }
-    /// Success when no asynchronous error occurred, else that error.
-    fn async_error(&self) -> Status {
-        self.call("async_error", |c| c.async_error().map_or(Ok(()), Err))
+    /// The asynchronous error (success if none). Whether the call itself worked (the
+    /// communicator is live) goes to `out`: the two must not be confused, since an async
+    /// error may carry the same code (`InvalidUsage`) as a call on a destroyed handle.
+    fn async_error(&self, out: &mut Status) -> Status {
+        const OP: &str = "async_error";
+        status(value(out, guarded(OP, || Ok(self.handle.get(OP)?.async_error()))).map_or(Ok(()), Err))
     }
     fn wait_idle(&self) -> Status {
         self.call("wait_idle", |c| c.wait_idle())
@@ -385,7 +394,8 @@ mod tests {
             let own = buf.wrapping_add(r * 4);
             assert_eq!(code(comm.all_gather(own, buf, 4, U8, s)), 0);
             assert_eq!(code(dev.synchronize(s)), 0);
-            assert_eq!(code(comm.async_error()), 0);
+            assert_eq!(code(comm.async_error(&mut st)), 0);
+            assert_eq!(st.code, 0);
             assert_eq!(code(comm.destroy()), 0);
             let st = comm.all_gather(own, buf, 4, U8, s);
             assert_eq!(st.code, ErrorCode::InvalidUsage as i32, "{}", st.message);
