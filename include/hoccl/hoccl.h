@@ -102,7 +102,8 @@ hocclResult_t hocclCommUserRank(hocclComm_t comm, int* rank);
 /* Thread-global as NCCL's: sends and receives (and collectives) called on this thread
  * between the outermost start and end, on any communicators, are launched together at the
  * end, so any pattern of pairs completes without deadlock. All calls of one communicator
- * within a group must use the same stream. */
+ * within a group must use the same stream, and no other thread may use that communicator
+ * while the group is open (its group is per communicator underneath). */
 hocclResult_t hocclGroupStart(void);
 hocclResult_t hocclGroupEnd(void);
 

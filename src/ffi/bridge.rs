@@ -317,6 +317,21 @@ pub struct Dev {
     dev: Option<Arc<dyn Device>>,
 }
 
+impl Drop for Dev {
+    fn drop(&mut self) {
+        // Reached from C++ destructors: the last reference frees the device's memory and
+        // streams, and nothing may unwind out of here.
+        if let Some(dev) = self.dev.take() {
+            if let Err(e) = guarded("~Device", || {
+                drop(dev);
+                Ok(())
+            }) {
+                log::error!("hoccl: {e}");
+            }
+        }
+    }
+}
+
 impl Dev {
     fn call<T>(&self, op: &'static str, f: impl FnOnce(&dyn Device) -> Result<T>) -> Result<T> {
         guarded(op, || f(self.dev.as_deref().ok_or_else(|| Error::invalid_usage(op, "no device (Communicator::device failed)"))?))

@@ -164,4 +164,23 @@ pub(crate) mod tests {
         });
         assert_eq!(code(CommHandle::empty().get("x")), ErrorCode::InvalidUsage);
     }
+
+    /// Destroy after ranks disagreed: reports the async error promptly, and releases.
+    #[test]
+    fn destroy_reports_the_async_error() {
+        with_ranks(2, |r, c| {
+            let dev = c.device().clone();
+            let s = dev.create_stream().unwrap();
+            let buf = dev.alloc(1000).unwrap();
+            let count = if r == 0 { 100 } else { 120 };
+            c.all_gather(buf.add(r * count), buf, count, crate::DataType::U8, s).unwrap();
+            dev.synchronize(s).unwrap();
+            let h = CommHandle::new(c);
+            let t = std::time::Instant::now();
+            let e = h.destroy("destroy").unwrap_err();
+            assert!(matches!(e.code(), ErrorCode::InvalidUsage | ErrorCode::Remote), "{e}");
+            assert!(t.elapsed() < Duration::from_secs(5), "destroy waited {:?}", t.elapsed());
+            assert_eq!(code(h.get("x")), ErrorCode::InvalidUsage);
+        });
+    }
 }
