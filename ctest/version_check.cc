@@ -42,10 +42,10 @@ int main(int argc, char** argv) {
     if (all[static_cast<size_t>(r)] != mine) fail("rank " + std::to_string(r) + " reports another version");
 
   try {
-    throw hoccl::Error(4, "bad argument");
+    throw hoccl::Error(hoccl::ErrorCode::InvalidArgument, "bad argument");
   } catch (const std::runtime_error& e) {  // an Error is a runtime_error
     const auto* he = dynamic_cast<const hoccl::Error*>(&e);
-    if (he == nullptr || he->code() != 4 || std::strcmp(e.what(), "bad argument") != 0) fail("hoccl::Error");
+    if (he == nullptr || he->code() != hoccl::ErrorCode::InvalidArgument || static_cast<int>(he->code()) != 4 || std::strcmp(e.what(), "bad argument") != 0) fail("hoccl::Error");
   }
 
   int total = 0;

@@ -1,0 +1,445 @@
+//! The C ABI of `include/hoccl/hoccl.h`, shaped like NCCL's: every function returns a
+//! `hocclResult_t` (an [`ErrorCode`] value) and never unwinds; the message of the calling
+//! thread's last failure is kept for `hocclGetLastError()`.
+//!
+//! A `hocclComm_t` is not a pointer to anything: it is the id of an entry in a process-wide
+//! registry, never reused. A destroyed (or never created) handle is simply absent, so using
+//! it is `hocclInvalidUsage`, not a use of freed memory. After `hocclCommAbort` the entry
+//! stays, aborted: calls return `hocclAborted` until `hocclCommDestroy` removes it.
+//!
+//! Groups are thread-global as NCCL's: between `hocclGroupStart` and `hocclGroupEnd` on one
+//! thread, the first call on each communicator opens that communicator's group, and the
+//! outermost `hocclGroupEnd` closes (launches) them all.
+#![allow(non_snake_case, non_camel_case_types)]
+use super::{guarded, rank_arg, to_c_int, CommHandle};
+use crate::comm::Communicator;
+use crate::config::Config;
+use crate::device::{DevPtr, StreamHandle};
+use crate::error::{Error, ErrorCode, Result};
+use crate::types::DataType;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// `hocclResult_t`: an [`ErrorCode`] value.
+pub type hocclResult_t = c_int;
+/// `hocclDataType_t`: a [`DataType`] value (NCCL's numbering). Received as a plain int so
+/// that an out-of-range value is an error, not undefined behaviour.
+pub type hocclDataType_t = c_int;
+
+/// The opaque struct behind `hocclComm_t`; never instantiated.
+#[repr(C)]
+pub struct hocclComm {
+    _opaque: [u8; 0],
+}
+pub type hocclComm_t = *mut hocclComm;
+
+// ---------------------------------------------------------------- registry ---------------
+
+fn registry() -> &'static Mutex<HashMap<u64, Arc<CommHandle>>> {
+    static R: OnceLock<Mutex<HashMap<u64, Arc<CommHandle>>>> = OnceLock::new();
+    R.get_or_init(Default::default)
+}
+
+fn lock_registry() -> std::sync::MutexGuard<'static, HashMap<u64, Arc<CommHandle>>> {
+    // Entries are inserted and removed in single operations: a poisoned map is still valid.
+    registry().lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Ids start high and odd so that small integers and aligned pointers passed by mistake are
+/// never live handles.
+static NEXT_ID: AtomicU64 = AtomicU64::new(0x4843_0001);
+
+/// Put `comm` in the registry and return its handle.
+pub(crate) fn register(comm: Communicator) -> hocclComm_t {
+    let id = NEXT_ID.fetch_add(2, Ordering::Relaxed);
+    lock_registry().insert(id, Arc::new(CommHandle::new(comm)));
+    id as usize as hocclComm_t
+}
+
+fn lookup(op: &'static str, comm: hocclComm_t) -> Result<(u64, Arc<CommHandle>)> {
+    if comm.is_null() {
+        return Err(Error::invalid_arg(op, "communicator is NULL"));
+    }
+    let id = comm as usize as u64;
+    let h = lock_registry().get(&id).cloned();
+    h.map(|h| (id, h)).ok_or_else(|| Error::invalid_usage(op, format!("{id:#x} is not a live communicator (destroyed, or never created)")))
+}
+
+// ---------------------------------------------------------------- thread state -----------
+
+#[derive(Default)]
+struct ThreadGroup {
+    depth: usize,
+    /// Communicators whose group this thread opened, in first-use order.
+    members: Vec<(u64, Arc<CommHandle>)>,
+}
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+    static GROUP: RefCell<ThreadGroup> = RefCell::new(ThreadGroup::default());
+}
+
+fn set_last_error(e: &Error) {
+    let msg = CString::new(e.to_string().replace('\0', " ")).unwrap_or_default();
+    let _ = LAST_ERROR.try_with(|l| *l.borrow_mut() = msg);
+}
+
+/// Run one C entry point: panics are caught, errors recorded for `hocclGetLastError`.
+fn call(op: &'static str, f: impl FnOnce() -> Result<()>) -> hocclResult_t {
+    match guarded(op, f) {
+        Ok(()) => ErrorCode::Success as c_int,
+        Err(e) => {
+            set_last_error(&e);
+            e.code() as c_int
+        }
+    }
+}
+
+/// The live communicator behind `comm`, joined to the thread's open group if there is one.
+fn communicator(op: &'static str, comm: hocclComm_t) -> Result<Arc<Communicator>> {
+    let (id, h) = lookup(op, comm)?;
+    let c = h.get(op)?;
+    GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.depth > 0 && !g.members.iter().any(|(m, _)| *m == id) {
+            c.group_start()?;
+            g.members.push((id, h));
+        }
+        Ok::<_, Error>(())
+    })?;
+    Ok(c)
+}
+
+/// Write `v` through an out-pointer, or fail with `InvalidArgument` if it is NULL.
+fn put<T>(op: &'static str, what: &str, out: *mut T, v: T) -> Result<()> {
+    if out.is_null() {
+        return Err(Error::invalid_arg(op, format!("{what} is NULL")));
+    }
+    // SAFETY: checked non-NULL; the C contract is that it points to a writable, aligned `T`.
+    unsafe { out.write(v) };
+    Ok(())
+}
+
+fn dev_ptr(p: *const c_void) -> DevPtr {
+    DevPtr(p as usize as u64)
+}
+
+fn stream(s: *mut c_void) -> StreamHandle {
+    StreamHandle(s as usize as u64)
+}
+
+// ---------------------------------------------------------------- library ----------------
+
+/// `major * 10000 + minor * 100 + patch`, as NCCL's `ncclGetVersion`.
+pub fn version_code() -> c_int {
+    let n = |s: &str| s.parse::<c_int>().unwrap_or(0);
+    n(env!("CARGO_PKG_VERSION_MAJOR")) * 10000 + n(env!("CARGO_PKG_VERSION_MINOR")) * 100 + n(env!("CARGO_PKG_VERSION_PATCH"))
+}
+
+#[no_mangle]
+pub extern "C" fn hocclGetVersion(version: *mut c_int) -> hocclResult_t {
+    const OP: &str = "hocclGetVersion";
+    call(OP, || put(OP, "version", version, version_code()))
+}
+
+/// A static description of a result code.
+#[no_mangle]
+pub extern "C" fn hocclGetErrorString(result: hocclResult_t) -> *const c_char {
+    let s: &'static CStr = match result {
+        0 => c"no error",
+        1 => c"CUDA driver call failed",
+        2 => c"system call failed",
+        3 => c"internal error (a bug in hoccl)",
+        4 => c"invalid argument",
+        5 => c"invalid usage",
+        6 => c"remote peer failed",
+        7 => c"operation in progress",
+        8 => c"operation timed out",
+        9 => c"corrupt data",
+        10 => c"communicator aborted",
+        11 => c"MPI error",
+        12 => c"no such device or backend",
+        _ => c"unknown result code",
+    };
+    s.as_ptr()
+}
+
+/// The message of the calling thread's last failed call ("" if none). The pointer stays
+/// valid until the next failing hoccl call on this thread.
+#[no_mangle]
+pub extern "C" fn hocclGetLastError() -> *const c_char {
+    LAST_ERROR.try_with(|l| l.borrow().as_ptr()).unwrap_or(c"".as_ptr())
+}
+
+// ---------------------------------------------------------------- communicators ----------
+
+#[no_mangle]
+pub extern "C" fn hocclCommInitMpi(comm: *mut hocclComm_t, mpi_comm_f: c_int) -> hocclResult_t {
+    const OP: &str = "hocclCommInitMpi";
+    call(OP, || {
+        put(OP, "comm", comm, std::ptr::null_mut())?;
+        let c = Communicator::from_mpi_fortran(mpi_comm_f, Config::from_env()?)?;
+        put(OP, "comm", comm, register(c))
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn hocclCommDestroy(comm: hocclComm_t) -> hocclResult_t {
+    const OP: &str = "hocclCommDestroy";
+    call(OP, || {
+        let (id, h) = lookup(OP, comm)?;
+        // Out of the registry first: from here on the handle is invalid for every thread.
+        lock_registry().remove(&id);
+        h.destroy(OP)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn hocclCommAbort(comm: hocclComm_t) -> hocclResult_t {
+    const OP: &str = "hocclCommAbort";
+    call(OP, || lookup(OP, comm)?.1.abort(OP))
+}
+
+/// `*async_error` becomes the code of the communicator's asynchronous error (hocclSuccess
+/// if none); its message becomes this thread's last error.
+#[no_mangle]
+pub extern "C" fn hocclCommGetAsyncError(comm: hocclComm_t, async_error: *mut hocclResult_t) -> hocclResult_t {
+    const OP: &str = "hocclCommGetAsyncError";
+    call(OP, || {
+        let c = lookup(OP, comm)?.1.get(OP)?;
+        let e = c.async_error();
+        if let Some(e) = &e {
+            set_last_error(e);
+        }
+        put(OP, "asyncError", async_error, e.map_or(ErrorCode::Success, |e| e.code()) as c_int)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn hocclCommCount(comm: hocclComm_t, count: *mut c_int) -> hocclResult_t {
+    const OP: &str = "hocclCommCount";
+    call(OP, || put(OP, "count", count, to_c_int(OP, lookup(OP, comm)?.1.get(OP)?.size())?))
+}
+
+#[no_mangle]
+pub extern "C" fn hocclCommUserRank(comm: hocclComm_t, rank: *mut c_int) -> hocclResult_t {
+    const OP: &str = "hocclCommUserRank";
+    call(OP, || put(OP, "rank", rank, to_c_int(OP, lookup(OP, comm)?.1.get(OP)?.rank())?))
+}
+
+// ---------------------------------------------------------------- groups -----------------
+
+#[no_mangle]
+pub extern "C" fn hocclGroupStart() -> hocclResult_t {
+    call("hocclGroupStart", || {
+        GROUP.with(|g| g.borrow_mut().depth += 1);
+        Ok(())
+    })
+}
+
+/// Closes the thread's group; the outermost end launches the gathered calls of every
+/// communicator used since the outermost start. Every member is closed even if one fails;
+/// the first failure is returned.
+#[no_mangle]
+pub extern "C" fn hocclGroupEnd() -> hocclResult_t {
+    const OP: &str = "hocclGroupEnd";
+    call(OP, || {
+        let members = GROUP.with(|g| {
+            let mut g = g.borrow_mut();
+            if g.depth == 0 {
+                return Err(Error::invalid_usage(OP, "hocclGroupEnd without hocclGroupStart"));
+            }
+            g.depth -= 1;
+            Ok(if g.depth == 0 { std::mem::take(&mut g.members) } else { Vec::new() })
+        })?;
+        let mut first = Ok(());
+        for (_, h) in members {
+            let r = h.get(OP).and_then(|c| c.group_end());
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    })
+}
+
+// ---------------------------------------------------------------- collectives ------------
+
+#[no_mangle]
+pub extern "C" fn hocclSend(
+    sendbuff: *const c_void,
+    count: usize,
+    datatype: hocclDataType_t,
+    peer: c_int,
+    comm: hocclComm_t,
+    stream_: *mut c_void,
+) -> hocclResult_t {
+    const OP: &str = "hocclSend";
+    call(OP, || {
+        let (dt, peer) = (DataType::from_raw(OP, datatype)?, rank_arg(OP, "peer", peer)?);
+        communicator(OP, comm)?.send(dev_ptr(sendbuff), count, dt, peer, stream(stream_))
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn hocclRecv(
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: hocclDataType_t,
+    peer: c_int,
+    comm: hocclComm_t,
+    stream_: *mut c_void,
+) -> hocclResult_t {
+    const OP: &str = "hocclRecv";
+    call(OP, || {
+        let (dt, peer) = (DataType::from_raw(OP, datatype)?, rank_arg(OP, "peer", peer)?);
+        communicator(OP, comm)?.recv(dev_ptr(recvbuff), count, dt, peer, stream(stream_))
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn hocclAllGather(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    sendcount: usize,
+    datatype: hocclDataType_t,
+    comm: hocclComm_t,
+    stream_: *mut c_void,
+) -> hocclResult_t {
+    const OP: &str = "hocclAllGather";
+    call(OP, || {
+        let dt = DataType::from_raw(OP, datatype)?;
+        communicator(OP, comm)?.all_gather(dev_ptr(sendbuff), dev_ptr(recvbuff), sendcount, dt, stream(stream_))
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn hocclAlltoAll(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: hocclDataType_t,
+    comm: hocclComm_t,
+    stream_: *mut c_void,
+) -> hocclResult_t {
+    const OP: &str = "hocclAlltoAll";
+    call(OP, || {
+        let dt = DataType::from_raw(OP, datatype)?;
+        communicator(OP, comm)?.all_to_all(dev_ptr(sendbuff), dev_ptr(recvbuff), count, dt, stream(stream_))
+    })
+}
+
+/// `n` entries of a caller's `size_t` array, or `InvalidArgument` if it is NULL.
+fn counts<'a>(op: &'static str, what: &str, p: *const usize, n: usize) -> Result<&'a [usize]> {
+    if p.is_null() {
+        return Err(Error::invalid_arg(op, format!("{what} is NULL")));
+    }
+    // SAFETY: non-NULL; the documented contract (as NCCL's and MPI's) is that each count
+    // and displacement array holds one entry per rank of the communicator, i.e. `n`, and
+    // stays valid for the duration of the call.
+    Ok(unsafe { std::slice::from_raw_parts(p, n) })
+}
+
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub extern "C" fn hocclAlltoAllv(
+    sendbuff: *const c_void,
+    sendcounts: *const usize,
+    sdispls: *const usize,
+    recvbuff: *mut c_void,
+    recvcounts: *const usize,
+    rdispls: *const usize,
+    datatype: hocclDataType_t,
+    comm: hocclComm_t,
+    stream_: *mut c_void,
+) -> hocclResult_t {
+    const OP: &str = "hocclAlltoAllv";
+    call(OP, || {
+        let dt = DataType::from_raw(OP, datatype)?;
+        let c = communicator(OP, comm)?;
+        let n = c.size();
+        let (sc, sd) = (counts(OP, "sendcounts", sendcounts, n)?, counts(OP, "sdispls", sdispls, n)?);
+        let (rc, rd) = (counts(OP, "recvcounts", recvcounts, n)?, counts(OP, "rdispls", rdispls, n)?);
+        c.all_to_allv(dev_ptr(sendbuff), sc, sd, dev_ptr(recvbuff), rc, rd, dt, stream(stream_))
+    })
+}
+
+/// The rooted collectives share one shape.
+type Rooted = fn(&Communicator, DevPtr, DevPtr, usize, DataType, usize, StreamHandle) -> Result<()>;
+
+#[allow(clippy::too_many_arguments)]
+fn rooted(
+    op: &'static str,
+    f: Rooted,
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    datatype: hocclDataType_t,
+    root: c_int,
+    comm: hocclComm_t,
+    s: *mut c_void,
+) -> hocclResult_t {
+    call(op, || {
+        let (dt, root) = (DataType::from_raw(op, datatype)?, rank_arg(op, "root", root)?);
+        f(&*communicator(op, comm)?, dev_ptr(send), dev_ptr(recv), count, dt, root, stream(s))
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn hocclBroadcast(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: hocclDataType_t,
+    root: c_int,
+    comm: hocclComm_t,
+    stream_: *mut c_void,
+) -> hocclResult_t {
+    rooted("hocclBroadcast", Communicator::broadcast, sendbuff, recvbuff, count, datatype, root, comm, stream_)
+}
+
+#[no_mangle]
+pub extern "C" fn hocclGather(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: hocclDataType_t,
+    root: c_int,
+    comm: hocclComm_t,
+    stream_: *mut c_void,
+) -> hocclResult_t {
+    rooted("hocclGather", Communicator::gather, sendbuff, recvbuff, count, datatype, root, comm, stream_)
+}
+
+#[no_mangle]
+pub extern "C" fn hocclScatter(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: hocclDataType_t,
+    root: c_int,
+    comm: hocclComm_t,
+    stream_: *mut c_void,
+) -> hocclResult_t {
+    rooted("hocclScatter", Communicator::scatter, sendbuff, recvbuff, count, datatype, root, comm, stream_)
+}
+
+/// The live communicator behind `comm` outside any group (device helpers).
+pub(super) fn live(op: &'static str, comm: hocclComm_t) -> Result<Arc<Communicator>> {
+    lookup(op, comm)?.1.get(op)
+}
+
+pub(super) fn run(op: &'static str, f: impl FnOnce() -> Result<()>) -> hocclResult_t {
+    call(op, f)
+}
+
+pub(super) fn out<T>(op: &'static str, what: &str, p: *mut T, v: T) -> Result<()> {
+    put(op, what, p, v)
+}
+
+#[cfg(test)]
+#[path = "c_api_tests.rs"]
+mod tests;
