@@ -20,5 +20,15 @@ for f in target/release/examples/*; do
   [ -f "$f" ] && [ -x "$f" ] && case "$f" in *-*|*.d) ;; *) cp "$f" carry/ ;; esac
 done
 for f in target/release/hoccl-*; do [ -f "$f" ] && [ -x "$f" ] && cp "$f" carry/; done
+# The codec script's layout (scripts/gpu/codec.sh run) and the kernels' register report.
+for t in codec_cuda codec_cpu; do [ -f carry/tests/$t ] && cp carry/tests/$t carry/; done
+[ -f target/release/examples/codec_bench ] && cp target/release/examples/codec_bench carry/
+ptx=$(ls -t target/release/build/hoccl-*/out/ptxas.log 2>/dev/null | head -1)
+[ -n "$ptx" ] && cp "$ptx" carry/ptxas.log
+# C++ tests and example, when the CMake build (scripts/test.sh) has made them.
+if [ -d build/cmake/ctest ]; then
+  mkdir -p carry/cpp
+  for f in build/cmake/ctest/*_check build/cmake/examples/cpp/allgather_demo; do [ -x "$f" ] && cp "$f" carry/cpp/; done
+fi
 find carry -type f -perm -u+x ! -name "*.sh" -exec strip --strip-debug {} +
 du -sh carry; ls carry carry/tests
