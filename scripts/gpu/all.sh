@@ -14,13 +14,14 @@ status=0
 for p in "${parts[@]}"; do
   mkdir -p "$W/$p"
   t0=$SECONDS
-  OUT="$W/$p" bash "scripts/gpu/$p.sh" > "$W/$p/console.log" 2>&1; rc=$?
+  limit_var="LIMIT_$p"; limit=${!limit_var:-300}
+  OUT="$W/$p" timeout "$limit" bash "scripts/gpu/$p.sh" > "$W/$p/console.log" 2>&1; rc=$?
   [ $rc = 0 ] || status=1
   echo "=== $p: rc=$rc in $((SECONDS - t0)) s" | tee -a "$W/summary.txt"
   tail -n "${TAIL:-25}" "$W/$p/console.log" | tee -a "$W/summary.txt"
 done
 tar czf "$FINAL/logs.tgz" -C "$W" .
-for f in bench/bench.json bench/bench.png summary.txt codec/codec_bench.json; do
-  [ -f "$W/$f" ] && cp "$W/$f" "$FINAL/"
+for f in bench/bench.json bench/bench.png summary.txt codec/bench-bf16.json codec/summary.txt; do
+  [ -f "$W/$f" ] && cp "$W/$f" "$FINAL/$(dirname "$f" | tr / _)_$(basename "$f")"
 done
 exit $status

@@ -50,10 +50,10 @@ run() {
     [ -f carry/ptxas.log ] && cp carry/ptxas.log "$out/"
 
     echo "== GPU tests (tests/codec_cuda.rs)"
-    carry/codec_cuda --ignored --test-threads=1 > "$out/codec_cuda.log" 2>&1 || fail=1
+    timeout 150 carry/codec_cuda --ignored --test-threads=1 > "$out/codec_cuda.log" 2>&1 || fail=1
     tail -3 "$out/codec_cuda.log"
     echo "== CPU reference tests (sanity of the carried binaries)"
-    carry/codec_cpu --nocapture > "$out/codec_cpu.log" 2>&1 || fail=1
+    timeout 60 carry/codec_cpu --nocapture > "$out/codec_cpu.log" 2>&1 || fail=1
     tail -3 "$out/codec_cpu.log"
 
     echo "== hoccl-zip on the fixtures"
@@ -71,12 +71,12 @@ run() {
     cat "$out/zip.log"
 
     echo "== benchmark"
-    carry/codec_bench | tee "$out/bench-bf16.txt"
-    carry/codec_bench --json > "$out/bench-bf16.json" || true
-    carry/codec_bench --json --tiers 1 > "$out/bench-bf16-1tier.json" || true
-    carry/codec_bench --json --dtype f16 --max-size 256M > "$out/bench-f16.json" || true
-    carry/codec_bench --json --dtype f32 --max-size 256M > "$out/bench-f32.json" || true
-    carry/codec_bench --json --fixture tests/data/minilm-weight-l3-ffn-in.bf16 --min-size 1M > "$out/bench-fixture.json" || true
+    timeout 60 carry/codec_bench | tee "$out/bench-bf16.txt"
+    timeout 60 carry/codec_bench --json > "$out/bench-bf16.json" || true
+    timeout 60 carry/codec_bench --json --tiers 1 > "$out/bench-bf16-1tier.json" || true
+    timeout 60 carry/codec_bench --json --dtype f16 --max-size 256M > "$out/bench-f16.json" || true
+    timeout 60 carry/codec_bench --json --dtype f32 --max-size 256M > "$out/bench-f32.json" || true
+    timeout 60 carry/codec_bench --json --fixture tests/data/minilm-weight-l3-ffn-in.bf16 --min-size 1M > "$out/bench-fixture.json" || true
 
     {
         echo "tests: $([ $fail = 0 ] && echo passed || echo FAILED)"
