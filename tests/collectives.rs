@@ -46,6 +46,7 @@ fn all_gather(b: Backend) {
             let mut mine = Rng(1000 + r as u64);
             let s = dev.create_stream().unwrap();
             for it in 0..6 {
+                quiesce(c);
                 let sh = shape(&mut rng, n, 20_000);
                 log::debug!(
                     "all_gather n={n} rank {r} it {it}: count {} in_place {}",
@@ -86,6 +87,7 @@ fn all_to_all(b: Backend) {
             let mut mine = Rng(2000 + r as u64);
             let s = dev.create_stream().unwrap();
             for it in 0..6 {
+                quiesce(c);
                 let sh = shape(&mut rng, n, 10_000);
                 let len = sh.count * sh.dtype.size();
                 let send = Buf::new(&dev, len * n, mine.below(64) as usize, 3);
@@ -128,6 +130,7 @@ fn all_to_allv(b: Backend) {
             let dtype = DataType::BF16;
             let es = dtype.size();
             for it in 0..5u64 {
+                quiesce(c);
                 let sc: Vec<usize> = (0..n).map(|j| cnt(it, r, j)).collect();
                 let rc: Vec<usize> = (0..n).map(|j| cnt(it, j, r)).collect();
                 // Displacements with gaps, in a permuted block order.
@@ -193,6 +196,7 @@ fn broadcast(b: Backend) {
             let mut mine = Rng(3000 + r as u64);
             let s = dev.create_stream().unwrap();
             for it in 0..6 {
+                quiesce(c);
                 let sh = shape(&mut rng, n, 50_000);
                 let len = sh.count * sh.dtype.size();
                 let recv = Buf::new(&dev, len, mine.below(64) as usize, 8);
@@ -225,6 +229,7 @@ fn gather_scatter(b: Backend) {
             let mut rng = Rng(400 + n as u64);
             let s = dev.create_stream().unwrap();
             for it in 0..5 {
+                quiesce(c);
                 let sh = shape(&mut rng, n, 8_000);
                 let len = sh.count * sh.dtype.size();
                 // gather
@@ -284,6 +289,7 @@ fn send_recv_groups(b: Backend) {
             let (r, n, dev) = (c.rank(), c.size(), c.device().clone());
             let s = dev.create_stream().unwrap();
             for it in 0..8u64 {
+                quiesce(c);
                 // Every rank derives the same list of (src, dst, bytes) messages.
                 let mut rng = Rng(500 + it * 13 + n as u64);
                 let msgs: Vec<(usize, usize, usize)> = (0..rng.below(7) + 1)
@@ -497,7 +503,28 @@ fn two_communicators_rank(
     }
 }
 
-backend_tests!(
+/// A stream destroyed before the communicator (legal, as with NCCL): teardown must not
+/// touch it (on CUDA, querying a destroyed stream crashed), and a second communicator
+/// reuses the flag pairs with its own stream.
+fn stream_destroyed_first(b: Backend) {
+    for round in 0..2u64 {
+        run_ranks(b, 2, test_config(), move |c| {
+            let (r, dev) = (c.rank(), c.device().clone());
+            let buf = Buf::new(&dev, 2000, 0, 1);
+            let s = dev.create_stream().unwrap();
+            dev.fill_pattern_async(s, buf.ptr.add(r * 1000), 1000, seed_of(round, r, 0)).unwrap();
+            c.all_gather(buf.ptr.add(r * 1000), buf.ptr, 1000, DataType::U8, s).unwrap();
+            sync(&dev, s);
+            dev.destroy_stream(s).unwrap();
+            let got = buf.read_all();
+            for p in 0..2 {
+                assert_eq!(wrong(&got, p * 1000, 1000, seed_of(round, p, 0)), 0);
+            }
+        });
+    }
+}
+
+backend_tests!(stream_destroyed_first, 
     all_gather,
     all_to_all,
     all_to_allv,

@@ -7,6 +7,8 @@
 set -u
 cd "$(dirname "$0")/../.."
 FINAL=${OUT:-/tmp/hoccl-final}; mkdir -p "$FINAL"
+# pack.sh ships carry/ as one bundle (the device tool's 64 MiB limit)
+[ -f carry/bundle.txz ] && tar xJf carry/bundle.txz -C carry && rm -f carry/bundle.txz
 W=$(mktemp -d /tmp/hoccl-run.XXXX)
 export NCCL_NVLS_ENABLE=0
 parts=("$@"); [ ${#parts[@]} -gt 0 ] || parts=(core bench)

@@ -30,5 +30,10 @@ if [ -d build/cmake/ctest ]; then
   mkdir -p carry/cpp
   for f in build/cmake/ctest/*_check build/cmake/examples/cpp/allgather_demo; do [ -x "$f" ] && cp "$f" carry/cpp/; done
 fi
+rm -f carry/tests/codec_* carry/cpp/version_check   # codec.sh runs the codec tests from carry/
 find carry -type f -perm -u+x ! -name "*.sh" -exec strip --strip-debug {} +
-du -sh carry; ls carry carry/tests
+# The device tool carries at most 64 MiB: ship one compressed bundle; all.sh unpacks it.
+tar cf - -C carry . | xz -T2 -6 > /tmp/hoccl-bundle.txz
+find carry -mindepth 1 -delete
+mv /tmp/hoccl-bundle.txz carry/bundle.txz
+du -sh carry

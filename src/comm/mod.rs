@@ -345,16 +345,9 @@ impl Drop for Communicator {
     fn drop(&mut self) {
         // Pending ops finish first (bounded by the timeout), then the proxy stops.
         self.engine.shutdown(true);
-        let clean = self.engine.pending() == 0;
+        let clean = self.engine.pending() == 0 && self.engine.shared.error().is_none() && !self.engine.shared.aborted.load(Ordering::Acquire);
         if let Ok(mut st) = self.state.lock() {
-            // Flags may be freed only once every stream has passed its last wait on them;
-            // otherwise they are leaked (a few hundred bytes) rather than risk a stream
-            // reading freed memory.
-            let idle = clean && st.streams.streams().all(|s| self.dev.stream_query(s).unwrap_or(false));
-            if !idle {
-                log::debug!("rank {}: leaving stream flags mapped at destroy", self.rank);
-                st.streams.leak();
-            }
+            st.streams.release(self.dev.as_ref(), clean);
         }
     }
 }

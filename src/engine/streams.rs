@@ -9,10 +9,10 @@
 //! Nothing is ever reset, so several ops of one stream can be enqueued at once; the stream
 //! itself serialises them (op s+1's start is written only after op s's finish). Work before
 //! the call completes before start is written; work after the call waits for finish.
-use crate::device::{Device, FlagSlab, StreamHandle};
+use crate::device::{Backend, Device, FlagSlab, StreamHandle};
 use crate::error::{Error, Result};
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// Flags per slab (two per stream).
 const SLAB_FLAGS: usize = 64;
@@ -22,6 +22,20 @@ struct Slot {
     start: usize,
     seq: u64,
 }
+
+/// Flag pairs outlive communicators. After a communicator is gone, a stream may still have
+/// to execute the wait of its last op (queued behind the user's work); the memory must stay
+/// mapped and its value must never drop below that wait's target. So pairs are never freed:
+/// a clean teardown returns them here with their last sequence number, and the next user
+/// continues counting from it. The user's streams are never queried or touched.
+struct PooledPair {
+    key: (Backend, usize),
+    slab: Arc<FlagSlab>,
+    start: usize,
+    seq: u64,
+}
+
+static POOL: Mutex<Vec<PooledPair>> = Mutex::new(Vec::new());
 
 #[derive(Default)]
 pub struct StreamManager {
@@ -44,8 +58,8 @@ impl StreamManager {
     /// Enqueue `write start := s; wait finish >= s` on `stream` and return the flags.
     pub fn enqueue(&mut self, dev: &dyn Device, stream: StreamHandle, op: &'static str) -> Result<Handshake> {
         if !self.slots.contains_key(&stream) {
-            let (slab, idx) = self.take_pair(dev)?;
-            self.slots.insert(stream, Slot { slab, start: idx, seq: 0 });
+            let (slab, idx, seq) = self.take_pair(dev)?;
+            self.slots.insert(stream, Slot { slab, start: idx, seq });
         }
         let slot = self.slots.get_mut(&stream).ok_or_else(|| Error::internal(op, "stream slot vanished"))?;
         let s = slot.seq + 1;
@@ -55,7 +69,19 @@ impl StreamManager {
         Ok(Handshake { flags: slot.slab.clone(), start_flag: slot.start, finish_flag: slot.start + 1, stream_seq: s })
     }
 
-    fn take_pair(&mut self, dev: &dyn Device) -> Result<(Arc<FlagSlab>, usize)> {
+    fn take_pair(&mut self, dev: &dyn Device) -> Result<(Arc<FlagSlab>, usize, u64)> {
+        let key = (dev.backend(), dev.ordinal());
+        if let Ok(mut pool) = POOL.lock() {
+            if let Some(i) = pool.iter().position(|p| p.key == key) {
+                let p = pool.swap_remove(i);
+                self.slabs.push(p.slab.clone());
+                return Ok((p.slab, p.start, p.seq));
+            }
+        }
+        self.take_new_pair(dev).map(|(slab, i)| (slab, i, 0))
+    }
+
+    fn take_new_pair(&mut self, dev: &dyn Device) -> Result<(Arc<FlagSlab>, usize)> {
         match &mut self.current {
             Some((slab, next)) if *next + 2 <= slab.len() => {
                 let i = *next;
@@ -71,15 +97,25 @@ impl StreamManager {
         }
     }
 
-    /// The streams this communicator has used.
-    pub fn streams(&self) -> impl Iterator<Item = StreamHandle> + '_ {
-        self.slots.keys().copied()
-    }
-
-    /// Give up the flag memory without freeing it: a stream may still have to execute a
-    /// wait on it, and freeing memory a queued stream operation reads is undefined.
-    pub fn leak(&mut self) {
+    /// Give the flag pairs back at teardown. `clean`: every op finished after its start
+    /// flag was written, so nothing but reads of finish flags (targets <= the pair's last
+    /// value) can still be queued on any stream: the pairs are recycled. Otherwise a start
+    /// write may still be queued; the pairs are kept out of use forever.
+    pub fn release(&mut self, dev: &dyn Device, clean: bool) {
+        let key = (dev.backend(), dev.ordinal());
+        let mut back: Vec<PooledPair> = Vec::new();
+        if clean {
+            back.extend(self.slots.drain().map(|(_, sl)| PooledPair { key, slab: sl.slab, start: sl.start, seq: sl.seq }));
+            if let Some((slab, next)) = self.current.take() {
+                back.extend((next..slab.len() / 2 * 2).step_by(2).map(|i| PooledPair { key, slab: slab.clone(), start: i, seq: 0 }));
+            }
+        }
+        match POOL.lock() {
+            Ok(mut pool) => pool.extend(back),
+            Err(_) => back.into_iter().for_each(|p| std::mem::forget(p.slab)),
+        }
         for s in self.slabs.drain(..) {
+            // Pooled pairs hold their own reference; the rest are never freed (see above).
             std::mem::forget(s);
         }
         self.slots.clear();

@@ -69,6 +69,15 @@ where
     assert!(failed.is_empty(), "ranks {failed:?} failed");
 }
 
+/// Wait until this rank has no collective pending and every rank has reached this point.
+/// Ranks that are threads of one process share one CUDA context, where allocation, free and
+/// synchronous copies may wait for every stream, including another rank's stream blocked in
+/// a collective that waits for this rank: quiesce before such calls between collectives.
+pub fn quiesce(c: &Communicator) {
+    c.wait_idle().expect("wait_idle");
+    c.bootstrap().barrier().expect("barrier");
+}
+
 /// splitmix64 PRNG for sizes/offsets (seeded, reproducible).
 pub struct Rng(pub u64);
 impl Rng {
