@@ -565,8 +565,8 @@ __device__ __forceinline__ void put_values(const BlockDesc& d, int c, int v0, in
     }
 }
 
-// One tile of a coded block: codes, escape ordinals, escapes, values.
-template <class D>
+// One tile of a coded block: codes, escape ordinals, escapes, values. K1 = d.k1.
+template <class D, int K1>
 __device__ uint32_t decode_tile(DecSmem& sm, const BlockDesc& d, int t0, uint32_t& esc_run, uint32_t& raw_run, bool aligned) {
     const int tid = threadIdx.x, v0 = t0 + 8 * tid;
     const int valid = d.nb - v0 < 0 ? 0 : (d.nb - v0 > 8 ? 8 : d.nb - v0);
@@ -575,8 +575,9 @@ __device__ uint32_t decode_tile(DecSmem& sm, const BlockDesc& d, int t0, uint32_
     uint32_t e8 = 0;
     if (valid > 0) {
         uint32_t all = 0xffu;
-        for (uint32_t b = 0; b < d.k1; ++b) {
-            const uint32_t byte = (ld32(d.p1 + 4 * (g * d.k1 + b)) >> (8 * q)) & 0xffu;
+#pragma unroll
+        for (uint32_t b = 0; b < K1; ++b) {
+            const uint32_t byte = (ld32(d.p1 + 4 * (g * K1 + b)) >> (8 * q)) & 0xffu;
             const uint2 s = scatter_plane(byte);
             codes.x |= s.x << b;
             codes.y |= s.y << b;
@@ -617,6 +618,19 @@ __device__ uint32_t decode_tile(DecSmem& sm, const BlockDesc& d, int t0, uint32_
     return ST_OK;
 }
 
+// The tiles of a coded block, with the code width K1 fixed at compile time.
+template <class D, int K1>
+__device__ uint32_t decode_tiles(DecSmem& sm, const BlockDesc& d, uint32_t flags) {
+    uint32_t esc_run = 0, raw_run = 0;
+    for (int t0 = 0; t0 < d.nb; t0 += TILE) {
+        const uint32_t s = decode_tile<D, K1>(sm, d, t0, esc_run, raw_run, flags & 1);
+        if (s) return s;
+    }
+    if (esc_run != d.n_esc1) return ST_ESCAPES;
+    if (d.k2 && raw_run != d.n_raw) return ST_RAWS;
+    return ST_OK;
+}
+
 template <class D>
 __device__ uint32_t decode_block(DecSmem& sm, BlockDesc& d, uint32_t bytes, uint32_t flags) {
     const int tid = threadIdx.x;
@@ -641,14 +655,13 @@ __device__ uint32_t decode_block(DecSmem& sm, BlockDesc& d, uint32_t bytes, uint
     }
     __syncthreads();
     if (sm.err) return sm.err;
-    uint32_t esc_run = 0, raw_run = 0;
-    for (int t0 = 0; t0 < d.nb; t0 += TILE) {
-        const uint32_t s = decode_tile<D>(sm, d, t0, esc_run, raw_run, flags & 1);
-        if (s) return s;
+    switch (d.k1) {
+        case 1: return decode_tiles<D, 1>(sm, d, flags);
+        case 2: return decode_tiles<D, 2>(sm, d, flags);
+        case 3: return decode_tiles<D, 3>(sm, d, flags);
+        case 4: return decode_tiles<D, 4>(sm, d, flags);
+        default: return decode_tiles<D, 5>(sm, d, flags);
     }
-    if (esc_run != d.n_esc1) return ST_ESCAPES;
-    if (d.k2 && raw_run != d.n_raw) return ST_RAWS;
-    return ST_OK;
 }
 
 // Stream header checks (format.rs StreamHeader::parse), identical in every CTA.
@@ -752,7 +765,7 @@ BFX_COMPRESS(hoccl_bfx_compress_f32_2, bfx::F32T, 2)
 BFX_COMPRESS(hoccl_bfx_compress_f32_4, bfx::F32T, 4)
 
 #define BFX_DECOMPRESS(NAME, D)                                                                                      \
-    extern "C" __global__ void __launch_bounds__(256) NAME(const uint8_t* in, uint64_t in_len, uint8_t* out,         \
+    extern "C" __global__ void __launch_bounds__(256, 4) NAME(const uint8_t* in, uint64_t in_len, uint8_t* out,      \
                                                            uint64_t n, uint32_t* status, uint32_t flags) {           \
         bfx::decompress_kernel<D>(in, in_len, out, n, status, flags);                                                \
     }
