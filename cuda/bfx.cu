@@ -337,29 +337,26 @@ __device__ __forceinline__ uint32_t coded_size(int nb, uint32_t k1, uint32_t k2,
     return s;
 }
 
-// scratch[0]: ticket counter; scratch[1 + j]: look-back status of block j (both zeroed by
-// hoccl_bfx_compress_begin). flags bit 0: `in` is 16-byte aligned.
+// ---- one block, in two phases: the building blocks for kernels that place blocks
+// themselves (the single-pass stream below; fused collectives writing into a peer's slot).
+
+// Phase 1, every thread of a CTA of THREADS: load the block at `src` (nb values, nb <=
+// 2048·CPT; `aligned`: src is 16-byte aligned), choose its table and widths, code every
+// value and count escapes. Returns the block's exact size in bytes (to every thread);
+// `sm.raw` says whether it will be stored raw.
 template <class D, int CPT>
-__device__ void compress_kernel(const uint8_t* in, uint64_t n, uint32_t B, uint32_t tiers, uint8_t* out,
-                                uint64_t* scratch, uint64_t* out_len, uint32_t flags) {
-    __shared__ EncSmem<CPT> sm;
-    BFX_EMU_POISON(sm);
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    if (tid == 0) sm.ticket = atomicAdd(reinterpret_cast<unsigned long long*>(scratch), 1ull);
+__device__ uint32_t encode_block_begin(EncSmem<CPT>& sm, Chunk<D> (&ch)[CPT], uint2 (&codes)[CPT], const uint8_t* src,
+                                       int nb, uint32_t tiers, bool aligned) {
+    const int tid = threadIdx.x;
     if (tid < D::NSYM) sm.hist[tid] = 0;
-    __syncthreads();
-    const uint64_t j = sm.ticket, start = j * B, nblocks = (n + B - 1) / B;
-    const int nb = (int)(n - start < B ? n - start : B);
-    const uint8_t* src = in + start * D::SIZE;
-    Chunk<D> ch[CPT];
 #pragma unroll
-    for (int i = 0; i < CPT; ++i) ch[i] = load_chunk<D>(src, i * THREADS + tid, nb, flags & 1);
+    for (int i = 0; i < CPT; ++i) ch[i] = load_chunk<D>(src, i * THREADS + tid, nb, aligned);
+    __syncthreads();
 #pragma unroll
     for (int i = 0; i < CPT; ++i)
         if (8 * (i * THREADS + tid) < nb) atomicAdd(&sm.hist[chunk_exps<D>(ch[i]).x & 0xffu], 1u);
     __syncthreads();
     choose<D, CPT>(sm, nb, tiers);
-    uint2 codes[CPT];
 #pragma unroll
     for (int i = 0; i < CPT; ++i) {
         const int c = i * THREADS + tid;
@@ -371,25 +368,22 @@ __device__ void compress_kernel(const uint8_t* in, uint64_t n, uint32_t B, uint3
     }
     __syncthreads();
     const uint32_t tot = block_scan<CPT>(sm.cnt, sm.wtmp);
-    if (warp == 0) {
-        const uint32_t n_esc1 = tot & 0xffffu, n_raw = tot >> 16;
-        const uint32_t raw_size = 8 + pad4((uint32_t)(D::SIZE * nb));
-        uint32_t size = coded_size<D>(nb, sm.k1, sm.k2, n_esc1, n_raw);
-        const bool raw = size >= raw_size;
-        size = raw ? raw_size : size;
-        const uint64_t excl = lookback(scratch + 1, j, size, lane);
-        if (lane == 0) {
-            const uint64_t hdr = 24 + 4 * nblocks;
-            sm.offset = hdr + excl;
-            sm.raw = raw;
-            sm.n_esc1 = n_esc1;
-            sm.n_raw = n_raw;
-            st32(out + 24 + 4 * j, size);
-            if (j + 1 == nblocks && out_len) *out_len = hdr + excl + size;
-        }
+    const uint32_t n_esc1 = tot & 0xffffu, n_raw = tot >> 16;
+    const uint32_t raw_size = 8 + pad4((uint32_t)(D::SIZE * nb));
+    const uint32_t size = coded_size<D>(nb, sm.k1, sm.k2, n_esc1, n_raw);
+    if (tid == 0) {  // read by phase 2 (after the caller's barrier)
+        sm.raw = size >= raw_size;
+        sm.n_esc1 = n_esc1;
+        sm.n_raw = n_raw;
     }
-    __syncthreads();
-    uint8_t* dst = out + sm.offset;
+    return size >= raw_size ? raw_size : size;
+}
+
+// Phase 2, every thread, after a barrier that follows phase 1: write the block to `dst`
+// (4-byte aligned; the size phase 1 returned).
+template <class D, int CPT>
+__device__ void encode_block_end(EncSmem<CPT>& sm, const Chunk<D> (&ch)[CPT], const uint2 (&codes)[CPT], int nb,
+                                 uint8_t* dst) {
     if (sm.raw) {
         put_raw<D, CPT>(ch, nb, dst);
         return;
@@ -401,6 +395,34 @@ __device__ void compress_kernel(const uint8_t* in, uint64_t n, uint32_t B, uint3
         case 4: put_coded<D, CPT, 4>(sm, ch, codes, nb, dst); break;
         default: put_coded<D, CPT, 5>(sm, ch, codes, nb, dst); break;
     }
+}
+
+// The single-pass stream. scratch[0]: ticket counter; scratch[1 + j]: look-back status of
+// block j (both zeroed by hoccl_bfx_compress_begin). flags bit 0: `in` is 16-byte aligned.
+template <class D, int CPT>
+__device__ void compress_kernel(const uint8_t* in, uint64_t n, uint32_t B, uint32_t tiers, uint8_t* out,
+                                uint64_t* scratch, uint64_t* out_len, uint32_t flags) {
+    __shared__ EncSmem<CPT> sm;
+    BFX_EMU_POISON(sm);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    if (tid == 0) sm.ticket = atomicAdd(reinterpret_cast<unsigned long long*>(scratch), 1ull);
+    __syncthreads();
+    const uint64_t j = sm.ticket, start = j * B, nblocks = (n + B - 1) / B;
+    const int nb = (int)(n - start < B ? n - start : B);
+    Chunk<D> ch[CPT];
+    uint2 codes[CPT];
+    const uint32_t size = encode_block_begin<D, CPT>(sm, ch, codes, in + start * D::SIZE, nb, tiers, flags & 1);
+    if (warp == 0) {
+        const uint64_t excl = lookback(scratch + 1, j, size, lane);
+        if (lane == 0) {
+            const uint64_t hdr = 24 + 4 * nblocks;
+            sm.offset = hdr + excl;
+            st32(out + 24 + 4 * j, size);
+            if (j + 1 == nblocks && out_len) *out_len = hdr + excl + size;
+        }
+    }
+    __syncthreads();
+    encode_block_end<D, CPT>(sm, ch, codes, nb, out + sm.offset);
 }
 
 // ===================================================================== decompressor ===
