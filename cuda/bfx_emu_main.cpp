@@ -7,6 +7,7 @@
 // DTYPE is bf16, f16 or f32; MISALIGN (bytes) shifts the value buffer off 16-byte alignment.
 #include "bfx_emu.hpp"
 #include "bfx.cu"
+#include "bfx_decode.cu"
 
 #include <string>
 
