@@ -195,3 +195,11 @@ fn emu_decoder_agrees_on_mutated_streams() {
     }
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
+
+/// The decoupled look-back summing predecessors that published only their own size, over
+/// windows of 32, and waiting (spinning) for predecessors that publish late.
+#[test]
+fn emu_lookback_sums_partial_aggregates() {
+    let out = run(&["lookback", "400", "12345"].map(String::from)).unwrap();
+    assert_eq!(out.trim(), "lookback ok 400");
+}
