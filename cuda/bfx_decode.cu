@@ -107,19 +107,39 @@ __device__ uint32_t fill_escapes(DecSmem& sm, const BlockDesc& d, uint32_t run, 
     return sm.err;
 }
 
-// Values of one chunk from its exponents `ex` (packed) and the payload.
+// The payload words of one chunk, loaded at the start of its tile so that their latency
+// overlaps the tile's scans and escape decoding.
 template <class D>
-__device__ __forceinline__ void put_values(const BlockDesc& d, int c, int v0, int valid, uint2 ex, bool aligned) {
+struct Payload {
+    uint32_t b0, b1;                         // 8 payload bytes: sign+mantissa / low / high bytes
+    uint32_t top[D::NSYM == 32 ? 3 : 1];     // fp16: the chunk's byte of each top plane
+};  // (fp32's 4 words of low halves are loaded late: prefetching them spilled)
+
+template <class D>
+__device__ __forceinline__ Payload<D> load_payload(const BlockDesc& d, int c, int v0) {
+    Payload<D> p;
     const uint32_t nb = (uint32_t)d.nb, G = (nb + 31) / 32;
-    const int q = c & 3, g = v0 >> 5;
-    uint32_t pair[4];
     const uint8_t* bytes = D::NSYM == 32 ? d.pay + 12 * G : d.pay;
-    const uint32_t b0 = ld32(bytes + v0), b1 = v0 + 4 < d.nb ? ld32(bytes + v0 + 4) : 0u;
+    p.b0 = ld32(bytes + v0);
+    p.b1 = v0 + 4 < d.nb ? ld32(bytes + v0 + 4) : 0u;
+    if constexpr (D::NSYM == 32) {
+#pragma unroll
+        for (int b = 0; b < 3; ++b) p.top[b] = (ld32(d.pay + 4 * (3 * (v0 >> 5) + b)) >> (8 * (c & 3))) & 0xffu;
+    }
+    return p;
+}
+
+// Values of one chunk from its exponents `ex` (packed) and its payload.
+template <class D>
+__device__ __forceinline__ void put_values(const BlockDesc& d, int v0, int valid, uint2 ex, const Payload<D>& p,
+                                           bool aligned) {
+    uint32_t pair[4];
+    const uint32_t b0 = p.b0, b1 = p.b1;
     if constexpr (D::NSYM == 32) {
         uint2 t = make_uint2(0, 0);
 #pragma unroll
         for (int b = 0; b < 3; ++b) {
-            const uint2 s = scatter_plane((ld32(d.pay + 4 * (3 * g + b)) >> (8 * q)) & 0xffu);
+            const uint2 s = scatter_plane(p.top[b]);
             t.x |= s.x << b;
             t.y |= s.y << b;
         }
@@ -140,7 +160,7 @@ __device__ __forceinline__ void put_values(const BlockDesc& d, int c, int v0, in
     }
     uint8_t* o = d.out + (size_t)v0 * D::SIZE;
     if constexpr (D::SIZE == 4) {
-        const uint8_t* lo = d.pay + pad4(nb) + 2 * v0;
+        const uint8_t* lo = d.pay + pad4((uint32_t)d.nb) + 2 * v0;
         uint32_t f[8];
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
@@ -175,7 +195,9 @@ __device__ uint32_t decode_tile(DecSmem& sm, const BlockDesc& d, int t0, uint32_
     const uint32_t g = (uint32_t)v0 >> 5, q = tid & 3;
     uint2 codes = make_uint2(0, 0);
     uint32_t e8 = 0;
+    Payload<D> pl;
     if (valid > 0) {
+        pl = load_payload<D>(d, tid, v0);
         uint32_t all = 0xffu;
 #pragma unroll
         for (uint32_t b = 0; b < K1; ++b) {
@@ -213,7 +235,7 @@ __device__ uint32_t decode_tile(DecSmem& sm, const BlockDesc& d, int t0, uint32_
                 }
             }
         }
-        put_values<D>(d, tid, v0, valid, ex, aligned);
+        put_values<D>(d, v0, valid, ex, pl, aligned);
     }
     esc_run += cnt;
     __syncthreads();
