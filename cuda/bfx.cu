@@ -1,16 +1,13 @@
-// Single-pass BFX1/HFX1/FFX1 compressor and the decompressor (see bfx.cuh for the thread
-// layout, src/compress/format.rs for the format, src/compress/select.rs for the choice).
+// Single-pass BFX1/HFX1/FFX1 compressor (see bfx.cuh for the thread layout,
+// src/compress/format.rs for the format, src/compress/select.rs for the choice; the
+// decompressor is in bfx_decode.cu).
 //
-// Compressor: one CTA per block, blocks handed out in launch order by an atomic ticket.
-// The CTA loads its block once into registers (16-byte loads), histograms the strided 1/8
-// sample, ranks symbols, picks (k1, k2), codes every value, and from the exact escape counts
-// knows its compressed size before it writes anything. It publishes that size and finds its
-// offset in the contiguous stream with a decoupled look-back over its predecessors, then
-// writes every section straight to its final place. No second pass, no compaction.
-//
-// Decompressor: CTA c decodes the contiguous range of blocks [c·n/G, (c+1)·n/G) of the n blocks, starting
-// at the offset it sums from block_bytes; a block is decoded in tiles of 2048 values (any B
-// works). Every header field is validated; corrupt input stops the CTA and sets *status.
+// One CTA per block, blocks handed out in launch order by an atomic ticket. The CTA loads
+// its block once into registers (16-byte loads), histograms the strided 1/8 sample, ranks
+// symbols, picks (k1, k2), codes every value, and from the exact escape counts knows its
+// compressed size before it writes anything. It publishes that size and finds its offset in
+// the contiguous stream with a decoupled look-back over its predecessors, then writes every
+// section straight to its final place. No second pass, no compaction.
 #include "bfx.cuh"
 
 namespace bfx {
@@ -295,14 +292,13 @@ __device__ void put_coded(EncSmem<CPT>& sm, const Chunk<D> (&ch)[CPT], const uin
             p4 |= __shfl_xor_sync(FULL, p4, 2);
             if (g < G && q == 0) st32(p1 + 4 * (g * 5 + 4), p4);
         }
-        uint32_t e8 = gather_plane(code.x, code.y, 6);  // LUT_ESC
-        if (e8) {
-            const uint2 ex = chunk_exps<D>(ch[i]);
-            uint32_t o = sm.cnt[c] & 0xffffu;
-            while (e8) {
-                sm.esc[o++] = (uint8_t)byte_of(ex, __ffs(e8) - 1);
-                e8 &= e8 - 1;
-            }
+        const uint32_t e8 = gather_plane(code.x, code.y, 6);  // LUT_ESC
+        if (e8) {  // escapes are common (k1 = 2 escapes ~30 %): predicated, not a loop
+            const uint2 ex = chunk_exps_again<D>(ch[i]);
+            const uint32_t o = sm.cnt[c] & 0xffffu;
+#pragma unroll
+            for (int jb = 0; jb < 8; ++jb)
+                if ((e8 >> jb) & 1u) sm.esc[o + __popc(e8 & ((1u << jb) - 1u))] = (uint8_t)byte_of(ex, jb);
         }
         put_payload<D>(ch[i], c, nb, G, pay);
     }
@@ -327,40 +323,26 @@ __device__ void put_raw(const Chunk<D> (&ch)[CPT], int nb, uint8_t* dst) {
     }
 }
 
-// Exact coded size from the exact counts (format.rs `Layout`).
-template <class D>
-__device__ __forceinline__ uint32_t coded_size(int nb, uint32_t k1, uint32_t k2, uint32_t n_esc1, uint32_t n_raw) {
-    const uint32_t G = ((uint32_t)nb + 31) / 32;
-    uint32_t s = 8 + pad4(tier(k1) + tier(k2)) + 4 * G * k1 + 4 * ((n_esc1 + 31) / 32) * k2 + pad4(n_raw);
-    if constexpr (D::NSYM == 32) s += 12 * G + pad4(nb);
-    else if constexpr (D::SIZE == 4) s += pad4(nb) + pad4(2 * nb);
-    else s += pad4(nb);
-    return s;
-}
+// ---- one block, in two phases: the building blocks for kernels that place blocks
+// themselves (the single-pass stream below; fused collectives writing into a peer's slot).
 
-// scratch[0]: ticket counter; scratch[1 + j]: look-back status of block j (both zeroed by
-// hoccl_bfx_compress_begin). flags bit 0: `in` is 16-byte aligned.
+// Phase 1, every thread of a CTA of THREADS: load the block at `src` (nb values, nb <=
+// 2048·CPT; `aligned`: src is 16-byte aligned), choose its table and widths, code every
+// value and count escapes. Returns the block's exact size in bytes (to every thread);
+// `sm.raw` says whether it will be stored raw.
 template <class D, int CPT>
-__device__ void compress_kernel(const uint8_t* in, uint64_t n, uint32_t B, uint32_t tiers, uint8_t* out,
-                                uint64_t* scratch, uint64_t* out_len, uint32_t flags) {
-    __shared__ EncSmem<CPT> sm;
-    BFX_EMU_POISON(sm);
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    if (tid == 0) sm.ticket = atomicAdd(reinterpret_cast<unsigned long long*>(scratch), 1ull);
+__device__ uint32_t encode_block_begin(EncSmem<CPT>& sm, Chunk<D> (&ch)[CPT], uint2 (&codes)[CPT], const uint8_t* src,
+                                       int nb, uint32_t tiers, bool aligned) {
+    const int tid = threadIdx.x;
     if (tid < D::NSYM) sm.hist[tid] = 0;
-    __syncthreads();
-    const uint64_t j = sm.ticket, start = j * B, nblocks = (n + B - 1) / B;
-    const int nb = (int)(n - start < B ? n - start : B);
-    const uint8_t* src = in + start * D::SIZE;
-    Chunk<D> ch[CPT];
 #pragma unroll
-    for (int i = 0; i < CPT; ++i) ch[i] = load_chunk<D>(src, i * THREADS + tid, nb, flags & 1);
+    for (int i = 0; i < CPT; ++i) ch[i] = load_chunk<D>(src, i * THREADS + tid, nb, aligned);
+    __syncthreads();
 #pragma unroll
     for (int i = 0; i < CPT; ++i)
         if (8 * (i * THREADS + tid) < nb) atomicAdd(&sm.hist[chunk_exps<D>(ch[i]).x & 0xffu], 1u);
     __syncthreads();
     choose<D, CPT>(sm, nb, tiers);
-    uint2 codes[CPT];
 #pragma unroll
     for (int i = 0; i < CPT; ++i) {
         const int c = i * THREADS + tid;
@@ -372,25 +354,22 @@ __device__ void compress_kernel(const uint8_t* in, uint64_t n, uint32_t B, uint3
     }
     __syncthreads();
     const uint32_t tot = block_scan<CPT>(sm.cnt, sm.wtmp);
-    if (warp == 0) {
-        const uint32_t n_esc1 = tot & 0xffffu, n_raw = tot >> 16;
-        const uint32_t raw_size = 8 + pad4((uint32_t)(D::SIZE * nb));
-        uint32_t size = coded_size<D>(nb, sm.k1, sm.k2, n_esc1, n_raw);
-        const bool raw = size >= raw_size;
-        size = raw ? raw_size : size;
-        const uint64_t excl = lookback(scratch + 1, j, size, lane);
-        if (lane == 0) {
-            const uint64_t hdr = 24 + 4 * nblocks;
-            sm.offset = hdr + excl;
-            sm.raw = raw;
-            sm.n_esc1 = n_esc1;
-            sm.n_raw = n_raw;
-            st32(out + 24 + 4 * j, size);
-            if (j + 1 == nblocks && out_len) *out_len = hdr + excl + size;
-        }
+    const uint32_t n_esc1 = tot & 0xffffu, n_raw = tot >> 16;
+    const uint32_t raw_size = 8 + pad4((uint32_t)(D::SIZE * nb));
+    const uint32_t size = coded_size<D>(nb, sm.k1, sm.k2, n_esc1, n_raw);
+    if (tid == 0) {  // read by phase 2 (after the caller's barrier)
+        sm.raw = size >= raw_size;
+        sm.n_esc1 = n_esc1;
+        sm.n_raw = n_raw;
     }
-    __syncthreads();
-    uint8_t* dst = out + sm.offset;
+    return size >= raw_size ? raw_size : size;
+}
+
+// Phase 2, every thread, after a barrier that follows phase 1: write the block to `dst`
+// (4-byte aligned; the size phase 1 returned).
+template <class D, int CPT>
+__device__ void encode_block_end(EncSmem<CPT>& sm, const Chunk<D> (&ch)[CPT], const uint2 (&codes)[CPT], int nb,
+                                 uint8_t* dst) {
     if (sm.raw) {
         put_raw<D, CPT>(ch, nb, dst);
         return;
@@ -404,302 +383,32 @@ __device__ void compress_kernel(const uint8_t* in, uint64_t n, uint32_t B, uint3
     }
 }
 
-// ===================================================================== decompressor ===
-
-struct DecSmem {
-    uint8_t table[32];
-    uint32_t cnt[THREADS];
-    uint8_t esc[TILE];
-    uint32_t g2[TILE / 32 + 2];
-    uint32_t wtmp[WARPS];
-    uint64_t wtmp64[WARPS];
-    uint32_t rt;
-    uint32_t err;
-};
-
-struct BlockDesc {
-    const uint8_t* blk;
-    uint8_t* out;
-    int nb;
-    uint32_t k1, k2, t1, t2, n_esc1, n_raw;
-    const uint8_t *p1, *p2, *raw, *pay;
-};
-
-__device__ __forceinline__ void report(uint32_t* status, uint32_t code, uint64_t j) {
-    if (status) atomicCAS(status, 0u, code | ((uint32_t)(j < 0xffffffull ? j : 0xffffffull) << 8));
-}
-
-// Everything a block's header words and size must satisfy (format.rs BlockHeader::parse).
-template <class D>
-__device__ uint32_t parse_block(BlockDesc& d, uint32_t bytes) {
-    const uint32_t w0 = ld32(d.blk), w1 = ld32(d.blk + 4);
-    d.k1 = w0 & 7;
-    d.k2 = (w0 >> 3) & 7;
-    d.n_raw = w0 >> 8;
-    d.n_esc1 = w1 & 0xffffffu;
-    if ((w0 & 0xc0u) || (w1 >> 24)) return ST_BLOCK_HEADER;
-    const uint32_t nb = (uint32_t)d.nb;
-    if (d.k1 == 0) {
-        if (w0 || w1) return ST_BLOCK_HEADER;
-        return bytes == 8 + pad4(D::SIZE * nb) ? ST_OK : ST_BLOCK_SIZE;
-    }
-    d.t1 = tier(d.k1);
-    d.t2 = tier(d.k2);
-    if (d.t1 + d.t2 > MAX_TABLE) return ST_BLOCK_HEADER;
-    if (d.n_esc1 > nb || d.n_raw > d.n_esc1 || (d.k2 == 0 && d.n_raw != d.n_esc1)) return ST_BLOCK_HEADER;
-    if (coded_size<D>(d.nb, d.k1, d.k2, d.n_esc1, d.n_raw) != bytes) return ST_BLOCK_SIZE;
-    const uint32_t G = (nb + 31) / 32;
-    d.p1 = d.blk + 8 + pad4(d.t1 + d.t2);
-    d.p2 = d.p1 + 4 * G * d.k1;
-    d.raw = d.p2 + 4 * ((d.n_esc1 + 31) / 32) * d.k2;
-    d.pay = d.raw + pad4(d.n_raw);
-    return ST_OK;
-}
-
-// Exponents of the tile's escapes (ordinals [run, run + cnt)) into sm.esc.
-template <class D>
-__device__ uint32_t fill_escapes(DecSmem& sm, const BlockDesc& d, uint32_t run, uint32_t cnt, uint32_t& raw_run) {
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    if (d.k2 == 0) {
-        for (uint32_t i = tid; i < cnt; i += THREADS) {
-            const uint32_t e = d.raw[run + i];
-            if (e >= (uint32_t)D::NSYM) sm.err = ST_SYMBOL;
-            sm.esc[i] = (uint8_t)e;
-        }
-        __syncthreads();
-        return sm.err;
-    }
-    const uint32_t ga = run / 32, ng = (run + cnt - 1) / 32 - ga + 1;
-    for (int pass = 0; pass < 2; ++pass) {
-        for (uint32_t gi = warp; gi < ng; gi += WARPS) {
-            const uint32_t o = 32 * (ga + gi) + lane;
-            const bool inr = o >= run && o < run + cnt;
-            uint32_t c2 = 0;
-            for (uint32_t b = 0; b < d.k2; ++b) c2 |= ((ld32(d.p2 + 4 * ((ga + gi) * d.k2 + b)) >> lane) & 1u) << b;
-            const bool isr = inr && c2 == d.t2;
-            const uint32_t m = __ballot_sync(FULL, isr);
-            if (pass == 0) {
-                if (lane == 0) sm.g2[gi] = __popc(m);
-            } else if (inr) {
-                const uint32_t e = isr ? d.raw[raw_run + sm.g2[gi] + __popc(m & lanemask_lt(lane))] : sm.table[d.t1 + c2];
-                if (e >= (uint32_t)D::NSYM) sm.err = ST_SYMBOL;
-                sm.esc[o - run] = (uint8_t)e;
-            }
-        }
-        __syncthreads();
-        if (pass == 0) {
-            if (warp == 0) {
-                uint32_t carry = 0;
-                for (uint32_t b = 0; b < ng; b += 32) {
-                    const uint32_t v = b + lane < ng ? sm.g2[b + lane] : 0u;
-                    const uint32_t inc = warp_incl_scan(v, lane);
-                    if (b + lane < ng) sm.g2[b + lane] = carry + inc - v;
-                    carry += __shfl_sync(FULL, inc, 31);
-                }
-                if (lane == 0) sm.rt = carry;
-            }
-            __syncthreads();
-            if (raw_run + sm.rt > d.n_raw) return ST_RAWS;
-        }
-    }
-    raw_run += sm.rt;
-    return sm.err;
-}
-
-// Values of one chunk from its exponents `ex` (packed) and the payload.
-template <class D>
-__device__ __forceinline__ void put_values(const BlockDesc& d, int c, int v0, int valid, uint2 ex, bool aligned) {
-    const uint32_t nb = (uint32_t)d.nb, G = (nb + 31) / 32;
-    const int q = c & 3, g = v0 >> 5;
-    uint32_t pair[4];
-    const uint8_t* bytes = D::NSYM == 32 ? d.pay + 12 * G : d.pay;
-    const uint32_t b0 = ld32(bytes + v0), b1 = v0 + 4 < d.nb ? ld32(bytes + v0 + 4) : 0u;
-    if constexpr (D::NSYM == 32) {
-        uint2 t = make_uint2(0, 0);
-#pragma unroll
-        for (int b = 0; b < 3; ++b) {
-            const uint2 s = scatter_plane((ld32(d.pay + 4 * (3 * g + b)) >> (8 * q)) & 0xffu);
-            t.x |= s.x << b;
-            t.y |= s.y << b;
-        }
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const uint32_t sel = i & 1 ? 0x4342 : 0x4140;
-            const uint32_t T = __byte_perm(i < 2 ? t.x : t.y, 0, sel), L = __byte_perm(i < 2 ? b0 : b1, 0, sel);
-            const uint32_t E = __byte_perm(i < 2 ? ex.x : ex.y, 0, sel);
-            pair[i] = ((T & 0x00040004u) << 13) | ((T & 0x00030003u) << 8) | L | (E << 10);
-        }
-    } else {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const uint32_t sel = i & 1 ? 0x4342 : 0x4140;
-            const uint32_t S = __byte_perm(i < 2 ? b0 : b1, 0, sel), E = __byte_perm(i < 2 ? ex.x : ex.y, 0, sel);
-            pair[i] = ((S & 0x00800080u) << 8) | (E << 7) | (S & 0x007f007fu);
-        }
-    }
-    uint8_t* o = d.out + (size_t)v0 * D::SIZE;
-    if constexpr (D::SIZE == 4) {
-        const uint8_t* lo = d.pay + pad4(nb) + 2 * v0;
-        uint32_t f[8];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            const uint32_t l = v0 + 2 * k < d.nb ? ld32(lo + 4 * k) : 0u;
-            f[2 * k] = __byte_perm(l, pair[k], 0x5410);
-            f[2 * k + 1] = __byte_perm(l, pair[k], 0x7632);
-        }
-        if (aligned && valid == 8) {
-            reinterpret_cast<uint4*>(o)[0] = make_uint4(f[0], f[1], f[2], f[3]);
-            reinterpret_cast<uint4*>(o)[1] = make_uint4(f[4], f[5], f[6], f[7]);
-        } else {
-#pragma unroll
-            for (int v = 0; v < 8; ++v)
-                if (v < valid) reinterpret_cast<uint32_t*>(o)[v] = f[v];
-        }
-    } else {
-        if (aligned && valid == 8) {
-            *reinterpret_cast<uint4*>(o) = make_uint4(pair[0], pair[1], pair[2], pair[3]);
-        } else {
-#pragma unroll
-            for (int v = 0; v < 8; ++v)
-                if (v < valid) reinterpret_cast<uint16_t*>(o)[v] = (uint16_t)(pair[v >> 1] >> (16 * (v & 1)));
-        }
-    }
-}
-
-// One tile of a coded block: codes, escape ordinals, escapes, values.
-template <class D>
-__device__ uint32_t decode_tile(DecSmem& sm, const BlockDesc& d, int t0, uint32_t& esc_run, uint32_t& raw_run, bool aligned) {
-    const int tid = threadIdx.x, v0 = t0 + 8 * tid;
-    const int valid = d.nb - v0 < 0 ? 0 : (d.nb - v0 > 8 ? 8 : d.nb - v0);
-    const uint32_t g = (uint32_t)v0 >> 5, q = tid & 3;
-    uint2 codes = make_uint2(0, 0);
-    uint32_t e8 = 0;
-    if (valid > 0) {
-        uint32_t all = 0xffu;
-        for (uint32_t b = 0; b < d.k1; ++b) {
-            const uint32_t byte = (ld32(d.p1 + 4 * (g * d.k1 + b)) >> (8 * q)) & 0xffu;
-            const uint2 s = scatter_plane(byte);
-            codes.x |= s.x << b;
-            codes.y |= s.y << b;
-            all &= byte;
-        }
-        e8 = all & ((1u << valid) - 1u);
-    }
-    sm.cnt[tid] = __popc(e8);
-    __syncthreads();
-    const uint32_t cnt = block_scan<1>(sm.cnt, sm.wtmp);
-    if (esc_run + cnt > d.n_esc1) return ST_ESCAPES;
-    if (cnt) {
-        const uint32_t st = fill_escapes<D>(sm, d, esc_run, cnt, raw_run);
-        if (st) return st;
-    }
-    if (valid > 0) {
-        uint2 ex = make_uint2(0, 0);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            ex.x |= (uint32_t)sm.table[(codes.x >> (8 * k)) & 0x1fu] << (8 * k);
-            ex.y |= (uint32_t)sm.table[(codes.y >> (8 * k)) & 0x1fu] << (8 * k);
-        }
-        uint32_t o = sm.cnt[tid];
-        while (e8) {
-            const int jb = __ffs(e8) - 1, sh = 8 * (jb & 3);
-            const uint32_t e = sm.esc[o++];
-            if (jb < 4) ex.x = (ex.x & ~(0xffu << sh)) | (e << sh);
-            else ex.y = (ex.y & ~(0xffu << sh)) | (e << sh);
-            e8 &= e8 - 1;
-        }
-        put_values<D>(d, tid, v0, valid, ex, aligned);
-    }
-    esc_run += cnt;
-    __syncthreads();
-    return ST_OK;
-}
-
-template <class D>
-__device__ uint32_t decode_block(DecSmem& sm, BlockDesc& d, uint32_t bytes, uint32_t flags) {
-    const int tid = threadIdx.x;
-    const uint32_t st = parse_block<D>(d, bytes);
-    if (st) return st;
-    if (d.k1 == 0) {  // raw
-        const uint32_t len = D::SIZE * (uint32_t)d.nb;
-        if (flags & 2) {
-            for (uint32_t w = tid; w < len / 4; w += THREADS) st32(d.out + 4 * w, ld32(d.blk + 8 + 4 * w));
-            if ((len & 3) && tid == 0)
-                *reinterpret_cast<uint16_t*>(d.out + len - 2) = *reinterpret_cast<const uint16_t*>(d.blk + 8 + len - 2);
-        } else {
-            for (uint32_t h = tid; h < len / 2; h += THREADS)
-                reinterpret_cast<uint16_t*>(d.out)[h] = reinterpret_cast<const uint16_t*>(d.blk + 8)[h];
-        }
-        return ST_OK;
-    }
-    if ((uint32_t)tid < d.t1 + d.t2) {
-        const uint32_t e = d.blk[8 + tid];
-        if (e >= (uint32_t)D::NSYM) sm.err = ST_SYMBOL;
-        sm.table[tid] = (uint8_t)e;
-    }
-    __syncthreads();
-    if (sm.err) return sm.err;
-    uint32_t esc_run = 0, raw_run = 0;
-    for (int t0 = 0; t0 < d.nb; t0 += TILE) {
-        const uint32_t s = decode_tile<D>(sm, d, t0, esc_run, raw_run, flags & 1);
-        if (s) return s;
-    }
-    if (esc_run != d.n_esc1) return ST_ESCAPES;
-    if (d.k2 && raw_run != d.n_raw) return ST_RAWS;
-    return ST_OK;
-}
-
-// Stream header checks (format.rs StreamHeader::parse), identical in every CTA.
-template <class D>
-__device__ uint32_t check_stream(const uint8_t* in, uint64_t in_len, uint64_t n, uint32_t& B, uint32_t& nblocks) {
-    if (in_len < 24) return ST_TRUNCATED;
-    if (ld32(in) != D::MAGIC) return ST_MAGIC;
-    if (ld32(in + 4) != 1) return ST_VERSION;
-    const uint64_t hn = (uint64_t)ld32(in + 8) | ((uint64_t)ld32(in + 12) << 32);
-    if (hn != n) return ST_COUNT;
-    B = ld32(in + 16);
-    nblocks = ld32(in + 20);
-    if (B < 32 || B % 32 || B > (1u << 24) || (n + B - 1) / B != nblocks) return ST_GEOMETRY;
-    if (in_len < 24 + 4 * (uint64_t)nblocks) return ST_TRUNCATED;
-    return ST_OK;
-}
-
-// flags bit 0: `out` is 16-byte aligned; bit 1: `out` is 4-byte aligned.
-template <class D>
-__device__ void decompress_kernel(const uint8_t* in, uint64_t in_len, uint8_t* out, uint64_t n, uint32_t* status,
-                                  uint32_t flags) {
-    __shared__ DecSmem sm;
+// The single-pass stream. scratch[0]: ticket counter; scratch[1 + j]: look-back status of
+// block j (both zeroed by hoccl_bfx_compress_begin). flags bit 0: `in` is 16-byte aligned.
+template <class D, int CPT>
+__device__ void compress_kernel(const uint8_t* in, uint64_t n, uint32_t B, uint32_t tiers, uint8_t* out,
+                                uint64_t* scratch, uint64_t* out_len, uint32_t flags) {
+    __shared__ EncSmem<CPT> sm;
     BFX_EMU_POISON(sm);
-    const int tid = threadIdx.x;
-    if (tid == 0) sm.err = 0;
-    uint32_t B = 0, nblocks = 0;
-    const uint32_t st = check_stream<D>(in, in_len, n, B, nblocks);
-    if (st) {
-        if (blockIdx.x == 0 && tid == 0) report(status, st, 0);
-        return;
-    }
-    const uint64_t b0 = (uint64_t)nblocks * blockIdx.x / gridDim.x, b1 = (uint64_t)nblocks * (blockIdx.x + 1) / gridDim.x;
-    if (b0 == b1) return;
-    uint64_t part = 0;
-#pragma unroll 8
-    for (uint64_t i = tid; i < b0; i += THREADS) part += ld32(in + 24 + 4 * i);
-    uint64_t off = 24 + 4 * (uint64_t)nblocks + block_sum64(part, sm.wtmp64);
-    for (uint64_t j = b0; j < b1; ++j) {
-        const uint32_t bytes = ld32(in + 24 + 4 * j);
-        BlockDesc d;
-        d.nb = (int)(n - j * B < B ? n - j * B : B);
-        d.blk = in + off;
-        d.out = out + j * B * D::SIZE;
-        uint32_t s = ST_OK;
-        if (bytes % 4 || bytes < 8 + (uint32_t)d.nb || bytes > 8 + D::SIZE * B) s = ST_BLOCK_SIZE;
-        else if (off + bytes > in_len) s = ST_TRUNCATED;
-        else s = decode_block<D>(sm, d, bytes, flags);
-        if (s) {
-            if (tid == 0) report(status, s, j);
-            return;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    if (tid == 0) sm.ticket = atomicAdd(reinterpret_cast<unsigned long long*>(scratch), 1ull);
+    __syncthreads();
+    const uint64_t j = sm.ticket, start = j * B, nblocks = (n + B - 1) / B;
+    const int nb = (int)(n - start < B ? n - start : B);
+    Chunk<D> ch[CPT];
+    uint2 codes[CPT];
+    const uint32_t size = encode_block_begin<D, CPT>(sm, ch, codes, in + start * D::SIZE, nb, tiers, flags & 1);
+    if (warp == 0) {
+        const uint64_t excl = lookback(scratch + 1, j, size, lane);
+        if (lane == 0) {
+            const uint64_t hdr = 24 + 4 * nblocks;
+            sm.offset = hdr + excl;
+            st32(out + 24 + 4 * j, size);
+            if (j + 1 == nblocks && out_len) *out_len = hdr + excl + size;
         }
-        off += bytes;
     }
+    __syncthreads();
+    encode_block_end<D, CPT>(sm, ch, codes, nb, out + sm.offset);
 }
 
 }  // namespace bfx
@@ -727,15 +436,12 @@ extern "C" __global__ void __launch_bounds__(256) hoccl_bfx_compress_begin(uint8
     }
 }
 
-extern "C" __global__ void hoccl_bfx_decompress_begin(uint32_t* status) {
-    if (threadIdx.x == 0 && blockIdx.x == 0 && status) *status = 0;
-}
-
-#define BFX_COMPRESS(NAME, D, CPT)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(256, CPT * D::WORDS >= 32 ? 3 : 4) NAME(const uint8_t* in, uint64_t n, uint32_t B, uint32_t tiers, \
-                                                           uint8_t* out, uint64_t* scratch, uint64_t* out_len,        \
-                                                           uint32_t flags) {                                          \
-        bfx::compress_kernel<D, CPT>(in, n, B, tiers, out, scratch, out_len, flags);                                  \
+// 64 values per thread (CPT * WORDS >= 32) need 80 registers: 3 CTAs per SM; else 4.
+#define BFX_COMPRESS(NAME, D, CPT)                                                                  \
+    extern "C" __global__ void __launch_bounds__(256, CPT * D::WORDS >= 32 ? 3 : 4)                 \
+        NAME(const uint8_t* in, uint64_t n, uint32_t B, uint32_t tiers, uint8_t* out, uint64_t* scratch, \
+             uint64_t* out_len, uint32_t flags) {                                                   \
+        bfx::compress_kernel<D, CPT>(in, n, B, tiers, out, scratch, out_len, flags);                 \
     }
 BFX_COMPRESS(hoccl_bfx_compress_bf16_1, bfx::Bf16T, 1)
 BFX_COMPRESS(hoccl_bfx_compress_bf16_2, bfx::Bf16T, 2)
@@ -748,12 +454,3 @@ BFX_COMPRESS(hoccl_bfx_compress_f16_8, bfx::F16T, 8)
 BFX_COMPRESS(hoccl_bfx_compress_f32_1, bfx::F32T, 1)
 BFX_COMPRESS(hoccl_bfx_compress_f32_2, bfx::F32T, 2)
 BFX_COMPRESS(hoccl_bfx_compress_f32_4, bfx::F32T, 4)
-
-#define BFX_DECOMPRESS(NAME, D)                                                                                      \
-    extern "C" __global__ void __launch_bounds__(256) NAME(const uint8_t* in, uint64_t in_len, uint8_t* out,         \
-                                                           uint64_t n, uint32_t* status, uint32_t flags) {           \
-        bfx::decompress_kernel<D>(in, in_len, out, n, status, flags);                                                \
-    }
-BFX_DECOMPRESS(hoccl_bfx_decompress_bf16, bfx::Bf16T)
-BFX_DECOMPRESS(hoccl_bfx_decompress_f16, bfx::F16T)
-BFX_DECOMPRESS(hoccl_bfx_decompress_f32, bfx::F32T)

@@ -1,5 +1,5 @@
 // BFX1/HFX1/FFX1 codec: dtype traits and warp-level building blocks shared by the
-// single-pass compressor and the decompressor in bfx.cu. The format and the encoder's
+// single-pass compressor in bfx.cu and the decompressor in bfx_decode.cu. The format and the encoder's
 // choice are specified in src/compress/format.rs and src/compress/select.rs; this file and
 // the Rust reference must stay step-for-step identical (GPU bytes == CPU bytes).
 //
@@ -107,6 +107,22 @@ __device__ __forceinline__ uint2 chunk_exps(const Chunk<D>& c) {
     return make_uint2(__byte_perm(t[0], t[1], 0x6420), __byte_perm(t[2], t[3], 0x6420));
 }
 
+// The same exponents by byte permutes (high bytes, low bytes). Written differently on
+// purpose: the write phase calls this one, so the compiler does not keep chunk_exps'
+// results alive across the block scan and look-back (that spilled).
+template <class D>
+__device__ __forceinline__ uint2 chunk_exps_again(const Chunk<D>& c) {
+    uint32_t r[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const uint32_t a = top_pair<D>(c, 2 * h), b = top_pair<D>(c, 2 * h + 1);
+        const uint32_t hi = __byte_perm(a, b, 0x7531), lo = __byte_perm(a, b, 0x6420);
+        if constexpr (D::NSYM == 32) r[h] = (hi >> 2) & 0x1f1f1f1fu;
+        else r[h] = ((hi << 1) & 0xfefefefeu) | ((lo >> 7) & 0x01010101u);
+    }
+    return make_uint2(r[0], r[1]);
+}
+
 // (sign << 7) | mantissa7 of 4 values from two bf16 pair words.
 __device__ __forceinline__ uint32_t sm_bytes(uint32_t p0, uint32_t p1) {
     const uint32_t k = 0x007f007fu;
@@ -163,6 +179,17 @@ __device__ __forceinline__ uint2 valid_mask(int valid) {
 
 __device__ __forceinline__ uint32_t byte_of(uint2 v, int j) {
     return ((j < 4 ? v.x : v.y) >> (8 * (j & 3))) & 0xffu;
+}
+
+// Exact coded size from the exact counts (format.rs `Layout`).
+template <class D>
+__device__ __forceinline__ uint32_t coded_size(int nb, uint32_t k1, uint32_t k2, uint32_t n_esc1, uint32_t n_raw) {
+    const uint32_t G = ((uint32_t)nb + 31) / 32;
+    uint32_t s = 8 + pad4(tier(k1) + tier(k2)) + 4 * G * k1 + 4 * ((n_esc1 + 31) / 32) * k2 + pad4(n_raw);
+    if constexpr (D::NSYM == 32) s += 12 * G + pad4(nb);
+    else if constexpr (D::SIZE == 4) s += pad4(nb) + pad4(2 * nb);
+    else s += pad4(nb);
+    return s;
 }
 
 // ------------------------------------------------------------------ warp / block -------

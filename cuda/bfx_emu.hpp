@@ -1,4 +1,4 @@
-// A small SIMT emulator that runs cuda/bfx.cu as plain C++ on the CPU, so the kernels'
+// A small SIMT emulator that runs cuda/bfx.cu and cuda/bfx_decode.cu as plain C++ on the CPU, so the kernels'
 // logic (warp ballots and shuffles, barriers, look-back, tiles, validation) is tested in CI
 // on machines without a GPU (tests/codec_emu.rs). Not a general CUDA emulator: exactly what
 // bfx.cu uses.

@@ -3,10 +3,12 @@
 //
 //   bfx_emu compress DTYPE B TIERS IN OUT [MISALIGN]   -> writes the stream to OUT
 //   bfx_emu decompress DTYPE N IN OUT [CTAS] [MISALIGN] -> prints the status word
+//   bfx_emu lookback CASES SEED                         -> prints "lookback ok N" or fails
 //
 // DTYPE is bf16, f16 or f32; MISALIGN (bytes) shifts the value buffer off 16-byte alignment.
 #include "bfx_emu.hpp"
 #include "bfx.cu"
+#include "bfx_decode.cu"
 
 #include <string>
 
@@ -111,7 +113,55 @@ static int decompress(const std::string& dt, uint64_t n, const char* in, const c
     return 0;
 }
 
+// The decoupled look-back against predecessors in every state: inclusive prefixes far back,
+// runs of aggregates longer than a 32-wide window, and statuses that appear only while the
+// look-back is spinning (written by a second warp of the same CTA between its yields).
+static int lookback_cases(unsigned cases, uint64_t seed) {
+    uint64_t s = seed;
+    auto rnd = [&s](uint64_t n) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        return (s >> 33) % n;
+    };
+    for (unsigned k = 0; k < cases; ++k) {
+        const uint64_t j = rnd(4) == 0 ? rnd(4) : rnd(300);
+        std::vector<uint64_t> st(j + 1, 0), agg(j + 1), late;
+        uint64_t incl = 0;
+        for (uint64_t i = 0; i <= j; ++i) {
+            agg[i] = 8 + 4 * rnd(9000);
+            incl += agg[i];
+            if (i == j) break;
+            const uint64_t kind = i == 0 ? 0 : rnd(10);  // block 0 always publishes its prefix
+            if (kind < 2) st[i] = bfx::LB_INC | incl;
+            else if (kind < 8) st[i] = bfx::LB_AGG | agg[i];
+            else late.push_back(i);  // published while the look-back waits
+        }
+        uint64_t got = ~0ull;
+        emu::launch(1, 64, [&] {
+            const unsigned tid = threadIdx.x;
+            if (tid < 32) {
+                const uint64_t e = bfx::lookback(st.data(), j, agg[j], (int)tid);
+                if (tid == 0) got = e;
+            } else if (tid == 32) {
+                for (uint64_t i : late) {
+                    for (uint64_t y = rnd(5); y > 0; --y) emu_yield();
+                    st[i] = bfx::LB_AGG | agg[i];
+                }
+            }
+        });
+        const uint64_t want = incl - agg[j];
+        if (got != want || st[j] != (bfx::LB_INC | incl)) {
+            std::fprintf(stderr, "lookback case %u: j %llu got %llu want %llu\n", k, (unsigned long long)j,
+                         (unsigned long long)got, (unsigned long long)want);
+            return 1;
+        }
+    }
+    std::printf("lookback ok %u\n", cases);
+    return 0;
+}
+
 int main(int argc, char** argv) {
+    if (argc >= 4 && std::string(argv[1]) == "lookback")
+        return lookback_cases((unsigned)std::stoul(argv[2]), std::stoull(argv[3]));
     if (argc >= 7 && std::string(argv[1]) == "compress")
         return compress(argv[2], (uint32_t)std::stoul(argv[3]), (uint32_t)std::stoul(argv[4]), argv[5], argv[6],
                         argc > 7 ? std::stoul(argv[7]) : 0);

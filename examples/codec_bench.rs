@@ -89,7 +89,8 @@ fn pattern(o: &Opts, len: usize) -> Result<Vec<u8>, String> {
             let n = (16usize << 20).min(len.max(4)) / o.dtype.size();
             let mut v = Vec::with_capacity(n * o.dtype.size());
             for _ in 0..n {
-                let x = ((-2.0 * (next() + 1e-300).ln()).sqrt() * (2.0 * std::f64::consts::PI * next()).cos() * 0.02) as f32;
+                let x = ((-2.0 * (next() + 1e-300).ln()).sqrt() * (2.0 * std::f64::consts::PI * next()).cos() * 0.02)
+                    as f32;
                 match o.dtype {
                     Dtype::Bf16 => v.extend_from_slice(&((x.to_bits() + 0x8000) >> 16).to_le_bytes()[..2]),
                     Dtype::F16 => v.extend_from_slice(&half(x).to_le_bytes()),
@@ -136,7 +137,13 @@ impl Slots {
 }
 
 /// Median seconds per repetition of `op(i)` over 5 measurements of `reps` repetitions.
-fn time(dev: &dyn Device, s: StreamHandle, reps: usize, k: usize, mut op: impl FnMut(usize) -> Result<(), String>) -> Result<f64, String> {
+fn time(
+    dev: &dyn Device,
+    s: StreamHandle,
+    reps: usize,
+    k: usize,
+    mut op: impl FnMut(usize) -> Result<(), String>,
+) -> Result<f64, String> {
     let mut t = Vec::new();
     op(0)?; // warm-up (module load, first-touch)
     for _ in 0..5 {
@@ -166,7 +173,8 @@ fn bench_size(dev: &dyn Device, s: StreamHandle, o: &Opts, size: usize, data: &[
     let e = |e: hoccl::Error| e.to_string();
     let cap = compress::max_compressed_len(dt, n, &o.params).map_err(e)?;
     let k = FOOTPRINT.div_ceil(size).clamp(1, 8192);
-    let (input, packed, output, words) = (alloc(dev, k, size)?, alloc(dev, k, cap)?, alloc(dev, k, size)?, alloc(dev, k, 16)?);
+    let (input, packed, output, words) =
+        (alloc(dev, k, size)?, alloc(dev, k, cap)?, alloc(dev, k, size)?, alloc(dev, k, 16)?);
     for i in 0..k {
         dev.copy_from_host(input.at(i), &data[..size]).map_err(e)?;
     }
@@ -202,7 +210,13 @@ fn bench_size(dev: &dyn Device, s: StreamHandle, o: &Opts, size: usize, data: &[
         dev.free(sl.base).map_err(e)?;
     }
     let gbs = |t: f64| size as f64 / t / 1e9;
-    Ok(Row { bytes: size, compress: gbs(tc), decompress: gbs(td), ratio: stream_len as f64 / size as f64, copy: gbs(tm) })
+    Ok(Row {
+        bytes: size,
+        compress: gbs(tc),
+        decompress: gbs(td),
+        ratio: stream_len as f64 / size as f64,
+        copy: gbs(tm),
+    })
 }
 
 fn main() {
@@ -220,7 +234,10 @@ fn run() -> Result<(), String> {
     let mut rows = Vec::new();
     if !o.json {
         println!("# {} {} tiers {} block {}", dev.name(), o.dtype.name(), o.params.tiers, o.params.block_for(o.dtype));
-        println!("{:>10} {:>12} {:>12} {:>7} {:>12} {:>7} {:>7}", "bytes", "comp GB/s", "decomp GB/s", "ratio", "D2D GB/s", "comp%", "decomp%");
+        println!(
+            "{:>10} {:>12} {:>12} {:>7} {:>12} {:>7} {:>7}",
+            "bytes", "comp GB/s", "decomp GB/s", "ratio", "D2D GB/s", "comp%", "decomp%"
+        );
     }
     let mut size = o.min;
     while size <= o.max {

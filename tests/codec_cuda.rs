@@ -116,7 +116,11 @@ fn cuda_rejects_corrupt_streams() {
         match (&cpu, &dev) {
             (Ok(a), Ok(b)) if a == b => {}
             (Err(_), Err(_)) => {}
-            _ => disagreements.push(format!("case {i}: cpu {:?} gpu {:?}", cpu.as_ref().map(|_| ()), dev.as_ref().map(|_| ()))),
+            _ => disagreements.push(format!(
+                "case {i}: cpu {:?} gpu {:?}",
+                cpu.as_ref().map(|_| ()),
+                dev.as_ref().map(|_| ())
+            )),
         }
     }
     assert!(disagreements.is_empty(), "{GPU}: {}", disagreements.join("\n"));
@@ -133,10 +137,44 @@ fn cuda_bad_arguments_are_errors_before_launch() {
     let buf = codec_common::device::Buf::new(d, 1 << 16, 0).unwrap();
     let cap = compress::max_compressed_len(Dtype::Bf16, 1000, &p).unwrap();
     let s = c.stream;
-    assert!(compress::compress_async(d, s, Dtype::Bf16, buf.ptr, 1000, buf.ptr.add(2), cap, hoccl::device::DevPtr::NULL, &p).is_err());
-    assert!(compress::compress_async(d, s, Dtype::Bf16, buf.ptr, 1000, buf.ptr, cap - 1, hoccl::device::DevPtr::NULL, &p).is_err());
-    assert!(compress::compress_async(d, s, Dtype::F32, buf.ptr.add(2), 10, buf.ptr, cap, hoccl::device::DevPtr::NULL, &p).is_err());
+    assert!(compress::compress_async(
+        d,
+        s,
+        Dtype::Bf16,
+        buf.ptr,
+        1000,
+        buf.ptr.add(2),
+        cap,
+        hoccl::device::DevPtr::NULL,
+        &p
+    )
+    .is_err());
+    assert!(compress::compress_async(
+        d,
+        s,
+        Dtype::Bf16,
+        buf.ptr,
+        1000,
+        buf.ptr,
+        cap - 1,
+        hoccl::device::DevPtr::NULL,
+        &p
+    )
+    .is_err());
+    assert!(compress::compress_async(
+        d,
+        s,
+        Dtype::F32,
+        buf.ptr.add(2),
+        10,
+        buf.ptr,
+        cap,
+        hoccl::device::DevPtr::NULL,
+        &p
+    )
+    .is_err());
     let big = Params { block: 32768, tiers: 2 };
     let cap = compress::max_compressed_len(Dtype::Bf16, 10, &big).unwrap();
-    assert!(compress::compress_async(d, s, Dtype::Bf16, buf.ptr, 10, buf.ptr, cap, hoccl::device::DevPtr::NULL, &big).is_err());
+    assert!(compress::compress_async(d, s, Dtype::Bf16, buf.ptr, 10, buf.ptr, cap, hoccl::device::DevPtr::NULL, &big)
+        .is_err());
 }

@@ -1,4 +1,4 @@
-//! The CUDA kernels (cuda/bfx.cu) run under the CPU emulator (cuda/bfx_emu.hpp), launched
+//! The CUDA kernels (cuda/bfx.cu, cuda/bfx_decode.cu) run under the CPU emulator (cuda/bfx_emu.hpp), launched
 //! as gpu.rs launches them: the shared test bodies, "GPU bytes == CPU bytes", and the
 //! decoder's verdicts on mutated streams, all without a GPU. The emulator is built here
 //! with the system C++ compiler (`CXX`, default `c++`), which the crate's build needs anyway.
@@ -60,7 +60,15 @@ impl Codec for Emu {
         let (i, o) = (tmp("in"), tmp("out"));
         std::fs::write(&i, data).map_err(|e| e.to_string())?;
         let shift = (self.shift * dt.size()).to_string();
-        let a = ["compress", dt.name(), &b.to_string(), &p.tiers.to_string(), &i.to_string_lossy(), &o.to_string_lossy(), &shift];
+        let a = [
+            "compress",
+            dt.name(),
+            &b.to_string(),
+            &p.tiers.to_string(),
+            &i.to_string_lossy(),
+            &o.to_string_lossy(),
+            &shift,
+        ];
         let r = run(&a.map(String::from)).and_then(|_| std::fs::read(&o).map_err(|e| e.to_string()));
         let _ = (std::fs::remove_file(&i), std::fs::remove_file(&o));
         r
@@ -70,9 +78,18 @@ impl Codec for Emu {
         let (i, o) = (tmp("s"), tmp("v"));
         std::fs::write(&i, stream).map_err(|e| e.to_string())?;
         let shift = (self.shift * dt.size()).to_string();
-        let a = ["decompress", dt.name(), &n.to_string(), &i.to_string_lossy(), &o.to_string_lossy(), &self.ctas.to_string(), &shift];
+        let a = [
+            "decompress",
+            dt.name(),
+            &n.to_string(),
+            &i.to_string_lossy(),
+            &o.to_string_lossy(),
+            &self.ctas.to_string(),
+            &shift,
+        ];
         let r = run(&a.map(String::from)).and_then(|out| {
-            let w: u32 = out.trim().strip_prefix("status ").and_then(|s| s.parse().ok()).ok_or(format!("bad output {out}"))?;
+            let w: u32 =
+                out.trim().strip_prefix("status ").and_then(|s| s.parse().ok()).ok_or(format!("bad output {out}"))?;
             compress::status_result(w).map_err(|e| e.to_string())?;
             std::fs::read(&o).map_err(|e| e.to_string())
         });
@@ -168,8 +185,21 @@ fn emu_decoder_agrees_on_mutated_streams() {
             _ => false,
         };
         if !agree {
-            bad.push(format!("case {case} ({} n={n} {p:?}): cpu {:?} emu {:?}", dt.name(), cpu.map(|_| ()), emu.map(|_| ())));
+            bad.push(format!(
+                "case {case} ({} n={n} {p:?}): cpu {:?} emu {:?}",
+                dt.name(),
+                cpu.map(|_| ()),
+                emu.map(|_| ())
+            ));
         }
     }
     assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+/// The decoupled look-back summing predecessors that published only their own size, over
+/// windows of 32, and waiting (spinning) for predecessors that publish late.
+#[test]
+fn emu_lookback_sums_partial_aggregates() {
+    let out = run(&["lookback", "400", "12345"].map(String::from)).unwrap();
+    assert_eq!(out.trim(), "lookback ok 400");
 }

@@ -37,7 +37,8 @@ fn put32(s: &mut [u8], off: usize, v: u32) {
 }
 
 fn interesting(r: &mut Rng) -> u32 {
-    [0, 1, 2, 3, 4, 7, 8, 31, 32, 33, 0xff, 0x100, 0xffff, 0x00ff_ffff, 0x0100_0000, 0x7fff_ffff, 0xffff_ffff][r.below(17) as usize]
+    [0, 1, 2, 3, 4, 7, 8, 31, 32, 33, 0xff, 0x100, 0xffff, 0x00ff_ffff, 0x0100_0000, 0x7fff_ffff, 0xffff_ffff]
+        [r.below(17) as usize]
         ^ if r.below(3) == 0 { r.next() as u32 } else { 0 }
 }
 
@@ -120,7 +121,11 @@ fn check(case: u64, what: &str, s: &[u8]) {
         let _ = compress::inspect(s);
     });
     if result.is_err() {
-        panic!("decoder panicked on fuzz case {case} ({what}); stream {} bytes: {:02x?}", s.len(), &s[..s.len().min(96)]);
+        panic!(
+            "decoder panicked on fuzz case {case} ({what}); stream {} bytes: {:02x?}",
+            s.len(),
+            &s[..s.len().min(96)]
+        );
     }
 }
 

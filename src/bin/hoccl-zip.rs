@@ -53,7 +53,8 @@ fn run(args: &[String]) -> Result<(), String> {
         ("compress", [i, o]) => {
             let dtype = flags.get("--dtype").ok_or("compress needs --dtype")?;
             let dtype = Dtype::parse(dtype).ok_or_else(|| format!("unknown dtype {dtype}"))?;
-            let num = |k: &str, d: u32| flags.get(k).map_or(Ok(d), |v| v.parse::<u32>().map_err(|e| format!("{k} {v}: {e}")));
+            let num =
+                |k: &str, d: u32| flags.get(k).map_or(Ok(d), |v| v.parse::<u32>().map_err(|e| format!("{k} {v}: {e}")));
             let tiers = num("--tiers", 2)?;
             let params = Params { block: num("--block", 0)?, tiers: tiers.min(255) as u8 };
             let out = compress::compress(dtype, &read(i)?, &params).map_err(|e| e.to_string())?;
@@ -88,7 +89,10 @@ fn stats(stream: &[u8], summary: bool) -> Result<(), String> {
     let (block_bound, tensor_bound) = entropy_bounds(&h, &values);
     println!("exponent-entropy bound: per-block tables {block_bound:.4}, one per-tensor table {tensor_bound:.4}");
     if !summary {
-        println!("{:>8} {:>8} {:>8} {:>7} {:>3} {:>3} {:>7} {:>7}", "block", "values", "bytes", "ratio", "k1", "k2", "n_esc1", "n_raw");
+        println!(
+            "{:>8} {:>8} {:>8} {:>7} {:>3} {:>3} {:>7} {:>7}",
+            "block", "values", "bytes", "ratio", "k1", "k2", "n_esc1", "n_raw"
+        );
         for (j, b) in blocks.iter().enumerate() {
             print_block(j, h.dtype, b);
         }
@@ -99,7 +103,10 @@ fn stats(stream: &[u8], summary: bool) -> Result<(), String> {
 fn print_block(j: usize, dt: Dtype, b: &BlockInfo) {
     let ratio = b.bytes as f64 / (b.values * dt.size()) as f64;
     let x = &b.header;
-    println!("{j:>8} {:>8} {:>8} {ratio:>7.4} {:>3} {:>3} {:>7} {:>7}", b.values, b.bytes, x.k1, x.k2, x.n_esc1, x.n_raw);
+    println!(
+        "{j:>8} {:>8} {:>8} {ratio:>7.4} {:>3} {:>3} {:>7} {:>7}",
+        b.values, b.bytes, x.k1, x.k2, x.n_esc1, x.n_raw
+    );
 }
 
 /// Ratios an ideal entropy coder of the exponents would reach (the rest stored raw), with

@@ -151,7 +151,10 @@ pub fn encode_into(dt: Dtype, input: &[u8], out: &mut [u8], p: &Params) -> Resul
     const OP: &str = "compress";
     let b = p.check(OP, dt)?;
     if input.len() % dt.size() != 0 {
-        return Err(Error::invalid_arg(OP, format!("{} input bytes are not a whole number of {}", input.len(), dt.name())));
+        return Err(Error::invalid_arg(
+            OP,
+            format!("{} input bytes are not a whole number of {}", input.len(), dt.name()),
+        ));
     }
     let n = (input.len() / dt.size()) as u64;
     let need = super::format::max_stream_len(OP, dt, n, b)?;
@@ -270,7 +273,10 @@ pub fn decode_into(stream: &[u8], out: &mut [u8]) -> Result<StreamHeader> {
     let offs = block_offsets(OP, &h, stream)?;
     let need = h.n as usize * h.dtype.size();
     if out.len() != need {
-        return Err(Error::invalid_arg(OP, format!("output of {} bytes for {} values of {}", out.len(), h.n, h.dtype.name())));
+        return Err(Error::invalid_arg(
+            OP,
+            format!("output of {} bytes for {} values of {}", out.len(), h.n, h.dtype.name()),
+        ));
     }
     let mut esc = Vec::new();
     let vb = h.block as usize * h.dtype.size();

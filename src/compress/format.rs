@@ -323,10 +323,9 @@ pub fn block_offsets(op: &'static str, h: &StreamHeader, s: &[u8]) -> Result<Vec
             return Err(Error::corrupt(op, format!("block {j}: size {bytes} impossible for {nb} values")));
         }
         offs.push(off);
-        off = off
-            .checked_add(bytes)
-            .filter(|e| *e <= s.len())
-            .ok_or_else(|| Error::corrupt(op, format!("block {j} runs past the end of the stream ({} bytes)", s.len())))?;
+        off = off.checked_add(bytes).filter(|e| *e <= s.len()).ok_or_else(|| {
+            Error::corrupt(op, format!("block {j} runs past the end of the stream ({} bytes)", s.len()))
+        })?;
     }
     if off != s.len() {
         return Err(Error::corrupt(op, format!("{} trailing bytes after the last block", s.len() - off)));

@@ -1,4 +1,4 @@
-//! Launchers of the CUDA codec kernels (`cuda/bfx.cu`) through `CudaDevice::launch`, and the
+//! Launchers of the CUDA codec kernels (`cuda/bfx.cu`, `cuda/bfx_decode.cu`) through `CudaDevice::launch`, and the
 //! decoder's status words.
 //!
 //! **Compression** enqueues two kernels: `hoccl_bfx_compress_begin` zeroes the look-back
@@ -142,7 +142,7 @@ impl Args {
 
 fn launch(cuda: &CudaDevice, s: StreamHandle, name: &str, grid: u32, mut args: Args) -> Result<()> {
     let mut ptrs = args.pointers();
-    // SAFETY: `ptrs` holds one pointer per parameter of `name` (bfx.cu's entry points take
+    // SAFETY: `ptrs` holds one pointer per parameter of `name` (bfx.cu's and bfx_decode.cu's entry points take
     // exactly the u64/u32 sequence built by the caller), each to a live value in `args`
     // that outlives the call; the device pointers among them were checked by the public
     // functions and must stay valid until the stream reaches the kernel (their contract).
@@ -166,7 +166,11 @@ pub(crate) fn compress(
     if b > max_gpu_block(dtype) {
         return Err(Error::invalid_arg(
             OP,
-            format!("the GPU encoder takes blocks of at most {} {} values, not {b}", max_gpu_block(dtype), dtype.name()),
+            format!(
+                "the GPU encoder takes blocks of at most {} {} values, not {b}",
+                max_gpu_block(dtype),
+                dtype.name()
+            ),
         ));
     }
     let nblocks = format::block_count(OP, n, b)?;
@@ -297,7 +301,10 @@ mod tests {
         assert_eq!(host_decode(&s, Dtype::Bf16, 2).unwrap(), vec![1, 2, 3, 4]);
         assert_eq!(Status::from_word(host_decode(&s, Dtype::F16, 2).unwrap_err()).unwrap().0, Status::Magic);
         assert_eq!(Status::from_word(host_decode(&s, Dtype::Bf16, 3).unwrap_err()).unwrap().0, Status::Count);
-        assert_eq!(Status::from_word(host_decode(&s[..s.len() - 4], Dtype::Bf16, 2).unwrap_err()).unwrap().0, Status::Truncated);
+        assert_eq!(
+            Status::from_word(host_decode(&s[..s.len() - 4], Dtype::Bf16, 2).unwrap_err()).unwrap().0,
+            Status::Truncated
+        );
         let mut longer = s.clone();
         longer.extend_from_slice(&[0xee; 12]);
         assert_eq!(host_decode(&longer, Dtype::Bf16, 2).unwrap(), vec![1, 2, 3, 4]);

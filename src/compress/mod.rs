@@ -4,7 +4,7 @@
 //! [`format`] and `docs/codec.md`; the encoder's exact choice in [`select`].
 //!
 //! Two implementations that produce identical bytes: the CPU reference ([`cpu`]) and the
-//! CUDA kernels (`cuda/bfx.cu`, launched by [`gpu`]).
+//! CUDA kernels (`cuda/bfx.cu`, `cuda/bfx_decode.cu`, launched by [`gpu`]).
 //!
 //! ## API (what the C++ bridge wraps)
 //!
@@ -19,7 +19,7 @@
 //! after the stream reaches them ([`status_result`] turns a status word into a `Result`).
 //! On a device without CUDA (the host backend) the same calls run the CPU codec after
 //! synchronizing the stream: same bytes, same contract, not asynchronous.
-use crate::device::{Device, DevPtr, StreamHandle};
+use crate::device::{DevPtr, Device, StreamHandle};
 use crate::error::{Error, Result};
 use crate::types::DataType;
 

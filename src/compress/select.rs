@@ -24,7 +24,9 @@ use super::format::{tier_size, Dtype, MAX_TABLE};
 
 /// The `(k1, k2)` candidates in visiting order (21 of them; one-tier ones have `k2 = 0`).
 pub fn candidates() -> impl Iterator<Item = (u32, u32)> {
-    (1..=5u32).flat_map(|k1| (0..=7u32).map(move |k2| (k1, k2))).filter(|&(k1, k2)| tier_size(k1) + tier_size(k2) <= MAX_TABLE)
+    (1..=5u32)
+        .flat_map(|k1| (0..=7u32).map(move |k2| (k1, k2)))
+        .filter(|&(k1, k2)| tier_size(k1) + tier_size(k2) <= MAX_TABLE)
 }
 
 /// What the encoder decided for one block (before the raw fallback).

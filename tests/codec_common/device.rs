@@ -56,7 +56,8 @@ impl DeviceCodec {
         let out = Buf::new(d, data.len(), self.shift * dt.size())?;
         let words = Buf::new(d, 16, 0)?;
         d.copy_from_host(input.ptr, data).map_err(|e| e.to_string())?;
-        compress::compress_async(d, self.stream, dt, input.ptr, n, packed.ptr, cap, words.ptr, p).map_err(|e| e.to_string())?;
+        compress::compress_async(d, self.stream, dt, input.ptr, n, packed.ptr, cap, words.ptr, p)
+            .map_err(|e| e.to_string())?;
         compress::decompress_async(d, self.stream, dt, packed.ptr, cap, out.ptr, n, words.ptr.add(8))
             .map_err(|e| e.to_string())?;
         d.synchronize(self.stream).map_err(|e| e.to_string())?;
@@ -79,7 +80,8 @@ impl Codec for DeviceCodec {
         let out = Buf::new(d, cap, 0)?;
         let len = Buf::new(d, 8, 0)?;
         d.copy_from_host(input.ptr, data).map_err(|e| e.to_string())?;
-        compress::compress_async(d, self.stream, dt, input.ptr, n, out.ptr, cap, len.ptr, p).map_err(|e| e.to_string())?;
+        compress::compress_async(d, self.stream, dt, input.ptr, n, out.ptr, cap, len.ptr, p)
+            .map_err(|e| e.to_string())?;
         d.synchronize(self.stream).map_err(|e| e.to_string())?;
         let len = u64::from_le_bytes(self.read(len.ptr, 8)?.try_into().unwrap()) as usize;
         if len > cap {

@@ -182,10 +182,17 @@ pub fn all_16bit_patterns(c: &dyn Codec) {
 
 /// fp32 special values and random bit patterns (NaN payloads, ±inf, ±0, subnormals).
 pub fn f32_specials(c: &dyn Codec) {
-    let mut v: Vec<u32> = vec![0, 0x8000_0000, 0x7f80_0000, 0xff80_0000, 0x7fc0_0000, 0x7f80_0001, 0xffff_ffff, 1, 0x807f_ffff];
+    let mut v: Vec<u32> =
+        vec![0, 0x8000_0000, 0x7f80_0000, 0xff80_0000, 0x7fc0_0000, 0x7f80_0001, 0xffff_ffff, 1, 0x807f_ffff];
     let mut r = Rng(11);
     v.extend((0..40_000).map(|_| r.next() as u32));
-    v.extend((0..40_000).map(|i| if i % 3 == 0 { r.next() as u32 & 0x807f_ffff } else { (r.normal() as f32 * 1e-3).to_bits() }));
+    v.extend((0..40_000).map(|i| {
+        if i % 3 == 0 {
+            r.next() as u32 & 0x807f_ffff
+        } else {
+            (r.normal() as f32 * 1e-3).to_bits()
+        }
+    }));
     let data: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
     for tiers in [1, 2] {
         round_trip(c, Dtype::F32, &data, &Params { block: 0, tiers }, &format!("f32 specials tiers={tiers}"));
@@ -228,7 +235,13 @@ pub fn incompressible(c: &dyn Codec) {
         let data = Rng(99).bytes(n * dt.size());
         let s = round_trip(c, dt, &data, &Params::default(), &format!("{} random bits", dt.name()));
         let nblocks = n.div_ceil(dt.default_block() as usize);
-        assert!(s.len() <= data.len() + 24 + 12 * nblocks + 3, "{}: {} random: {} > bound", c.name(), dt.name(), s.len());
+        assert!(
+            s.len() <= data.len() + 24 + 12 * nblocks + 3,
+            "{}: {} random: {} > bound",
+            c.name(),
+            dt.name(),
+            s.len()
+        );
     }
 }
 
@@ -239,9 +252,17 @@ pub fn distributions(c: &dyn Codec) {
     let cases: Vec<(&str, Vec<u16>)> = vec![
         ("zeros", vec![0; n]),
         ("one exponent", (0..n).map(|_| 0x3f80 | (r.next() as u16 & 0x807f)).collect()),
-        ("two exponents", (0..n).map(|i| if i % 2 == 0 { 0x3f80 } else { 0x4000 } | (r.next() as u16 & 0x7f)).collect()),
+        (
+            "two exponents",
+            (0..n).map(|i| if i % 2 == 0 { 0x3f80 } else { 0x4000 } | (r.next() as u16 & 0x7f)).collect(),
+        ),
         ("uniform exponents", (0..n).map(|_| r.next() as u16).collect()),
-        ("rare outliers", (0..n).map(|i| if i % 1000 == 0 { 0x7f00 | i as u16 & 0x7f } else { 0x3c00 | (r.next() as u16 & 0x81ff) }).collect()),
+        (
+            "rare outliers",
+            (0..n)
+                .map(|i| if i % 1000 == 0 { 0x7f00 | i as u16 & 0x7f } else { 0x3c00 | (r.next() as u16 & 0x81ff) })
+                .collect(),
+        ),
         ("32 exponents", (0..n).map(|_| ((100 + r.below(32) as u16) << 7) | (r.next() as u16 & 0x807f)).collect()),
     ];
     for (what, v) in cases {
@@ -272,7 +293,12 @@ pub fn same_bytes_as_cpu(c: &dyn Codec) {
     }
     for dt in Dtype::ALL {
         for (n, b) in [(1usize, 0u32), (33, 0), (100_003, 0), (5000, 32), (70_000, 2048), (9000, 4096)] {
-            inputs.push((format!("{} normal n={n} B={b}", dt.name()), dt, normal_values(dt, n, 0.5, n as u64), Params { block: b, tiers: 2 }));
+            inputs.push((
+                format!("{} normal n={n} B={b}", dt.name()),
+                dt,
+                normal_values(dt, n, 0.5, n as u64),
+                Params { block: b, tiers: 2 },
+            ));
         }
         inputs.push((format!("{} random bits", dt.name()), dt, Rng(3).bytes(20_000 * dt.size()), Params::default()));
     }
@@ -299,7 +325,9 @@ pub fn decodes_cpu_streams(c: &dyn Codec) {
             let n = 2 * b as usize + 1000;
             let data = normal_values(dt, n.min(3_000_000), 0.1, b as u64 + 1);
             let s = compress::compress(dt, &data, &Params { block: b, tiers: 2 }).unwrap();
-            let back = c.decompress(dt, &s, data.len() / dt.size()).unwrap_or_else(|e| panic!("{}: {} B={b}: {e}", c.name(), dt.name()));
+            let back = c
+                .decompress(dt, &s, data.len() / dt.size())
+                .unwrap_or_else(|e| panic!("{}: {} B={b}: {e}", c.name(), dt.name()));
             assert!(back == data, "{}: {} B={b}: CPU stream decoded wrong", c.name(), dt.name());
         }
     }

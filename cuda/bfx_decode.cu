@@ -1,0 +1,361 @@
+// BFX1/HFX1/FFX1 decompressor (format: src/compress/format.rs; thread layout: bfx.cuh).
+//
+// CTA c decodes the contiguous range of blocks [c·n/G, (c+1)·n/G) of the n blocks, starting
+// at the offset it sums from block_bytes; a block is decoded in tiles of 2048 values (any B
+// works). Every header field is validated; corrupt input stops the CTA and sets *status.
+#include "bfx.cuh"
+
+namespace bfx {
+
+struct DecSmem {
+    uint8_t table[32];
+    uint32_t cnt[THREADS];
+    uint8_t esc[TILE];
+    uint32_t g2[TILE / 32 + 2];
+    uint32_t wtmp[WARPS];
+    uint64_t wtmp64[WARPS];
+    uint32_t rt;
+    uint32_t err;
+};
+
+struct BlockDesc {
+    const uint8_t* blk;
+    uint8_t* out;
+    int nb;
+    uint32_t k1, k2, t1, t2, n_esc1, n_raw;
+    const uint8_t *p1, *p2, *raw, *pay;
+};
+
+__device__ __forceinline__ void report(uint32_t* status, uint32_t code, uint64_t j) {
+    if (status) atomicCAS(status, 0u, code | ((uint32_t)(j < 0xffffffull ? j : 0xffffffull) << 8));
+}
+
+// Everything a block's header words and size must satisfy (format.rs BlockHeader::parse).
+template <class D>
+__device__ uint32_t parse_block(BlockDesc& d, uint32_t bytes) {
+    const uint32_t w0 = ld32(d.blk), w1 = ld32(d.blk + 4);
+    d.k1 = w0 & 7;
+    d.k2 = (w0 >> 3) & 7;
+    d.n_raw = w0 >> 8;
+    d.n_esc1 = w1 & 0xffffffu;
+    if ((w0 & 0xc0u) || (w1 >> 24)) return ST_BLOCK_HEADER;
+    const uint32_t nb = (uint32_t)d.nb;
+    if (d.k1 == 0) {
+        if (w0 || w1) return ST_BLOCK_HEADER;
+        return bytes == 8 + pad4(D::SIZE * nb) ? ST_OK : ST_BLOCK_SIZE;
+    }
+    d.t1 = tier(d.k1);
+    d.t2 = tier(d.k2);
+    if (d.t1 + d.t2 > MAX_TABLE) return ST_BLOCK_HEADER;
+    if (d.n_esc1 > nb || d.n_raw > d.n_esc1 || (d.k2 == 0 && d.n_raw != d.n_esc1)) return ST_BLOCK_HEADER;
+    if (coded_size<D>(d.nb, d.k1, d.k2, d.n_esc1, d.n_raw) != bytes) return ST_BLOCK_SIZE;
+    const uint32_t G = (nb + 31) / 32;
+    d.p1 = d.blk + 8 + pad4(d.t1 + d.t2);
+    d.p2 = d.p1 + 4 * G * d.k1;
+    d.raw = d.p2 + 4 * ((d.n_esc1 + 31) / 32) * d.k2;
+    d.pay = d.raw + pad4(d.n_raw);
+    return ST_OK;
+}
+
+// Exponents of the tile's escapes (ordinals [run, run + cnt)) into sm.esc.
+template <class D>
+__device__ uint32_t fill_escapes(DecSmem& sm, const BlockDesc& d, uint32_t run, uint32_t cnt, uint32_t& raw_run) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    if (d.k2 == 0) {
+        for (uint32_t i = tid; i < cnt; i += THREADS) {
+            const uint32_t e = d.raw[run + i];
+            if (e >= (uint32_t)D::NSYM) sm.err = ST_SYMBOL;
+            sm.esc[i] = (uint8_t)e;
+        }
+        __syncthreads();
+        return sm.err;
+    }
+    const uint32_t ga = run / 32, ng = (run + cnt - 1) / 32 - ga + 1;
+    for (int pass = 0; pass < 2; ++pass) {
+        for (uint32_t gi = warp; gi < ng; gi += WARPS) {
+            const uint32_t o = 32 * (ga + gi) + lane;
+            const bool inr = o >= run && o < run + cnt;
+            uint32_t c2 = 0;
+            for (uint32_t b = 0; b < d.k2; ++b) c2 |= ((ld32(d.p2 + 4 * ((ga + gi) * d.k2 + b)) >> lane) & 1u) << b;
+            const bool isr = inr && c2 == d.t2;
+            const uint32_t m = __ballot_sync(FULL, isr);
+            if (pass == 0) {
+                if (lane == 0) sm.g2[gi] = __popc(m);
+            } else if (inr) {
+                const uint32_t e = isr ? d.raw[raw_run + sm.g2[gi] + __popc(m & lanemask_lt(lane))] : sm.table[d.t1 + c2];
+                if (e >= (uint32_t)D::NSYM) sm.err = ST_SYMBOL;
+                sm.esc[o - run] = (uint8_t)e;
+            }
+        }
+        __syncthreads();
+        if (pass == 0) {
+            if (warp == 0) {
+                uint32_t carry = 0;
+                for (uint32_t b = 0; b < ng; b += 32) {
+                    const uint32_t v = b + lane < ng ? sm.g2[b + lane] : 0u;
+                    const uint32_t inc = warp_incl_scan(v, lane);
+                    if (b + lane < ng) sm.g2[b + lane] = carry + inc - v;
+                    carry += __shfl_sync(FULL, inc, 31);
+                }
+                if (lane == 0) sm.rt = carry;
+            }
+            __syncthreads();
+            if (raw_run + sm.rt > d.n_raw) return ST_RAWS;
+        }
+    }
+    raw_run += sm.rt;
+    return sm.err;
+}
+
+// The payload words of one chunk, loaded at the start of its tile so that their latency
+// overlaps the tile's scans and escape decoding.
+template <class D>
+struct Payload {
+    uint32_t b0, b1;                         // 8 payload bytes: sign+mantissa / low / high bytes
+    uint32_t top[D::NSYM == 32 ? 3 : 1];     // fp16: the chunk's byte of each top plane
+};  // (fp32's 4 words of low halves are loaded late: prefetching them spilled)
+
+template <class D>
+__device__ __forceinline__ Payload<D> load_payload(const BlockDesc& d, int c, int v0) {
+    Payload<D> p;
+    const uint32_t nb = (uint32_t)d.nb, G = (nb + 31) / 32;
+    const uint8_t* bytes = D::NSYM == 32 ? d.pay + 12 * G : d.pay;
+    p.b0 = ld32(bytes + v0);
+    p.b1 = v0 + 4 < d.nb ? ld32(bytes + v0 + 4) : 0u;
+    if constexpr (D::NSYM == 32) {
+#pragma unroll
+        for (int b = 0; b < 3; ++b) p.top[b] = (ld32(d.pay + 4 * (3 * (v0 >> 5) + b)) >> (8 * (c & 3))) & 0xffu;
+    }
+    return p;
+}
+
+// Values of one chunk from its exponents `ex` (packed) and its payload.
+template <class D>
+__device__ __forceinline__ void put_values(const BlockDesc& d, int v0, int valid, uint2 ex, const Payload<D>& p,
+                                           bool aligned) {
+    uint32_t pair[4];
+    const uint32_t b0 = p.b0, b1 = p.b1;
+    if constexpr (D::NSYM == 32) {
+        uint2 t = make_uint2(0, 0);
+#pragma unroll
+        for (int b = 0; b < 3; ++b) {
+            const uint2 s = scatter_plane(p.top[b]);
+            t.x |= s.x << b;
+            t.y |= s.y << b;
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint32_t sel = i & 1 ? 0x4342 : 0x4140;
+            const uint32_t T = __byte_perm(i < 2 ? t.x : t.y, 0, sel), L = __byte_perm(i < 2 ? b0 : b1, 0, sel);
+            const uint32_t E = __byte_perm(i < 2 ? ex.x : ex.y, 0, sel);
+            pair[i] = ((T & 0x00040004u) << 13) | ((T & 0x00030003u) << 8) | L | (E << 10);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint32_t sel = i & 1 ? 0x4342 : 0x4140;
+            const uint32_t S = __byte_perm(i < 2 ? b0 : b1, 0, sel), E = __byte_perm(i < 2 ? ex.x : ex.y, 0, sel);
+            pair[i] = ((S & 0x00800080u) << 8) | (E << 7) | (S & 0x007f007fu);
+        }
+    }
+    uint8_t* o = d.out + (size_t)v0 * D::SIZE;
+    if constexpr (D::SIZE == 4) {
+        const uint8_t* lo = d.pay + pad4((uint32_t)d.nb) + 2 * v0;
+        uint32_t f[8];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const uint32_t l = v0 + 2 * k < d.nb ? ld32(lo + 4 * k) : 0u;
+            f[2 * k] = __byte_perm(l, pair[k], 0x5410);
+            f[2 * k + 1] = __byte_perm(l, pair[k], 0x7632);
+        }
+        if (aligned && valid == 8) {
+            reinterpret_cast<uint4*>(o)[0] = make_uint4(f[0], f[1], f[2], f[3]);
+            reinterpret_cast<uint4*>(o)[1] = make_uint4(f[4], f[5], f[6], f[7]);
+        } else {
+#pragma unroll
+            for (int v = 0; v < 8; ++v)
+                if (v < valid) reinterpret_cast<uint32_t*>(o)[v] = f[v];
+        }
+    } else {
+        if (aligned && valid == 8) {
+            *reinterpret_cast<uint4*>(o) = make_uint4(pair[0], pair[1], pair[2], pair[3]);
+        } else {
+#pragma unroll
+            for (int v = 0; v < 8; ++v)
+                if (v < valid) reinterpret_cast<uint16_t*>(o)[v] = (uint16_t)(pair[v >> 1] >> (16 * (v & 1)));
+        }
+    }
+}
+
+// One tile of a coded block: codes, escape ordinals, escapes, values. K1 = d.k1.
+template <class D, int K1>
+__device__ uint32_t decode_tile(DecSmem& sm, const BlockDesc& d, int t0, uint32_t& esc_run, uint32_t& raw_run, bool aligned) {
+    const int tid = threadIdx.x, v0 = t0 + 8 * tid;
+    const int valid = d.nb - v0 < 0 ? 0 : (d.nb - v0 > 8 ? 8 : d.nb - v0);
+    const uint32_t g = (uint32_t)v0 >> 5, q = tid & 3;
+    uint2 codes = make_uint2(0, 0);
+    uint32_t e8 = 0;
+    Payload<D> pl;
+    if (valid > 0) {
+        pl = load_payload<D>(d, tid, v0);
+        uint32_t all = 0xffu;
+#pragma unroll
+        for (uint32_t b = 0; b < K1; ++b) {
+            const uint32_t byte = (ld32(d.p1 + 4 * (g * K1 + b)) >> (8 * q)) & 0xffu;
+            const uint2 s = scatter_plane(byte);
+            codes.x |= s.x << b;
+            codes.y |= s.y << b;
+            all &= byte;
+        }
+        e8 = all & ((1u << valid) - 1u);
+    }
+    sm.cnt[tid] = __popc(e8);
+    __syncthreads();
+    const uint32_t cnt = block_scan<1>(sm.cnt, sm.wtmp);
+    if (esc_run + cnt > d.n_esc1) return ST_ESCAPES;
+    if (cnt) {
+        const uint32_t st = fill_escapes<D>(sm, d, esc_run, cnt, raw_run);
+        if (st) return st;
+    }
+    if (valid > 0) {
+        uint2 ex = make_uint2(0, 0);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            ex.x |= (uint32_t)sm.table[(codes.x >> (8 * k)) & 0x1fu] << (8 * k);
+            ex.y |= (uint32_t)sm.table[(codes.y >> (8 * k)) & 0x1fu] << (8 * k);
+        }
+        if (e8) {  // predicated over the 8 values, not a loop over escapes
+            const uint32_t o = sm.cnt[tid];
+#pragma unroll
+            for (int jb = 0; jb < 8; ++jb) {
+                if ((e8 >> jb) & 1u) {
+                    const uint32_t e = sm.esc[o + __popc(e8 & ((1u << jb) - 1u))], sh = 8 * (jb & 3);
+                    if (jb < 4) ex.x = (ex.x & ~(0xffu << sh)) | (e << sh);
+                    else ex.y = (ex.y & ~(0xffu << sh)) | (e << sh);
+                }
+            }
+        }
+        put_values<D>(d, v0, valid, ex, pl, aligned);
+    }
+    esc_run += cnt;
+    __syncthreads();
+    return ST_OK;
+}
+
+// The tiles of a coded block, with the code width K1 fixed at compile time.
+template <class D, int K1>
+__device__ uint32_t decode_tiles(DecSmem& sm, const BlockDesc& d, uint32_t flags) {
+    uint32_t esc_run = 0, raw_run = 0;
+    for (int t0 = 0; t0 < d.nb; t0 += TILE) {
+        const uint32_t s = decode_tile<D, K1>(sm, d, t0, esc_run, raw_run, flags & 1);
+        if (s) return s;
+    }
+    if (esc_run != d.n_esc1) return ST_ESCAPES;
+    if (d.k2 && raw_run != d.n_raw) return ST_RAWS;
+    return ST_OK;
+}
+
+template <class D>
+__device__ uint32_t decode_block(DecSmem& sm, BlockDesc& d, uint32_t bytes, uint32_t flags) {
+    const int tid = threadIdx.x;
+    const uint32_t st = parse_block<D>(d, bytes);
+    if (st) return st;
+    if (d.k1 == 0) {  // raw
+        const uint32_t len = D::SIZE * (uint32_t)d.nb;
+        if (flags & 2) {
+            for (uint32_t w = tid; w < len / 4; w += THREADS) st32(d.out + 4 * w, ld32(d.blk + 8 + 4 * w));
+            if ((len & 3) && tid == 0)
+                *reinterpret_cast<uint16_t*>(d.out + len - 2) = *reinterpret_cast<const uint16_t*>(d.blk + 8 + len - 2);
+        } else {
+            for (uint32_t h = tid; h < len / 2; h += THREADS)
+                reinterpret_cast<uint16_t*>(d.out)[h] = reinterpret_cast<const uint16_t*>(d.blk + 8)[h];
+        }
+        return ST_OK;
+    }
+    if ((uint32_t)tid < d.t1 + d.t2) {
+        const uint32_t e = d.blk[8 + tid];
+        if (e >= (uint32_t)D::NSYM) sm.err = ST_SYMBOL;
+        sm.table[tid] = (uint8_t)e;
+    }
+    __syncthreads();
+    if (sm.err) return sm.err;
+    switch (d.k1) {
+        case 1: return decode_tiles<D, 1>(sm, d, flags);
+        case 2: return decode_tiles<D, 2>(sm, d, flags);
+        case 3: return decode_tiles<D, 3>(sm, d, flags);
+        case 4: return decode_tiles<D, 4>(sm, d, flags);
+        default: return decode_tiles<D, 5>(sm, d, flags);
+    }
+}
+
+// Stream header checks (format.rs StreamHeader::parse), identical in every CTA.
+template <class D>
+__device__ uint32_t check_stream(const uint8_t* in, uint64_t in_len, uint64_t n, uint32_t& B, uint32_t& nblocks) {
+    if (in_len < 24) return ST_TRUNCATED;
+    if (ld32(in) != D::MAGIC) return ST_MAGIC;
+    if (ld32(in + 4) != 1) return ST_VERSION;
+    const uint64_t hn = (uint64_t)ld32(in + 8) | ((uint64_t)ld32(in + 12) << 32);
+    if (hn != n) return ST_COUNT;
+    B = ld32(in + 16);
+    nblocks = ld32(in + 20);
+    if (B < 32 || B % 32 || B > (1u << 24) || (n + B - 1) / B != nblocks) return ST_GEOMETRY;
+    if (in_len < 24 + 4 * (uint64_t)nblocks) return ST_TRUNCATED;
+    return ST_OK;
+}
+
+// flags bit 0: `out` is 16-byte aligned; bit 1: `out` is 4-byte aligned.
+template <class D>
+__device__ void decompress_kernel(const uint8_t* in, uint64_t in_len, uint8_t* out, uint64_t n, uint32_t* status,
+                                  uint32_t flags) {
+    __shared__ DecSmem sm;
+    BFX_EMU_POISON(sm);
+    const int tid = threadIdx.x;
+    if (tid == 0) sm.err = 0;
+    uint32_t B = 0, nblocks = 0;
+    const uint32_t st = check_stream<D>(in, in_len, n, B, nblocks);
+    if (st) {
+        if (blockIdx.x == 0 && tid == 0) report(status, st, 0);
+        return;
+    }
+    const uint64_t b0 = (uint64_t)nblocks * blockIdx.x / gridDim.x, b1 = (uint64_t)nblocks * (blockIdx.x + 1) / gridDim.x;
+    if (b0 == b1) return;
+    uint64_t part = 0;
+#pragma unroll 8
+    for (uint64_t i = tid; i < b0; i += THREADS) part += ld32(in + 24 + 4 * i);
+    uint64_t off = 24 + 4 * (uint64_t)nblocks + block_sum64(part, sm.wtmp64);
+    for (uint64_t j = b0; j < b1; ++j) {
+        const uint32_t bytes = ld32(in + 24 + 4 * j);
+        BlockDesc d;
+        d.nb = (int)(n - j * B < B ? n - j * B : B);
+        d.blk = in + off;
+        d.out = out + j * B * D::SIZE;
+        uint32_t s = ST_OK;
+        if (bytes % 4 || bytes < 8 + (uint32_t)d.nb || bytes > 8 + D::SIZE * B) s = ST_BLOCK_SIZE;
+        else if (off + bytes > in_len) s = ST_TRUNCATED;
+        else s = decode_block<D>(sm, d, bytes, flags);
+        if (s) {
+            if (tid == 0) report(status, s, j);
+            return;
+        }
+        off += bytes;
+    }
+}
+
+}  // namespace bfx
+
+// ===================================================================== entry points ===
+// Parameters as in bfx.cu: u64 for pointers and sizes, u32 otherwise.
+
+// status = 0 before the decoder may set it.
+extern "C" __global__ void hoccl_bfx_decompress_begin(uint32_t* status) {
+    if (threadIdx.x == 0 && blockIdx.x == 0 && status) *status = 0;
+}
+
+#define BFX_DECOMPRESS(NAME, D)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(256, 4) NAME(const uint8_t* in, uint64_t in_len, uint8_t* out,      \
+                                                           uint64_t n, uint32_t* status, uint32_t flags) {           \
+        bfx::decompress_kernel<D>(in, in_len, out, n, status, flags);                                                \
+    }
+BFX_DECOMPRESS(hoccl_bfx_decompress_bf16, bfx::Bf16T)
+BFX_DECOMPRESS(hoccl_bfx_decompress_f16, bfx::F16T)
+BFX_DECOMPRESS(hoccl_bfx_decompress_f32, bfx::F32T)
