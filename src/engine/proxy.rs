@@ -124,6 +124,7 @@ pub(super) struct Proxy {
     orphans: HashMap<(u64, usize), Mapped>,
     stopping: Option<(bool, Instant)>,
     last_check: Instant,
+    scratch: Vec<u64>,
 }
 
 impl Proxy {
@@ -154,6 +155,7 @@ impl Proxy {
             orphans: HashMap::new(),
             stopping: None,
             last_check: Instant::now(),
+            scratch: Vec::new(),
         })
     }
 
@@ -345,8 +347,11 @@ impl Proxy {
 
     fn progress_ops(&mut self) -> bool {
         let mut any = false;
-        let seqs: Vec<u64> = self.ops.keys().copied().collect();
-        for seq in seqs {
+        // Reused buffer: this runs on every turn of the proxy loop.
+        let mut seqs = std::mem::take(&mut self.scratch);
+        seqs.clear();
+        seqs.extend(self.ops.keys().copied());
+        for &seq in &seqs {
             match self.progress_op(seq) {
                 Ok(p) => any |= p,
                 Err(e) => {
@@ -355,6 +360,7 @@ impl Proxy {
                 }
             }
         }
+        self.scratch = seqs;
         any
     }
 
