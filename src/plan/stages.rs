@@ -1,0 +1,196 @@
+//! Stage assembly (paper Algorithm 1, lines 1–2 and 7–9): native NVLink work is packed into
+//! the slack that each stage's NIC work leaves on NVLink ports and copy engines, and every
+//! stage gets its cost, the time of its slowest domain.
+use super::cluster::{Cluster, CopyKind};
+use super::schedule::NicSlice;
+use super::traffic::{Hop, Native, Traffic};
+
+/// A piece `[offset, offset + bytes)` of native flow `native`, copied in `stage`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NativePiece {
+    pub native: u32,
+    pub stage: u32,
+    pub offset: u64,
+    pub bytes: u64,
+}
+
+/// Seconds each domain needs for one stage's work; the stage costs the largest.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StageCost {
+    pub nic_s: f64,
+    pub nvlink_s: f64,
+    pub ce_s: f64,
+}
+
+impl StageCost {
+    pub fn total(&self) -> f64 {
+        self.nic_s.max(self.nvlink_s).max(self.ce_s)
+    }
+}
+
+/// One stage: `plan.nic[nic.0..nic.1]` and `plan.native_pieces[native.0..native.1]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Stage {
+    pub nic: (usize, usize),
+    pub native: (usize, usize),
+    pub cost: StageCost,
+}
+
+/// Per-stage loads on every port and engine, with the touched indices for a cheap reset.
+pub(crate) struct StageLoads {
+    nic: Vec<f64>,
+    out: Vec<f64>,
+    inn: Vec<f64>,
+    ce: Vec<f64>,
+    touched_gpu: Vec<u32>,
+    touched_nic: Vec<u32>,
+}
+
+impl StageLoads {
+    pub(crate) fn new(cl: &Cluster) -> Self {
+        let g = cl.num_gpus();
+        StageLoads {
+            nic: vec![0.0; 2 * cl.num_nics()],
+            out: vec![0.0; g],
+            inn: vec![0.0; g],
+            ce: vec![0.0; g * cl.ce_per_gpu],
+            touched_gpu: Vec::new(),
+            touched_nic: Vec::new(),
+        }
+    }
+
+    fn clear(&mut self, cl: &Cluster) {
+        for &g in &self.touched_gpu {
+            let g = g as usize;
+            self.out[g] = 0.0;
+            self.inn[g] = 0.0;
+            self.ce[g * cl.ce_per_gpu..(g + 1) * cl.ce_per_gpu].fill(0.0);
+        }
+        for &n in &self.touched_nic {
+            self.nic[n as usize] = 0.0;
+        }
+        self.touched_gpu.clear();
+        self.touched_nic.clear();
+    }
+
+    fn add_copy(&mut self, cl: &Cluster, kind: CopyKind, src: usize, dst: usize, bytes: f64) {
+        self.touched_gpu.push(src as u32);
+        self.touched_gpu.push(dst as u32);
+        self.ce[src * cl.ce_per_gpu + cl.engine_for(kind, dst)] += bytes;
+        if src != dst {
+            self.out[src] += bytes;
+            self.inn[dst] += bytes;
+        }
+    }
+
+    fn add_slice(&mut self, cl: &Cluster, t: &Traffic, s: &NicSlice) {
+        let r = &t.routes[s.route as usize];
+        let b = s.bytes as f64;
+        r.for_each_hop(cl, |src, dst, hop| match hop {
+            Hop::Nic => {
+                let (a, z) = (cl.nic_of(src), cl.nic_of(dst));
+                self.nic[2 * a] += b;
+                self.nic[2 * z + 1] += b;
+                self.touched_nic.push(2 * a as u32);
+                self.touched_nic.push(2 * z as u32 + 1);
+            }
+            Hop::Copy(k) => self.add_copy(cl, k, src, dst, b),
+        });
+    }
+
+    fn cost(&self, cl: &Cluster) -> StageCost {
+        let mut c = StageCost::default();
+        for &n in &self.touched_nic {
+            c.nic_s = c.nic_s.max(self.nic[n as usize] / cl.nic_bw);
+        }
+        for &g in &self.touched_gpu {
+            let g = g as usize;
+            c.nvlink_s = c.nvlink_s.max(self.out[g].max(self.inn[g]) / cl.nvlink_bw);
+            for e in 0..cl.ce_per_gpu {
+                c.ce_s = c.ce_s.max(self.ce[g * cl.ce_per_gpu + e] / cl.ce_bw);
+            }
+        }
+        c
+    }
+}
+
+/// Packs native flows into the stages' slack, front-loaded: each stage takes as much of
+/// every remaining native flow as its NVLink ports and copy engines can absorb without
+/// lengthening the stage. What does not fit goes into one extra NVLink-only stage (NVLink
+/// has no degree constraint, so the whole remainder is one stage).
+fn pack_natives(cl: &Cluster, t: &Traffic, nic: &[NicSlice], bounds: &[(usize, usize)], min_piece: u64) -> Vec<NativePiece> {
+    let natives: &[Native] = &t.natives;
+    let mut rem: Vec<u64> = natives.iter().map(|n| n.bytes).collect();
+    let mut active: Vec<u32> = (0..natives.len() as u32).filter(|&i| rem[i as usize] > 0).collect();
+    let mut pieces = Vec::new();
+    let mut loads = StageLoads::new(cl);
+    for (s, &(lo, hi)) in bounds.iter().enumerate() {
+        if active.is_empty() {
+            break;
+        }
+        loads.clear(cl);
+        nic[lo..hi].iter().for_each(|x| loads.add_slice(cl, t, x));
+        let d = loads.cost(cl).total();
+        for &i in &active {
+            let n = natives[i as usize];
+            let (x, y) = (n.src as usize, n.dst as usize);
+            let e = x * cl.ce_per_gpu + cl.engine_for(CopyKind::Native, y);
+            let slack = (d * cl.nvlink_bw - loads.out[x]).min(d * cl.nvlink_bw - loads.inn[y]).min(d * cl.ce_bw - loads.ce[e]);
+            let r = rem[i as usize];
+            let take = if slack >= r as f64 { r } else { slack.max(0.0) as u64 };
+            if take == 0 || (take < r && take < min_piece) {
+                continue;
+            }
+            pieces.push(NativePiece { native: i, stage: s as u32, offset: n.bytes - r, bytes: take });
+            rem[i as usize] -= take;
+            loads.add_copy(cl, CopyKind::Native, x, y, take as f64);
+        }
+        active.retain(|&i| rem[i as usize] > 0);
+    }
+    let last = bounds.len() as u32;
+    for i in active {
+        let n = natives[i as usize];
+        let r = rem[i as usize];
+        pieces.push(NativePiece { native: i, stage: last, offset: n.bytes - r, bytes: r });
+    }
+    pieces
+}
+
+/// Index ranges of consecutive equal keys over `0..stages`.
+fn ranges(stages: usize, keys: impl Iterator<Item = u32>) -> Vec<(usize, usize)> {
+    let mut out = vec![(0usize, 0usize); stages];
+    let mut counts = vec![0usize; stages];
+    for k in keys {
+        counts[k as usize] += 1;
+    }
+    let mut at = 0;
+    for s in 0..stages {
+        out[s] = (at, at + counts[s]);
+        at += counts[s];
+    }
+    out
+}
+
+/// Builds the stages: native pieces, and each stage's cost.
+pub fn assemble(cl: &Cluster, t: &Traffic, nic: &[NicSlice], nic_stages: usize, chunk: u64) -> (Vec<NativePiece>, Vec<Stage>) {
+    let nic_bounds = ranges(nic_stages, nic.iter().map(|x| x.stage));
+    let pieces = pack_natives(cl, t, nic, &nic_bounds, chunk);
+    let stages_n = pieces.iter().map(|p| p.stage as usize + 1).max().unwrap_or(0).max(nic_stages);
+    let mut nb = nic_bounds;
+    nb.resize(stages_n, (nic.len(), nic.len()));
+    let pb = ranges(stages_n, pieces.iter().map(|p| p.stage));
+    let mut sorted = pieces;
+    sorted.sort_by_key(|p| p.stage);
+    let mut loads = StageLoads::new(cl);
+    let mut stages = Vec::with_capacity(stages_n);
+    for s in 0..stages_n {
+        loads.clear(cl);
+        nic[nb[s].0..nb[s].1].iter().for_each(|x| loads.add_slice(cl, t, x));
+        for p in &sorted[pb[s].0..pb[s].1] {
+            let n = t.natives[p.native as usize];
+            loads.add_copy(cl, CopyKind::Native, n.src as usize, n.dst as usize, p.bytes as f64);
+        }
+        stages.push(Stage { nic: nb[s], native: pb[s], cost: loads.cost(cl) });
+    }
+    (sorted, stages)
+}
