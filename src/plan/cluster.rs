@@ -135,3 +135,33 @@ impl CopyKind {
         }
     }
 }
+
+/// Lookup tables of a cluster for the planner's hot loops (no divisions per flow).
+pub(crate) struct Index {
+    pub node: Vec<u32>,
+    pub staging: Vec<u32>,
+    /// Global NIC serving each GPU when it stages.
+    pub nic: Vec<u32>,
+    pub nic_node: Vec<u32>,
+    pub nic_rail: Vec<u32>,
+    /// `engine[kind * G + dst]`: engine used for a copy of `kind` towards `dst`.
+    pub engine: Vec<u8>,
+}
+
+impl Index {
+    pub fn new(cl: &Cluster) -> Index {
+        let g = cl.num_gpus();
+        let kinds = [CopyKind::Native, CopyKind::Send, CopyKind::Recv];
+        Index {
+            node: (0..g).map(|x| cl.node_of(x) as u32).collect(),
+            staging: (0..g).map(|x| cl.staging_gpu(x) as u32).collect(),
+            nic: (0..g).map(|x| cl.nic_of(x) as u32).collect(),
+            nic_node: (0..cl.num_nics()).map(|a| (a / cl.nics_per_node) as u32).collect(),
+            nic_rail: (0..cl.num_nics()).map(|a| (a % cl.nics_per_node) as u32).collect(),
+            engine: kinds.iter().flat_map(|&k| (0..g).map(move |d| cl.engine_for(k, d) as u8)).collect(),
+        }
+    }
+    pub fn engine(&self, kind: CopyKind, dst: usize) -> usize {
+        self.engine[kind as usize * self.node.len() + dst] as usize
+    }
+}

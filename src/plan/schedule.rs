@@ -14,7 +14,7 @@
 //! A transfer's stage is one more than the last stage of its two ports, so every stage is a
 //! matching (at most one outgoing and one incoming NIC flow per NIC), and ordering each NIC's
 //! transfers by stage reproduces the planned timeline without any global barrier.
-use super::cluster::Cluster;
+use super::cluster::{Cluster, Index};
 use super::traffic::Route;
 use std::collections::BTreeMap;
 
@@ -44,10 +44,17 @@ struct Csr {
 }
 
 /// The shift of `b` relative to `a`: node offset major, NIC offset minor.
-fn shift_key(cl: &Cluster, a: usize, b: usize) -> usize {
-    let (k, n) = (cl.nics_per_node, cl.nodes);
-    let (na, nb) = (a / k, b / k);
-    ((nb + n - na) % n) * k + ((b % k) + k - (a % k)) % k
+#[inline]
+fn shift_key(ix: &Index, nodes: u32, k: u32, a: usize, b: usize) -> usize {
+    let mut dn = ix.nic_node[b] + nodes - ix.nic_node[a];
+    if dn >= nodes {
+        dn -= nodes;
+    }
+    let mut dr = ix.nic_rail[b] + k - ix.nic_rail[a];
+    if dr >= k {
+        dr -= k;
+    }
+    (dn * k + dr) as usize
 }
 
 /// Counting sort of `0..items` by `key`, as CSR over `0..n` keys.
@@ -70,49 +77,56 @@ fn csr_by(n: usize, items: usize, key: impl Fn(usize) -> usize) -> Csr {
 }
 
 /// Builds NIC-pair entries and both preference lists.
-fn build_entries(cl: &Cluster, routes: &[Route], order: &mut Vec<u32>) -> (Vec<Entry>, Csr, Csr) {
+/// Builds NIC-pair entries, numbered sender-major in shift order (so a sender's entries are
+/// contiguous: `out_start[a]..out_start[a + 1]`), and the receivers' preference lists.
+fn build_entries(cl: &Cluster, ix: &Index, routes: &[Route], order: &mut Vec<u32>) -> (Vec<Entry>, Vec<u32>, Csr) {
     let n = cl.num_nics();
-    let nic_a = |r: &Route| cl.nic_of(r.send_gpu as usize);
-    let nic_b = |r: &Route| cl.nic_of(r.recv_gpu as usize);
-    let by_a = csr_by(n, routes.len(), |i| nic_a(&routes[i]));
+    let (nodes, k) = (cl.nodes as u32, cl.nics_per_node as u32);
+    let ra: Vec<u32> = routes.iter().map(|r| ix.nic[r.send_gpu as usize]).collect();
+    let by_a = csr_by(n, routes.len(), |i| ra[i] as usize);
+    drop(ra);
     let mut slot = vec![u32::MAX; n];
-    let mut chain: Vec<(u32, u32)> = Vec::new(); // per entry: (first route, last route)
+    let mut scratch: Vec<(u32, u32, u32, u64)> = Vec::new(); // (b, first route, last route, bytes)
     let mut next = vec![u32::MAX; routes.len()];
     let mut entries: Vec<Entry> = Vec::with_capacity(routes.len());
+    let mut first: Vec<u32> = Vec::with_capacity(routes.len());
     let mut out_start = vec![0u32; n + 1];
-    let mut out_list: Vec<u32> = Vec::with_capacity(routes.len());
     for a in 0..n {
         let bucket = &by_a.list[by_a.start[a] as usize..by_a.start[a + 1] as usize];
+        scratch.clear();
         for &r in bucket {
-            let b = nic_b(&routes[r as usize]);
-            let key = shift_key(cl, a, b);
+            let rt = &routes[r as usize];
+            let b = ix.nic[rt.recv_gpu as usize];
+            let key = shift_key(ix, nodes, k, a, b as usize);
             if slot[key] == u32::MAX {
-                slot[key] = entries.len() as u32;
-                chain.push((r, r));
-                entries.push(Entry { a: a as u32, b: b as u32, end: 0, cur: 0, cur_off: 0, remaining: 0 });
+                slot[key] = scratch.len() as u32;
+                scratch.push((b, r, r, rt.bytes));
             } else {
-                let e = slot[key] as usize;
-                next[chain[e].1 as usize] = r;
-                chain[e].1 = r;
+                let e = &mut scratch[slot[key] as usize];
+                next[e.2 as usize] = r;
+                e.2 = r;
+                e.3 += rt.bytes;
             }
-            entries[slot[key] as usize].remaining += routes[r as usize].bytes;
         }
         if !bucket.is_empty() {
-            for s in slot.iter_mut() {
-                if *s != u32::MAX {
-                    out_list.push(*s);
-                    *s = u32::MAX;
+            for sl in slot.iter_mut() {
+                if *sl != u32::MAX {
+                    let (b, f, _, bytes) = scratch[*sl as usize];
+                    entries.push(Entry { a: a as u32, b, end: 0, cur: 0, cur_off: 0, remaining: bytes });
+                    first.push(f);
+                    *sl = u32::MAX;
                 }
             }
         }
-        out_start[a + 1] = out_list.len() as u32;
+        out_start[a + 1] = entries.len() as u32;
     }
+    drop(by_a);
     // Lay each entry's routes out contiguously in `order`.
     order.clear();
     order.reserve(routes.len());
     for (e, ent) in entries.iter_mut().enumerate() {
         ent.cur = order.len() as u32;
-        let mut r = chain[e].0;
+        let mut r = first[e];
         while r != u32::MAX {
             order.push(r);
             r = next[r as usize];
@@ -124,18 +138,18 @@ fn build_entries(cl: &Cluster, routes: &[Route], order: &mut Vec<u32>) -> (Vec<E
     for b in 0..n {
         let bucket = &by_b.list[by_b.start[b] as usize..by_b.start[b + 1] as usize];
         for &e in bucket {
-            slot[shift_key(cl, entries[e as usize].a as usize, b)] = e;
+            slot[shift_key(ix, nodes, k, entries[e as usize].a as usize, b)] = e;
         }
         if !bucket.is_empty() {
-            for s in slot.iter_mut() {
-                if *s != u32::MAX {
-                    in_list.push(*s);
-                    *s = u32::MAX;
+            for sl in slot.iter_mut() {
+                if *sl != u32::MAX {
+                    in_list.push(*sl);
+                    *sl = u32::MAX;
                 }
             }
         }
     }
-    (entries, Csr { start: out_start, list: out_list }, Csr { start: by_b.start, list: in_list })
+    (entries, out_start, Csr { start: by_b.start, list: in_list })
 }
 
 /// Slices larger than this are cut: 1/32 of the heaviest port's load, but never below four
@@ -189,7 +203,7 @@ struct Scheduler<'a> {
     routes: &'a [Route],
     order: Vec<u32>,
     entries: Vec<Entry>,
-    out: Csr,
+    out_start: Vec<u32>,
     inn: Csr,
     out_cur: Vec<u32>,
     in_cur: Vec<u32>,
@@ -240,9 +254,9 @@ impl Scheduler<'_> {
     }
 
     fn try_sender(&mut self, a: usize, t: f64) {
-        let (lo, hi) = (self.out_cur[a] as usize, self.out.start[a + 1] as usize);
-        for i in lo..hi {
-            let e = self.out.list[i] as usize;
+        let (lo, hi) = (self.out_cur[a] as usize, self.out_start[a + 1] as usize);
+        for e in lo..hi {
+            let i = e;
             if self.entries[e].remaining == 0 {
                 if i == self.out_cur[a] as usize {
                     self.out_cur[a] += 1;
@@ -279,12 +293,13 @@ impl Scheduler<'_> {
         loop {
             // The most loaded ports choose first.
             freed_out.sort_unstable_by_key(|&a| (std::cmp::Reverse(self.out_rem[a as usize]), a));
-            freed_in.sort_unstable_by_key(|&b| (std::cmp::Reverse(self.in_rem[b as usize]), b));
             for &a in &freed_out {
                 if self.out_free[a as usize] {
                     self.try_sender(a as usize, t);
                 }
             }
+            freed_in.retain(|&b| self.in_free[b as usize]);
+            freed_in.sort_unstable_by_key(|&b| (std::cmp::Reverse(self.in_rem[b as usize]), b));
             for &b in &freed_in {
                 if self.in_free[b as usize] {
                     self.try_receiver(b as usize, t);
@@ -310,21 +325,22 @@ impl Scheduler<'_> {
 pub fn schedule_nics(cl: &Cluster, routes: &[Route]) -> (Vec<NicSlice>, usize) {
     let n = cl.num_nics();
     let mut order = Vec::new();
-    let (entries, out, inn) = build_entries(cl, routes, &mut order);
+    let ix = Index::new(cl);
+    let (entries, out_start, inn) = build_entries(cl, &ix, routes, &mut order);
     let cap = slice_cap(cl, &entries);
     let (mut out_rem, mut in_rem) = (vec![0u64; n], vec![0u64; n]);
     for e in &entries {
         out_rem[e.a as usize] += e.remaining;
         in_rem[e.b as usize] += e.remaining;
     }
-    let out_cur = out.start[..n].to_vec();
+    let out_cur = out_start[..n].to_vec();
     let in_cur = inn.start[..n].to_vec();
     let mut s = Scheduler {
         cl,
         routes,
         order,
         entries,
-        out,
+        out_start,
         inn,
         out_cur,
         in_cur,

@@ -1,9 +1,9 @@
 //! Stage assembly (paper Algorithm 1, lines 1–2 and 7–9): native NVLink work is packed into
 //! the slack that each stage's NIC work leaves on NVLink ports and copy engines, and every
 //! stage gets its cost, the time of its slowest domain.
-use super::cluster::{Cluster, CopyKind};
+use super::cluster::{Cluster, CopyKind, Index};
 use super::schedule::NicSlice;
-use super::traffic::{Hop, Native, Traffic};
+use super::traffic::{Native, Traffic};
 
 /// A piece `[offset, offset + bytes)` of native flow `native`, copied in `stage`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,10 +38,14 @@ pub struct Stage {
 
 /// Per-stage loads on every port and engine, with the touched indices for a cheap reset.
 pub(crate) struct StageLoads {
+    ix: Index,
+    ce_n: usize,
     nic: Vec<f64>,
     out: Vec<f64>,
     inn: Vec<f64>,
     ce: Vec<f64>,
+    seen_gpu: Vec<bool>,
+    seen_nic: Vec<bool>,
     touched_gpu: Vec<u32>,
     touched_nic: Vec<u32>,
 }
@@ -50,33 +54,56 @@ impl StageLoads {
     pub(crate) fn new(cl: &Cluster) -> Self {
         let g = cl.num_gpus();
         StageLoads {
+            ix: Index::new(cl),
+            ce_n: cl.ce_per_gpu,
             nic: vec![0.0; 2 * cl.num_nics()],
             out: vec![0.0; g],
             inn: vec![0.0; g],
             ce: vec![0.0; g * cl.ce_per_gpu],
+            seen_gpu: vec![false; g],
+            seen_nic: vec![false; 2 * cl.num_nics()],
             touched_gpu: Vec::new(),
             touched_nic: Vec::new(),
         }
     }
 
-    fn clear(&mut self, cl: &Cluster) {
+    fn clear(&mut self) {
         for &g in &self.touched_gpu {
             let g = g as usize;
             self.out[g] = 0.0;
             self.inn[g] = 0.0;
-            self.ce[g * cl.ce_per_gpu..(g + 1) * cl.ce_per_gpu].fill(0.0);
+            self.ce[g * self.ce_n..(g + 1) * self.ce_n].fill(0.0);
+            self.seen_gpu[g] = false;
         }
         for &n in &self.touched_nic {
             self.nic[n as usize] = 0.0;
+            self.seen_nic[n as usize] = false;
         }
         self.touched_gpu.clear();
         self.touched_nic.clear();
     }
 
-    fn add_copy(&mut self, cl: &Cluster, kind: CopyKind, src: usize, dst: usize, bytes: f64) {
-        self.touched_gpu.push(src as u32);
-        self.touched_gpu.push(dst as u32);
-        self.ce[src * cl.ce_per_gpu + cl.engine_for(kind, dst)] += bytes;
+    #[inline]
+    fn touch_gpu(&mut self, g: usize) {
+        if !self.seen_gpu[g] {
+            self.seen_gpu[g] = true;
+            self.touched_gpu.push(g as u32);
+        }
+    }
+
+    #[inline]
+    fn add_nic(&mut self, port: usize, bytes: f64) {
+        if !self.seen_nic[port] {
+            self.seen_nic[port] = true;
+            self.touched_nic.push(port as u32);
+        }
+        self.nic[port] += bytes;
+    }
+
+    fn add_copy(&mut self, kind: CopyKind, src: usize, dst: usize, bytes: f64) {
+        self.touch_gpu(src);
+        self.touch_gpu(dst);
+        self.ce[src * self.ce_n + self.ix.engine(kind, dst)] += bytes;
         if src != dst {
             self.out[src] += bytes;
             self.inn[dst] += bytes;
@@ -86,30 +113,33 @@ impl StageLoads {
     fn add_slice(&mut self, cl: &Cluster, t: &Traffic, s: &NicSlice) {
         let r = &t.routes[s.route as usize];
         let b = s.bytes as f64;
-        r.for_each_hop(cl, |src, dst, hop| match hop {
-            Hop::Nic => {
-                let (a, z) = (cl.nic_of(src), cl.nic_of(dst));
-                self.nic[2 * a] += b;
-                self.nic[2 * z + 1] += b;
-                self.touched_nic.push(2 * a as u32);
-                self.touched_nic.push(2 * z as u32 + 1);
+        let (a, z) = (self.ix.nic[r.send_gpu as usize] as usize, self.ix.nic[r.recv_gpu as usize] as usize);
+        self.add_nic(2 * a, b);
+        self.add_nic(2 * z + 1, b);
+        self.add_copy(CopyKind::Send, r.src as usize, r.send_gpu as usize, b);
+        if r.fan_out {
+            let k = cl.gpus_per_node;
+            for d in r.dst as usize * k..(r.dst as usize + 1) * k {
+                self.add_copy(CopyKind::Recv, r.recv_gpu as usize, d, b);
             }
-            Hop::Copy(k) => self.add_copy(cl, k, src, dst, b),
-        });
+        } else {
+            self.add_copy(CopyKind::Recv, r.recv_gpu as usize, r.dst as usize, b);
+        }
     }
 
     fn cost(&self, cl: &Cluster) -> StageCost {
         let mut c = StageCost::default();
-        for &n in &self.touched_nic {
-            c.nic_s = c.nic_s.max(self.nic[n as usize] / cl.nic_bw);
-        }
+        let nic_max = self.touched_nic.iter().map(|&n| self.nic[n as usize]).fold(0.0, f64::max);
+        let mut nvl_max: f64 = 0.0;
+        let mut ce_max: f64 = 0.0;
         for &g in &self.touched_gpu {
             let g = g as usize;
-            c.nvlink_s = c.nvlink_s.max(self.out[g].max(self.inn[g]) / cl.nvlink_bw);
-            for e in 0..cl.ce_per_gpu {
-                c.ce_s = c.ce_s.max(self.ce[g * cl.ce_per_gpu + e] / cl.ce_bw);
-            }
+            nvl_max = nvl_max.max(self.out[g]).max(self.inn[g]);
+            ce_max = self.ce[g * self.ce_n..(g + 1) * self.ce_n].iter().fold(ce_max, |m, &x| m.max(x));
         }
+        c.nic_s = nic_max / cl.nic_bw;
+        c.nvlink_s = nvl_max / cl.nvlink_bw;
+        c.ce_s = ce_max / cl.ce_bw;
         c
     }
 }
@@ -128,13 +158,13 @@ fn pack_natives(cl: &Cluster, t: &Traffic, nic: &[NicSlice], bounds: &[(usize, u
         if active.is_empty() {
             break;
         }
-        loads.clear(cl);
+        loads.clear();
         nic[lo..hi].iter().for_each(|x| loads.add_slice(cl, t, x));
         let d = loads.cost(cl).total();
         for &i in &active {
             let n = natives[i as usize];
             let (x, y) = (n.src as usize, n.dst as usize);
-            let e = x * cl.ce_per_gpu + cl.engine_for(CopyKind::Native, y);
+            let e = x * cl.ce_per_gpu + loads.ix.engine(CopyKind::Native, y);
             let slack = (d * cl.nvlink_bw - loads.out[x]).min(d * cl.nvlink_bw - loads.inn[y]).min(d * cl.ce_bw - loads.ce[e]);
             let r = rem[i as usize];
             let take = if slack >= r as f64 { r } else { slack.max(0.0) as u64 };
@@ -143,7 +173,7 @@ fn pack_natives(cl: &Cluster, t: &Traffic, nic: &[NicSlice], bounds: &[(usize, u
             }
             pieces.push(NativePiece { native: i, stage: s as u32, offset: n.bytes - r, bytes: take });
             rem[i as usize] -= take;
-            loads.add_copy(cl, CopyKind::Native, x, y, take as f64);
+            loads.add_copy(CopyKind::Native, x, y, take as f64);
         }
         active.retain(|&i| rem[i as usize] > 0);
     }
@@ -184,11 +214,11 @@ pub fn assemble(cl: &Cluster, t: &Traffic, nic: &[NicSlice], nic_stages: usize, 
     let mut loads = StageLoads::new(cl);
     let mut stages = Vec::with_capacity(stages_n);
     for s in 0..stages_n {
-        loads.clear(cl);
+        loads.clear();
         nic[nb[s].0..nb[s].1].iter().for_each(|x| loads.add_slice(cl, t, x));
         for p in &sorted[pb[s].0..pb[s].1] {
             let n = t.natives[p.native as usize];
-            loads.add_copy(cl, CopyKind::Native, n.src as usize, n.dst as usize, p.bytes as f64);
+            loads.add_copy(CopyKind::Native, n.src as usize, n.dst as usize, p.bytes as f64);
         }
         stages.push(Stage { nic: nb[s], native: pb[s], cost: loads.cost(cl) });
     }

@@ -1,7 +1,7 @@
 //! C → T: logical flows become native NVLink flows and inter-node routes, each route carrying
 //! its sender-side forwarding copy u → ū, its NIC transfer ū → v̄ and its receiver-side
 //! copies v̄ → v (paper §3.4, "traffic matrix abstraction").
-use super::cluster::{Cluster, CopyKind};
+use super::cluster::{Cluster, CopyKind, Index};
 use super::collective::Collective;
 
 /// An intra-node logical flow, executed as one copy-engine copy over NVLink.
@@ -63,12 +63,16 @@ impl Traffic {
                 }
             });
         } else {
+            let ix = Index::new(cl);
+            let node = &ix.node;
+            let mut inter = 0usize;
+            c.for_each_flow(g, |u, v, _| inter += usize::from(node[u] != node[v]));
+            t.routes.reserve_exact(inter);
             c.for_each_flow(g, |u, v, b| {
-                if cl.node_of(u) == cl.node_of(v) {
+                if node[u] == node[v] {
                     t.natives.push(Native { src: u as u32, dst: v as u32, bytes: b });
                 } else {
-                    let (su, sv) = (cl.staging_gpu(u), cl.staging_gpu(v));
-                    t.routes.push(Route { src: u as u32, send_gpu: su as u32, recv_gpu: sv as u32, dst: v as u32, fan_out: false, bytes: b });
+                    t.routes.push(Route { src: u as u32, send_gpu: ix.staging[u], recv_gpu: ix.staging[v], dst: v as u32, fan_out: false, bytes: b });
                 }
             });
         }
