@@ -146,6 +146,9 @@ pub(crate) struct Index {
     pub nic_rail: Vec<u32>,
     /// `engine[kind * G + dst]`: engine used for a copy of `kind` towards `dst`.
     pub engine: Vec<u8>,
+    nodes: u32,
+    rails: u32,
+    gpn: u32,
 }
 
 impl Index {
@@ -159,6 +162,32 @@ impl Index {
             nic_node: (0..cl.num_nics()).map(|a| (a / cl.nics_per_node) as u32).collect(),
             nic_rail: (0..cl.num_nics()).map(|a| (a % cl.nics_per_node) as u32).collect(),
             engine: kinds.iter().flat_map(|&k| (0..g).map(move |d| cl.engine_for(k, d) as u8)).collect(),
+            nodes: cl.nodes as u32,
+            rails: cl.nics_per_node as u32,
+            gpn: cl.gpus_per_node as u32,
+        }
+    }
+    /// The shift of NIC `b` relative to NIC `a`: node offset major, rail offset minor.
+    #[inline]
+    pub fn shift_key(&self, a: usize, b: usize) -> usize {
+        let (nodes, k) = (self.nodes, self.rails);
+        let mut dn = self.nic_node[b] + nodes - self.nic_node[a];
+        if dn >= nodes {
+            dn -= nodes;
+        }
+        let mut dr = self.nic_rail[b] + k - self.nic_rail[a];
+        if dr >= k {
+            dr -= k;
+        }
+        (dn * k + dr) as usize
+    }
+    /// v̄ of a route from `src` to `dst` (a node when `fan_out`).
+    #[inline]
+    pub fn recv_gpu(&self, fan_out: bool, src: u32, dst: u32) -> usize {
+        if fan_out {
+            (dst * self.gpn + self.staging[src as usize] % self.gpn) as usize
+        } else {
+            self.staging[dst as usize] as usize
         }
     }
     pub fn engine(&self, kind: CopyKind, dst: usize) -> usize {

@@ -94,6 +94,19 @@ impl Collective {
         }
     }
 
+    /// Bytes of the logical flow u → v (0 on the diagonal). Send/recv batches are summed.
+    pub fn pair_bytes(&self, g: usize, u: usize, v: usize) -> u64 {
+        if u == v {
+            return 0;
+        }
+        match self {
+            Collective::AllGather { bytes } | Collective::AlltoAll { bytes } => bytes / g as u64,
+            Collective::AlltoAllv { sizes } => sizes[u * g + v],
+            Collective::Broadcast { root, bytes } => if u == *root { *bytes } else { 0 },
+            Collective::SendRecv { pairs } => pairs.iter().filter(|p| p.0 == u && p.1 == v).map(|p| p.2).sum(),
+        }
+    }
+
     /// The dense matrix C (row-major G×G), for small clusters and tests.
     pub fn matrix(&self, g: usize) -> Vec<u64> {
         let mut c = vec![0u64; g * g];

@@ -338,10 +338,8 @@ impl Plan {
             ("chunk_bytes", int(self.chunk_bytes)),
             ("cluster", self.cluster.to_json()),
             ("natives", Json::Arr(t.natives.iter().map(|n| row(&[n.src as u64, n.dst as u64, n.bytes])).collect())),
-            (
-                "routes",
-                Json::Arr(t.routes.iter().map(|r| row(&[r.src as u64, r.send_gpu as u64, r.recv_gpu as u64, r.dst as u64, r.fan_out as u64, r.bytes])).collect()),
-            ),
+            ("fan_out", Json::Bool(t.fan_out)),
+            ("routes", Json::Arr(t.routes.iter().map(|r| row(&[r.src as u64, r.dst as u64, r.bytes])).collect())),
             ("nic", Json::Arr(self.nic.iter().map(|x| row(&[x.route as u64, x.stage as u64, x.offset, x.bytes])).collect())),
             ("native_pieces", Json::Arr(self.native_pieces.iter().map(|p| row(&[p.native as u64, p.stage as u64, p.offset, p.bytes])).collect())),
             (
@@ -367,7 +365,11 @@ impl Plan {
     pub fn from_json(v: &Json) -> Result<Plan> {
         let u32s = |x: u64| x as u32;
         let natives = rows(v, "natives", 3, |t| Native { src: u32s(t[0]), dst: u32s(t[1]), bytes: t[2] })?;
-        let routes = rows(v, "routes", 6, |t| Route { src: u32s(t[0]), send_gpu: u32s(t[1]), recv_gpu: u32s(t[2]), dst: u32s(t[3]), fan_out: t[4] != 0, bytes: t[5] })?;
+        let routes = rows(v, "routes", 3, |t| Route { src: u32s(t[0]), dst: u32s(t[1]), bytes: t[2] })?;
+        let fan_out = match field(v, "fan_out")? {
+            Json::Bool(b) => *b,
+            _ => return Err(Error::invalid_arg(OP, "`fan_out` is not a boolean")),
+        };
         let nic = rows(v, "nic", 4, |t| NicSlice { route: u32s(t[0]), stage: u32s(t[1]), offset: t[2], bytes: t[3] })?;
         let native_pieces = rows(v, "native_pieces", 4, |t| NativePiece { native: u32s(t[0]), stage: u32s(t[1]), offset: t[2], bytes: t[3] })?;
         let st = field(v, "stages")?.as_arr().ok_or_else(|| Error::invalid_arg(OP, "`stages` is not an array"))?;
@@ -383,7 +385,9 @@ impl Plan {
         }
         let cluster = Cluster::from_json(field(v, "cluster")?)?;
         let g = cluster.num_gpus() as u32;
-        if routes.iter().any(|r| r.src >= g || r.send_gpu >= g || r.recv_gpu >= g) || natives.iter().any(|n| n.src >= g || n.dst >= g) {
+        let dst_limit = if fan_out { cluster.nodes as u32 } else { g };
+        let cross = |r: &Route| if fan_out { cluster.node_of(r.src as usize) != r.dst as usize } else { cluster.node_of(r.src as usize) != cluster.node_of(r.dst as usize) };
+        if routes.iter().any(|r| r.src >= g || r.dst >= dst_limit || !cross(r)) || natives.iter().any(|n| n.src >= g || n.dst >= g) {
             return Err(Error::invalid_arg(OP, "a flow names a GPU outside the cluster"));
         }
         if nic.iter().any(|x| x.route as usize >= routes.len()) || native_pieces.iter().any(|p| p.native as usize >= natives.len()) {
@@ -393,6 +397,6 @@ impl Plan {
             Json::Str(s) => s.clone(),
             _ => return Err(Error::invalid_arg(OP, "`collective` is not a string")),
         };
-        Ok(Plan { cluster, collective, chunk_bytes: uint(v, "chunk_bytes")?.max(1), traffic: Traffic { natives, routes }, nic, native_pieces, stages })
+        Ok(Plan { cluster, collective, chunk_bytes: uint(v, "chunk_bytes")?.max(1), traffic: Traffic { fan_out, natives, routes }, nic, native_pieces, stages })
     }
 }

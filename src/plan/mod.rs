@@ -66,7 +66,7 @@ pub fn build(cl: &Cluster, c: &Collective, opt: &PlanOptions) -> Result<Plan> {
         return Err(Error::invalid_arg("plan::build", "chunk_bytes must be > 0"));
     }
     let traffic = Traffic::build(cl, c);
-    let (nic, nic_stages) = schedule::schedule_nics(cl, &traffic.routes);
+    let (nic, nic_stages) = schedule::schedule_nics(cl, traffic.fan_out, &traffic.routes);
     let (native_pieces, stages) = stages::assemble(cl, &traffic, &nic, nic_stages, opt.chunk_bytes);
     Ok(Plan { cluster: cl.clone(), collective: c.name().to_string(), chunk_bytes: opt.chunk_bytes, traffic, nic, native_pieces, stages })
 }
@@ -100,7 +100,7 @@ impl Plan {
         let mut m = vec![0u64; g * g];
         for x in self.stage_nic(s) {
             let r = &self.traffic.routes[x.route as usize];
-            r.for_each_hop(cl, |a, b, _| m[a * g + b] += x.bytes);
+            self.traffic.for_each_hop(cl, r, |a, b, _| m[a * g + b] += x.bytes);
         }
         for p in self.stage_natives(s) {
             let n = self.traffic.natives[p.native as usize];

@@ -81,7 +81,7 @@ impl Plan {
         for s in 0..self.stages.len() {
             for x in self.stage_nic(s) {
                 let r = &self.traffic.routes[x.route as usize];
-                r.for_each_hop(cl, |a, b, hop| match hop {
+                self.traffic.for_each_hop(cl, r, |a, b, hop| match hop {
                     Hop::Nic => {
                         let mut off = 0;
                         while off < x.bytes {

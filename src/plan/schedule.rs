@@ -27,143 +27,89 @@ pub struct NicSlice {
     pub bytes: u64,
 }
 
-/// All routes between one NIC pair: `order[start..end]` are their ids.
-struct Entry {
-    a: u32,
-    b: u32,
-    end: u32,
-    cur: u32,
-    cur_off: u64,
-    remaining: u64,
+/// Entries: all routes between one NIC pair, `routes[start(e)..start(e + 1)]` (adjacent by
+/// construction of [`Traffic`](super::Traffic)), with each sender's and receiver's entries
+/// as linked lists in route order (shift-major): their preference order.
+struct Entries {
+    /// Bytes not yet scheduled, per entry.
+    remaining: Vec<u64>,
+    /// First route of each entry (plus a final sentinel); `None` when every entry is one
+    /// route (the common case: entry e is route e).
+    start: Option<Vec<u32>>,
+    ends: Vec<(u32, u32)>,
+    next_out: Vec<u32>,
+    next_in: Vec<u32>,
+    head_out: Vec<u32>,
+    head_in: Vec<u32>,
 }
 
-/// Compressed adjacency: `list[start[p]..start[p + 1]]`.
-struct Csr {
-    start: Vec<u32>,
-    list: Vec<u32>,
+const NONE: u32 = u32::MAX;
+
+impl Entries {
+    fn routes(&self, e: usize) -> std::ops::Range<usize> {
+        match &self.start {
+            None => e..e + 1,
+            Some(s) => s[e] as usize..s[e + 1] as usize,
+        }
+    }
+    /// (sending NIC, receiving NIC) of entry `e`.
+    fn ports(&self, e: usize) -> (usize, usize) {
+        let (a, b) = self.ends[e];
+        (a as usize, b as usize)
+    }
 }
 
-/// The shift of `b` relative to `a`: node offset major, NIC offset minor.
-#[inline]
-fn shift_key(ix: &Index, nodes: u32, k: u32, a: usize, b: usize) -> usize {
-    let mut dn = ix.nic_node[b] + nodes - ix.nic_node[a];
-    if dn >= nodes {
-        dn -= nodes;
-    }
-    let mut dr = ix.nic_rail[b] + k - ix.nic_rail[a];
-    if dr >= k {
-        dr -= k;
-    }
-    (dn * k + dr) as usize
-}
-
-/// Counting sort of `0..items` by `key`, as CSR over `0..n` keys.
-fn csr_by(n: usize, items: usize, key: impl Fn(usize) -> usize) -> Csr {
-    let mut start = vec![0u32; n + 1];
-    for i in 0..items {
-        start[key(i) + 1] += 1;
-    }
-    for p in 0..n {
-        start[p + 1] += start[p];
-    }
-    let mut fill = start.clone();
-    let mut list = vec![0u32; items];
-    for i in 0..items {
-        let p = key(i);
-        list[fill[p] as usize] = i as u32;
-        fill[p] += 1;
-    }
-    Csr { start, list }
-}
-
-/// Builds NIC-pair entries and both preference lists.
-/// Builds NIC-pair entries, numbered sender-major in shift order (so a sender's entries are
-/// contiguous: `out_start[a]..out_start[a + 1]`), and the receivers' preference lists.
-fn build_entries(cl: &Cluster, ix: &Index, routes: &[Route], order: &mut Vec<u32>) -> (Vec<Entry>, Vec<u32>, Csr) {
+fn build_entries(cl: &Cluster, ix: &Index, fan_out: bool, routes: &[Route]) -> Entries {
     let n = cl.num_nics();
-    let (nodes, k) = (cl.nodes as u32, cl.nics_per_node as u32);
-    let ra: Vec<u32> = routes.iter().map(|r| ix.nic[r.send_gpu as usize]).collect();
-    let by_a = csr_by(n, routes.len(), |i| ra[i] as usize);
-    drop(ra);
-    let mut slot = vec![u32::MAX; n];
-    let mut scratch: Vec<(u32, u32, u32, u64)> = Vec::new(); // (b, first route, last route, bytes)
-    let mut next = vec![u32::MAX; routes.len()];
-    let mut entries: Vec<Entry> = Vec::with_capacity(routes.len());
-    let mut first: Vec<u32> = Vec::with_capacity(routes.len());
-    let mut out_start = vec![0u32; n + 1];
-    for a in 0..n {
-        let bucket = &by_a.list[by_a.start[a] as usize..by_a.start[a + 1] as usize];
-        scratch.clear();
-        for &r in bucket {
-            let rt = &routes[r as usize];
-            let b = ix.nic[rt.recv_gpu as usize];
-            let key = shift_key(ix, nodes, k, a, b as usize);
-            if slot[key] == u32::MAX {
-                slot[key] = scratch.len() as u32;
-                scratch.push((b, r, r, rt.bytes));
-            } else {
-                let e = &mut scratch[slot[key] as usize];
-                next[e.2 as usize] = r;
-                e.2 = r;
-                e.3 += rt.bytes;
+    let mut remaining: Vec<u64> = Vec::with_capacity(routes.len());
+    let mut ends: Vec<(u32, u32)> = Vec::with_capacity(routes.len());
+    let mut start: Vec<u32> = Vec::new();
+    let mut merged = false;
+    for (i, r) in routes.iter().enumerate() {
+        let a = ix.nic[ix.staging[r.src as usize] as usize];
+        let b = ix.nic[ix.recv_gpu(fan_out, r.src, r.dst)];
+        if ends.last() == Some(&(a, b)) {
+            *remaining.last_mut().unwrap_or(&mut 0) += r.bytes;
+            if !merged {
+                merged = true;
+                start = (0..remaining.len() as u32).collect();
             }
+            continue;
         }
-        if !bucket.is_empty() {
-            for sl in slot.iter_mut() {
-                if *sl != u32::MAX {
-                    let (b, f, _, bytes) = scratch[*sl as usize];
-                    entries.push(Entry { a: a as u32, b, end: 0, cur: 0, cur_off: 0, remaining: bytes });
-                    first.push(f);
-                    *sl = u32::MAX;
-                }
-            }
+        if merged {
+            start.push(i as u32);
         }
-        out_start[a + 1] = entries.len() as u32;
+        ends.push((a, b));
+        remaining.push(r.bytes);
     }
-    drop(by_a);
-    // Lay each entry's routes out contiguously in `order`.
-    order.clear();
-    order.reserve(routes.len());
-    for (e, ent) in entries.iter_mut().enumerate() {
-        ent.cur = order.len() as u32;
-        let mut r = first[e];
-        while r != u32::MAX {
-            order.push(r);
-            r = next[r as usize];
-        }
-        ent.end = order.len() as u32;
+    if merged {
+        start.push(routes.len() as u32);
     }
-    let by_b = csr_by(n, entries.len(), |e| entries[e].b as usize);
-    let mut in_list: Vec<u32> = Vec::with_capacity(entries.len());
-    for b in 0..n {
-        let bucket = &by_b.list[by_b.start[b] as usize..by_b.start[b + 1] as usize];
-        for &e in bucket {
-            slot[shift_key(ix, nodes, k, entries[e as usize].a as usize, b)] = e;
+    let (mut head_out, mut head_in) = (vec![NONE; n], vec![NONE; n]);
+    let (mut tail_out, mut tail_in) = (vec![NONE; n], vec![NONE; n]);
+    let (mut next_out, mut next_in) = (vec![NONE; ends.len()], vec![NONE; ends.len()]);
+    for (e, &(a, b)) in ends.iter().enumerate() {
+        let (a, b) = (a as usize, b as usize);
+        match tail_out[a] {
+            NONE => head_out[a] = e as u32,
+            t => next_out[t as usize] = e as u32,
         }
-        if !bucket.is_empty() {
-            for sl in slot.iter_mut() {
-                if *sl != u32::MAX {
-                    in_list.push(*sl);
-                    *sl = u32::MAX;
-                }
-            }
+        tail_out[a] = e as u32;
+        match tail_in[b] {
+            NONE => head_in[b] = e as u32,
+            t => next_in[t as usize] = e as u32,
         }
+        tail_in[b] = e as u32;
     }
-    (entries, out_start, Csr { start: by_b.start, list: in_list })
+    Entries { remaining, start: merged.then_some(start), ends, next_out, next_in, head_out, head_in }
 }
 
 /// Slices larger than this are cut: 1/32 of the heaviest port's load, but never below four
 /// times a typical entry (so uniform matrices stay one transfer per entry).
-fn slice_cap(cl: &Cluster, entries: &[Entry]) -> u64 {
-    let n = cl.num_nics();
-    let (mut out, mut inn) = (vec![0u64; n], vec![0u64; n]);
-    for e in entries {
-        out[e.a as usize] += e.remaining;
-        inn[e.b as usize] += e.remaining;
-    }
+fn slice_cap(out: &[u64], inn: &[u64], remaining: &[u64]) -> u64 {
     let l = out.iter().chain(inn.iter()).copied().max().unwrap_or(0);
-    let step = (entries.len() / 4096).max(1);
-    let mut sample: Vec<u64> = entries.iter().step_by(step).map(|e| e.remaining).collect();
+    let step = (remaining.len() / 4096).max(1);
+    let mut sample: Vec<u64> = remaining.iter().step_by(step).copied().collect();
     let mid = sample.len() / 2;
     let median = if sample.is_empty() { 0 } else { *sample.select_nth_unstable(mid).1 };
     (l / 32).max(median.saturating_mul(4)).max(1)
@@ -201,87 +147,78 @@ impl Calendar {
 struct Scheduler<'a> {
     cl: &'a Cluster,
     routes: &'a [Route],
-    order: Vec<u32>,
-    entries: Vec<Entry>,
-    out_start: Vec<u32>,
-    inn: Csr,
-    out_cur: Vec<u32>,
-    in_cur: Vec<u32>,
+    e: Entries,
     out_free: Vec<bool>,
     in_free: Vec<bool>,
     out_rem: Vec<u64>,
     in_rem: Vec<u64>,
     next_out: Vec<u32>,
     next_in: Vec<u32>,
-    running: Vec<(u32, u32)>,
     cal: Calendar,
     cap: u64,
     slices: Vec<NicSlice>,
 }
 
 impl Scheduler<'_> {
-    /// Starts `len` bytes of entry `e` at time `t`.
+    /// Starts at most `cap` bytes of entry `e` at time `t`.
     fn start(&mut self, e: usize, t: f64) {
-        let ent = &mut self.entries[e];
-        let len = ent.remaining.min(self.cap);
-        ent.remaining -= len;
-        let (a, b) = (ent.a as usize, ent.b as usize);
+        let rs = self.e.routes(e);
+        let rem = self.e.remaining[e];
+        let len = rem.min(self.cap);
+        // Offset of the first unsent byte: walk the entry's routes (usually one).
+        let mut skip = self.routes[rs.clone()].iter().map(|r| r.bytes).sum::<u64>() - rem;
+        self.e.remaining[e] -= len;
+        let (a, b) = self.e.ports(e);
         let stage = self.next_out[a].max(self.next_in[b]);
         self.next_out[a] = stage + 1;
         self.next_in[b] = stage + 1;
         let mut left = len;
-        while left > 0 {
-            let r = self.order[ent.cur as usize];
-            let rb = self.routes[r as usize].bytes;
-            let take = left.min(rb - ent.cur_off);
-            if take > 0 {
-                self.slices.push(NicSlice { route: r, stage, offset: ent.cur_off, bytes: take });
+        for r in rs {
+            let rb = self.routes[r].bytes;
+            if skip >= rb {
+                skip -= rb;
+                continue;
             }
+            let take = left.min(rb - skip);
+            self.slices.push(NicSlice { route: r as u32, stage, offset: skip, bytes: take });
             left -= take;
-            ent.cur_off += take;
-            if ent.cur_off == rb && ent.cur + 1 < ent.end {
-                ent.cur += 1;
-                ent.cur_off = 0;
+            skip = 0;
+            if left == 0 {
+                break;
             }
         }
         self.out_free[a] = false;
         self.in_free[b] = false;
         self.out_rem[a] -= len;
         self.in_rem[b] -= len;
-        let id = self.running.len() as u32;
-        self.running.push((a as u32, b as u32));
-        self.cal.push(t + len as f64 / self.cl.nic_bw, id);
+        self.cal.push(t + len as f64 / self.cl.nic_bw, e as u32);
     }
 
     fn try_sender(&mut self, a: usize, t: f64) {
-        let (lo, hi) = (self.out_cur[a] as usize, self.out_start[a + 1] as usize);
-        for e in lo..hi {
-            let i = e;
-            if self.entries[e].remaining == 0 {
-                if i == self.out_cur[a] as usize {
-                    self.out_cur[a] += 1;
+        let mut e = self.e.head_out[a];
+        while e != NONE {
+            if self.e.remaining[e as usize] == 0 {
+                if e == self.e.head_out[a] {
+                    self.e.head_out[a] = self.e.next_out[e as usize];
                 }
-                continue;
+            } else if self.in_free[self.e.ends[e as usize].1 as usize] {
+                return self.start(e as usize, t);
             }
-            if self.in_free[self.entries[e].b as usize] {
-                return self.start(e, t);
-            }
+            e = self.e.next_out[e as usize];
         }
     }
 
     fn try_receiver(&mut self, b: usize, t: f64) {
-        let (lo, hi) = (self.in_cur[b] as usize, self.inn.start[b + 1] as usize);
-        for i in lo..hi {
-            let e = self.inn.list[i] as usize;
-            if self.entries[e].remaining == 0 {
-                if i == self.in_cur[b] as usize {
-                    self.in_cur[b] += 1;
+        let mut e = self.e.head_in[b];
+        while e != NONE {
+            if self.e.remaining[e as usize] == 0 {
+                if e == self.e.head_in[b] {
+                    self.e.head_in[b] = self.e.next_in[e as usize];
                 }
-                continue;
+            } else if self.out_free[self.e.ends[e as usize].0 as usize] {
+                return self.start(e as usize, t);
             }
-            if self.out_free[self.entries[e].a as usize] {
-                return self.start(e, t);
-            }
+            e = self.e.next_in[e as usize];
         }
     }
 
@@ -294,11 +231,11 @@ impl Scheduler<'_> {
             // The most loaded ports choose first.
             freed_out.sort_unstable_by_key(|&a| (std::cmp::Reverse(self.out_rem[a as usize]), a));
             for &a in &freed_out {
-                if self.out_free[a as usize] {
+                if self.out_free[a as usize] && self.out_rem[a as usize] > 0 {
                     self.try_sender(a as usize, t);
                 }
             }
-            freed_in.retain(|&b| self.in_free[b as usize]);
+            freed_in.retain(|&b| self.in_free[b as usize] && self.in_rem[b as usize] > 0);
             freed_in.sort_unstable_by_key(|&b| (std::cmp::Reverse(self.in_rem[b as usize]), b));
             for &b in &freed_in {
                 if self.in_free[b as usize] {
@@ -309,8 +246,8 @@ impl Scheduler<'_> {
             t = tn;
             freed_out.clear();
             freed_in.clear();
-            for id in ids {
-                let (a, b) = self.running[id as usize];
+            for e in ids {
+                let (a, b) = self.e.ends[e as usize];
                 self.out_free[a as usize] = true;
                 self.in_free[b as usize] = true;
                 freed_out.push(a);
@@ -321,36 +258,27 @@ impl Scheduler<'_> {
 }
 
 /// Decomposes the routes' NIC transfers into stages. Returns the slices (sorted by stage,
-/// then by sending NIC) and the number of stages.
-pub fn schedule_nics(cl: &Cluster, routes: &[Route]) -> (Vec<NicSlice>, usize) {
+/// in start order inside a stage) and the number of stages.
+pub fn schedule_nics(cl: &Cluster, fan_out: bool, routes: &[Route]) -> (Vec<NicSlice>, usize) {
     let n = cl.num_nics();
-    let mut order = Vec::new();
     let ix = Index::new(cl);
-    let (entries, out_start, inn) = build_entries(cl, &ix, routes, &mut order);
-    let cap = slice_cap(cl, &entries);
+    let e = build_entries(cl, &ix, fan_out, routes);
     let (mut out_rem, mut in_rem) = (vec![0u64; n], vec![0u64; n]);
-    for e in &entries {
-        out_rem[e.a as usize] += e.remaining;
-        in_rem[e.b as usize] += e.remaining;
+    for (i, &(a, b)) in e.ends.iter().enumerate() {
+        out_rem[a as usize] += e.remaining[i];
+        in_rem[b as usize] += e.remaining[i];
     }
-    let out_cur = out_start[..n].to_vec();
-    let in_cur = inn.start[..n].to_vec();
+    let cap = slice_cap(&out_rem, &in_rem, &e.remaining);
     let mut s = Scheduler {
         cl,
         routes,
-        order,
-        entries,
-        out_start,
-        inn,
-        out_cur,
-        in_cur,
+        e,
         out_free: vec![true; n],
         in_free: vec![true; n],
         out_rem,
         in_rem,
         next_out: vec![0; n],
         next_in: vec![0; n],
-        running: Vec::new(),
         cal: Calendar::default(),
         cap,
         slices: Vec::with_capacity(routes.len()),

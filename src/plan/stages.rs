@@ -36,18 +36,21 @@ pub struct Stage {
     pub cost: StageCost,
 }
 
-/// Per-stage loads on every port and engine, with the touched indices for a cheap reset.
+/// One stage's loads on every port and engine. Entries are reset lazily (a stamp per GPU
+/// and NIC port) and the domain maxima are kept as loads grow, so a stage costs O(its flows).
 pub(crate) struct StageLoads {
     ix: Index,
     ce_n: usize,
+    stamp: u32,
     nic: Vec<f64>,
+    nic_stamp: Vec<u32>,
     out: Vec<f64>,
     inn: Vec<f64>,
     ce: Vec<f64>,
-    seen_gpu: Vec<bool>,
-    seen_nic: Vec<bool>,
-    touched_gpu: Vec<u32>,
-    touched_nic: Vec<u32>,
+    gpu_stamp: Vec<u32>,
+    max_nic: f64,
+    max_nvl: f64,
+    max_ce: f64,
 }
 
 impl StageLoads {
@@ -56,91 +59,87 @@ impl StageLoads {
         StageLoads {
             ix: Index::new(cl),
             ce_n: cl.ce_per_gpu,
+            stamp: 1,
             nic: vec![0.0; 2 * cl.num_nics()],
+            nic_stamp: vec![0; 2 * cl.num_nics()],
             out: vec![0.0; g],
             inn: vec![0.0; g],
             ce: vec![0.0; g * cl.ce_per_gpu],
-            seen_gpu: vec![false; g],
-            seen_nic: vec![false; 2 * cl.num_nics()],
-            touched_gpu: Vec::new(),
-            touched_nic: Vec::new(),
+            gpu_stamp: vec![0; g],
+            max_nic: 0.0,
+            max_nvl: 0.0,
+            max_ce: 0.0,
         }
     }
 
     fn clear(&mut self) {
-        for &g in &self.touched_gpu {
-            let g = g as usize;
-            self.out[g] = 0.0;
-            self.inn[g] = 0.0;
-            self.ce[g * self.ce_n..(g + 1) * self.ce_n].fill(0.0);
-            self.seen_gpu[g] = false;
-        }
-        for &n in &self.touched_nic {
-            self.nic[n as usize] = 0.0;
-            self.seen_nic[n as usize] = false;
-        }
-        self.touched_gpu.clear();
-        self.touched_nic.clear();
+        self.stamp += 1;
+        self.max_nic = 0.0;
+        self.max_nvl = 0.0;
+        self.max_ce = 0.0;
     }
 
     #[inline]
-    fn touch_gpu(&mut self, g: usize) {
-        if !self.seen_gpu[g] {
-            self.seen_gpu[g] = true;
-            self.touched_gpu.push(g as u32);
+    fn gpu(&mut self, g: usize) {
+        if self.gpu_stamp[g] != self.stamp {
+            self.gpu_stamp[g] = self.stamp;
+            self.out[g] = 0.0;
+            self.inn[g] = 0.0;
+            self.ce[g * self.ce_n..(g + 1) * self.ce_n].fill(0.0);
         }
+    }
+
+    /// Current loads of `x`'s NVLink out port, `y`'s in port and engine slot `e` of `x`.
+    fn slack_loads(&mut self, x: usize, y: usize, e: usize) -> (f64, f64, f64) {
+        self.gpu(x);
+        self.gpu(y);
+        (self.out[x], self.inn[y], self.ce[x * self.ce_n + e])
     }
 
     #[inline]
     fn add_nic(&mut self, port: usize, bytes: f64) {
-        if !self.seen_nic[port] {
-            self.seen_nic[port] = true;
-            self.touched_nic.push(port as u32);
+        if self.nic_stamp[port] != self.stamp {
+            self.nic_stamp[port] = self.stamp;
+            self.nic[port] = 0.0;
         }
         self.nic[port] += bytes;
+        self.max_nic = self.max_nic.max(self.nic[port]);
     }
 
     fn add_copy(&mut self, kind: CopyKind, src: usize, dst: usize, bytes: f64) {
-        self.touch_gpu(src);
-        self.touch_gpu(dst);
-        self.ce[src * self.ce_n + self.ix.engine(kind, dst)] += bytes;
+        self.gpu(src);
+        self.gpu(dst);
+        let e = src * self.ce_n + self.ix.engine(kind, dst);
+        self.ce[e] += bytes;
+        self.max_ce = self.max_ce.max(self.ce[e]);
         if src != dst {
             self.out[src] += bytes;
             self.inn[dst] += bytes;
+            self.max_nvl = self.max_nvl.max(self.out[src]).max(self.inn[dst]);
         }
     }
 
     fn add_slice(&mut self, cl: &Cluster, t: &Traffic, s: &NicSlice) {
         let r = &t.routes[s.route as usize];
         let b = s.bytes as f64;
-        let (a, z) = (self.ix.nic[r.send_gpu as usize] as usize, self.ix.nic[r.recv_gpu as usize] as usize);
+        let su = self.ix.staging[r.src as usize] as usize;
+        let rv = self.ix.recv_gpu(t.fan_out, r.src, r.dst);
+        let (a, z) = (self.ix.nic[su] as usize, self.ix.nic[rv] as usize);
         self.add_nic(2 * a, b);
         self.add_nic(2 * z + 1, b);
-        self.add_copy(CopyKind::Send, r.src as usize, r.send_gpu as usize, b);
-        if r.fan_out {
+        self.add_copy(CopyKind::Send, r.src as usize, su, b);
+        if t.fan_out {
             let k = cl.gpus_per_node;
             for d in r.dst as usize * k..(r.dst as usize + 1) * k {
-                self.add_copy(CopyKind::Recv, r.recv_gpu as usize, d, b);
+                self.add_copy(CopyKind::Recv, rv, d, b);
             }
         } else {
-            self.add_copy(CopyKind::Recv, r.recv_gpu as usize, r.dst as usize, b);
+            self.add_copy(CopyKind::Recv, rv, r.dst as usize, b);
         }
     }
 
     fn cost(&self, cl: &Cluster) -> StageCost {
-        let mut c = StageCost::default();
-        let nic_max = self.touched_nic.iter().map(|&n| self.nic[n as usize]).fold(0.0, f64::max);
-        let mut nvl_max: f64 = 0.0;
-        let mut ce_max: f64 = 0.0;
-        for &g in &self.touched_gpu {
-            let g = g as usize;
-            nvl_max = nvl_max.max(self.out[g]).max(self.inn[g]);
-            ce_max = self.ce[g * self.ce_n..(g + 1) * self.ce_n].iter().fold(ce_max, |m, &x| m.max(x));
-        }
-        c.nic_s = nic_max / cl.nic_bw;
-        c.nvlink_s = nvl_max / cl.nvlink_bw;
-        c.ce_s = ce_max / cl.ce_bw;
-        c
+        StageCost { nic_s: self.max_nic / cl.nic_bw, nvlink_s: self.max_nvl / cl.nvlink_bw, ce_s: self.max_ce / cl.ce_bw }
     }
 }
 
@@ -164,8 +163,9 @@ fn pack_natives(cl: &Cluster, t: &Traffic, nic: &[NicSlice], bounds: &[(usize, u
         for &i in &active {
             let n = natives[i as usize];
             let (x, y) = (n.src as usize, n.dst as usize);
-            let e = x * cl.ce_per_gpu + loads.ix.engine(CopyKind::Native, y);
-            let slack = (d * cl.nvlink_bw - loads.out[x]).min(d * cl.nvlink_bw - loads.inn[y]).min(d * cl.ce_bw - loads.ce[e]);
+            let e = loads.ix.engine(CopyKind::Native, y);
+            let (lo, li, lc) = loads.slack_loads(x, y, e);
+            let slack = (d * cl.nvlink_bw - lo).min(d * cl.nvlink_bw - li).min(d * cl.ce_bw - lc);
             let r = rem[i as usize];
             let take = if slack >= r as f64 { r } else { slack.max(0.0) as u64 };
             if take == 0 || (take < r && take < min_piece) {

@@ -12,19 +12,15 @@ pub struct Native {
     pub bytes: u64,
 }
 
-/// An inter-node logical flow (or, for shared payloads, one source's data for a whole node).
+/// An inter-node logical flow u → v (or, with `Traffic::fan_out`, u's data for every GPU of
+/// node `dst`). Its staging GPUs follow from the cluster: ū = `staging_gpu(src)`, and
+/// v̄ = `staging_gpu(dst)` (fan-out: the GPU of node `dst` with ū's local index, so the NIC
+/// transfer stays on one rail).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Route {
-    /// u: the GPU that owns the data.
     pub src: u32,
-    /// ū: the NIC-affine staging GPU on the source node.
-    pub send_gpu: u32,
-    /// v̄: the staging GPU on the destination node where the NIC writes.
-    pub recv_gpu: u32,
-    /// v, or the destination node when `fan_out`.
+    /// v, or the destination node with fan-out.
     pub dst: u32,
-    /// Delivered to every GPU of node `dst` (AllGather, Broadcast).
-    pub fan_out: bool,
     pub bytes: u64,
 }
 
@@ -35,9 +31,13 @@ pub enum Hop {
     Nic,
 }
 
-/// The effective traffic of a collective: the paper's matrix T in list form.
+/// The effective traffic of a collective: the paper's matrix T in list form. Routes are
+/// ordered by NIC shift (node offset, then rail offset), then by sending NIC, so the routes
+/// of one NIC pair are adjacent and the scheduler walks them in memory order.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Traffic {
+    /// Every flow from one source carries the same payload: routes fan out on arrival.
+    pub fan_out: bool,
     pub natives: Vec<Native>,
     pub routes: Vec<Route>,
 }
@@ -46,35 +46,69 @@ impl Traffic {
     /// Expands collective `c` on cluster `cl` (both validated by the caller).
     pub fn build(cl: &Cluster, c: &Collective) -> Traffic {
         let g = cl.num_gpus();
-        let mut t = Traffic::default();
-        if c.shared_payload() {
-            let mut last: Option<(usize, usize)> = None;
+        let ix = Index::new(cl);
+        let mut t = Traffic { fan_out: c.shared_payload(), ..Default::default() };
+        let k = cl.gpus_per_node;
+        if let Collective::SendRecv { .. } = c {
             c.for_each_flow(g, |u, v, b| {
-                let (nu, nv) = (cl.node_of(u), cl.node_of(v));
-                if nu == nv {
-                    t.natives.push(Native { src: u as u32, dst: v as u32, bytes: b });
-                } else if last != Some((u, nv)) {
-                    // One NIC transfer per (source, destination node): rail-aligned, the
-                    // receiving staging GPU has the same local index as ū.
-                    last = Some((u, nv));
-                    let su = cl.staging_gpu(u);
-                    let recv = cl.gpu(nv, cl.local_of(su));
-                    t.routes.push(Route { src: u as u32, send_gpu: su as u32, recv_gpu: recv as u32, dst: nv as u32, fan_out: true, bytes: b });
-                }
-            });
-        } else {
-            let ix = Index::new(cl);
-            let node = &ix.node;
-            let mut inter = 0usize;
-            c.for_each_flow(g, |u, v, _| inter += usize::from(node[u] != node[v]));
-            t.routes.reserve_exact(inter);
-            c.for_each_flow(g, |u, v, b| {
-                if node[u] == node[v] {
+                if ix.node[u] == ix.node[v] {
                     t.natives.push(Native { src: u as u32, dst: v as u32, bytes: b });
                 } else {
-                    t.routes.push(Route { src: u as u32, send_gpu: ix.staging[u], recv_gpu: ix.staging[v], dst: v as u32, fan_out: false, bytes: b });
+                    t.routes.push(Route { src: u as u32, dst: v as u32, bytes: b });
                 }
             });
+            let key = |r: &Route| {
+                let (a, b) = (ix.nic[ix.staging[r.src as usize] as usize], ix.nic[ix.staging[r.dst as usize] as usize]);
+                (ix.shift_key(a as usize, b as usize), a, r.src, r.dst)
+            };
+            t.routes.sort_by_key(key);
+            return t;
+        }
+        for node in 0..cl.nodes {
+            for lu in 0..k {
+                for lv in 0..k {
+                    let (u, v) = (node * k + lu, node * k + lv);
+                    let b = c.pair_bytes(g, u, v);
+                    if b > 0 {
+                        t.natives.push(Native { src: u as u32, dst: v as u32, bytes: b });
+                    }
+                }
+            }
+        }
+        // Locals grouped by the rail (local NIC) that serves their staging GPU.
+        let nics = cl.nics_per_node;
+        let mut by_rail: Vec<Vec<usize>> = vec![Vec::new(); nics];
+        for l in 0..k {
+            by_rail[cl.nic_of_gpu[cl.forwarding_peer[l]]].push(l);
+        }
+        let rails = if t.fan_out { 1 } else { nics };
+        // Upper bound, exact for the uniform collectives; untouched capacity costs nothing.
+        t.routes.reserve(if t.fan_out { g * (cl.nodes - 1) } else { g * (g - k) });
+        for dn in 1..cl.nodes {
+            for dr in 0..rails {
+                for i in 0..cl.nodes {
+                    let j = (i + dn) % cl.nodes;
+                    for ra in 0..nics {
+                        let rb = (ra + dr) % nics;
+                        for &lu in &by_rail[ra] {
+                            let u = i * k + lu;
+                            if t.fan_out {
+                                let b = (0..k).map(|lv| c.pair_bytes(g, u, j * k + lv)).max().unwrap_or(0);
+                                if b > 0 {
+                                    t.routes.push(Route { src: u as u32, dst: j as u32, bytes: b });
+                                }
+                                continue;
+                            }
+                            for &lv in &by_rail[rb] {
+                                let b = c.pair_bytes(g, u, j * k + lv);
+                                if b > 0 {
+                                    t.routes.push(Route { src: u as u32, dst: (j * k + lv) as u32, bytes: b });
+                                }
+                            }
+                        }
+                    }
+                }
+            }
         }
         t
     }
@@ -82,33 +116,40 @@ impl Traffic {
     pub fn total_bytes(&self) -> u64 {
         self.natives.iter().map(|n| n.bytes).sum::<u64>() + self.routes.iter().map(|r| r.bytes).sum::<u64>()
     }
-}
 
-impl Route {
-    /// Calls `f(src_gpu, dst_gpu, hop)` for each effective flow that moves this route's bytes,
-    /// in dependency order: the sender copy, the NIC transfer, then the receiver copies.
-    /// A copy whose source and destination coincide is a local copy into (or out of) the
-    /// registered staging buffer: copy-engine work without NVLink traffic.
-    pub fn for_each_hop(&self, cl: &Cluster, mut f: impl FnMut(usize, usize, Hop)) {
-        f(self.src as usize, self.send_gpu as usize, Hop::Copy(CopyKind::Send));
-        f(self.send_gpu as usize, self.recv_gpu as usize, Hop::Nic);
-        let r = self.recv_gpu as usize;
+    /// ū of route `r`.
+    pub fn send_gpu(&self, cl: &Cluster, r: &Route) -> usize {
+        cl.staging_gpu(r.src as usize)
+    }
+
+    /// v̄ of route `r`.
+    pub fn recv_gpu(&self, cl: &Cluster, r: &Route) -> usize {
         if self.fan_out {
-            let node = self.dst as usize;
-            for l in 0..cl.gpus_per_node {
-                f(r, cl.gpu(node, l), Hop::Copy(CopyKind::Recv));
-            }
+            cl.gpu(r.dst as usize, cl.local_of(cl.staging_gpu(r.src as usize)))
         } else {
-            f(r, self.dst as usize, Hop::Copy(CopyKind::Recv));
+            cl.staging_gpu(r.dst as usize)
         }
     }
 
-    /// Final destinations of this route.
-    pub fn destinations(&self, cl: &Cluster) -> Vec<usize> {
+    /// Final destinations of route `r`.
+    pub fn destinations(&self, cl: &Cluster, r: &Route) -> Vec<usize> {
         if self.fan_out {
-            (0..cl.gpus_per_node).map(|l| cl.gpu(self.dst as usize, l)).collect()
+            (0..cl.gpus_per_node).map(|l| cl.gpu(r.dst as usize, l)).collect()
         } else {
-            vec![self.dst as usize]
+            vec![r.dst as usize]
+        }
+    }
+
+    /// Calls `f(src_gpu, dst_gpu, hop)` for each effective flow that moves route `r`'s
+    /// bytes, in dependency order: the sender copy u → ū, the NIC transfer ū → v̄, then the
+    /// receiver copies v̄ → v. A copy whose source and destination coincide is a local copy
+    /// into (or out of) the registered staging buffer: copy-engine work without NVLink.
+    pub fn for_each_hop(&self, cl: &Cluster, r: &Route, mut f: impl FnMut(usize, usize, Hop)) {
+        let (su, rv) = (self.send_gpu(cl, r), self.recv_gpu(cl, r));
+        f(r.src as usize, su, Hop::Copy(CopyKind::Send));
+        f(su, rv, Hop::Nic);
+        for d in self.destinations(cl, r) {
+            f(rv, d, Hop::Copy(CopyKind::Recv));
         }
     }
 }
@@ -153,7 +194,7 @@ impl Loads {
             l.add(cl, n.src as usize, n.dst as usize, Hop::Copy(CopyKind::Native), n.bytes as f64);
         }
         for r in &t.routes {
-            r.for_each_hop(cl, |s, d, h| l.add(cl, s, d, h, r.bytes as f64));
+            t.for_each_hop(cl, r, |s, d, h| l.add(cl, s, d, h, r.bytes as f64));
         }
         l
     }
@@ -192,7 +233,7 @@ pub fn t_matrix(cl: &Cluster, t: &Traffic) -> Vec<u64> {
         m[n.src as usize * g + n.dst as usize] += n.bytes;
     }
     for r in &t.routes {
-        r.for_each_hop(cl, |s, d, _| m[s * g + d] += r.bytes);
+        t.for_each_hop(cl, r, |s, d, _| m[s * g + d] += r.bytes);
     }
     m
 }

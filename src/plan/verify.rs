@@ -51,10 +51,11 @@ impl Plan {
             let mut touched = Vec::new();
             for x in self.stage_nic(s) {
                 let r = &self.traffic.routes[x.route as usize];
+                let t = &self.traffic;
                 if x.stage as usize != s {
                     return Err(fail(format!("slice of route {} in stage {s} says stage {}", x.route, x.stage)));
                 }
-                let (a, b) = (cl.nic_of(r.send_gpu as usize), cl.nic_of(r.recv_gpu as usize));
+                let (a, b) = (cl.nic_of(t.send_gpu(cl, r)), cl.nic_of(t.recv_gpu(cl, r)));
                 if cl.node_of_nic(a) == cl.node_of_nic(b) {
                     return Err(fail(format!("route {} crosses no node boundary", x.route)));
                 }
@@ -113,7 +114,7 @@ impl Plan {
         let mut expect = Vec::new();
         for &(route, off, len, st) in &nic {
             let r = &self.traffic.routes[route as usize];
-            r.for_each_hop(cl, |_, d, h| {
+            self.traffic.for_each_hop(cl, r, |_, d, h| {
                 if h == Hop::Copy(CopyKind::Recv) {
                     expect.push((route, d as u32, off, len, st));
                 }

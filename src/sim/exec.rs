@@ -2,7 +2,7 @@
 use super::fluid::{Graph, On};
 use super::{Model, SimResult};
 use crate::error::Result;
-use crate::plan::{Cluster, CopyKind, Plan, Route};
+use crate::plan::{Cluster, CopyKind, Plan, Route, Traffic};
 
 /// Resource numbering inside a graph.
 pub(crate) struct Res {
@@ -80,9 +80,9 @@ struct NicOrder {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn add_piece(graph: &mut Graph, res: &Res, cl: &Cluster, m: &Model, chunk: u64, r: &Route, bytes: u64, order: Option<&mut NicOrder>, weighted: bool) {
-    let (u, su, rv) = (r.src as usize, r.send_gpu as usize, r.recv_gpu as usize);
-    let dsts = r.destinations(cl);
+fn add_piece(graph: &mut Graph, res: &Res, cl: &Cluster, m: &Model, chunk: u64, t: &Traffic, r: &Route, bytes: u64, order: Option<&mut NicOrder>, weighted: bool) {
+    let (u, su, rv) = (r.src as usize, t.send_gpu(cl, r), t.recv_gpu(cl, r));
+    let dsts = t.destinations(cl, r);
     let (a, b) = (cl.nic_of(su), cl.nic_of(rv));
     let w = if weighted { bytes as f64 } else { 1.0 };
     let segs = segments(bytes, chunk, m.segments);
@@ -139,7 +139,7 @@ pub fn plan_graph(plan: &Plan, m: &Model) -> Graph {
     for s in 0..plan.stages.len() {
         for x in plan.stage_nic(s) {
             let r = &plan.traffic.routes[x.route as usize];
-            add_piece(&mut graph, &res, cl, m, plan.chunk_bytes, r, x.bytes, Some(&mut order), true);
+            add_piece(&mut graph, &res, cl, m, plan.chunk_bytes, &plan.traffic, r, x.bytes, Some(&mut order), true);
         }
     }
     let mut last_piece: Vec<Option<u32>> = vec![None; plan.traffic.natives.len()];
@@ -162,7 +162,7 @@ pub fn naive_graph(plan: &Plan, m: &Model) -> Graph {
     let mut graph = Graph::new();
     let res = Res::new(&mut graph, cl);
     for r in &plan.traffic.routes {
-        add_piece(&mut graph, &res, cl, m, plan.chunk_bytes, r, r.bytes, None, false);
+        add_piece(&mut graph, &res, cl, m, plan.chunk_bytes, &plan.traffic, r, r.bytes, None, false);
     }
     for n in &plan.traffic.natives {
         let coef = ce_coef(cl, m, plan.chunk_bytes.min(n.bytes) as f64);

@@ -145,6 +145,8 @@ struct Run<'g> {
     denom: Vec<f64>,
     rstamp: Vec<u32>,
     frozen: Vec<u32>,
+    old_rate: Vec<f64>,
+    started_at: Vec<f64>,
 }
 
 const EV_FINISH: u8 = 0;
@@ -191,6 +193,8 @@ impl<'g> Run<'g> {
             denom: vec![0.0; r],
             rstamp: vec![0; r],
             frozen: vec![0; n],
+            old_rate: Vec::new(),
+            started_at: vec![f64::NAN; n],
         }
     }
 
@@ -245,6 +249,7 @@ impl<'g> Run<'g> {
         }
         self.state[task] = ACTIVE;
         self.last[task] = t;
+        self.started_at[task] = t;
         let base = self.g.use_start[task] as usize;
         for (k, &(r, _)) in self.g.uses_of(task).iter().enumerate() {
             let list = &mut self.active[r as usize];
@@ -297,20 +302,27 @@ impl<'g> Run<'g> {
                 }
             }
         }
+        let mut old = std::mem::take(&mut self.old_rate);
+        old.clear();
         for &f in &tasks {
             let f = f as usize;
             self.remaining[f] = (self.remaining[f] - self.rate[f] * (t - self.last[f])).max(0.0);
             self.last[f] = t;
+            old.push(self.rate[f]);
         }
         self.fill(&res, &tasks, stamp);
-        for &f in &tasks {
+        for (i, &f) in tasks.iter().enumerate() {
             let f = f as usize;
+            if self.rate[f] == old[i] && self.started_at[f] != t {
+                continue; // its pending finish event is still exact
+            }
             self.version[f] += 1;
             let done = if self.rate[f] > 0.0 { t + self.remaining[f] / self.rate[f] } else { f64::INFINITY };
             if done.is_finite() {
                 self.heap.push(Reverse((Time(done), EV_FINISH, f as u32, self.version[f])));
             }
         }
+        self.old_rate = old;
     }
 
     /// Weighted progressive filling over one component.
