@@ -207,6 +207,7 @@ impl<'g> Run<'g> {
         let mut out = Outcome { tasks: self.g.num_tasks(), ..Default::default() };
         while let Some(Reverse((Time(t), _, _, _))) = self.heap.peek().copied() {
             let horizon = t + t.abs() * 1e-12 + 1e-15;
+            let mut real = false;
             while let Some(&Reverse((Time(te), kind, task, ver))) = self.heap.peek() {
                 if te > horizon {
                     break;
@@ -214,13 +215,18 @@ impl<'g> Run<'g> {
                 self.heap.pop();
                 if kind == EV_START {
                     self.start(task as usize, t);
+                    real = true;
                 } else if self.state[task as usize] == ACTIVE && self.version[task as usize] == ver {
                     self.finish(task as usize, t);
+                    real = true;
                 }
             }
-            out.events += 1;
-            out.makespan_s = out.makespan_s.max(t);
-            self.rebalance(t);
+            if real {
+                // Stale finish events (superseded by a rate change) are not completions.
+                out.events += 1;
+                out.makespan_s = out.makespan_s.max(t);
+                self.rebalance(t);
+            }
         }
         out
     }
@@ -325,10 +331,11 @@ impl<'g> Run<'g> {
         self.old_rate = old;
     }
 
-    /// Weighted progressive filling over one component.
-    fn fill(&mut self, res: &[u32], tasks: &[u32], stamp: u32) {
+    /// Resets the component's residual capacities and weight sums; returns the resources'
+    /// saturation levels (a heap) and the rate-capped tasks (largest level first).
+    #[allow(clippy::type_complexity)]
+    fn fill_init(&mut self, res: &[u32], tasks: &[u32]) -> (BinaryHeap<Reverse<(Time, u32, u32)>>, Vec<(Time, u32)>) {
         let g = self.g;
-        let mut heap: BinaryHeap<Reverse<(Time, u32, u32)>> = BinaryHeap::new();
         for &r in res {
             let r = r as usize;
             let m = self.active[r].len();
@@ -348,11 +355,18 @@ impl<'g> Run<'g> {
             }
         }
         capped.sort_unstable_by(|a, b| b.cmp(a)); // pop from the end: smallest first
-        for &r in res {
-            if self.denom[r as usize] > 0.0 {
-                heap.push(Reverse((Time(self.rem[r as usize] / self.denom[r as usize]), r, 0)));
-            }
-        }
+        let heap = res
+            .iter()
+            .filter(|&&r| self.denom[r as usize] > 0.0)
+            .map(|&r| Reverse((Time(self.rem[r as usize] / self.denom[r as usize]), r, 0)))
+            .collect();
+        (heap, capped)
+    }
+
+    /// Weighted progressive filling over one component.
+    fn fill(&mut self, res: &[u32], tasks: &[u32], stamp: u32) {
+        let g = self.g;
+        let (mut heap, mut capped) = self.fill_init(res, tasks);
         let mut left = tasks.len();
         while left > 0 {
             // The next resource to saturate (skipping stale heap entries).
