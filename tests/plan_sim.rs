@@ -88,11 +88,9 @@ fn baselines_run_and_respect_their_own_traffic() {
 
 #[test]
 fn model_validation_rejects_nonsense() {
-    let mut m = Model::default();
-    m.incast.loss = 1.5;
+    let m = Model { incast: hoccl::sim::Incast { loss: 1.5 }, ..Model::default() };
     let p = build(&Cluster::new(2, 2), &Collective::AlltoAll { bytes: 1 << 20 });
     assert!(simulate_plan(&p, &m).is_err());
-    let mut m = Model::default();
-    m.segments = 0;
+    let m = Model { segments: 0, ..Model::default() };
     assert!(simulate_naive(&p, &m).is_err());
 }

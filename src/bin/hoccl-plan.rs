@@ -98,7 +98,7 @@ fn parse_size(s: &str) -> Result<u64> {
         _ => return Err(Error::invalid_arg(OP, format!("bad size unit in `{s}`"))),
     };
     let b = v * mult;
-    if !(b.is_finite() && b >= 0.0 && b < 9.2e18) {
+    if !(0.0..9.2e18).contains(&b) {
         return Err(Error::invalid_arg(OP, format!("size `{s}` out of range")));
     }
     Ok(b.round() as u64)

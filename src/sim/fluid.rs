@@ -34,9 +34,20 @@ impl Incast {
     }
 }
 
-#[derive(Clone, Copy, PartialEq, PartialOrd)]
+/// A time (or level) ordered by `f64::total_cmp`, usable in heaps.
+#[derive(Clone, Copy)]
 struct Time(f64);
+impl PartialEq for Time {
+    fn eq(&self, o: &Self) -> bool {
+        self.cmp(o) == Ordering::Equal
+    }
+}
 impl Eq for Time {}
+impl PartialOrd for Time {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
 impl Ord for Time {
     fn cmp(&self, o: &Self) -> Ordering {
         self.0.total_cmp(&o.0)
