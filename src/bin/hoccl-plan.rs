@@ -331,7 +331,27 @@ fn bench(a: &Args) -> Result<()> {
         best = best.min(ms);
         stages = p.stages.len();
     }
-    let out = Json::obj(vec![("plan_ms", Json::Num(best)), ("stages", Json::Int(stages as i128)), ("repeat", Json::Int(reps as i128))]);
+    // One more build, phase by phase (the same calls `plan::build` makes).
+    let cl = cluster(a)?;
+    let c = collective(a, &cl)?;
+    let t0 = Instant::now();
+    let traffic = plan::Traffic::build(&cl, &c);
+    let t1 = Instant::now();
+    let (nic, nic_stages) = plan::schedule::schedule_nics(&cl, traffic.fan_out, &traffic.routes);
+    let t2 = Instant::now();
+    let chunk = parse_size(a.get("--chunk").unwrap_or("4MiB"))?;
+    let _ = plan::stages::assemble(&cl, &traffic, &nic, nic_stages, chunk);
+    let t3 = Instant::now();
+    let ms = |a: Instant, b: Instant| Json::Num((b - a).as_secs_f64() * 1e3);
+    let out = Json::obj(vec![
+        ("plan_ms", Json::Num(best)),
+        ("stages", Json::Int(stages as i128)),
+        ("routes", Json::Int(traffic.routes.len() as i128)),
+        ("repeat", Json::Int(reps as i128)),
+        ("traffic_ms", ms(t0, t1)),
+        ("schedule_ms", ms(t1, t2)),
+        ("assemble_ms", ms(t2, t3)),
+    ]);
     println!("{out}");
     Ok(())
 }

@@ -29,79 +29,101 @@ pub struct NicSlice {
 
 /// Entries: all routes between one NIC pair, `routes[start(e)..start(e + 1)]` (adjacent by
 /// construction of [`Traffic`](super::Traffic)), with each sender's and receiver's entries
-/// as linked lists in route order (shift-major): their preference order.
-struct Entries {
+/// as linked lists in route order (shift-major): their preference order. The receivers'
+/// lists are built the first time a receiver has to look for a sender (never, for uniform
+/// traffic, where senders find every receiver).
+struct Entries<'a> {
+    ix: Index,
+    fan_out: bool,
+    routes: &'a [Route],
     /// Bytes not yet scheduled, per entry.
     remaining: Vec<u64>,
     /// First route of each entry (plus a final sentinel); `None` when every entry is one
     /// route (the common case: entry e is route e).
     start: Option<Vec<u32>>,
-    ends: Vec<(u32, u32)>,
     next_out: Vec<u32>,
-    next_in: Vec<u32>,
     head_out: Vec<u32>,
+    next_in: Vec<u32>,
     head_in: Vec<u32>,
 }
 
 const NONE: u32 = u32::MAX;
 
-impl Entries {
+impl<'a> Entries<'a> {
+    fn new(cl: &Cluster, fan_out: bool, routes: &'a [Route]) -> Self {
+        let ix = Index::new(cl);
+        let n = cl.num_nics();
+        let mut e = Entries { ix, fan_out, routes, remaining: Vec::with_capacity(routes.len()), start: None, next_out: Vec::new(), head_out: vec![NONE; n], next_in: Vec::new(), head_in: Vec::new() };
+        let mut start: Vec<u32> = Vec::new();
+        let mut last = (NONE, NONE);
+        for (i, r) in routes.iter().enumerate() {
+            let ab = e.route_ports(r);
+            if ab == last {
+                *e.remaining.last_mut().unwrap_or(&mut 0) += r.bytes;
+                if e.start.is_none() {
+                    start = (0..e.remaining.len() as u32).collect();
+                    e.start = Some(Vec::new());
+                }
+                continue;
+            }
+            if e.start.is_some() {
+                start.push(i as u32);
+            }
+            last = ab;
+            e.remaining.push(r.bytes);
+        }
+        if e.start.is_some() {
+            start.push(routes.len() as u32);
+            e.start = Some(start);
+        }
+        let mut tail = vec![NONE; n];
+        e.next_out = vec![NONE; e.remaining.len()];
+        for i in 0..e.remaining.len() {
+            let a = e.ports(i).0;
+            match tail[a] {
+                NONE => e.head_out[a] = i as u32,
+                t => e.next_out[t as usize] = i as u32,
+            }
+            tail[a] = i as u32;
+        }
+        e
+    }
+
+    fn route_ports(&self, r: &Route) -> (u32, u32) {
+        (self.ix.nic[self.ix.staging[r.src as usize] as usize], self.ix.nic[self.ix.recv_gpu(self.fan_out, r.src, r.dst)])
+    }
+
     fn routes(&self, e: usize) -> std::ops::Range<usize> {
         match &self.start {
             None => e..e + 1,
             Some(s) => s[e] as usize..s[e + 1] as usize,
         }
     }
+
     /// (sending NIC, receiving NIC) of entry `e`.
     fn ports(&self, e: usize) -> (usize, usize) {
-        let (a, b) = self.ends[e];
+        let first = self.routes(e).start;
+        let (a, b) = self.route_ports(&self.routes[first]);
         (a as usize, b as usize)
     }
-}
 
-fn build_entries(cl: &Cluster, ix: &Index, fan_out: bool, routes: &[Route]) -> Entries {
-    let n = cl.num_nics();
-    let mut remaining: Vec<u64> = Vec::with_capacity(routes.len());
-    let mut ends: Vec<(u32, u32)> = Vec::with_capacity(routes.len());
-    let mut start: Vec<u32> = Vec::new();
-    let mut merged = false;
-    for (i, r) in routes.iter().enumerate() {
-        let a = ix.nic[ix.staging[r.src as usize] as usize];
-        let b = ix.nic[ix.recv_gpu(fan_out, r.src, r.dst)];
-        if ends.last() == Some(&(a, b)) {
-            *remaining.last_mut().unwrap_or(&mut 0) += r.bytes;
-            if !merged {
-                merged = true;
-                start = (0..remaining.len() as u32).collect();
+    fn ensure_in_lists(&mut self) {
+        if !self.next_in.is_empty() || self.remaining.is_empty() {
+            return;
+        }
+        let n = self.head_out.len();
+        self.head_in = vec![NONE; n];
+        let mut tail = vec![NONE; n];
+        self.next_in = vec![NONE; self.remaining.len()];
+        for i in 0..self.remaining.len() {
+            let b = self.ports(i).1;
+            match tail[b] {
+                NONE => self.head_in[b] = i as u32,
+                t => self.next_in[t as usize] = i as u32,
             }
-            continue;
+            tail[b] = i as u32;
         }
-        if merged {
-            start.push(i as u32);
-        }
-        ends.push((a, b));
-        remaining.push(r.bytes);
     }
-    if merged {
-        start.push(routes.len() as u32);
-    }
-    let (mut head_out, mut head_in) = (vec![NONE; n], vec![NONE; n]);
-    let (mut tail_out, mut tail_in) = (vec![NONE; n], vec![NONE; n]);
-    let (mut next_out, mut next_in) = (vec![NONE; ends.len()], vec![NONE; ends.len()]);
-    for (e, &(a, b)) in ends.iter().enumerate() {
-        let (a, b) = (a as usize, b as usize);
-        match tail_out[a] {
-            NONE => head_out[a] = e as u32,
-            t => next_out[t as usize] = e as u32,
-        }
-        tail_out[a] = e as u32;
-        match tail_in[b] {
-            NONE => head_in[b] = e as u32,
-            t => next_in[t as usize] = e as u32,
-        }
-        tail_in[b] = e as u32;
-    }
-    Entries { remaining, start: merged.then_some(start), ends, next_out, next_in, head_out, head_in }
 }
 
 /// Slices larger than this are cut: 1/32 of the heaviest port's load, but never below four
@@ -147,7 +169,7 @@ impl Calendar {
 struct Scheduler<'a> {
     cl: &'a Cluster,
     routes: &'a [Route],
-    e: Entries,
+    e: Entries<'a>,
     out_free: Vec<bool>,
     in_free: Vec<bool>,
     out_rem: Vec<u64>,
@@ -201,7 +223,7 @@ impl Scheduler<'_> {
                 if e == self.e.head_out[a] {
                     self.e.head_out[a] = self.e.next_out[e as usize];
                 }
-            } else if self.in_free[self.e.ends[e as usize].1 as usize] {
+            } else if self.in_free[self.e.ports(e as usize).1] {
                 return self.start(e as usize, t);
             }
             e = self.e.next_out[e as usize];
@@ -209,13 +231,14 @@ impl Scheduler<'_> {
     }
 
     fn try_receiver(&mut self, b: usize, t: f64) {
+        self.e.ensure_in_lists();
         let mut e = self.e.head_in[b];
         while e != NONE {
             if self.e.remaining[e as usize] == 0 {
                 if e == self.e.head_in[b] {
                     self.e.head_in[b] = self.e.next_in[e as usize];
                 }
-            } else if self.out_free[self.e.ends[e as usize].0 as usize] {
+            } else if self.out_free[self.e.ports(e as usize).0] {
                 return self.start(e as usize, t);
             }
             e = self.e.next_in[e as usize];
@@ -247,7 +270,8 @@ impl Scheduler<'_> {
             freed_out.clear();
             freed_in.clear();
             for e in ids {
-                let (a, b) = self.e.ends[e as usize];
+                let (a, b) = self.e.ports(e as usize);
+                let (a, b) = (a as u32, b as u32);
                 self.out_free[a as usize] = true;
                 self.in_free[b as usize] = true;
                 freed_out.push(a);
@@ -261,12 +285,12 @@ impl Scheduler<'_> {
 /// in start order inside a stage) and the number of stages.
 pub fn schedule_nics(cl: &Cluster, fan_out: bool, routes: &[Route]) -> (Vec<NicSlice>, usize) {
     let n = cl.num_nics();
-    let ix = Index::new(cl);
-    let e = build_entries(cl, &ix, fan_out, routes);
+    let e = Entries::new(cl, fan_out, routes);
     let (mut out_rem, mut in_rem) = (vec![0u64; n], vec![0u64; n]);
-    for (i, &(a, b)) in e.ends.iter().enumerate() {
-        out_rem[a as usize] += e.remaining[i];
-        in_rem[b as usize] += e.remaining[i];
+    for i in 0..e.remaining.len() {
+        let (a, b) = e.ports(i);
+        out_rem[a] += e.remaining[i];
+        in_rem[b] += e.remaining[i];
     }
     let cap = slice_cap(&out_rem, &in_rem, &e.remaining);
     let mut s = Scheduler {
