@@ -24,8 +24,9 @@ collective: --collective alltoall|alltoallv|allgather|broadcast|sendrecv (alltoa
             --root R (broadcast)   --pairs u:v:SIZE,... (sendrecv; default u -> u+K)
 plan:       --chunk SIZE (4MiB)
 simulate:   --incast LOSS (0.37; 0 = pure fluid)   --nic-latency-us (2) --qp-latency-us (5)
-            --qps N (4) --ce-latency-us (2.4) --segments N (64)   --no-naive   --no-baseline
-            --json
+            --qps N (4) --ce-latency-us (2.4) --segments N (64) --staging SIZE (64MiB per NIC)
+            --no-naive   --no-baseline
+            --naive-max-routes N (20000; larger plans report naive_s: null)   --json
 show:       --stages N (4)   --png PATH [--stage S (0)] [--cell PX (auto)]   --json (whole plan)
 plan:       prints the whole plan as JSON
 bench:      --repeat N (5): fastest planning time of N builds";
@@ -187,6 +188,10 @@ fn model(a: &Args) -> Result<Model> {
         qps_per_peer: a.num("--qps", d.qps_per_peer)?,
         ce_latency_s: a.num("--ce-latency-us", d.ce_latency_s * 1e6)? * 1e-6,
         segments: a.num("--segments", d.segments)?,
+        staging_bytes: match a.get("--staging") {
+            None => d.staging_bytes,
+            Some(v) => parse_size(v)?,
+        },
     };
     m.validate()?;
     Ok(m)
@@ -212,7 +217,15 @@ fn measure(a: &Args, cl: &Cluster, c: &Collective, p: &Plan, m: &Model) -> Resul
     let plan_r = sim::exec::simulate_plan(p, m)?;
     let mut f = vec![("completion_s", Json::Num(plan_r.completion_s))];
     if !a.flag("--no-naive") {
-        f.push(("naive_s", Json::Num(sim::exec::simulate_naive(p, m)?.completion_s)));
+        // Every flow at once makes one max-min component of all flows, recomputed at every
+        // completion: quadratic. Past the limit it is skipped (null) rather than left to run
+        // for hours.
+        let limit: usize = a.num("--naive-max-routes", 20_000)?;
+        if p.traffic.routes.len() <= limit {
+            f.push(("naive_s", Json::Num(sim::exec::simulate_naive(p, m)?.completion_s)));
+        } else {
+            f.push(("naive_s", Json::Null));
+        }
     }
     if !a.flag("--no-baseline") {
         let (name, r) = sim::baseline::simulate_nccl(cl, c, m)?;
@@ -224,7 +237,7 @@ fn measure(a: &Args, cl: &Cluster, c: &Collective, p: &Plan, m: &Model) -> Resul
 
 fn simulate(a: &Args) -> Result<()> {
     let mut known = CLUSTER_OPTS.to_vec();
-    known.extend(["--chunk", "--incast", "--nic-latency-us", "--qp-latency-us", "--qps", "--ce-latency-us", "--segments", "--no-naive", "--no-baseline", "--json"]);
+    known.extend(["--chunk", "--incast", "--nic-latency-us", "--qp-latency-us", "--qps", "--ce-latency-us", "--segments", "--staging", "--no-naive", "--naive-max-routes", "--no-baseline", "--json"]);
     a.check_known(&known)?;
     let m = model(a)?;
     let (cl, c, p, plan_ms) = build(a)?;

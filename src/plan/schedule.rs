@@ -245,7 +245,7 @@ impl Scheduler<'_> {
         }
     }
 
-    fn run(&mut self) {
+    fn run(&mut self) -> f64 {
         let n = self.cl.num_nics();
         let mut freed_out: Vec<u32> = (0..n as u32).collect();
         let mut freed_in: Vec<u32> = (0..n as u32).collect();
@@ -265,7 +265,7 @@ impl Scheduler<'_> {
                     self.try_receiver(b as usize, t);
                 }
             }
-            let Some((tn, ids)) = self.cal.pop() else { break };
+            let Some((tn, ids)) = self.cal.pop() else { return t };
             t = tn;
             freed_out.clear();
             freed_in.clear();
@@ -307,7 +307,7 @@ pub fn schedule_nics(cl: &Cluster, fan_out: bool, routes: &[Route]) -> (Vec<NicS
         cap,
         slices: Vec::with_capacity(routes.len()),
     };
-    s.run();
+    let _planned_makespan = s.run();
     let mut slices = s.slices;
     let stages = slices.iter().map(|x| x.stage as usize + 1).max().unwrap_or(0);
     if !slices.windows(2).all(|w| w[0].stage <= w[1].stage) {

@@ -71,12 +71,38 @@ fn segments(bytes: u64, chunk: u64, max: usize) -> Vec<u64> {
 struct PieceTasks {
     first_n: u32,
     last_n: u32,
+    last_s: u32,
 }
 
-/// NIC ordering state of a schedule: the previous transfer of each NIC's two sides.
+/// NIC ordering state of a schedule: the previous transfer of each NIC's two sides, and
+/// the recent transfers of each sending NIC (bytes, last NIC task) still holding its staging
+/// buffer.
 struct NicOrder {
     prev_out: Vec<Option<PieceTasks>>,
     prev_in: Vec<Option<u32>>,
+    staged: Vec<std::collections::VecDeque<(u64, u32)>>,
+}
+
+impl NicOrder {
+    fn new(nics: usize) -> Self {
+        NicOrder { prev_out: (0..nics).map(|_| None).collect(), prev_in: vec![None; nics], staged: vec![Default::default(); nics] }
+    }
+
+    /// The NIC task whose completion frees enough of NIC `a`'s staging buffer for the next
+    /// transfer's first segment: the newest earlier transfer such that it and the transfers
+    /// after it fill `window` bytes.
+    fn staging_gate(&mut self, a: usize, window: u64) -> Option<u32> {
+        let q = &mut self.staged[a];
+        let mut sum = 0u64;
+        for (i, &(b, t)) in q.iter().enumerate().rev() {
+            sum += b;
+            if sum >= window {
+                q.drain(..i); // older transfers can never gate again
+                return Some(t);
+            }
+        }
+        None
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -91,8 +117,10 @@ fn add_piece(graph: &mut Graph, res: &Res, cl: &Cluster, m: &Model, chunk: u64, 
     let segs = segments(bytes, chunk, m.segments);
     let (mut prev_s, mut prev_n, mut prev_r) = (None::<u32>, None::<u32>, None::<u32>);
     let mut first_n = 0;
-    let prev = order.as_ref().and_then(|o| o.prev_out[a].as_ref().map(|p| (p.first_n, p.last_n)));
+    let prev = order.as_ref().and_then(|o| o.prev_out[a].as_ref().map(|p| (p.first_n, p.last_n, p.last_s)));
     let prev_in = order.as_ref().and_then(|o| o.prev_in[b]);
+    let mut order = order;
+    let gate = order.as_mut().and_then(|o| o.staging_gate(a, m.staging_bytes));
     for &sb in &segs {
         let c = chunk.min(sb) as f64;
         let coef = ce_coef(cl, m, c);
@@ -115,9 +143,13 @@ fn add_piece(graph: &mut Graph, res: &Res, cl: &Cluster, m: &Model, chunk: u64, 
                 if let Some(f) = fifo.filter(|&f| f != u32::MAX) {
                     graph.after(s, f, On::Finish, 0.0);
                 }
+                if let Some(gt) = gate {
+                    graph.after(s, gt, On::Finish, 0.0);
+                }
                 match prev {
-                    Some((pf, pl)) => {
-                        graph.after(s, pf, On::Start, 0.0);
+                    Some((pf, pl, ps)) => {
+                        // The copies feeding one NIC are issued in its transfer order.
+                        graph.after(s, ps, On::Finish, 0.0);
                         graph.after(n, pf, On::Start, m.nic_latency_s);
                         graph.after(n, pl, On::Finish, 0.0);
                     }
@@ -131,8 +163,9 @@ fn add_piece(graph: &mut Graph, res: &Res, cl: &Cluster, m: &Model, chunk: u64, 
         (prev_s, prev_n, prev_r) = (Some(s), Some(n), Some(rr));
     }
     if let (Some(o), Some(last_n)) = (order, prev_n) {
-        o.prev_out[a] = Some(PieceTasks { first_n, last_n });
+        o.prev_out[a] = Some(PieceTasks { first_n, last_n, last_s: prev_s.unwrap_or(0) });
         o.prev_in[b] = Some(last_n);
+        o.staged[a].push_back((bytes, last_n));
     }
     prev_s.unwrap_or(0)
 }
@@ -145,7 +178,7 @@ pub fn plan_graph(plan: &Plan, m: &Model) -> Graph {
     let cl = &plan.cluster;
     let mut graph = Graph::new();
     let res = Res::new(&mut graph, cl);
-    let mut order = NicOrder { prev_out: (0..cl.num_nics()).map(|_| None).collect(), prev_in: vec![None; cl.num_nics()] };
+    let mut order = NicOrder::new(cl.num_nics());
     for s in 0..plan.stages.len() {
         for x in plan.stage_nic(s) {
             let r = &plan.traffic.routes[x.route as usize];

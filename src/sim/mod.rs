@@ -19,8 +19,10 @@
 //!   both its NICs have finished their previous stage's transfer (the receiver grants the
 //!   next stage's staging slot when the current one fills) and its first segment is staged.
 //!   Its rate is capped at `qps · chunk / qp_latency_s` (one chunk in flight per queue pair).
-//! - Sender copies of a NIC's next transfer may start once its current transfer has started
-//!   (two staging slots per NIC).
+//! - Sender copies run ahead of the NIC into its staging buffer of `staging_bytes`, in the
+//!   NIC's transfer order: a transfer's first segment is copied after the previous
+//!   transfer's copies, once the transfers still occupying the buffer ahead of it leave room
+//!   (counted per transfer).
 #![forbid(unsafe_code)]
 
 pub mod baseline;
@@ -44,11 +46,13 @@ pub struct Model {
     pub ce_latency_s: f64,
     /// Pipeline segments per route piece.
     pub segments: usize,
+    /// Staging buffer per sending NIC.
+    pub staging_bytes: u64,
 }
 
 impl Default for Model {
     fn default() -> Self {
-        Model { incast: Incast { loss: Incast::DEFAULT_LOSS }, nic_latency_s: 2e-6, qp_latency_s: 5e-6, qps_per_peer: 4, ce_latency_s: 2.4e-6, segments: 64 }
+        Model { incast: Incast { loss: Incast::DEFAULT_LOSS }, nic_latency_s: 2e-6, qp_latency_s: 5e-6, qps_per_peer: 4, ce_latency_s: 2.4e-6, segments: 64, staging_bytes: 64 << 20 }
     }
 }
 
@@ -65,8 +69,8 @@ impl Model {
             return Err(Error::invalid_arg("sim::Model", format!("incast loss {l} must be in [0, 1)")));
         }
         let lat = [self.nic_latency_s, self.qp_latency_s, self.ce_latency_s];
-        if lat.iter().any(|x| !(x.is_finite() && *x >= 0.0)) || self.qps_per_peer == 0 || self.segments == 0 {
-            return Err(Error::invalid_arg("sim::Model", "latencies must be >= 0, qps_per_peer and segments > 0"));
+        if lat.iter().any(|x| !(x.is_finite() && *x >= 0.0)) || self.qps_per_peer == 0 || self.segments == 0 || self.staging_bytes == 0 {
+            return Err(Error::invalid_arg("sim::Model", "latencies must be >= 0, qps_per_peer, segments and staging_bytes > 0"));
         }
         Ok(())
     }
