@@ -16,7 +16,7 @@
 //! transfers by stage reproduces the planned timeline without any global barrier.
 use super::cluster::{Cluster, Index};
 use super::traffic::Route;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// A piece `[offset, offset + bytes)` of route `route`, sent over the NIC in `stage`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -166,6 +166,34 @@ impl Calendar {
     }
 }
 
+/// A set of ports with O(1) insert and remove.
+struct IdleSet {
+    members: Vec<u32>,
+    pos: Vec<u32>,
+}
+
+impl IdleSet {
+    fn new(n: usize) -> Self {
+        IdleSet { members: Vec::new(), pos: vec![NONE; n] }
+    }
+    fn insert(&mut self, p: usize) {
+        if self.pos[p] == NONE {
+            self.pos[p] = self.members.len() as u32;
+            self.members.push(p as u32);
+        }
+    }
+    fn remove(&mut self, p: usize) {
+        let i = self.pos[p];
+        if i != NONE {
+            self.members.swap_remove(i as usize);
+            if let Some(&m) = self.members.get(i as usize) {
+                self.pos[m as usize] = i;
+            }
+            self.pos[p] = NONE;
+        }
+    }
+}
+
 struct Scheduler<'a> {
     cl: &'a Cluster,
     routes: &'a [Route],
@@ -179,9 +207,49 @@ struct Scheduler<'a> {
     cal: Calendar,
     cap: u64,
     slices: Vec<NicSlice>,
+    /// Ports that are free and still have bytes to move.
+    idle_out: IdleSet,
+    idle_in: IdleSet,
+    /// Entries with bytes left, per port.
+    pend_out: Vec<u32>,
+    pend_in: Vec<u32>,
+    /// (sending NIC, receiving NIC) → entry, built when first needed.
+    pairs: Option<HashMap<u64, u32>>,
+}
+
+fn pair_key(a: usize, b: usize) -> u64 {
+    ((a as u64) << 32) | b as u64
 }
 
 impl Scheduler<'_> {
+    fn ensure_pairs(&mut self) {
+        if self.pairs.is_none() {
+            let m = (0..self.e.remaining.len()).map(|e| {
+                let (a, b) = self.e.ports(e);
+                (pair_key(a, b), e as u32)
+            });
+            self.pairs = Some(m.collect());
+        }
+    }
+
+    /// When few partners are idle, look them up instead of walking a long list: the idle
+    /// partner with the most bytes left (the most critical) is chosen.
+    fn pick_idle(&mut self, port: usize, sender: bool) -> Option<usize> {
+        self.ensure_pairs();
+        let pairs = self.pairs.as_ref()?;
+        let (idle, rem) = if sender { (&self.idle_in, &self.in_rem) } else { (&self.idle_out, &self.out_rem) };
+        let mut best: Option<(u64, usize)> = None;
+        for &q in &idle.members {
+            let key = if sender { pair_key(port, q as usize) } else { pair_key(q as usize, port) };
+            if let Some(&e) = pairs.get(&key) {
+                if self.e.remaining[e as usize] > 0 && best.is_none_or(|(r, _)| rem[q as usize] > r) {
+                    best = Some((rem[q as usize], e as usize));
+                }
+            }
+        }
+        best.map(|(_, e)| e)
+    }
+
     /// Starts at most `cap` bytes of entry `e` at time `t`.
     fn start(&mut self, e: usize, t: f64) {
         let rs = self.e.routes(e);
@@ -211,37 +279,91 @@ impl Scheduler<'_> {
         }
         self.out_free[a] = false;
         self.in_free[b] = false;
+        self.idle_out.remove(a);
+        self.idle_in.remove(b);
         self.out_rem[a] -= len;
         self.in_rem[b] -= len;
+        if self.e.remaining[e] == 0 {
+            self.pend_out[a] -= 1;
+            self.pend_in[b] -= 1;
+        }
         self.cal.push(t + len as f64 / self.cl.nic_bw, e as u32);
     }
 
+    /// Sender `a` starts its first pending entry whose receiver is idle. Entries found
+    /// finished are unlinked, so each is skipped once.
     fn try_sender(&mut self, a: usize, t: f64) {
-        let mut e = self.e.head_out[a];
-        while e != NONE {
-            if self.e.remaining[e as usize] == 0 {
-                if e == self.e.head_out[a] {
-                    self.e.head_out[a] = self.e.next_out[e as usize];
-                }
-            } else if self.in_free[self.e.ports(e as usize).1] {
-                return self.start(e as usize, t);
+        if self.pend_out[a] == 0 {
+            return;
+        }
+        // The head of the list (next in shift order) first: lock-step rounds never look
+        // further.
+        while self.e.head_out[a] != NONE && self.e.remaining[self.e.head_out[a] as usize] == 0 {
+            self.e.head_out[a] = self.e.next_out[self.e.head_out[a] as usize];
+        }
+        let h = self.e.head_out[a];
+        if h != NONE && self.in_free[self.e.ports(h as usize).1] {
+            return self.start(h as usize, t);
+        }
+        if self.idle_in.members.len() * 2 < self.pend_out[a] as usize {
+            if let Some(e) = self.pick_idle(a, true) {
+                self.start(e, t);
             }
-            e = self.e.next_out[e as usize];
+            return;
+        }
+        let (mut prev, mut e) = (NONE, self.e.head_out[a]);
+        while e != NONE {
+            let next = self.e.next_out[e as usize];
+            if self.e.remaining[e as usize] == 0 {
+                match prev {
+                    NONE => self.e.head_out[a] = next,
+                    p => self.e.next_out[p as usize] = next,
+                }
+            } else {
+                if self.in_free[self.e.ports(e as usize).1] {
+                    return self.start(e as usize, t);
+                }
+                prev = e;
+            }
+            e = next;
         }
     }
 
+    /// Receiver `b` starts its first pending entry whose sender is idle.
     fn try_receiver(&mut self, b: usize, t: f64) {
+        if self.pend_in[b] == 0 {
+            return;
+        }
         self.e.ensure_in_lists();
-        let mut e = self.e.head_in[b];
-        while e != NONE {
-            if self.e.remaining[e as usize] == 0 {
-                if e == self.e.head_in[b] {
-                    self.e.head_in[b] = self.e.next_in[e as usize];
-                }
-            } else if self.out_free[self.e.ports(e as usize).0] {
-                return self.start(e as usize, t);
+        while self.e.head_in[b] != NONE && self.e.remaining[self.e.head_in[b] as usize] == 0 {
+            self.e.head_in[b] = self.e.next_in[self.e.head_in[b] as usize];
+        }
+        let h = self.e.head_in[b];
+        if h != NONE && self.out_free[self.e.ports(h as usize).0] {
+            return self.start(h as usize, t);
+        }
+        if self.idle_out.members.len() * 2 < self.pend_in[b] as usize {
+            if let Some(e) = self.pick_idle(b, false) {
+                self.start(e, t);
             }
-            e = self.e.next_in[e as usize];
+            return;
+        }
+        self.e.ensure_in_lists();
+        let (mut prev, mut e) = (NONE, self.e.head_in[b]);
+        while e != NONE {
+            let next = self.e.next_in[e as usize];
+            if self.e.remaining[e as usize] == 0 {
+                match prev {
+                    NONE => self.e.head_in[b] = next,
+                    p => self.e.next_in[p as usize] = next,
+                }
+            } else {
+                if self.out_free[self.e.ports(e as usize).0] {
+                    return self.start(e as usize, t);
+                }
+                prev = e;
+            }
+            e = next;
         }
     }
 
@@ -271,11 +393,16 @@ impl Scheduler<'_> {
             freed_in.clear();
             for e in ids {
                 let (a, b) = self.e.ports(e as usize);
-                let (a, b) = (a as u32, b as u32);
-                self.out_free[a as usize] = true;
-                self.in_free[b as usize] = true;
-                freed_out.push(a);
-                freed_in.push(b);
+                self.out_free[a] = true;
+                self.in_free[b] = true;
+                if self.out_rem[a] > 0 {
+                    self.idle_out.insert(a);
+                }
+                if self.in_rem[b] > 0 {
+                    self.idle_in.insert(b);
+                }
+                freed_out.push(a as u32);
+                freed_in.push(b as u32);
             }
         }
     }
@@ -287,10 +414,22 @@ pub fn schedule_nics(cl: &Cluster, fan_out: bool, routes: &[Route]) -> (Vec<NicS
     let n = cl.num_nics();
     let e = Entries::new(cl, fan_out, routes);
     let (mut out_rem, mut in_rem) = (vec![0u64; n], vec![0u64; n]);
+    let (mut pend_out, mut pend_in) = (vec![0u32; n], vec![0u32; n]);
     for i in 0..e.remaining.len() {
         let (a, b) = e.ports(i);
         out_rem[a] += e.remaining[i];
         in_rem[b] += e.remaining[i];
+        pend_out[a] += 1;
+        pend_in[b] += 1;
+    }
+    let (mut idle_out, mut idle_in) = (IdleSet::new(n), IdleSet::new(n));
+    for p in 0..n {
+        if out_rem[p] > 0 {
+            idle_out.insert(p);
+        }
+        if in_rem[p] > 0 {
+            idle_in.insert(p);
+        }
     }
     let cap = slice_cap(&out_rem, &in_rem, &e.remaining);
     let mut s = Scheduler {
@@ -306,6 +445,11 @@ pub fn schedule_nics(cl: &Cluster, fan_out: bool, routes: &[Route]) -> (Vec<NicS
         cal: Calendar::default(),
         cap,
         slices: Vec::with_capacity(routes.len()),
+        idle_out,
+        idle_in,
+        pend_out,
+        pend_in,
+        pairs: None,
     };
     let _planned_makespan = s.run();
     let mut slices = s.slices;
