@@ -145,18 +145,23 @@ impl StageLoads {
 
 /// Packs native flows into the stages' slack, front-loaded: each stage takes as much of
 /// every remaining native flow as its NVLink ports and copy engines can absorb without
-/// lengthening the stage. What does not fit goes into one extra NVLink-only stage (NVLink
-/// has no degree constraint, so the whole remainder is one stage).
+/// lengthening the stage. What does not fit (or is left after eight stages in a row with no
+/// slack) goes into one extra NVLink-only stage (NVLink has no degree constraint, so the
+/// whole remainder is one stage).
 fn pack_natives(cl: &Cluster, t: &Traffic, nic: &[NicSlice], bounds: &[(usize, usize)], min_piece: u64) -> Vec<NativePiece> {
     let natives: &[Native] = &t.natives;
     let mut rem: Vec<u64> = natives.iter().map(|n| n.bytes).collect();
     let mut active: Vec<u32> = (0..natives.len() as u32).filter(|&i| rem[i as usize] > 0).collect();
     let mut pieces = Vec::new();
     let mut loads = StageLoads::new(cl);
+    let mut barren = 0; // consecutive stages that took nothing
     for (s, &(lo, hi)) in bounds.iter().enumerate() {
-        if active.is_empty() {
+        // Stop early when NVLink is itself the bottleneck stage after stage (AllGather at
+        // 400/50 GB/s): what is left becomes the final NVLink stage.
+        if active.is_empty() || barren >= 8 {
             break;
         }
+        let before = pieces.len();
         loads.clear();
         nic[lo..hi].iter().for_each(|x| loads.add_slice(cl, t, x));
         let d = loads.cost(cl).total();
@@ -176,6 +181,7 @@ fn pack_natives(cl: &Cluster, t: &Traffic, nic: &[NicSlice], bounds: &[(usize, u
             loads.add_copy(CopyKind::Native, x, y, take as f64);
         }
         active.retain(|&i| rem[i as usize] > 0);
+        barren = if pieces.len() == before { barren + 1 } else { 0 };
     }
     let last = bounds.len() as u32;
     for i in active {
