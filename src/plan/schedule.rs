@@ -49,15 +49,30 @@ struct Entries<'a> {
 
 const NONE: u32 = u32::MAX;
 
+/// Bytes and entries left per NIC port.
+struct PortLoad {
+    out_rem: Vec<u64>,
+    in_rem: Vec<u64>,
+    pend_out: Vec<u32>,
+    pend_in: Vec<u32>,
+}
+
 impl<'a> Entries<'a> {
-    fn new(cl: &Cluster, fan_out: bool, routes: &'a [Route]) -> Self {
+    /// One pass over the routes: entries, the senders' lists, and per port the bytes and
+    /// entries to move (`PortLoad`).
+    fn new(cl: &Cluster, fan_out: bool, routes: &'a [Route]) -> (Self, PortLoad) {
         let ix = Index::new(cl);
         let n = cl.num_nics();
-        let mut e = Entries { ix, fan_out, routes, remaining: Vec::with_capacity(routes.len()), start: None, next_out: Vec::new(), head_out: vec![NONE; n], next_in: Vec::new(), head_in: Vec::new() };
+        let mut e = Entries { ix, fan_out, routes, remaining: Vec::with_capacity(routes.len()), start: None, next_out: Vec::with_capacity(routes.len()), head_out: vec![NONE; n], next_in: Vec::new(), head_in: Vec::new() };
+        let mut load = PortLoad { out_rem: vec![0; n], in_rem: vec![0; n], pend_out: vec![0; n], pend_in: vec![0; n] };
+        let mut tail = vec![NONE; n];
         let mut start: Vec<u32> = Vec::new();
         let mut last = (NONE, NONE);
         for (i, r) in routes.iter().enumerate() {
             let ab = e.route_ports(r);
+            let (a, b) = (ab.0 as usize, ab.1 as usize);
+            load.out_rem[a] += r.bytes;
+            load.in_rem[b] += r.bytes;
             if ab == last {
                 *e.remaining.last_mut().unwrap_or(&mut 0) += r.bytes;
                 if e.start.is_none() {
@@ -70,23 +85,22 @@ impl<'a> Entries<'a> {
                 start.push(i as u32);
             }
             last = ab;
+            let id = e.remaining.len() as u32;
             e.remaining.push(r.bytes);
+            e.next_out.push(NONE);
+            match tail[a] {
+                NONE => e.head_out[a] = id,
+                t => e.next_out[t as usize] = id,
+            }
+            tail[a] = id;
+            load.pend_out[a] += 1;
+            load.pend_in[b] += 1;
         }
         if e.start.is_some() {
             start.push(routes.len() as u32);
             e.start = Some(start);
         }
-        let mut tail = vec![NONE; n];
-        e.next_out = vec![NONE; e.remaining.len()];
-        for i in 0..e.remaining.len() {
-            let a = e.ports(i).0;
-            match tail[a] {
-                NONE => e.head_out[a] = i as u32,
-                t => e.next_out[t as usize] = i as u32,
-            }
-            tail[a] = i as u32;
-        }
-        e
+        (e, load)
     }
 
     fn route_ports(&self, r: &Route) -> (u32, u32) {
@@ -412,16 +426,7 @@ impl Scheduler<'_> {
 /// in start order inside a stage) and the number of stages.
 pub fn schedule_nics(cl: &Cluster, fan_out: bool, routes: &[Route]) -> (Vec<NicSlice>, usize) {
     let n = cl.num_nics();
-    let e = Entries::new(cl, fan_out, routes);
-    let (mut out_rem, mut in_rem) = (vec![0u64; n], vec![0u64; n]);
-    let (mut pend_out, mut pend_in) = (vec![0u32; n], vec![0u32; n]);
-    for i in 0..e.remaining.len() {
-        let (a, b) = e.ports(i);
-        out_rem[a] += e.remaining[i];
-        in_rem[b] += e.remaining[i];
-        pend_out[a] += 1;
-        pend_in[b] += 1;
-    }
+    let (e, PortLoad { out_rem, in_rem, pend_out, pend_in }) = Entries::new(cl, fan_out, routes);
     let (mut idle_out, mut idle_in) = (IdleSet::new(n), IdleSet::new(n));
     for p in 0..n {
         if out_rem[p] > 0 {
