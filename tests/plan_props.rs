@@ -246,3 +246,44 @@ fn verify_catches_broken_plans() {
     twice.stages.last_mut().unwrap().native.1 += 1;
     assert!(twice.verify().is_err());
 }
+
+#[test]
+fn native_work_only_fills_slack() {
+    // Packing native NVLink pieces into a stage that has NIC work never lengthens it.
+    let checked = std::cell::Cell::new(0usize);
+    for_cases(|seed, cl, _, p| {
+        let g = cl.num_gpus();
+        let q = p.queues();
+        for s in 0..p.stages.len() {
+            if p.stage_nic(s).is_empty() || p.stage_natives(s).is_empty() {
+                continue;
+            }
+            let mut m = p.stage_matrix(s);
+            for piece in p.stage_natives(s) {
+                let n = p.traffic.natives[piece.native as usize];
+                m[n.src as usize * g + n.dst as usize] -= piece.bytes;
+            }
+            let (mut nic_o, mut nic_i) = (vec![0u64; cl.num_nics()], vec![0u64; cl.num_nics()]);
+            let (mut nv_o, mut nv_i) = (vec![0u64; g], vec![0u64; g]);
+            for x in 0..g {
+                for y in 0..g {
+                    let b = m[x * g + y];
+                    if cl.node_of(x) != cl.node_of(y) {
+                        nic_o[cl.nic_of(x)] += b;
+                        nic_i[cl.nic_of(y)] += b;
+                    } else if x != y {
+                        nv_o[x] += b;
+                        nv_i[y] += b;
+                    }
+                }
+            }
+            let ce = q.copy.iter().map(|qq| qq.iter().filter(|c| c.stage as usize == s && c.kind != CopyKind::Native).map(|c| c.bytes).sum::<u64>()).max().unwrap_or(0);
+            let mx = |v: &[u64]| *v.iter().max().unwrap_or(&0) as f64;
+            let without = (mx(&nic_o).max(mx(&nic_i)) / cl.nic_bw).max(mx(&nv_o).max(mx(&nv_i)) / cl.nvlink_bw).max(ce as f64 / cl.ce_bw);
+            let with = p.stages[s].cost.total();
+            assert!(with <= without * (1.0 + 1e-9), "seed {seed} stage {s}: natives lengthened the stage {without} -> {with}");
+            checked.set(checked.get() + 1);
+        }
+    });
+    assert!(checked.get() > 50, "only {} stages mixed NIC and native work", checked.get());
+}
