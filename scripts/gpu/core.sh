@@ -17,10 +17,14 @@ export HOCCL_TEST_DATA=$PWD/tests/data
 for t in carry/tests/*; do
   n=$(basename "$t")
   case "$n" in codec_*) continue ;; esac   # scripts/gpu/codec.sh runs those
-  timeout "${TEST_LIMIT:-150}" "$t" --include-ignored --test-threads=1 > "$OUT/test-$n.log" 2>&1
-  rc=$?; [ $rc = 0 ] || status=1
-  echo "test $n: rc=$rc $(grep -E '^test result' "$OUT/test-$n.log" | tail -1)"
-  grep -E "FAILED|panicked" "$OUT/test-$n.log" | head -5
+  # Host-backend and plain tests first, then the same bodies on CUDA (the ignored ones).
+  for mode in host cuda; do
+    args=(--test-threads=1); [ $mode = cuda ] && args+=(--ignored)
+    timeout "${TEST_LIMIT:-150}" "$t" "${args[@]}" > "$OUT/test-$n-$mode.log" 2>&1
+    rc=$?; [ $rc = 0 ] || status=1
+    echo "test $n ($mode): rc=$rc $(grep -E '^test result' "$OUT/test-$n-$mode.log" | tail -1)"
+    grep -E "^test .*FAILED|panicked at" "$OUT/test-$n-$mode.log" | head -4
+  done
 done
 for t in carry/cpp/*_check carry/cpp/allgather_demo; do
   [ -x "$t" ] || continue
