@@ -8,12 +8,8 @@ use hoccl::config::BackendChoice;
 use std::sync::Arc;
 
 fn cuda(shift: usize) -> DeviceCodec {
-    let dev = hoccl::device::open(BackendChoice::Cuda, 0)
-        .unwrap_or_else(|e| panic!("needs a GPU, none usable: {e}"));
-    assert!(
-        dev.as_cuda().is_some(),
-        "BackendChoice::Cuda opened a device without CUDA"
-    );
+    let dev = hoccl::device::open(BackendChoice::Cuda, 0).unwrap_or_else(|e| panic!("needs a GPU, none usable: {e}"));
+    assert!(dev.as_cuda().is_some(), "BackendChoice::Cuda opened a device without CUDA");
     DeviceCodec::new(Arc::clone(&dev), shift)
 }
 
@@ -94,9 +90,7 @@ fn cuda_stream_ordered_round_trip() {
     for dt in Dtype::ALL {
         for n in [0usize, 1, 5000, 1 << 20] {
             let data = normal_values(dt, n, 0.02, n as u64);
-            let back = c
-                .round_trip_on_stream(dt, &data, &Params::default())
-                .unwrap();
+            let back = c.round_trip_on_stream(dt, &data, &Params::default()).unwrap();
             assert!(back == data, "{} n={n}", dt.name());
         }
     }
@@ -137,11 +131,7 @@ fn cuda_rejects_corrupt_streams() {
             )),
         }
     }
-    assert!(
-        disagreements.is_empty(),
-        "{GPU}: {}",
-        disagreements.join("\n")
-    );
+    assert!(disagreements.is_empty(), "{GPU}: {}", disagreements.join("\n"));
     // The device is still healthy.
     assert!(c.decompress(Dtype::Bf16, &good, 40_000).unwrap() == data);
 }
@@ -191,21 +181,8 @@ fn cuda_bad_arguments_are_errors_before_launch() {
         &p
     )
     .is_err());
-    let big = Params {
-        block: 32768,
-        tiers: 2,
-    };
+    let big = Params { block: 32768, tiers: 2 };
     let cap = compress::max_compressed_len(Dtype::Bf16, 10, &big).unwrap();
-    assert!(compress::compress_async(
-        d,
-        s,
-        Dtype::Bf16,
-        buf.ptr,
-        10,
-        buf.ptr,
-        cap,
-        hoccl::device::DevPtr::NULL,
-        &big
-    )
-    .is_err());
+    assert!(compress::compress_async(d, s, Dtype::Bf16, buf.ptr, 10, buf.ptr, cap, hoccl::device::DevPtr::NULL, &big)
+        .is_err());
 }

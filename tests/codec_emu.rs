@@ -17,26 +17,14 @@ fn emulator() -> &'static PathBuf {
         let bin = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bfx_emu");
         let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
         let out = Command::new(&cxx)
-            .args([
-                "-std=c++17",
-                "-O2",
-                "-g",
-                "-Wall",
-                "-Wno-unknown-pragmas",
-                "-Wno-unused-function",
-                "-I",
-            ])
+            .args(["-std=c++17", "-O2", "-g", "-Wall", "-Wno-unknown-pragmas", "-Wno-unused-function", "-I"])
             .arg(root.join("cuda"))
             .arg("-o")
             .arg(&bin)
             .arg(root.join("cuda/bfx_emu_main.cpp"))
             .output()
             .unwrap_or_else(|e| panic!("cannot run the C++ compiler `{cxx}`: {e}"));
-        assert!(
-            out.status.success(),
-            "building the emulator failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert!(out.status.success(), "building the emulator failed:\n{}", String::from_utf8_lossy(&out.stderr));
         bin
     })
 }
@@ -67,20 +55,14 @@ fn run_sched(args: &[String], sched: u64) -> Result<String, String> {
     }
     let out = cmd.args(args).output().map_err(|e| e.to_string())?;
     if !out.status.success() {
-        return Err(format!(
-            "emulator {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
+        return Err(format!("emulator {args:?} failed: {}", String::from_utf8_lossy(&out.stderr)));
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 impl Codec for Emu {
     fn name(&self) -> String {
-        format!(
-            "emulated kernels (shift {}, {} CTAs, schedule {})",
-            self.shift, self.ctas, self.sched
-        )
+        format!("emulated kernels (shift {}, {} CTAs, schedule {})", self.shift, self.ctas, self.sched)
     }
 
     fn compress(&self, dt: Dtype, data: &[u8], p: &Params) -> Result<Vec<u8>, String> {
@@ -97,8 +79,7 @@ impl Codec for Emu {
             &o.to_string_lossy(),
             &shift,
         ];
-        let r = run_sched(&a.map(String::from), self.sched)
-            .and_then(|_| std::fs::read(&o).map_err(|e| e.to_string()));
+        let r = run_sched(&a.map(String::from), self.sched).and_then(|_| std::fs::read(&o).map_err(|e| e.to_string()));
         let _ = (std::fs::remove_file(&i), std::fs::remove_file(&o));
         r
     }
@@ -117,11 +98,8 @@ impl Codec for Emu {
             &shift,
         ];
         let r = run_sched(&a.map(String::from), self.sched).and_then(|out| {
-            let w: u32 = out
-                .trim()
-                .strip_prefix("status ")
-                .and_then(|s| s.parse().ok())
-                .ok_or(format!("bad output {out}"))?;
+            let w: u32 =
+                out.trim().strip_prefix("status ").and_then(|s| s.parse().ok()).ok_or(format!("bad output {out}"))?;
             compress::status_result(w).map_err(|e| e.to_string())?;
             std::fs::read(&o).map_err(|e| e.to_string())
         });
@@ -138,20 +116,12 @@ impl Codec for Emu {
     }
 }
 
-const EMU: Emu = Emu {
-    shift: 0,
-    ctas: 3,
-    sched: 0,
-};
+const EMU: Emu = Emu { shift: 0, ctas: 3, sched: 0 };
 
 #[test]
 fn emu_same_bytes_as_cpu() {
     same_bytes_as_cpu(&EMU);
-    same_bytes_as_cpu(&Emu {
-        shift: 1,
-        ctas: 1,
-        sched: 0,
-    });
+    same_bytes_as_cpu(&Emu { shift: 1, ctas: 1, sched: 0 });
 }
 
 #[test]
@@ -161,21 +131,13 @@ fn emu_all_16bit_patterns() {
 
 #[test]
 fn emu_f32_specials() {
-    f32_specials(&Emu {
-        shift: 1,
-        ctas: 2,
-        sched: 0,
-    });
+    f32_specials(&Emu { shift: 1, ctas: 2, sched: 0 });
 }
 
 #[test]
 fn emu_sizes() {
     sizes(&EMU);
-    sizes(&Emu {
-        shift: 1,
-        ctas: 64,
-        sched: 0,
-    });
+    sizes(&Emu { shift: 1, ctas: 64, sched: 0 });
 }
 
 #[test]
@@ -192,11 +154,7 @@ fn emu_real_data() {
 
 #[test]
 fn emu_decodes_cpu_streams() {
-    decodes_cpu_streams(&Emu {
-        shift: 0,
-        ctas: 5,
-        sched: 0,
-    });
+    decodes_cpu_streams(&Emu { shift: 0, ctas: 5, sched: 0 });
 }
 
 /// The kernels with CTAs and threads resumed in shuffled orders (BFX_EMU_SCHED): a thread
@@ -206,19 +164,11 @@ fn emu_decodes_cpu_streams() {
 #[test]
 fn emu_shuffled_schedules() {
     for (sched, ctas) in [(1u64, 192u32), (2, 3), (3, 1)] {
-        let c = Emu {
-            shift: 0,
-            ctas,
-            sched,
-        };
+        let c = Emu { shift: 0, ctas, sched };
         real_data(&c);
         distributions(&c);
     }
-    decodes_cpu_streams(&Emu {
-        shift: 1,
-        ctas: 5,
-        sched: 4,
-    });
+    decodes_cpu_streams(&Emu { shift: 1, ctas: 5, sched: 4 });
 }
 
 /// Mutated streams (bit flips, truncations, random header words): the emulated decoder and
@@ -230,10 +180,7 @@ fn emu_decoder_agrees_on_mutated_streams() {
     for case in 0..200 {
         let dt = Dtype::ALL[case % 3];
         let n = 1 + r.below(9000) as usize;
-        let p = Params {
-            block: [32, 96, 2048, 0][r.below(4) as usize],
-            tiers: 1 + (case % 2) as u8,
-        };
+        let p = Params { block: [32, 96, 2048, 0][r.below(4) as usize], tiers: 1 + (case % 2) as u8 };
         let good = compress::compress(dt, &normal_values(dt, n, 0.05, r.next()), &p).unwrap();
         let mut s = good.clone();
         match r.below(4) {

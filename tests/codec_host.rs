@@ -8,12 +8,8 @@ use hoccl::config::BackendChoice;
 
 /// The host backend; it is always built, so failing to open it is a test failure.
 fn host(shift: usize) -> DeviceCodec {
-    let dev =
-        hoccl::device::open(BackendChoice::Host, 0).unwrap_or_else(|e| panic!("host backend: {e}"));
-    assert!(
-        dev.as_cuda().is_none(),
-        "BackendChoice::Host opened a CUDA device"
-    );
+    let dev = hoccl::device::open(BackendChoice::Host, 0).unwrap_or_else(|e| panic!("host backend: {e}"));
+    assert!(dev.as_cuda().is_none(), "BackendChoice::Host opened a CUDA device");
     DeviceCodec::new(dev, shift)
 }
 
@@ -42,13 +38,7 @@ fn host_backend_stream_ordered_round_trip() {
     for dt in Dtype::ALL {
         for n in [0usize, 1, 70_001] {
             let data = normal_values(dt, n, 0.02, 3);
-            assert!(
-                c.round_trip_on_stream(dt, &data, &Params::default())
-                    .unwrap()
-                    == data,
-                "{} n={n}",
-                dt.name()
-            );
+            assert!(c.round_trip_on_stream(dt, &data, &Params::default()).unwrap() == data, "{} n={n}", dt.name());
         }
     }
 }
@@ -62,17 +52,7 @@ fn host_backend_rejects_corrupt_streams() {
     assert!(c.decompress(Dtype::Bf16, &good, 40_000).unwrap() == data);
     let mut bad = good.clone();
     bad[0] ^= 1;
-    assert!(
-        c.decompress(Dtype::Bf16, &bad, 40_000).is_err(),
-        "wrong magic accepted"
-    );
-    assert!(
-        c.decompress(Dtype::Bf16, &good[..good.len() / 2], 40_000)
-            .is_err(),
-        "truncated stream accepted"
-    );
-    assert!(
-        c.decompress(Dtype::Bf16, &good, 39_999).is_err(),
-        "wrong count accepted"
-    );
+    assert!(c.decompress(Dtype::Bf16, &bad, 40_000).is_err(), "wrong magic accepted");
+    assert!(c.decompress(Dtype::Bf16, &good[..good.len() / 2], 40_000).is_err(), "truncated stream accepted");
+    assert!(c.decompress(Dtype::Bf16, &good, 39_999).is_err(), "wrong count accepted");
 }

@@ -37,12 +37,7 @@ impl Codec for Cpu {
     fn decompress(&self, dt: Dtype, stream: &[u8], n: usize) -> Result<Vec<u8>, String> {
         let h = compress::cpu::peek(stream).map_err(|e| e.to_string())?;
         if h.dtype != dt || h.n != n as u64 {
-            return Err(format!(
-                "stream holds {} {}, expected {n} {}",
-                h.n,
-                h.dtype.name(),
-                dt.name()
-            ));
+            return Err(format!("stream holds {} {}, expected {n} {}", h.n, h.dtype.name(), dt.name()));
         }
         compress::decompress(stream).map_err(|e| e.to_string())
     }
@@ -135,20 +130,15 @@ pub fn fixtures() -> Vec<(String, String, Dtype, Vec<u8>)> {
     let dir = std::env::var_os("HOCCL_TEST_DATA")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data"));
-    let manifest = std::fs::read_to_string(dir.join("minilm-manifest.txt")).unwrap_or_else(|e| {
-        panic!(
-            "{}: {e} (set HOCCL_TEST_DATA to the fixtures' folder)",
-            dir.display()
-        )
-    });
+    let manifest = std::fs::read_to_string(dir.join("minilm-manifest.txt"))
+        .unwrap_or_else(|e| panic!("{}: {e} (set HOCCL_TEST_DATA to the fixtures' folder)", dir.display()));
     manifest
         .lines()
         .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
         .map(|l| {
             let mut f = l.split_whitespace();
             let (file, class) = (f.next().unwrap().to_string(), f.next().unwrap().to_string());
-            let dt = Dtype::parse(file.rsplit('.').next().unwrap())
-                .expect("fixture extension names a dtype");
+            let dt = Dtype::parse(file.rsplit('.').next().unwrap()).expect("fixture extension names a dtype");
             let data = std::fs::read(dir.join(&file)).unwrap_or_else(|e| panic!("{file}: {e}"));
             (file, class, dt, data)
         })
@@ -160,18 +150,10 @@ pub fn fixtures() -> Vec<(String, String, Dtype, Vec<u8>)> {
 /// Compress and decompress; panics with the case name unless bit-exact. Returns the stream.
 pub fn round_trip(c: &dyn Codec, dt: Dtype, data: &[u8], p: &Params, case: &str) -> Vec<u8> {
     let n = data.len() / dt.size();
-    let s = c
-        .compress(dt, data, p)
-        .unwrap_or_else(|e| panic!("{}: {case}: compress: {e}", c.name()));
-    let back = c
-        .decompress(dt, &s, n)
-        .unwrap_or_else(|e| panic!("{}: {case}: decompress: {e}", c.name()));
+    let s = c.compress(dt, data, p).unwrap_or_else(|e| panic!("{}: {case}: compress: {e}", c.name()));
+    let back = c.decompress(dt, &s, n).unwrap_or_else(|e| panic!("{}: {case}: decompress: {e}", c.name()));
     assert_eq!(back.len(), data.len(), "{}: {case}: length", c.name());
-    let bad = back
-        .chunks(dt.size())
-        .zip(data.chunks(dt.size()))
-        .filter(|(a, b)| a != b)
-        .count();
+    let bad = back.chunks(dt.size()).zip(data.chunks(dt.size())).filter(|(a, b)| a != b).count();
     assert_eq!(bad, 0, "{}: {case}: {bad} of {n} values differ", c.name());
     s
 }
@@ -191,13 +173,7 @@ pub fn all_16bit_patterns(c: &dyn Codec) {
             for block in [0, 32, 4096] {
                 for tiers in [1, 2] {
                     let p = Params { block, tiers };
-                    round_trip(
-                        c,
-                        dt,
-                        data,
-                        &p,
-                        &format!("all {} patterns {what} B={block} tiers={tiers}", dt.name()),
-                    );
+                    round_trip(c, dt, data, &p, &format!("all {} patterns {what} B={block} tiers={tiers}", dt.name()));
                 }
             }
         }
@@ -206,17 +182,8 @@ pub fn all_16bit_patterns(c: &dyn Codec) {
 
 /// fp32 special values and random bit patterns (NaN payloads, ±inf, ±0, subnormals).
 pub fn f32_specials(c: &dyn Codec) {
-    let mut v: Vec<u32> = vec![
-        0,
-        0x8000_0000,
-        0x7f80_0000,
-        0xff80_0000,
-        0x7fc0_0000,
-        0x7f80_0001,
-        0xffff_ffff,
-        1,
-        0x807f_ffff,
-    ];
+    let mut v: Vec<u32> =
+        vec![0, 0x8000_0000, 0x7f80_0000, 0xff80_0000, 0x7fc0_0000, 0x7f80_0001, 0xffff_ffff, 1, 0x807f_ffff];
     let mut r = Rng(11);
     v.extend((0..40_000).map(|_| r.next() as u32));
     v.extend((0..40_000).map(|i| {
@@ -228,13 +195,7 @@ pub fn f32_specials(c: &dyn Codec) {
     }));
     let data: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
     for tiers in [1, 2] {
-        round_trip(
-            c,
-            Dtype::F32,
-            &data,
-            &Params { block: 0, tiers },
-            &format!("f32 specials tiers={tiers}"),
-        );
+        round_trip(c, Dtype::F32, &data, &Params { block: 0, tiers }, &format!("f32 specials tiers={tiers}"));
     }
 }
 
@@ -242,41 +203,11 @@ pub fn f32_specials(c: &dyn Codec) {
 pub fn sizes(c: &dyn Codec) {
     for dt in Dtype::ALL {
         let b = dt.default_block() as usize;
-        for n in [
-            0,
-            1,
-            2,
-            7,
-            8,
-            9,
-            31,
-            32,
-            33,
-            255,
-            2047,
-            2048,
-            2049,
-            b - 1,
-            b,
-            b + 1,
-            5 * b + 77,
-            c.large() + 3,
-        ] {
+        for n in [0, 1, 2, 7, 8, 9, 31, 32, 33, 255, 2047, 2048, 2049, b - 1, b, b + 1, 5 * b + 77, c.large() + 3] {
             let data = normal_values(dt, n, 0.02, n as u64 ^ 0x5eed);
-            let s = round_trip(
-                c,
-                dt,
-                &data,
-                &Params::default(),
-                &format!("{} n={n}", dt.name()),
-            );
+            let s = round_trip(c, dt, &data, &Params::default(), &format!("{} n={n}", dt.name()));
             if n > 0 && n >= b {
-                assert!(
-                    s.len() < data.len(),
-                    "{}: {} n={n}: normal data did not compress",
-                    c.name(),
-                    dt.name()
-                );
+                assert!(s.len() < data.len(), "{}: {} n={n}: normal data did not compress", c.name(), dt.name());
             }
         }
     }
@@ -291,13 +222,7 @@ pub fn block_sizes(c: &dyn Codec) {
             }
             let n = 3 * b as usize + 17;
             let data = normal_values(dt, n, 1.0, b as u64);
-            round_trip(
-                c,
-                dt,
-                &data,
-                &Params { block: b, tiers: 2 },
-                &format!("{} B={b}", dt.name()),
-            );
+            round_trip(c, dt, &data, &Params { block: b, tiers: 2 }, &format!("{} B={b}", dt.name()));
         }
     }
 }
@@ -308,13 +233,7 @@ pub fn incompressible(c: &dyn Codec) {
     for dt in Dtype::ALL {
         let n = 3 * dt.default_block() as usize + 5;
         let data = Rng(99).bytes(n * dt.size());
-        let s = round_trip(
-            c,
-            dt,
-            &data,
-            &Params::default(),
-            &format!("{} random bits", dt.name()),
-        );
+        let s = round_trip(c, dt, &data, &Params::default(), &format!("{} random bits", dt.name()));
         let nblocks = n.div_ceil(dt.default_block() as usize);
         assert!(
             s.len() <= data.len() + 24 + 12 * nblocks + 3,
@@ -332,51 +251,24 @@ pub fn distributions(c: &dyn Codec) {
     let mut r = Rng(5);
     let cases: Vec<(&str, Vec<u16>)> = vec![
         ("zeros", vec![0; n]),
-        (
-            "one exponent",
-            (0..n)
-                .map(|_| 0x3f80 | (r.next() as u16 & 0x807f))
-                .collect(),
-        ),
+        ("one exponent", (0..n).map(|_| 0x3f80 | (r.next() as u16 & 0x807f)).collect()),
         (
             "two exponents",
-            (0..n)
-                .map(|i| if i % 2 == 0 { 0x3f80 } else { 0x4000 } | (r.next() as u16 & 0x7f))
-                .collect(),
+            (0..n).map(|i| if i % 2 == 0 { 0x3f80 } else { 0x4000 } | (r.next() as u16 & 0x7f)).collect(),
         ),
-        (
-            "uniform exponents",
-            (0..n).map(|_| r.next() as u16).collect(),
-        ),
+        ("uniform exponents", (0..n).map(|_| r.next() as u16).collect()),
         (
             "rare outliers",
             (0..n)
-                .map(|i| {
-                    if i % 1000 == 0 {
-                        0x7f00 | i as u16 & 0x7f
-                    } else {
-                        0x3c00 | (r.next() as u16 & 0x81ff)
-                    }
-                })
+                .map(|i| if i % 1000 == 0 { 0x7f00 | i as u16 & 0x7f } else { 0x3c00 | (r.next() as u16 & 0x81ff) })
                 .collect(),
         ),
-        (
-            "32 exponents",
-            (0..n)
-                .map(|_| ((100 + r.below(32) as u16) << 7) | (r.next() as u16 & 0x807f))
-                .collect(),
-        ),
+        ("32 exponents", (0..n).map(|_| ((100 + r.below(32) as u16) << 7) | (r.next() as u16 & 0x807f)).collect()),
     ];
     for (what, v) in cases {
         let data: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
         for tiers in [1, 2] {
-            round_trip(
-                c,
-                Dtype::Bf16,
-                &data,
-                &Params { block: 0, tiers },
-                &format!("bf16 {what} tiers={tiers}"),
-            );
+            round_trip(c, Dtype::Bf16, &data, &Params { block: 0, tiers }, &format!("bf16 {what} tiers={tiers}"));
         }
     }
 }
@@ -385,26 +277,9 @@ pub fn distributions(c: &dyn Codec) {
 pub fn real_data(c: &dyn Codec) -> Vec<(String, String, f64, f64)> {
     let mut out = Vec::new();
     for (file, class, dt, data) in fixtures() {
-        let s1 = round_trip(
-            c,
-            dt,
-            &data,
-            &Params { block: 0, tiers: 1 },
-            &format!("{file} one tier"),
-        );
-        let s2 = round_trip(
-            c,
-            dt,
-            &data,
-            &Params { block: 0, tiers: 2 },
-            &format!("{file} two tiers"),
-        );
-        out.push((
-            file,
-            class,
-            s1.len() as f64 / data.len() as f64,
-            s2.len() as f64 / data.len() as f64,
-        ));
+        let s1 = round_trip(c, dt, &data, &Params { block: 0, tiers: 1 }, &format!("{file} one tier"));
+        let s2 = round_trip(c, dt, &data, &Params { block: 0, tiers: 2 }, &format!("{file} two tiers"));
+        out.push((file, class, s1.len() as f64 / data.len() as f64, s2.len() as f64 / data.len() as f64));
     }
     out
 }
@@ -421,13 +296,7 @@ pub fn back_to_back_fresh_buffers(c: &dyn Codec) {
         let n = c.large() + 1000 * round as usize;
         let data = normal_values(dt, n, 0.02 + round as f64, 0xb2b ^ round);
         let tiers = 1 + (round % 2) as u8;
-        round_trip(
-            c,
-            dt,
-            &data,
-            &Params { block: 0, tiers },
-            &format!("{} round {round} n={n}", dt.name()),
-        );
+        round_trip(c, dt, &data, &Params { block: 0, tiers }, &format!("{} round {round} n={n}", dt.name()));
     }
 }
 
@@ -435,28 +304,11 @@ pub fn back_to_back_fresh_buffers(c: &dyn Codec) {
 pub fn same_bytes_as_cpu(c: &dyn Codec) {
     let mut inputs: Vec<(String, Dtype, Vec<u8>, Params)> = Vec::new();
     for (file, _, dt, data) in fixtures() {
-        inputs.push((
-            file.clone(),
-            dt,
-            data.clone(),
-            Params { block: 0, tiers: 2 },
-        ));
-        inputs.push((
-            format!("{file} one tier"),
-            dt,
-            data,
-            Params { block: 0, tiers: 1 },
-        ));
+        inputs.push((file.clone(), dt, data.clone(), Params { block: 0, tiers: 2 }));
+        inputs.push((format!("{file} one tier"), dt, data, Params { block: 0, tiers: 1 }));
     }
     for dt in Dtype::ALL {
-        for (n, b) in [
-            (1usize, 0u32),
-            (33, 0),
-            (100_003, 0),
-            (5000, 32),
-            (70_000, 2048),
-            (9000, 4096),
-        ] {
+        for (n, b) in [(1usize, 0u32), (33, 0), (100_003, 0), (5000, 32), (70_000, 2048), (9000, 4096)] {
             inputs.push((
                 format!("{} normal n={n} B={b}", dt.name()),
                 dt,
@@ -464,41 +316,21 @@ pub fn same_bytes_as_cpu(c: &dyn Codec) {
                 Params { block: b, tiers: 2 },
             ));
         }
-        inputs.push((
-            format!("{} random bits", dt.name()),
-            dt,
-            Rng(3).bytes(20_000 * dt.size()),
-            Params::default(),
-        ));
+        inputs.push((format!("{} random bits", dt.name()), dt, Rng(3).bytes(20_000 * dt.size()), Params::default()));
     }
     let mut differing = Vec::new();
     for (what, dt, data, p) in &inputs {
         if p.block_for(*dt) > c.max_block(*dt) {
             continue;
         }
-        let mine = c
-            .compress(*dt, data, p)
-            .unwrap_or_else(|e| panic!("{}: {what}: {e}", c.name()));
+        let mine = c.compress(*dt, data, p).unwrap_or_else(|e| panic!("{}: {what}: {e}", c.name()));
         let cpu = compress::compress(*dt, data, p).unwrap();
         if mine != cpu {
-            let first = mine
-                .iter()
-                .zip(&cpu)
-                .position(|(a, b)| a != b)
-                .unwrap_or(mine.len().min(cpu.len()));
-            differing.push(format!(
-                "{what}: {} vs {} bytes, first difference at {first}",
-                mine.len(),
-                cpu.len()
-            ));
+            let first = mine.iter().zip(&cpu).position(|(a, b)| a != b).unwrap_or(mine.len().min(cpu.len()));
+            differing.push(format!("{what}: {} vs {} bytes, first difference at {first}", mine.len(), cpu.len()));
         }
     }
-    assert!(
-        differing.is_empty(),
-        "{}: bytes differ from the CPU reference:\n{}",
-        c.name(),
-        differing.join("\n")
-    );
+    assert!(differing.is_empty(), "{}: bytes differ from the CPU reference:\n{}", c.name(), differing.join("\n"));
 }
 
 /// Streams of the CPU encoder with any legal block size decode on this implementation.
@@ -512,12 +344,7 @@ pub fn decodes_cpu_streams(c: &dyn Codec) {
             let back = c
                 .decompress(dt, &s, data.len() / dt.size())
                 .unwrap_or_else(|e| panic!("{}: {} B={b}: {e}", c.name(), dt.name()));
-            assert!(
-                back == data,
-                "{}: {} B={b}: CPU stream decoded wrong",
-                c.name(),
-                dt.name()
-            );
+            assert!(back == data, "{}: {} B={b}: CPU stream decoded wrong", c.name(), dt.name());
         }
     }
 }

@@ -24,11 +24,7 @@ fn local_exports() -> &'static Mutex<HashMap<[u8; 64], LocalExport>> {
 
 /// Pointer attributes, each read into a zeroed u64 slot (the driver writes 1, 4 or 8 bytes
 /// depending on the attribute; all are little-endian integers).
-fn pointer_attributes<const N: usize>(
-    op: &'static str,
-    p: DevPtr,
-    attrs: [PA; N],
-) -> Result<[u64; N]> {
+fn pointer_attributes<const N: usize>(op: &'static str, p: DevPtr, attrs: [PA; N]) -> Result<[u64; N]> {
     let mut attrs = attrs;
     let mut vals = [0u64; N];
     let mut data: [*mut c_void; N] = [std::ptr::null_mut(); N];
@@ -38,20 +34,12 @@ fn pointer_attributes<const N: usize>(
     // SAFETY: attrs and data both hold N entries; every data slot is 8 writable bytes, enough
     // for each attribute requested here. For an address unknown to CUDA the call succeeds and
     // leaves the slots at their defaults (zero).
-    let r = unsafe {
-        sys::cuPointerGetAttributes(N as u32, attrs.as_mut_ptr(), data.as_mut_ptr(), p.0)
-    };
+    let r = unsafe { sys::cuPointerGetAttributes(N as u32, attrs.as_mut_ptr(), data.as_mut_ptr(), p.0) };
     // Some drivers answer an address that no context knows with an error instead of
     // defaults; the caller's context is current, so these mean "not CUDA memory".
     use sys::CUresult as R;
-    if matches!(
-        r,
-        R::CUDA_ERROR_INVALID_VALUE | R::CUDA_ERROR_NOT_FOUND | R::CUDA_ERROR_INVALID_CONTEXT
-    ) {
-        return Err(Error::invalid_arg(
-            op,
-            format!("{:#x}: not memory known to CUDA ({})", p.0, error_name(r)),
-        ));
+    if matches!(r, R::CUDA_ERROR_INVALID_VALUE | R::CUDA_ERROR_NOT_FOUND | R::CUDA_ERROR_INVALID_CONTEXT) {
+        return Err(Error::invalid_arg(op, format!("{:#x}: not memory known to CUDA ({})", p.0, error_name(r))));
     }
     check(op, "cuPointerGetAttributes", r)?;
     Ok(vals)
@@ -60,30 +48,18 @@ fn pointer_attributes<const N: usize>(
 /// The buffer id of the allocation holding `p`, or `InvalidArgument` unless `p` is device
 /// memory of GPU `ordinal`.
 fn device_memory(op: &'static str, p: DevPtr, ordinal: usize) -> Result<u64> {
-    let [mem_type, id, dev] = pointer_attributes(
-        op,
-        p,
-        [
-            PA::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-            PA::CU_POINTER_ATTRIBUTE_BUFFER_ID,
-            PA::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-        ],
-    )?;
+    let [mem_type, id, dev] =
+        pointer_attributes(op, p, [PA::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, PA::CU_POINTER_ATTRIBUTE_BUFFER_ID, PA::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL])?;
     if mem_type != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u64 {
         let what = match mem_type {
             0 => "not memory known to CUDA",
-            t if t == sys::CUmemorytype::CU_MEMORYTYPE_HOST as u64 => {
-                "host memory, not device memory"
-            }
+            t if t == sys::CUmemorytype::CU_MEMORYTYPE_HOST as u64 => "host memory, not device memory",
             _ => "not device memory",
         };
         return Err(Error::invalid_arg(op, format!("{:#x}: {what}", p.0)));
     }
     if dev as usize != ordinal {
-        return Err(Error::invalid_arg(
-            op,
-            format!("{:#x} is memory of GPU {dev}, not of GPU {ordinal}", p.0),
-        ));
+        return Err(Error::invalid_arg(op, format!("{:#x} is memory of GPU {dev}, not of GPU {ordinal}", p.0)));
     }
     Ok(id)
 }
@@ -102,18 +78,11 @@ unsafe impl Sync for PinnedFlags {}
 
 impl Drop for PinnedFlags {
     fn drop(&mut self) {
-        let _guard = self
-            .ctx
-            .enter("FlagSlab::drop")
-            .map_err(|e| log::warn!("hoccl: {e}"))
-            .ok();
+        let _guard = self.ctx.enter("FlagSlab::drop").map_err(|e| log::warn!("hoccl: {e}")).ok();
         // SAFETY: host came from cuMemHostAlloc and is freed exactly once, here.
         let r = unsafe { sys::cuMemFreeHost(self.host) };
         if r != sys::CUresult::CUDA_SUCCESS {
-            log::warn!(
-                "hoccl: cuMemFreeHost of a flag slab failed: {}",
-                error_name(r)
-            );
+            log::warn!("hoccl: cuMemFreeHost of a flag slab failed: {}", error_name(r));
         }
     }
 }
@@ -127,9 +96,7 @@ impl CudaDevice {
         let _g = self.enter(OP)?;
         let mut p: sys::CUdeviceptr = 0;
         // SAFETY: valid out-pointer; the context is current.
-        check(OP, "cuMemAlloc_v2", unsafe {
-            sys::cuMemAlloc_v2(&mut p, len)
-        })?;
+        check(OP, "cuMemAlloc_v2", unsafe { sys::cuMemAlloc_v2(&mut p, len) })?;
         Ok(DevPtr(p))
     }
 
@@ -152,19 +119,11 @@ impl CudaDevice {
         let (mut base, mut len): (sys::CUdeviceptr, usize) = (0, 0);
         // SAFETY: valid out-pointers; p is device memory (checked above).
         let r = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut len, p.0) };
-        if r == sys::CUresult::CUDA_ERROR_NOT_FOUND || r == sys::CUresult::CUDA_ERROR_INVALID_VALUE
-        {
-            return Err(Error::invalid_arg(
-                OP,
-                format!("{:#x}: not inside a device allocation", p.0),
-            ));
+        if r == sys::CUresult::CUDA_ERROR_NOT_FOUND || r == sys::CUresult::CUDA_ERROR_INVALID_VALUE {
+            return Err(Error::invalid_arg(OP, format!("{:#x}: not inside a device allocation", p.0)));
         }
         check(OP, "cuMemGetAddressRange_v2", r)?;
-        Ok(Allocation {
-            base: DevPtr(base),
-            len,
-            id,
-        })
+        Ok(Allocation { base: DevPtr(base), len, id })
     }
 
     pub(super) fn mem_export(&self, a: &Allocation) -> Result<ExportHandle> {
@@ -172,16 +131,9 @@ impl CudaDevice {
         let _g = self.enter(OP)?;
         let id = device_memory(OP, a.base, self.info.ordinal)?;
         if id != a.id {
-            return Err(Error::invalid_arg(
-                OP,
-                format!("stale allocation {:#x} (freed and reused since)", a.base.0),
-            ));
+            return Err(Error::invalid_arg(OP, format!("stale allocation {:#x} (freed and reused since)", a.base.0)));
         }
-        let [ipc] = pointer_attributes(
-            OP,
-            a.base,
-            [PA::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE],
-        )?;
+        let [ipc] = pointer_attributes(OP, a.base, [PA::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE])?;
         if ipc == 0 {
             return Err(Error::invalid_arg(
                 OP,
@@ -190,20 +142,12 @@ impl CudaDevice {
         }
         let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
         // SAFETY: valid out-pointer; a.base is the base of a live cuMemAlloc allocation.
-        check(OP, "cuIpcGetMemHandle", unsafe {
-            sys::cuIpcGetMemHandle(&mut h, a.base.0)
-        })?;
+        check(OP, "cuIpcGetMemHandle", unsafe { sys::cuIpcGetMemHandle(&mut h, a.base.0) })?;
         let mut bytes = [0u8; 64];
         for (b, c) in bytes.iter_mut().zip(h.reserved.iter()) {
             *b = *c as u8;
         }
-        lock(local_exports()).insert(
-            bytes,
-            LocalExport {
-                base: a.base.0,
-                len: a.len,
-            },
-        );
+        lock(local_exports()).insert(bytes, LocalExport { base: a.base.0, len: a.len });
         Ok(ExportHandle(bytes))
     }
 
@@ -212,18 +156,9 @@ impl CudaDevice {
         let local = lock(local_exports()).get(&h.0).copied();
         if let Some(e) = local {
             if len > e.len {
-                return Err(Error::invalid_arg(
-                    OP,
-                    format!("{len} bytes requested from a {}-byte allocation", e.len),
-                ));
+                return Err(Error::invalid_arg(OP, format!("{len} bytes requested from a {}-byte allocation", e.len)));
             }
-            lock(&self.imports)
-                .entry(e.base)
-                .or_insert(Import {
-                    count: 0,
-                    local: true,
-                })
-                .count += 1;
+            lock(&self.imports).entry(e.base).or_insert(Import { count: 0, local: true }).count += 1;
             return Ok(DevPtr(e.base));
         }
         let _g = self.enter(OP)?;
@@ -234,9 +169,7 @@ impl CudaDevice {
         let mut p: sys::CUdeviceptr = 0;
         let flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
         // SAFETY: valid out-pointer; the driver validates the handle bytes.
-        check(OP, "cuIpcOpenMemHandle_v2", unsafe {
-            sys::cuIpcOpenMemHandle_v2(&mut p, handle, flags)
-        })?;
+        check(OP, "cuIpcOpenMemHandle_v2", unsafe { sys::cuIpcOpenMemHandle_v2(&mut p, handle, flags) })?;
         let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
         // SAFETY: valid out-pointers; p was just mapped.
         let r = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, p) };
@@ -246,18 +179,9 @@ impl CudaDevice {
             if r != sys::CUresult::CUDA_SUCCESS {
                 return Err(cuda_error(OP, "cuMemGetAddressRange_v2", r));
             }
-            return Err(Error::invalid_arg(
-                OP,
-                format!("{len} bytes requested from a {size}-byte allocation"),
-            ));
+            return Err(Error::invalid_arg(OP, format!("{len} bytes requested from a {size}-byte allocation")));
         }
-        lock(&self.imports)
-            .entry(p)
-            .or_insert(Import {
-                count: 0,
-                local: false,
-            })
-            .count += 1;
+        lock(&self.imports).entry(p).or_insert(Import { count: 0, local: false }).count += 1;
         Ok(DevPtr(p))
     }
 
@@ -265,10 +189,7 @@ impl CudaDevice {
         const OP: &str = "Device::unimport";
         let mut imports = lock(&self.imports);
         let Some(entry) = imports.get_mut(&base.0) else {
-            return Err(Error::invalid_arg(
-                OP,
-                format!("{:#x} was not imported on this device", base.0),
-            ));
+            return Err(Error::invalid_arg(OP, format!("{:#x} was not imported on this device", base.0)));
         };
         let local = entry.local;
         entry.count -= 1;
@@ -281,9 +202,7 @@ impl CudaDevice {
         }
         let _g = self.enter(OP)?;
         // SAFETY: base was returned by cuIpcOpenMemHandle and is closed once per open.
-        check(OP, "cuIpcCloseMemHandle", unsafe {
-            sys::cuIpcCloseMemHandle(base.0)
-        })
+        check(OP, "cuIpcCloseMemHandle", unsafe { sys::cuIpcCloseMemHandle(base.0) })
     }
 
     /// Close every mapping still open (device drop).
@@ -293,10 +212,7 @@ impl CudaDevice {
                 // SAFETY: base was opened `count` times by cuIpcOpenMemHandle.
                 let r = unsafe { sys::cuIpcCloseMemHandle(base) };
                 if r != sys::CUresult::CUDA_SUCCESS {
-                    log::warn!(
-                        "hoccl: cuIpcCloseMemHandle({base:#x}) on drop failed: {}",
-                        error_name(r)
-                    );
+                    log::warn!("hoccl: cuIpcCloseMemHandle({base:#x}) on drop failed: {}", error_name(r));
                 }
             }
         }
@@ -304,28 +220,18 @@ impl CudaDevice {
 
     pub(super) fn mem_alloc_flags(&self, n: usize) -> Result<FlagSlab> {
         const OP: &str = "Device::alloc_flags";
-        let bytes = n
-            .checked_mul(8)
-            .filter(|&b| b > 0)
-            .ok_or_else(|| Error::invalid_arg(OP, format!("{n} flags")))?;
+        let bytes = n.checked_mul(8).filter(|&b| b > 0).ok_or_else(|| Error::invalid_arg(OP, format!("{n} flags")))?;
         let _g = self.enter(OP)?;
         let mut host: *mut c_void = std::ptr::null_mut();
         let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
         // SAFETY: valid out-pointer; the context is current.
-        check(OP, "cuMemHostAlloc", unsafe {
-            sys::cuMemHostAlloc(&mut host, bytes, flags)
-        })?;
-        let owner = PinnedFlags {
-            host,
-            ctx: self.ctx.clone(),
-        };
+        check(OP, "cuMemHostAlloc", unsafe { sys::cuMemHostAlloc(&mut host, bytes, flags) })?;
+        let owner = PinnedFlags { host, ctx: self.ctx.clone() };
         // SAFETY: host points to `bytes` writable bytes just allocated (page aligned).
         unsafe { std::ptr::write_bytes(host as *mut u8, 0, bytes) };
         let mut dev: sys::CUdeviceptr = 0;
         // SAFETY: host is mapped pinned memory (DEVICEMAP); valid out-pointer.
-        check(OP, "cuMemHostGetDevicePointer_v2", unsafe {
-            sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0)
-        })?;
+        check(OP, "cuMemHostGetDevicePointer_v2", unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0) })?;
         // SAFETY: n zeroed, page-aligned u64 words that live as long as `owner`, which the
         // slab keeps; `dev` is the device view of the same words.
         Ok(unsafe { FlagSlab::from_raw(host as *mut u64, DevPtr(dev), n, Box::new(owner)) })
@@ -339,9 +245,7 @@ impl CudaDevice {
         let _g = self.enter(OP)?;
         // SAFETY: dst is a valid writable host buffer of dst.len() bytes; the driver
         // validates src.
-        check(OP, "cuMemcpyDtoH_v2", unsafe {
-            sys::cuMemcpyDtoH_v2(dst.as_mut_ptr() as *mut c_void, src.0, dst.len())
-        })
+        check(OP, "cuMemcpyDtoH_v2", unsafe { sys::cuMemcpyDtoH_v2(dst.as_mut_ptr() as *mut c_void, src.0, dst.len()) })
     }
 
     pub(super) fn mem_copy_from_host(&self, dst: DevPtr, src: &[u8]) -> Result<()> {
@@ -351,17 +255,13 @@ impl CudaDevice {
         }
         let _g = self.enter(OP)?;
         // SAFETY: src is a valid host buffer of src.len() bytes; the driver validates dst.
-        check(OP, "cuMemcpyHtoD_v2", unsafe {
-            sys::cuMemcpyHtoD_v2(dst.0, src.as_ptr() as *const c_void, src.len())
-        })?;
+        check(OP, "cuMemcpyHtoD_v2", unsafe { sys::cuMemcpyHtoD_v2(dst.0, src.as_ptr() as *const c_void, src.len()) })?;
         // From pageable memory cuMemcpyHtoD returns once `src` is in the driver's staging
         // buffer; the DMA into `dst` may still be running on the legacy stream, which work on
-        // our CU_STREAM_NON_BLOCKING streams does not wait for. Wait here, so that "synchronous"
-        // holds: a kernel launched next on any stream sees every byte.
+        // our CU_STREAM_NON_BLOCKING streams does not wait for. Wait here, so that
+        // "synchronous" holds: a kernel launched next on any stream sees every byte.
         let legacy = 1usize as sys::CUstream; // CU_STREAM_LEGACY
-                                              // SAFETY: CU_STREAM_LEGACY is a valid stream handle in any current context.
-        check(OP, "cuStreamSynchronize", unsafe {
-            sys::cuStreamSynchronize(legacy)
-        })
+        // SAFETY: CU_STREAM_LEGACY is a valid stream handle in any current context.
+        check(OP, "cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(legacy) })
     }
 }
