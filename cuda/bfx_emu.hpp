@@ -3,7 +3,8 @@
 // on machines without a GPU (tests/codec_emu.rs). Not a general CUDA emulator: exactly what
 // bfx.cu uses.
 //
-// Every CUDA thread is a ucontext coroutine; the scheduler resumes them round-robin. A
+// Every CUDA thread is a ucontext coroutine; the scheduler resumes them round-robin (in a
+// shuffled order under BFX_EMU_SCHED, see sched_order). A
 // thread runs until it reaches a collective (__syncthreads, a warp vote or shuffle, a spin)
 // and then yields, so there is no preemption: atomics are plain read-modify-writes. CTAs run
 // one after another, which makes `__shared__` (mapped to `static`) per CTA. All 32 lanes of a
