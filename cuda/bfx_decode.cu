@@ -7,7 +7,12 @@
 
 namespace bfx {
 
+// A coded block of up to STAGE_WORDS words is copied to shared memory before it is decoded
+// (every block of the default B: a coded block is smaller than the raw 8 + 2·16384 bytes).
+constexpr uint32_t STAGE_WORDS = (8 + 2 * 16384) / 4;
+
 struct DecSmem {
+    uint32_t stage[STAGE_WORDS];
     uint8_t table[32];
     uint32_t cnt[THREADS];
     uint8_t esc[TILE];
@@ -238,7 +243,7 @@ __device__ uint32_t decode_tile(DecSmem& sm, const BlockDesc& d, int t0, uint32_
         put_values<D>(d, v0, valid, ex, pl, aligned);
     }
     esc_run += cnt;
-    __syncthreads();
+    __syncthreads();  // also ends the block's reads of sm.stage before the next block's copy
     return ST_OK;
 }
 
@@ -253,6 +258,39 @@ __device__ uint32_t decode_tiles(DecSmem& sm, const BlockDesc& d, uint32_t flags
     if (esc_run != d.n_esc1) return ST_ESCAPES;
     if (d.k2 && raw_run != d.n_raw) return ST_RAWS;
     return ST_OK;
+}
+
+// Copy the coded block to sm.stage (one coalesced read of all of it, the loads of a thread
+// independent of each other) and point d's sections there. Decoding from global memory cost
+// a dependent round trip per phase of every tile (planes, escapes, raw bytes, payload);
+// from shared memory it is one round trip per block. The caller's __syncthreads() (after
+// the table) publishes the copy; the previous block's last reads of sm.stage ended at the
+// __syncthreads() that closes its last tile.
+// The block is only 4-byte aligned: the words before its first 16-byte boundary and after
+// its last one are copied singly, the rest with 16-byte loads, ~6 per thread for a typical
+// block, two in flight per thread (unrolling further spilled at 64 registers).
+__device__ __forceinline__ void stage_block(DecSmem& sm, BlockDesc& d, uint32_t bytes) {
+    const uint32_t tid = threadIdx.x, words = bytes / 4;
+    const uint32_t skew = (uint32_t)((16 - (reinterpret_cast<uintptr_t>(d.blk) & 15)) & 15) / 4;
+    const uint32_t head = skew < words ? skew : words, nvec = (words - head) / 4, tail = head + 4 * nvec;
+    if (tid < head) sm.stage[tid] = ld32(d.blk + 4 * tid);
+    if (tail + tid < words) sm.stage[tail + tid] = ld32(d.blk + 4 * (tail + tid));
+    const uint4* src = reinterpret_cast<const uint4*>(d.blk + 4 * head);
+    uint32_t* dst = sm.stage + head;
+#pragma unroll 2
+    for (uint32_t i = tid; i < nvec; i += THREADS) {
+        const uint4 v = src[i];
+        dst[4 * i] = v.x;
+        dst[4 * i + 1] = v.y;
+        dst[4 * i + 2] = v.z;
+        dst[4 * i + 3] = v.w;
+    }
+    const uint8_t* base = reinterpret_cast<const uint8_t*>(sm.stage);
+    d.p1 = base + (d.p1 - d.blk);
+    d.p2 = base + (d.p2 - d.blk);
+    d.raw = base + (d.raw - d.blk);
+    d.pay = base + (d.pay - d.blk);
+    d.blk = base;
 }
 
 template <class D>
@@ -272,11 +310,12 @@ __device__ uint32_t decode_block(DecSmem& sm, BlockDesc& d, uint32_t bytes, uint
         }
         return ST_OK;
     }
-    if ((uint32_t)tid < d.t1 + d.t2) {
+    if ((uint32_t)tid < d.t1 + d.t2) {  // from global memory: sm.stage is not published yet
         const uint32_t e = d.blk[8 + tid];
         if (e >= (uint32_t)D::NSYM) sm.err = ST_SYMBOL;
         sm.table[tid] = (uint8_t)e;
     }
+    if (bytes <= 4 * STAGE_WORDS) stage_block(sm, d, bytes);
     __syncthreads();
     if (sm.err) return sm.err;
     switch (d.k1) {

@@ -3,7 +3,8 @@
 // on machines without a GPU (tests/codec_emu.rs). Not a general CUDA emulator: exactly what
 // bfx.cu uses.
 //
-// Every CUDA thread is a ucontext coroutine; the scheduler resumes them round-robin. A
+// Every CUDA thread is a ucontext coroutine; the scheduler resumes them round-robin (in a
+// shuffled order under BFX_EMU_SCHED, see sched_order). A
 // thread runs until it reaches a collective (__syncthreads, a warp vote or shuffle, a spin)
 // and then yields, so there is no preemption: atomics are plain read-modify-writes. CTAs run
 // one after another, which makes `__shared__` (mapped to `static`) per CTA. All 32 lanes of a
@@ -192,6 +193,33 @@ inline void* fresh_stack(Thread& th) {
 }
 #endif
 
+// Scheduling order. With BFX_EMU_SCHED=<seed> (nonzero) the CTAs run in a shuffled order
+// and every round of the scheduler resumes the threads in a fresh random order, so that a
+// thread (or warp) may run a whole phase before or after any other: races between
+// barriers that the fixed 0..255 order hides (a read in one phase of shared memory that a
+// later phase of another thread overwrites) show as wrong output.
+inline uint64_t& sched_state() {
+    static uint64_t s = [] {
+        const char* e = std::getenv("BFX_EMU_SCHED");
+        return e ? std::strtoull(e, nullptr, 0) : 0ull;
+    }();
+    return s;
+}
+inline uint32_t sched_next() {
+    uint64_t& s = sched_state();
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    return (uint32_t)(s >> 16);
+}
+// order[0..n) = 0..n-1, shuffled when BFX_EMU_SCHED is set.
+inline void sched_order(std::vector<unsigned>& order, unsigned n) {
+    order.resize(n);
+    for (unsigned i = 0; i < n; ++i) order[i] = i;
+    if (sched_state() == 0) return;
+    for (unsigned i = n; i > 1; --i) std::swap(order[i - 1], order[sched_next() % i]);
+}
+
 // Run `body` as `grid.x` CTAs of `block.x` threads, CTA after CTA.
 inline void launch(unsigned grid, unsigned block, std::function<void()> body) {
     Cta& c = cta();
@@ -199,7 +227,10 @@ inline void launch(unsigned grid, unsigned block, std::function<void()> body) {
     block_dim().x = block;
     c.body = std::move(body);
     if (c.threads.size() < block) c.threads.resize(block);
-    for (unsigned b = 0; b < grid; ++b) {
+    std::vector<unsigned> ctas, order;
+    sched_order(ctas, grid);
+    for (unsigned bi = 0; bi < grid; ++bi) {
+        const unsigned b = ctas[bi];
         block_idx().x = b;
         c.alive = block;
         c.arrived = 0;
@@ -231,8 +262,9 @@ inline void launch(unsigned grid, unsigned block, std::function<void()> body) {
         unsigned idle_rounds = 0;
         while (c.alive > 0) {
             const uint64_t before = c.progress;
-            for (unsigned t = 0; t < block; ++t) {
-                Thread& th = c.threads[t];
+            sched_order(order, block);
+            for (unsigned ti = 0; ti < block; ++ti) {
+                Thread& th = c.threads[order[ti]];
                 if (th.done || (th.wait_ptr && *th.wait_ptr == th.wait_val)) continue;
                 c.cur = &th;
 #ifdef BFX_EMU_FAST_SWITCH

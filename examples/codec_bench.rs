@@ -3,7 +3,7 @@
 //! in the same run as the ceiling (one read and one write of every byte, as the codec).
 //!
 //! ```text
-//! codec_bench [--json] [--dtype bf16|f16|f32] [--tiers 1|2] [--block B] [--max-size 1G]
+//! codec_bench [--json] [--json-out FILE] [--dtype bf16|f16|f32] [--tiers 1|2] [--block B] [--max-size 1G]
 //!             [--min-size 32K] [--fixture FILE] [--backend cuda|host]
 //! ```
 //! Method: every size rotates through enough buffers that one pass touches >= 256 MiB (far
@@ -20,6 +20,8 @@ const FOOTPRINT: usize = 256 << 20;
 
 struct Opts {
     json: bool,
+    /// `--json-out FILE`: the JSON rows to FILE as well as the table to stdout (one sweep).
+    json_out: Option<String>,
     dtype: Dtype,
     params: Params,
     min: usize,
@@ -41,6 +43,7 @@ fn parse_size(s: &str) -> Result<usize, String> {
 fn opts() -> Result<Opts, String> {
     let mut o = Opts {
         json: false,
+        json_out: None,
         dtype: Dtype::Bf16,
         params: Params::default(),
         min: 32 << 10,
@@ -54,6 +57,7 @@ fn opts() -> Result<Opts, String> {
         let mut val = || it.next().cloned().ok_or(format!("{a} needs a value"));
         match a.as_str() {
             "--json" => o.json = true,
+            "--json-out" => o.json_out = Some(val()?),
             "--dtype" => o.dtype = Dtype::parse(&val()?).ok_or("unknown dtype")?,
             "--tiers" => o.params.tiers = val()?.parse().map_err(|e| format!("--tiers: {e}"))?,
             "--block" => o.params.block = val()?.parse().map_err(|e| format!("--block: {e}"))?,
@@ -257,7 +261,7 @@ fn run() -> Result<(), String> {
         rows.push(r);
         size *= 2;
     }
-    if o.json {
+    if o.json || o.json_out.is_some() {
         let items: Vec<String> = rows
             .iter()
             .map(|r| {
@@ -273,7 +277,13 @@ fn run() -> Result<(), String> {
                 )
             })
             .collect();
-        println!("[{}]", items.join(",\n "));
+        let json = format!("[{}]", items.join(",\n "));
+        if o.json {
+            println!("{json}");
+        }
+        if let Some(path) = &o.json_out {
+            std::fs::write(path, json + "\n").map_err(|e| format!("{path}: {e}"))?;
+        }
     }
     Ok(())
 }

@@ -74,6 +74,14 @@ fn cuda_decodes_cpu_streams() {
     decodes_cpu_streams(&cuda(1));
 }
 
+/// Large round trips in fresh buffers, one after another (the host-to-device copy must have
+/// landed before a kernel on the codec's non-blocking stream reads it).
+#[test]
+#[ignore = "needs a GPU: run with --ignored"]
+fn cuda_back_to_back_fresh_buffers() {
+    back_to_back_fresh_buffers(&cuda(0));
+}
+
 /// Compress and decompress back to back on one stream, one synchronization.
 #[test]
 #[ignore = "needs a GPU: run with --ignored"]

@@ -137,12 +137,26 @@ class Owned {
 // The library version, e.g. "0.1.0".
 inline std::string version() { return std::string(bridge::version()); }
 
+class Device;
+namespace detail {
+struct DevAccess;
+}
+
 // The device a communicator drives: GPU memory and streams on CUDA, plain shared memory and
 // worker-thread queues on the host backend. Engines on CUDA use their own cudaMalloc memory and
 // streams (they work unchanged); on the host backend buffers and streams must come from here.
 // A Device stays valid after its communicator is destroyed, so buffers can be freed later.
 class Device {
  public:
+  // A device without a communicator (for the codec, tools, tests): backend "auto" (CUDA when
+  // a GPU is usable, the host backend otherwise), "cuda" or "host"; `ordinal` picks the GPU.
+  static Device open(const std::string& backend = "auto", int ordinal = 0) {
+    if (ordinal < 0) throw Error(ErrorCode::InvalidArgument, "Device::open: negative ordinal");
+    bridge::Status st;
+    rust::Box<bridge::Dev> d = bridge::device_open(backend, static_cast<std::size_t>(ordinal), st);
+    detail::check(st);
+    return Device(std::move(d));
+  }
   std::string backend() const { return std::string(d("backend").backend()); }  // "cuda" or "host"
   std::string name() const { return std::string(d("name").name()); }
   int ordinal() const { return static_cast<int>(d("ordinal").ordinal()); }
@@ -187,6 +201,7 @@ class Device {
 
  private:
   friend class Communicator;
+  friend struct detail::DevAccess;
   explicit Device(rust::Box<bridge::Dev> d) : impl_(std::move(d)) {}
   const bridge::Dev& d(const char* what) const { return impl_.at(what); }
   static void hostCheck(const char* what, const void* p, std::size_t bytes) {
@@ -194,6 +209,90 @@ class Device {
   }
   detail::Owned<bridge::Dev> impl_;
 };
+
+namespace detail {
+struct DevAccess {
+  static const bridge::Dev& of(const Device& d, const char* what) { return d.d(what); }
+};
+}  // namespace detail
+
+// The lossless bf16/fp16/fp32 codec (formats BFX1/HFX1/FFX1, docs/codec.md). Only Bfloat16,
+// Float16 and Float32 are accepted (InvalidArgument otherwise); a stream that fails
+// validation is ErrorCode::CorruptData, never a crash. CUDA kernels and the CPU reference
+// produce the same bytes.
+namespace codec {
+
+struct Params {
+  std::uint32_t block = 0;  // values per block: a multiple of 32, 0 for the default (16384)
+  std::uint8_t tiers = 2;   // 1: one code tier; 2: the encoder may use a second tier
+};
+
+// Bytes to allocate for the compressed form of `count` values (host or device; for device
+// buffers it includes the compressor's scratch space).
+inline std::size_t maxCompressedLen(DataType t, std::size_t count, Params p = {}) {
+  bridge::Status st;
+  std::size_t n = bridge::codec_max_compressed_len(detail::raw(t), count, p.block, p.tiers, st);
+  detail::check(st);
+  return n;
+}
+
+// Host buffers, synchronous. `host` holds `count` values of `t`.
+inline std::vector<std::uint8_t> compress(DataType t, const void* host, std::size_t count, Params p = {}) {
+  const std::size_t bytes = count * sizeOf(t);
+  if (host == nullptr && count > 0) throw Error(ErrorCode::InvalidArgument, "codec::compress: host pointer is null");
+  if (sizeOf(t) != 0 && bytes / sizeOf(t) != count) throw Error(ErrorCode::InvalidArgument, "codec::compress: size overflows");
+  bridge::Status st;
+  rust::Vec<std::uint8_t> v = bridge::codec_compress(
+      detail::raw(t), rust::Slice<const std::uint8_t>(host ? detail::bytes(host) : nullptr, host ? bytes : 0), p.block,
+      p.tiers, st);
+  detail::check(st);
+  return std::vector<std::uint8_t>(v.begin(), v.end());
+}
+
+// Decode a whole stream (exactly its bytes) into `host`, which receives `count` values of
+// `t`; the stream must hold exactly that (otherwise InvalidArgument or CorruptData).
+inline void decompress(DataType t, const void* stream, std::size_t streamBytes, void* host, std::size_t count) {
+  if ((stream == nullptr && streamBytes > 0) || (host == nullptr && count > 0))
+    throw Error(ErrorCode::InvalidArgument, "codec::decompress: null pointer");
+  rust::Slice<const std::uint8_t> in(stream ? detail::bytes(stream) : nullptr, stream ? streamBytes : 0);
+  rust::Slice<std::uint8_t> out(host ? detail::bytes(host) : nullptr, host ? count * sizeOf(t) : 0);
+  detail::check(bridge::codec_decompress(detail::raw(t), in, out));
+}
+inline std::vector<std::uint8_t> decompress(DataType t, const std::vector<std::uint8_t>& stream, std::size_t count) {
+  std::vector<std::uint8_t> out(count * sizeOf(t));
+  decompress(t, stream.data(), stream.size(), out.data(), count);
+  return out;
+}
+
+// Device buffers, enqueued on `s` (returns at once; arguments are checked before anything is
+// enqueued). `input`: `count` values in device memory aligned to the value size; `output`:
+// device memory, 4-byte aligned, at least maxCompressedLen(t, count, p) bytes. When `s`
+// reaches the end of the work, the stream occupies output[0, *outLen) and the u64 *outLen
+// (device memory, 8-byte aligned; nullptr to skip) holds its length. On the host backend the
+// CPU codec runs after synchronizing `s` (same bytes, same contract).
+inline void compressAsync(const Device& dev, DataType t, const void* input, std::size_t count, void* output,
+                          std::size_t outputCap, std::uint64_t* outLen, Stream s, Params p = {}) {
+  detail::check(detail::DevAccess::of(dev, "codec::compressAsync")
+                    .compress_async(detail::raw(t), detail::bytes(input), count, detail::bytes(output), outputCap,
+                                    outLen, p.block, p.tiers, s));
+}
+
+// Decode the stream at `input` (device memory, 4-byte aligned, `inputLen` bytes or more: the
+// stream carries its own length) into `count` values at `output`. When `s` reaches the end
+// of the work, the u32 *status (device memory) is 0 or the reason the stream was rejected:
+// pass it to checkStatus() after synchronizing. Never faults on corrupt input.
+inline void decompressAsync(const Device& dev, DataType t, const void* input, std::size_t inputLen, void* output,
+                            std::size_t count, std::uint32_t* status, Stream s) {
+  detail::check(detail::DevAccess::of(dev, "codec::decompressAsync")
+                    .decompress_async(detail::raw(t), detail::bytes(input), inputLen, detail::bytes(output), count,
+                                      status, s));
+}
+
+// Throws CorruptData (naming the block) unless `statusWord`, read back from decompressAsync's
+// status, is 0.
+inline void checkStatus(std::uint32_t statusWord) { detail::check(bridge::codec_status(statusWord)); }
+
+}  // namespace codec
 
 // A communicator over the ranks of an MPI communicator. Movable, not copyable. Calls from
 // several threads are safe; calls on one communicator must be in the same order on every rank.

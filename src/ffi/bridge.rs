@@ -14,7 +14,7 @@ use crate::config::Config;
 use crate::device::{Backend, DevPtr, Device, StreamHandle};
 use crate::error::{Error, Result};
 use crate::types::DataType;
-use ffi::{CUstream_st, Status};
+pub(super) use ffi::{CUstream_st, Status};
 use std::sync::Arc;
 
 #[cxx::bridge(namespace = "hoccl::bridge")]
@@ -129,8 +129,43 @@ mod ffi {
         unsafe fn copy_from_host(self: &Dev, dst: *mut u8, src: &[u8]) -> Status;
         unsafe fn memcpy_async(self: &Dev, dst: *mut u8, src: *const u8, bytes: usize, stream: *mut CUstream_st) -> Status;
         unsafe fn fill_pattern(self: &Dev, dst: *mut u8, bytes: usize, seed: u64, stream: *mut CUstream_st) -> Status;
+
+        // ---- a device without a communicator ("auto", "cuda" or "host") ------------------
+        fn device_open(backend: &str, ordinal: usize, status: &mut Status) -> Box<Dev>;
+
+        // ---- codec (src/ffi/codec.rs; docs/codec.md) ----------------------------------
+        fn codec_max_compressed_len(dtype: i32, count: usize, block: u32, tiers: u8, status: &mut Status) -> usize;
+        fn codec_compress(dtype: i32, input: &[u8], block: u32, tiers: u8, status: &mut Status) -> Vec<u8>;
+        fn codec_decompress(dtype: i32, stream: &[u8], output: &mut [u8]) -> Status;
+        fn codec_status(word: u32) -> Status;
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn compress_async(
+            self: &Dev,
+            dtype: i32,
+            input: *const u8,
+            count: usize,
+            output: *mut u8,
+            output_cap: usize,
+            out_len: *mut u64,
+            block: u32,
+            tiers: u8,
+            stream: *mut CUstream_st,
+        ) -> Status;
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn decompress_async(
+            self: &Dev,
+            dtype: i32,
+            input: *const u8,
+            input_len: usize,
+            output: *mut u8,
+            count: usize,
+            status_word: *mut u32,
+            stream: *mut CUstream_st,
+        ) -> Status;
     }
 }
+
+use super::codec::{codec_compress, codec_decompress, codec_max_compressed_len, codec_status, device_open};
 
 fn version() -> String {
     env!("CARGO_PKG_VERSION").to_string()
@@ -142,7 +177,7 @@ fn log_error(message: &str) {
 
 // ---------------------------------------------------------------- conversions ------------
 
-fn status(r: Result<()>) -> Status {
+pub(super) fn status(r: Result<()>) -> Status {
     match r {
         Ok(()) => Status { code: 0, message: String::new() },
         Err(e) => Status { code: e.code() as i32, message: e.to_string() },
@@ -150,7 +185,7 @@ fn status(r: Result<()>) -> Status {
 }
 
 /// Store `r`'s error in `out` and return its value (or the default on error).
-fn value<T: Default>(out: &mut Status, r: Result<T>) -> T {
+pub(super) fn value<T: Default>(out: &mut Status, r: Result<T>) -> T {
     match r {
         Ok(v) => {
             *out = status(Ok(()));
@@ -163,15 +198,15 @@ fn value<T: Default>(out: &mut Status, r: Result<T>) -> T {
     }
 }
 
-fn dev_ptr<T>(p: *const T) -> DevPtr {
+pub(super) fn dev_ptr<T>(p: *const T) -> DevPtr {
     DevPtr(p as usize as u64)
 }
 
-fn stream(s: *mut CUstream_st) -> StreamHandle {
+pub(super) fn stream(s: *mut CUstream_st) -> StreamHandle {
     StreamHandle(s as usize as u64)
 }
 
-fn dtype(op: &'static str, v: i32) -> Result<DataType> {
+pub(super) fn dtype(op: &'static str, v: i32) -> Result<DataType> {
     DataType::from_raw(op, v)
 }
 
@@ -314,7 +349,7 @@ impl Comm {
 /// The device a communicator drives, shared with it (it outlives the communicator, so
 /// buffers can be freed after `destroy`). `None` after a failed `Comm::device`.
 pub struct Dev {
-    dev: Option<Arc<dyn Device>>,
+    pub(super) dev: Option<Arc<dyn Device>>,
 }
 
 impl Drop for Dev {
@@ -333,41 +368,41 @@ impl Drop for Dev {
 }
 
 impl Dev {
-    fn call<T>(&self, op: &'static str, f: impl FnOnce(&dyn Device) -> Result<T>) -> Result<T> {
+    pub(super) fn call<T>(&self, op: &'static str, f: impl FnOnce(&dyn Device) -> Result<T>) -> Result<T> {
         guarded(op, || f(self.dev.as_deref().ok_or_else(|| Error::invalid_usage(op, "no device (Communicator::device failed)"))?))
     }
-    fn backend(&self) -> String {
+    pub(super) fn backend(&self) -> String {
         match self.dev.as_ref().map(|d| d.backend()) {
             Some(Backend::Cuda) => "cuda".into(),
             Some(Backend::Host) => "host".into(),
             None => String::new(),
         }
     }
-    fn name(&self) -> String {
+    pub(super) fn name(&self) -> String {
         self.call("Device::name", |d| Ok(d.name())).unwrap_or_default()
     }
-    fn ordinal(&self) -> usize {
+    pub(super) fn ordinal(&self) -> usize {
         self.call("Device::ordinal", |d| Ok(d.ordinal())).unwrap_or_default()
     }
-    fn alloc(&self, bytes: usize, out: &mut Status) -> *mut u8 {
+    pub(super) fn alloc(&self, bytes: usize, out: &mut Status) -> *mut u8 {
         value(out, self.call("Device::alloc", |d| Ok(Ptr(d.alloc(bytes)?.0 as usize as *mut u8)))).0
     }
-    fn free(&self, ptr: *mut u8) -> Status {
+    pub(super) fn free(&self, ptr: *mut u8) -> Status {
         status(self.call("Device::free", |d| if ptr.is_null() { Ok(()) } else { d.free(dev_ptr(ptr)) }))
     }
-    fn create_stream(&self, out: &mut Status) -> *mut CUstream_st {
+    pub(super) fn create_stream(&self, out: &mut Status) -> *mut CUstream_st {
         value(out, self.call("Device::create_stream", |d| Ok(Ptr(d.create_stream()?.0 as usize as *mut CUstream_st)))).0
     }
-    fn destroy_stream(&self, s: *mut CUstream_st) -> Status {
+    pub(super) fn destroy_stream(&self, s: *mut CUstream_st) -> Status {
         status(self.call("Device::destroy_stream", |d| d.destroy_stream(stream(s))))
     }
-    fn synchronize(&self, s: *mut CUstream_st) -> Status {
+    pub(super) fn synchronize(&self, s: *mut CUstream_st) -> Status {
         status(self.call("Device::synchronize", |d| d.synchronize(stream(s))))
     }
-    fn copy_to_host(&self, dst: &mut [u8], src: *const u8) -> Status {
+    pub(super) fn copy_to_host(&self, dst: &mut [u8], src: *const u8) -> Status {
         status(self.call("Device::copy_to_host", |d| d.copy_to_host(dst, dev_ptr(src))))
     }
-    fn copy_from_host(&self, dst: *mut u8, src: &[u8]) -> Status {
+    pub(super) fn copy_from_host(&self, dst: *mut u8, src: &[u8]) -> Status {
         status(self.call("Device::copy_from_host", |d| d.copy_from_host(dev_ptr(dst), src)))
     }
     fn memcpy_async(&self, dst: *mut u8, src: *const u8, bytes: usize, s: *mut CUstream_st) -> Status {

@@ -4,6 +4,7 @@
 //! destroy is an error value, never undefined behaviour. Nothing unwinds across FFI: every
 //! entry point runs its body under [`guarded`].
 mod bridge;
+mod codec;
 pub mod c_api;
 mod c_device;
 mod handle;

@@ -284,6 +284,22 @@ pub fn real_data(c: &dyn Codec) -> Vec<(String, String, f64, f64)> {
     out
 }
 
+/// Round trips of large inputs one after another, each in freshly allocated buffers, each
+/// with different data. A device whose host-to-device copy returns before the bytes land
+/// (pageable memory: the DMA finishes on the legacy stream, which a non-blocking stream does
+/// not wait for) lets a kernel read the previous round's bytes at the reused address: whole
+/// blocks come back as the previous input. This caught the one-tier `cuda_real_data` failure
+/// (5 whole blocks of 24 wrong, status 0) that the emulator could not show.
+pub fn back_to_back_fresh_buffers(c: &dyn Codec) {
+    for round in 0..6u64 {
+        let dt = Dtype::ALL[round as usize % 3];
+        let n = c.large() + 1000 * round as usize;
+        let data = normal_values(dt, n, 0.02 + round as f64, 0xb2b ^ round);
+        let tiers = 1 + (round % 2) as u8;
+        round_trip(c, dt, &data, &Params { block: 0, tiers }, &format!("{} round {round} n={n}", dt.name()));
+    }
+}
+
 /// The implementation's bytes equal the CPU reference's, for the same input and block.
 pub fn same_bytes_as_cpu(c: &dyn Codec) {
     let mut inputs: Vec<(String, Dtype, Vec<u8>, Params)> = Vec::new();

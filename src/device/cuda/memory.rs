@@ -255,6 +255,13 @@ impl CudaDevice {
         }
         let _g = self.enter(OP)?;
         // SAFETY: src is a valid host buffer of src.len() bytes; the driver validates dst.
-        check(OP, "cuMemcpyHtoD_v2", unsafe { sys::cuMemcpyHtoD_v2(dst.0, src.as_ptr() as *const c_void, src.len()) })
+        check(OP, "cuMemcpyHtoD_v2", unsafe { sys::cuMemcpyHtoD_v2(dst.0, src.as_ptr() as *const c_void, src.len()) })?;
+        // From pageable memory cuMemcpyHtoD returns once `src` is in the driver's staging
+        // buffer; the DMA into `dst` may still be running on the legacy stream, which work on
+        // our CU_STREAM_NON_BLOCKING streams does not wait for. Wait here, so that
+        // "synchronous" holds: a kernel launched next on any stream sees every byte.
+        let legacy = 1usize as sys::CUstream; // CU_STREAM_LEGACY
+        // SAFETY: CU_STREAM_LEGACY is a valid stream handle in any current context.
+        check(OP, "cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(legacy) })
     }
 }
