@@ -78,24 +78,9 @@ pub fn quiesce(c: &Communicator) {
     c.bootstrap().barrier().expect("barrier");
 }
 
-/// splitmix64 PRNG for sizes/offsets (seeded, reproducible).
-pub struct Rng(pub u64);
-impl Rng {
-    pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next() % n
-        }
-    }
-}
+#[path = "rng.rs"]
+mod rng;
+pub use rng::Rng;
 
 /// A device buffer with guard bands: `ptr` is `off` bytes into an allocation of
 /// `off + len + guard` bytes; everything is pre-filled with a poison pattern.
