@@ -4,7 +4,7 @@
 use crate::ctx::{Ctx, Res};
 use crate::cublas::Gemm;
 use crate::ops::{geom, Bufs, Geom, OpKind};
-use crate::report::{human, Json};
+use crate::report::{human, Json, JsonExt};
 use crate::timing::{time_point, Impl};
 use hoccl::device::kernels::launch_count;
 use hoccl::device::StreamHandle;

@@ -1,7 +1,7 @@
 //! CPU launch cost: host time of one call (enqueue only, not completion), per op.
 use crate::ctx::{Ctx, Res};
 use crate::ops::{geom, Bufs};
-use crate::report::{human, Json};
+use crate::report::{human, Json, JsonExt};
 use crate::timing::Impl;
 use std::fmt::Write as _;
 use std::time::Instant;

@@ -1,3 +1,5 @@
+//! hoccl-example: self-checking
+//! hoccl-example-run: --ops allgather,alltoall,gather,scatter --min 64K --max 1M --launch-cost
 //! hoccl-bench: bandwidth of the copy-engine collectives against NCCL, CPU launch cost,
 //! and GEMM interference. Run as `mpirun -np N target/release/examples/bench [options]`
 //! (`--help` lists them; scripts/gpu/bench.sh is the GPU machine's full run).
@@ -24,7 +26,7 @@ use hoccl::bootstrap::mpi::MpiBootstrap;
 use hoccl::comm::Communicator;
 use hoccl::device::kernels::{launch_count, module_loaded};
 use ops::{geom, Bufs, OpKind};
-use report::{Json, Point};
+use report::{Json, JsonExt, Point};
 use std::io::Write as _;
 use timing::{time_point, Impl};
 
@@ -150,7 +152,7 @@ fn write_json(ctx: &Ctx, path: &str, fields: Vec<(&str, Json)>) -> Res<()> {
         return Ok(());
     }
     let mut s = String::new();
-    Json::obj(fields).write(&mut s, 0);
+    Json::obj(fields).write(&mut s);
     std::fs::write(path, s + "\n").map_err(|e| format!("writing {path}: {e}"))?;
     say(ctx, &format!("# JSON written to {path}\n"));
     Ok(())
@@ -185,8 +187,11 @@ fn run(opts: opts::Opts) -> Res<bool> {
     }
     let (nr, gpus, dev, dt) = (ctx.n, ctx.gpus, ctx.device_name.clone(), o.dtype.name());
     let mut json: Vec<(&str, Json)> = Vec::new();
+    let mut wrong_total = 0u64;
     if o.table {
         let pts = run_table(&ctx, &imps)?;
+        // Summed over ranks already; any wrong element fails the run (exit status 1).
+        wrong_total = pts.iter().filter_map(|p| p.wrong).sum();
         json.push(("points", Json::Arr(pts.iter().map(|p| report::point_json(p, nr, gpus, &dev, dt)).collect())));
     }
     if o.launch_cost {
@@ -206,7 +211,11 @@ fn run(opts: opts::Opts) -> Res<bool> {
             Err(why) => say(&ctx, &format!("\n# {why}\n")),
         }
     }
-    let (acc, ok) = launch_accounting(&ctx)?;
+    let (acc, launches_ok) = launch_accounting(&ctx)?;
+    if wrong_total > 0 {
+        say(&ctx, &format!("# FAILED: {wrong_total} wrong elements\n"));
+    }
+    let ok = launches_ok && wrong_total == 0;
     if let Some(path) = &o.json {
         let nv = nccl.as_ref().and_then(|n| n.api.as_ref()).map_or(Json::Null, |a| Json::str(a.version_string()));
         let note = nccl.as_ref().and_then(|n| n.note.clone()).map_or(Json::Null, Json::str);

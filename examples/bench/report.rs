@@ -137,82 +137,25 @@ pub fn summary(pts: &[Point], ops: &[OpKind], imps: &[String], nranks: usize, gp
 
 // ---------------------------------------------------------------- JSON --------------
 
-/// A minimal JSON value (no crate dependencies).
-pub enum Json {
-    Null,
-    Bool(bool),
-    Num(f64),
-    Str(String),
-    Arr(Vec<Json>),
-    Obj(Vec<(String, Json)>),
+pub use hoccl::plan::json::Json;
+
+/// The constructors the bench's call sites use, on the library's JSON value.
+pub trait JsonExt {
+    fn str(s: impl Into<String>) -> Json;
+    fn num(v: impl Into<f64>) -> Json;
+    fn opt_num(v: Option<u64>) -> Json;
 }
 
-impl Json {
-    pub fn obj(fields: Vec<(&str, Json)>) -> Json {
-        Json::Obj(fields.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
-    }
-    pub fn str(s: impl Into<String>) -> Json {
+impl JsonExt for Json {
+    fn str(s: impl Into<String>) -> Json {
         Json::Str(s.into())
     }
-    pub fn num(v: impl Into<f64>) -> Json {
+    fn num(v: impl Into<f64>) -> Json {
         Json::Num(v.into())
     }
-    pub fn opt_num(v: Option<u64>) -> Json {
-        v.map_or(Json::Null, |v| Json::Num(v as f64))
+    fn opt_num(v: Option<u64>) -> Json {
+        v.map_or(Json::Null, |v| Json::Int(v as i128))
     }
-
-    pub fn write(&self, out: &mut String, indent: usize) {
-        let pad = "  ".repeat(indent + 1);
-        match self {
-            Json::Null => out.push_str("null"),
-            Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-            Json::Num(v) if v.is_finite() => {
-                if v.fract() == 0.0 && v.abs() < 9e15 {
-                    let _ = write!(out, "{}", *v as i64);
-                } else {
-                    let _ = write!(out, "{v:.4}");
-                }
-            }
-            Json::Num(_) => out.push_str("null"),
-            Json::Str(s) => escape(out, s),
-            Json::Arr(v) if v.is_empty() => out.push_str("[]"),
-            Json::Arr(v) => {
-                out.push('[');
-                for (i, x) in v.iter().enumerate() {
-                    out.push_str(if i == 0 { "\n" } else { ",\n" });
-                    out.push_str(&pad);
-                    x.write(out, indent + 1);
-                }
-                let _ = write!(out, "\n{}]", "  ".repeat(indent));
-            }
-            Json::Obj(v) => {
-                out.push('{');
-                for (i, (k, x)) in v.iter().enumerate() {
-                    out.push_str(if i == 0 { "" } else { ", " });
-                    escape(out, k);
-                    out.push_str(": ");
-                    x.write(out, indent + 1);
-                }
-                out.push('}');
-            }
-        }
-    }
-}
-
-fn escape(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
 }
 
 /// A point as JSON, with the run's context repeated so that every point stands alone.
@@ -241,7 +184,7 @@ mod tests {
     #[test]
     fn json_escapes() {
         let mut s = String::new();
-        Json::obj(vec![("a", Json::str("x\"y\n")), ("b", Json::Arr(vec![Json::num(1.5), Json::Null]))]).write(&mut s, 0);
-        assert_eq!(s, "{\"a\": \"x\\\"y\\n\", \"b\": [\n    1.5000,\n    null\n  ]}");
+        Json::obj(vec![("a", Json::str("x\"y\n")), ("b", Json::Arr(vec![Json::num(1.5), Json::Null]))]).write(&mut s);
+        assert_eq!(s, "{\"a\":\"x\\\"y\\n\",\"b\":[1.5,null]}");
     }
 }
