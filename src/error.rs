@@ -34,6 +34,25 @@ pub enum ErrorCode {
     NoDevice = 12,
 }
 
+/// The `op` field of any variant (one list of variants for reading and for replacing it).
+macro_rules! op_field {
+    ($e:expr) => {
+        match $e {
+            Error::InvalidArgument { op, .. }
+            | Error::InvalidUsage { op, .. }
+            | Error::Cuda { op, .. }
+            | Error::System { op, .. }
+            | Error::Mpi { op, .. }
+            | Error::Remote { op, .. }
+            | Error::Timeout { op, .. }
+            | Error::CorruptData { op, .. }
+            | Error::Aborted { op }
+            | Error::NoDevice { op, .. }
+            | Error::Internal { op, .. } => op,
+        }
+    };
+}
+
 /// Every failure hoccl reports. `op` is the public operation (or internal step) that failed.
 #[non_exhaustive]
 #[derive(Debug, Clone)]
@@ -72,24 +91,7 @@ impl Error {
 
     /// The operation this error names.
     pub fn op(&self) -> &'static str {
-        let mut e = self.clone();
-        *e.op_mut()
-    }
-
-    fn op_mut(&mut self) -> &mut &'static str {
-        match self {
-            Error::InvalidArgument { op, .. }
-            | Error::InvalidUsage { op, .. }
-            | Error::Cuda { op, .. }
-            | Error::System { op, .. }
-            | Error::Mpi { op, .. }
-            | Error::Remote { op, .. }
-            | Error::Timeout { op, .. }
-            | Error::CorruptData { op, .. }
-            | Error::Aborted { op }
-            | Error::NoDevice { op, .. }
-            | Error::Internal { op, .. } => op,
-        }
+        *op_field!(self)
     }
 
     pub fn invalid_arg(op: &'static str, what: impl Into<String>) -> Self {
@@ -115,7 +117,7 @@ impl Error {
     /// Replace the operation name (used when a lower layer's error surfaces through a
     /// public call).
     pub fn with_op(mut self, new_op: &'static str) -> Self {
-        *self.op_mut() = new_op;
+        *op_field!(&mut self) = new_op;
         self
     }
 }
