@@ -24,8 +24,7 @@ struct EncSmem {
     uint8_t code2[256];
     uint8_t table[32];
     uint32_t cnt[THREADS * CPT];  // per chunk: escapes | raws << 16, then exclusive prefix
-    uint8_t esc[TILE * CPT];      // exponent of each escape, by escape ordinal
-    uint32_t g2[TILE * CPT / 32];
+    alignas(8) uint8_t esc[TILE * CPT];  // tier-2 code of each escape, by escape ordinal (k2 > 0)
     uint32_t wtmp[WARPS];
     uint64_t ticket, offset;
     uint32_t k1, k2, n_esc1, n_raw, raw;
@@ -207,53 +206,25 @@ __device__ __forceinline__ void put_payload(const Chunk<D>& ch, int c, int nb, u
     }
 }
 
-// Tier-2 planes and raw exponents from the escape list (after the main pass).
+// Tier-2 planes from the list of tier-2 codes by escape ordinal (after the main pass), the
+// same way as planes1: a thread takes 8 codes, gathers one byte per plane, and the quad
+// assembles the plane words. Every thread of the CTA calls it (uniform trip count).
 template <int CPT>
-__device__ void put_escapes(EncSmem<CPT>& sm, uint8_t* p2, uint8_t* raw) {
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const uint32_t k2 = sm.k2, t2 = tier(k2), n_esc1 = sm.n_esc1, n_raw = sm.n_raw;
-    if (k2 == 0) {
-        for (uint32_t w = tid; w < pad4(n_raw) / 4; w += THREADS) {
-            uint32_t v = 0;
-#pragma unroll
-            for (int b = 0; b < 4; ++b)
-                if (4 * w + b < n_raw) v |= (uint32_t)sm.esc[4 * w + b] << (8 * b);
-            st32(raw + 4 * w, v);
+__device__ void put_planes2(const EncSmem<CPT>& sm, uint8_t* p2) {
+    const int tid = threadIdx.x;
+    const uint32_t k2 = sm.k2, n_esc1 = sm.n_esc1, units = 4 * ((n_esc1 + 31) / 32);
+    for (uint32_t u0 = 0; u0 < units; u0 += THREADS) {
+        const uint32_t u = u0 + tid, q = u & 3, g = u >> 2;
+        uint2 code = make_uint2(0, 0);
+        if (u < units) {
+            code = *reinterpret_cast<const uint2*>(sm.esc + 8 * u);
+            const uint2 vm = valid_mask((int)n_esc1 - 8 * (int)u);
+            code.x &= vm.x;
+            code.y &= vm.y;
         }
-        return;
+        const uint32_t w = quad_transpose(plane_bytes4<4>(code), q);
+        if (u < units && q < k2) st32(p2 + 4 * (g * k2 + q), w);
     }
-    const uint32_t ng = (n_esc1 + 31) / 32;
-    for (uint32_t gi = warp; gi < ng; gi += WARPS) {
-        const uint32_t o = 32 * gi + lane;
-        const uint32_t c2 = o < n_esc1 ? sm.code2[sm.esc[o]] : 0u;
-        uint32_t mine = 0;
-        for (uint32_t b = 0; b < k2; ++b) {
-            const uint32_t p = __ballot_sync(FULL, (c2 >> b) & 1u);
-            if ((uint32_t)lane == b) mine = p;
-        }
-        if ((uint32_t)lane < k2) st32(p2 + 4 * (gi * k2 + lane), mine);
-        const uint32_t m = __ballot_sync(FULL, o < n_esc1 && c2 == t2);
-        if (lane == 0) sm.g2[gi] = __popc(m);
-    }
-    __syncthreads();
-    if (warp == 0) {
-        uint32_t carry = 0;
-        for (uint32_t b = 0; b < ng; b += 32) {
-            const uint32_t v = b + lane < ng ? sm.g2[b + lane] : 0u;
-            const uint32_t inc = warp_incl_scan(v, lane);
-            if (b + lane < ng) sm.g2[b + lane] = carry + inc - v;
-            carry += __shfl_sync(FULL, inc, 31);
-        }
-    }
-    __syncthreads();
-    for (uint32_t gi = warp; gi < ng; gi += WARPS) {
-        const uint32_t o = 32 * gi + lane;
-        const uint32_t e = o < n_esc1 ? sm.esc[o] : 0u;
-        const bool isr = o < n_esc1 && sm.code2[e] == t2;
-        const uint32_t m = __ballot_sync(FULL, isr);
-        if (isr) raw[sm.g2[gi] + __popc(m & lanemask_lt(lane))] = (uint8_t)e;
-    }
-    if ((uint32_t)tid < pad4(n_raw) - n_raw) raw[n_raw + tid] = 0;
 }
 
 // Block j coded: header, table, planes1, escapes, payload. K1 (= sm.k1) is a template
@@ -294,16 +265,25 @@ __device__ void put_coded(EncSmem<CPT>& sm, const Chunk<D> (&ch)[CPT], const uin
         }
         const uint32_t e8 = gather_plane(code.x, code.y, 6);  // LUT_ESC
         if (e8) {  // escapes are common (k1 = 2 escapes ~30 %): predicated, not a loop
+            // Tier-2 codes go to the list by escape ordinal (put_planes2 reads it); raw
+            // exponents go straight to the raw section by raw ordinal (both in value order).
             const uint2 ex = chunk_exps_again<D>(ch[i]);
-            const uint32_t o = sm.cnt[c] & 0xffffu;
+            const uint32_t r8 = gather_plane(code.x, code.y, 7);  // LUT_RAW
+            const uint32_t o = sm.cnt[c] & 0xffffu, ro = sm.cnt[c] >> 16;
 #pragma unroll
-            for (int jb = 0; jb < 8; ++jb)
-                if ((e8 >> jb) & 1u) sm.esc[o + __popc(e8 & ((1u << jb) - 1u))] = (uint8_t)byte_of(ex, jb);
+            for (int jb = 0; jb < 8; ++jb) {
+                const uint32_t e = byte_of(ex, jb), below = (1u << jb) - 1u;
+                if (k2 && ((e8 >> jb) & 1u)) sm.esc[o + __popc(e8 & below)] = sm.code2[e];
+                if ((r8 >> jb) & 1u) raw[ro + __popc(r8 & below)] = (uint8_t)e;
+            }
         }
         put_payload<D>(ch[i], c, nb, G, pay);
     }
-    __syncthreads();
-    put_escapes<CPT>(sm, p2, raw);
+    if ((uint32_t)tid < pad4(n_raw) - n_raw) raw[n_raw + tid] = 0;
+    if (k2) {
+        __syncthreads();
+        put_planes2<CPT>(sm, p2);
+    }
 }
 
 template <class D, int CPT>

@@ -47,6 +47,10 @@ pub struct Config {
     pub timeout: Duration,
     /// `HOCCL_LOG`: env_logger filter syntax (e.g. `hoccl=debug`).
     pub log: Option<String>,
+    /// `HOCCL_KERNELS`: a fatbin file to load instead of the embedded one (development:
+    /// try a kernel build on a GPU machine without rebuilding the Rust binaries). It must
+    /// define every kernel the embedded one does.
+    pub kernels: Option<std::path::PathBuf>,
 }
 
 impl Default for Config {
@@ -62,6 +66,7 @@ impl Default for Config {
             device: None,
             timeout: Duration::from_secs(120),
             log: None,
+            kernels: None,
         }
     }
 }
@@ -148,6 +153,12 @@ impl Config {
         if let Some(v) = get("HOCCL_LOG") {
             self.log = Some(v);
         }
+        if let Some(v) = get("HOCCL_KERNELS") {
+            if v.trim().is_empty() {
+                return Err(Error::invalid_arg(OP, "HOCCL_KERNELS is empty: want a fatbin path".to_string()));
+            }
+            self.kernels = Some(v.into());
+        }
         self.validate()?;
         Ok(self)
     }
@@ -203,8 +214,10 @@ mod tests {
                 ("HOCCL_VIRTUAL_NODES", "2"),
                 ("HOCCL_FORWARDING_PEERS", "1,0,3,2"),
                 ("HOCCL_TIMEOUT_MS", "1500"),
+                ("HOCCL_KERNELS", "/tmp/k.fatbin"),
             ]))
             .unwrap();
+        assert_eq!(c.kernels.as_deref(), Some(std::path::Path::new("/tmp/k.fatbin")));
         assert_eq!(c.chunk_bytes, 8 << 20);
         assert_eq!(c.engine, EngineChoice::CopyEngine);
         assert_eq!(c.virtual_nodes, 2);
@@ -221,6 +234,7 @@ mod tests {
             ("HOCCL_COPY_STREAMS", "0"),
             ("HOCCL_VIRTUAL_NODES", "x"),
             ("HOCCL_TIMEOUT_MS", "0"),
+            ("HOCCL_KERNELS", " "),
         ] {
             let e = Config::default().with_env(env(&[(k, v)])).unwrap_err();
             assert_eq!(e.code(), crate::error::ErrorCode::InvalidArgument, "{k}={v}");

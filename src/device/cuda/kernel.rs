@@ -2,6 +2,7 @@
 //! per device, and functions are looked up once by name.
 use super::driver::{check, error_name};
 use super::{cu_stream, lock, CudaDevice};
+use super::fatbin;
 use crate::device::{kernels, DevPtr, StreamHandle};
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
@@ -124,19 +125,44 @@ impl CudaDevice {
     }
 }
 
-/// Load the embedded fatbin into the current context.
+/// Load the embedded fatbin (or the file `HOCCL_KERNELS` names) into the current context.
 fn load_module() -> Result<sys::CUmodule> {
-    let image = kernels::fatbin();
-    if image.is_empty() {
+    let file = match crate::config::Config::from_env()?.kernels {
+        Some(path) => {
+            let bytes = std::fs::read(&path)
+                .map_err(|e| Error::invalid_arg(OP, format!("HOCCL_KERNELS={}: {e}", path.display())))?;
+            if fatbin::parse(&bytes).is_none() {
+                return Err(Error::invalid_arg(OP, format!("HOCCL_KERNELS={}: not a fatbin", path.display())));
+            }
+            log::info!("loading kernels from {} instead of the embedded fatbin", path.display());
+            // cuModuleLoadData wants the image aligned like the embedded one: copy into u64s.
+            let mut words = vec![0u64; bytes.len().div_ceil(8)];
+            for (w, c) in words.iter_mut().zip(bytes.chunks(8)) {
+                let mut b = [0u8; 8];
+                b[..c.len()].copy_from_slice(c);
+                *w = u64::from_le_bytes(b);
+            }
+            Some(words)
+        }
+        None => None,
+    };
+    let embedded = kernels::fatbin();
+    if file.is_none() && embedded.is_empty() {
         return Err(Error::NoDevice {
             op: OP,
             what: "this build embeds no kernels (built with HOCCL_NO_CUDA=1); rebuild with nvcc available".into(),
         });
     }
+    let image: *const c_void = match &file {
+        Some(words) => words.as_ptr() as *const c_void,
+        None => embedded.as_ptr() as *const c_void,
+    };
     let mut m: sys::CUmodule = std::ptr::null_mut();
-    log::debug!("loading the kernel module ({} bytes)", image.len());
-    // SAFETY: image is a complete fatbin, 64-byte aligned and 'static; valid out-pointer.
-    check(OP, "cuModuleLoadData", unsafe { sys::cuModuleLoadData(&mut m, image.as_ptr() as *const c_void) })?;
+    log::debug!("loading the kernel module");
+    // SAFETY: image is a complete fatbin (the file, parsed above and held 8-byte aligned in
+    // `file`, or the embedded one, 64-byte aligned and 'static), alive until
+    // cuModuleLoadData returns (the driver copies it); valid out-pointer.
+    check(OP, "cuModuleLoadData", unsafe { sys::cuModuleLoadData(&mut m, image) })?;
     kernels::note_module_loaded();
     log::debug!("kernel module loaded");
     Ok(m)
