@@ -25,6 +25,7 @@ struct EncSmem {
     uint8_t table[32];
     uint32_t cnt[THREADS * CPT];  // per chunk: escapes | raws << 16, then exclusive prefix
     alignas(8) uint8_t esc[TILE * CPT];  // tier-2 code of each escape, by escape ordinal (k2 > 0)
+    alignas(4) uint8_t rawb[TILE * CPT]; // raw exponents by raw ordinal
     uint32_t wtmp[WARPS];
     uint64_t ticket, offset;
     uint32_t k1, k2, n_esc1, n_raw, raw;
@@ -265,8 +266,8 @@ __device__ void put_coded(EncSmem<CPT>& sm, const Chunk<D> (&ch)[CPT], const uin
         }
         const uint32_t e8 = gather_plane(code.x, code.y, 6);  // LUT_ESC
         if (e8) {  // escapes are common (k1 = 2 escapes ~30 %): predicated, not a loop
-            // Tier-2 codes go to the list by escape ordinal (put_planes2 reads it); raw
-            // exponents go straight to the raw section by raw ordinal (both in value order).
+            // Tier-2 codes to a list by escape ordinal (put_planes2 reads it), raw exponents
+            // to a list by raw ordinal (copied out whole): both in value order.
             const uint2 ex = chunk_exps_again<D>(ch[i]);
             const uint32_t r8 = gather_plane(code.x, code.y, 7);  // LUT_RAW
             const uint32_t o = sm.cnt[c] & 0xffffu, ro = sm.cnt[c] >> 16;
@@ -274,16 +275,18 @@ __device__ void put_coded(EncSmem<CPT>& sm, const Chunk<D> (&ch)[CPT], const uin
             for (int jb = 0; jb < 8; ++jb) {
                 const uint32_t e = byte_of(ex, jb), below = (1u << jb) - 1u;
                 if (k2 && ((e8 >> jb) & 1u)) sm.esc[o + __popc(e8 & below)] = sm.code2[e];
-                if ((r8 >> jb) & 1u) raw[ro + __popc(r8 & below)] = (uint8_t)e;
+                if ((r8 >> jb) & 1u) sm.rawb[ro + __popc(r8 & below)] = (uint8_t)e;
             }
         }
         put_payload<D>(ch[i], c, nb, G, pay);
     }
-    if ((uint32_t)tid < pad4(n_raw) - n_raw) raw[n_raw + tid] = 0;
-    if (k2) {
-        __syncthreads();
-        put_planes2<CPT>(sm, p2);
+    __syncthreads();
+    for (uint32_t w = tid; w < pad4(n_raw) / 4; w += THREADS) {
+        uint32_t v = *reinterpret_cast<const uint32_t*>(sm.rawb + 4 * w);
+        if (4 * w + 4 > n_raw) v &= (1u << (8 * (n_raw & 3))) - 1u;  // zero padding
+        st32(raw + 4 * w, v);
     }
+    if (k2) put_planes2<CPT>(sm, p2);
 }
 
 template <class D, int CPT>
@@ -417,8 +420,12 @@ extern "C" __global__ void __launch_bounds__(256) hoccl_bfx_compress_begin(uint8
 }
 
 // 64 values per thread (CPT * WORDS >= 32) need 80 registers: 3 CTAs per SM; else 4.
+// BFX_ENC_MINB overrides the CTAs per SM of the 64-value kernels (experiments).
+#ifndef BFX_ENC_MINB
+#define BFX_ENC_MINB 3
+#endif
 #define BFX_COMPRESS(NAME, D, CPT)                                                                  \
-    extern "C" __global__ void __launch_bounds__(256, CPT * D::WORDS >= 32 ? 3 : 4)                 \
+    extern "C" __global__ void __launch_bounds__(256, CPT * D::WORDS >= 32 ? BFX_ENC_MINB : 4)      \
         NAME(const uint8_t* in, uint64_t n, uint32_t B, uint32_t tiers, uint8_t* out, uint64_t* scratch, \
              uint64_t* out_len, uint32_t flags) {                                                   \
         bfx::compress_kernel<D, CPT>(in, n, B, tiers, out, scratch, out_len, flags);                 \

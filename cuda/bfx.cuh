@@ -14,6 +14,13 @@
 
 #ifndef BFX_EMU
 #define BFX_EMU_POISON(smem)
+// A kernel's shared state in dynamic shared memory (allowed above the 48 KB static limit by
+// the launcher); the emulator keeps it static like any __shared__ variable.
+#define BFX_DYN_SMEM(T, name)                                \
+    extern __shared__ __align__(16) uint8_t bfx_dyn_smem_[]; \
+    T& name = *reinterpret_cast<T*>(bfx_dyn_smem_)
+#else
+#define BFX_DYN_SMEM(T, name) __shared__ T name
 #endif
 
 namespace bfx {
@@ -24,6 +31,8 @@ constexpr int TILE = THREADS * 8;  // values per CTA step
 constexpr uint32_t FULL = 0xffffffffu;
 constexpr int MAX_TABLE = 31;
 constexpr int NCAND = 21;
+// Dynamic shared memory of the decoder's launch (mirror: DECODE_SMEM in compress/gpu.rs).
+constexpr unsigned DECODE_SMEM = 54 * 1024;
 
 // Status codes of the decoder (low 8 bits; block index in bits 8..31). Mirror of
 // `compress::gpu::Status` in Rust.

@@ -10,18 +10,24 @@ namespace bfx {
 // A coded block of up to STAGE_WORDS words is copied to shared memory before it is decoded
 // (every block of the default B: a coded block is smaller than the raw 8 + 2·16384 bytes).
 constexpr uint32_t STAGE_WORDS = (8 + 2 * 16384) / 4;
+// Staged blocks of at most this many values take the per-block path (decode_staged).
+constexpr uint32_t STAGED_MAX_NB = 16384;
 
+// Dynamic shared memory (over the 48 KB static limit): compress/gpu.rs launches with
+// DECODE_SMEM bytes, bfx.cuh's mirror of which is checked against this struct below.
 struct DecSmem {
     uint32_t stage[STAGE_WORDS];
-    uint8_t table[32];
-    uint32_t cnt[THREADS];
-    uint8_t esc[TILE];
+    alignas(16) uint8_t esc[STAGED_MAX_NB + 16];  // exponent by escape ordinal (tile path: of the tile); +16: read past
+    uint2 xp[256];  // byte-permute selectors that spread 8 bytes over the set bits of a mask
+    uint32_t pre[STAGED_MAX_NB / 32];        // per-group prefixes (tile path: per-thread counts)
+    alignas(8) uint8_t table[32];
     uint32_t g2[TILE / 32 + 2];
     uint32_t wtmp[WARPS];
     uint64_t wtmp64[WARPS];
     uint32_t rt;
     uint32_t err;
 };
+static_assert(sizeof(DecSmem) <= DECODE_SMEM, "DecSmem outgrew DECODE_SMEM (bfx.cuh, compress/gpu.rs)");
 
 struct BlockDesc {
     const uint8_t* blk;
@@ -214,9 +220,9 @@ __device__ uint32_t decode_tile(DecSmem& sm, const BlockDesc& d, int t0, uint32_
         }
         e8 = all & ((1u << valid) - 1u);
     }
-    sm.cnt[tid] = __popc(e8);
+    sm.pre[tid] = __popc(e8);
     __syncthreads();
-    const uint32_t cnt = block_scan<1>(sm.cnt, sm.wtmp);
+    const uint32_t cnt = block_scan<1>(sm.pre, sm.wtmp);
     if (esc_run + cnt > d.n_esc1) return ST_ESCAPES;
     if (cnt) {
         const uint32_t st = fill_escapes<D>(sm, d, esc_run, cnt, raw_run);
@@ -230,7 +236,7 @@ __device__ uint32_t decode_tile(DecSmem& sm, const BlockDesc& d, int t0, uint32_
             ex.y |= (uint32_t)sm.table[(codes.y >> (8 * k)) & 0x1fu] << (8 * k);
         }
         if (e8) {  // predicated over the 8 values, not a loop over escapes
-            const uint32_t o = sm.cnt[tid];
+            const uint32_t o = sm.pre[tid];
 #pragma unroll
             for (int jb = 0; jb < 8; ++jb) {
                 if ((e8 >> jb) & 1u) {
@@ -245,6 +251,112 @@ __device__ uint32_t decode_tile(DecSmem& sm, const BlockDesc& d, int t0, uint32_
     esc_run += cnt;
     __syncthreads();  // also ends the block's reads of sm.stage before the next block's copy
     return ST_OK;
+}
+
+// A staged block of nb <= STAGED_MAX_NB values, K1 = d.k1, in three phases with four
+// barriers per block (the tile path has ~9 per 2048 values):
+//  1. escapes per tier-1 group (the AND of its K1 plane words) and raws per tier-2 group
+//     (the AND of its k2 words), one block scan of both (packed in halves), checked
+//     against n_esc1 and n_raw;
+//  2. (k2 > 0) the exponent of every escape, one ordinal per thread: its tier-2 code from
+//     planes2, a raw byte at the group's raw prefix + popc, or the tier-2 table;
+//  3. every chunk independently: codes from the plane words, tier-1 exponents (byte
+//     permutes of the table when K1 <= 3), escapes at the group's prefix + popc, values.
+template <class D, int K1>
+__device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& d, bool aligned) {
+    const int tid = threadIdx.x;
+    const uint32_t nb = (uint32_t)d.nb, G = (nb + 31) / 32, k2 = d.k2, n_esc1 = d.n_esc1, ng2 = (n_esc1 + 31) / 32;
+    const uint32_t* p1 = reinterpret_cast<const uint32_t*>(d.p1);
+    const uint32_t* p2 = reinterpret_cast<const uint32_t*>(d.p2);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const uint32_t g = (uint32_t)(h * THREADS + tid);
+        uint32_t v = 0;
+        if (g < G) {
+            uint32_t m = FULL;
+#pragma unroll
+            for (int b = 0; b < K1; ++b) m &= p1[g * K1 + b];
+            if (g == G - 1 && (nb & 31)) m &= (1u << (nb & 31)) - 1u;
+            v = __popc(m);
+        }
+        if (g < ng2) {
+            uint32_t m = FULL;
+            for (uint32_t b = 0; b < k2; ++b) m &= p2[g * k2 + b];
+            if (g == ng2 - 1 && (n_esc1 & 31)) m &= (1u << (n_esc1 & 31)) - 1u;
+            v |= (k2 ? (uint32_t)__popc(m) : 0u) << 16;
+        }
+        sm.pre[g] = v;
+    }
+    __syncthreads();
+    const uint32_t tot = block_scan<2>(sm.pre, sm.wtmp);
+    if ((tot & 0xffffu) != n_esc1) return ST_ESCAPES;
+    if (k2 && (tot >> 16) != d.n_raw) return ST_RAWS;
+    if (k2) {
+        for (uint32_t o = tid; o < n_esc1; o += THREADS) {
+            const uint32_t gi = o >> 5, l = o & 31;
+            uint32_t c2 = 0, m = FULL;
+#pragma unroll
+            for (uint32_t b = 0; b < 4; ++b) {  // k2 <= 4 (T1 >= 1, T1 + T2 <= 31)
+                if (b < k2) {
+                    const uint32_t w = p2[gi * k2 + b];
+                    c2 |= ((w >> l) & 1u) << b;
+                    m &= w;
+                }
+            }
+            const uint32_t e = c2 == d.t2 ? d.raw[(sm.pre[gi] >> 16) + __popc(m & lanemask_lt((int)l))] : sm.table[d.t1 + c2];
+            if (e >= (uint32_t)D::NSYM) sm.err = ST_SYMBOL;
+            sm.esc[o] = (uint8_t)e;
+        }
+        __syncthreads();
+        if (sm.err) return sm.err;
+    }
+    const uint8_t* esc = k2 ? sm.esc : d.raw;  // one tier: every escape is raw, in order
+    const uint2 tw = *reinterpret_cast<const uint2*>(sm.table);
+    for (int c = tid; 8 * c < d.nb; c += THREADS) {
+        const int v0 = 8 * c, valid = d.nb - v0 > 8 ? 8 : d.nb - v0;
+        const uint32_t g = (uint32_t)c >> 2, sh = 8 * ((uint32_t)c & 3);
+        const Payload<D> pl = load_payload<D>(d, c, v0);
+        uint2 codes = make_uint2(0, 0);
+        uint32_t all = FULL;
+#pragma unroll
+        for (int b = 0; b < K1; ++b) {
+            const uint32_t w = p1[g * K1 + b];
+            const uint2 sc = scatter_plane((w >> sh) & 0xffu);
+            codes.x |= sc.x << b;
+            codes.y |= sc.y << b;
+            all &= w;
+        }
+        uint2 ex;
+        if constexpr (K1 <= 3) {  // codes < 8: four table lookups per byte permute
+            const uint32_t tx = codes.x | (codes.x >> 4), ty = codes.y | (codes.y >> 4);
+            ex.x = __byte_perm(tw.x, tw.y, __byte_perm(tx, 0, 0x20));
+            ex.y = __byte_perm(tw.x, tw.y, __byte_perm(ty, 0, 0x20));
+        } else {
+            ex = make_uint2(0, 0);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                ex.x |= (uint32_t)sm.table[(codes.x >> (8 * k)) & 0x1fu] << (8 * k);
+                ex.y |= (uint32_t)sm.table[(codes.y >> (8 * k)) & 0x1fu] << (8 * k);
+            }
+        }
+        const uint32_t e8 = (all >> sh) & ((1u << valid) - 1u);
+        if (e8) {  // the chunk's escapes are ordinals ob.. ob+popc(e8)-1: spread them with two permutes
+            const uint32_t ob = (sm.pre[g] & 0xffffu) + __popc(all & ((1u << sh) - 1u));
+            const uint32_t a = ob & ~3u, fs = 8 * (ob & 3u);
+            const uint32_t w0 = ld32(esc + a), w1 = ld32(esc + a + 4), w2 = ld32(esc + a + 8);
+            const uint32_t lo = __funnelshift_r(w0, w1, fs), hi = __funnelshift_r(w1, w2, fs);
+            const uint2 sel = sm.xp[e8];
+            const uint32_t mx = (((e8 & 0xfu) * 0x00204081u) & 0x01010101u) * 0xffu;
+            const uint32_t my = ((((e8 >> 4) & 0xfu) * 0x00204081u) & 0x01010101u) * 0xffu;
+            const uint32_t ux = __byte_perm(lo, hi, sel.x) & mx, uy = __byte_perm(lo, hi, sel.y) & my;
+            if (D::NSYM < 256 && ((ux | uy) & 0xe0e0e0e0u)) sm.err = ST_SYMBOL;
+            ex.x = (ex.x & ~mx) | ux;
+            ex.y = (ex.y & ~my) | uy;
+        }
+        put_values<D>(d, v0, valid, ex, pl, aligned);
+    }
+    __syncthreads();  // sm.err, and the end of this block's reads of sm.stage
+    return sm.err;
 }
 
 // The tiles of a coded block, with the code width K1 fixed at compile time.
@@ -315,9 +427,19 @@ __device__ uint32_t decode_block(DecSmem& sm, BlockDesc& d, uint32_t bytes, uint
         if (e >= (uint32_t)D::NSYM) sm.err = ST_SYMBOL;
         sm.table[tid] = (uint8_t)e;
     }
-    if (bytes <= 4 * STAGE_WORDS) stage_block(sm, d, bytes);
+    const bool staged = bytes <= 4 * STAGE_WORDS;
+    if (staged) stage_block(sm, d, bytes);
     __syncthreads();
     if (sm.err) return sm.err;
+    if (staged && (uint32_t)d.nb <= STAGED_MAX_NB) {
+        switch (d.k1) {
+            case 1: return decode_staged<D, 1>(sm, d, flags & 1);
+            case 2: return decode_staged<D, 2>(sm, d, flags & 1);
+            case 3: return decode_staged<D, 3>(sm, d, flags & 1);
+            case 4: return decode_staged<D, 4>(sm, d, flags & 1);
+            default: return decode_staged<D, 5>(sm, d, flags & 1);
+        }
+    }
     switch (d.k1) {
         case 1: return decode_tiles<D, 1>(sm, d, flags);
         case 2: return decode_tiles<D, 2>(sm, d, flags);
@@ -346,7 +468,7 @@ __device__ uint32_t check_stream(const uint8_t* in, uint64_t in_len, uint64_t n,
 template <class D>
 __device__ void decompress_kernel(const uint8_t* in, uint64_t in_len, uint8_t* out, uint64_t n, uint32_t* status,
                                   uint32_t flags) {
-    __shared__ DecSmem sm;
+    BFX_DYN_SMEM(DecSmem, sm);
     BFX_EMU_POISON(sm);
     const int tid = threadIdx.x;
     if (tid == 0) sm.err = 0;
@@ -362,6 +484,16 @@ __device__ void decompress_kernel(const uint8_t* in, uint64_t in_len, uint8_t* o
 #pragma unroll 8
     for (uint64_t i = tid; i < b0; i += THREADS) part += ld32(in + 24 + 4 * i);
     uint64_t off = 24 + 4 * (uint64_t)nblocks + block_sum64(part, sm.wtmp64);
+    {  // xp[m]: nibble j of .x (.y) = number of set bits of m below bit j (4 + j)
+        const uint32_t m = (uint32_t)tid;
+        uint32_t x = 0, y = 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            x |= (uint32_t)__popc(m & ((1u << j) - 1u)) << (4 * j);
+            y |= (uint32_t)__popc(m & ((1u << (4 + j)) - 1u)) << (4 * j);
+        }
+        sm.xp[m] = make_uint2(x, y);  // published by decode_block's barrier before any use
+    }
     for (uint64_t j = b0; j < b1; ++j) {
         const uint32_t bytes = ld32(in + 24 + 4 * j);
         BlockDesc d;

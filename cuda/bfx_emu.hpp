@@ -350,6 +350,9 @@ inline uint32_t __reduce_min_sync(uint32_t, uint32_t v) {
 }
 inline int __popc(uint32_t v) { return __builtin_popcount(v); }
 inline int __ffs(uint32_t v) { return __builtin_ffs((int)v); }
+inline uint32_t __funnelshift_r(uint32_t lo, uint32_t hi, uint32_t s) {
+    return (uint32_t)((((uint64_t)hi << 32) | lo) >> (s & 31));
+}
 inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {
     const uint64_t t = ((uint64_t)y << 32) | x;
     uint32_t r = 0;

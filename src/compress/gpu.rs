@@ -21,6 +21,9 @@ const THREADS: u32 = 256;
 const TILE: u32 = THREADS * 8;
 /// Decoder CTAs per SM (its grid is one wave of resident CTAs).
 const DECODE_CTAS_PER_SM: u64 = 4;
+/// Dynamic shared memory of a decoder CTA (mirror of `DECODE_SMEM` in cuda/bfx.cuh, where a
+/// static_assert checks that the decoder's shared state fits): 4 CTAs × 54 KB per SM.
+pub(crate) const DECODE_SMEM: u32 = 54 * 1024;
 
 /// Largest block the GPU encoder takes (values): 8 chunks per thread (4 for fp32).
 pub fn max_gpu_block(dtype: Dtype) -> u32 {
@@ -140,13 +143,17 @@ impl Args {
     }
 }
 
-fn launch(cuda: &CudaDevice, s: StreamHandle, name: &str, grid: u32, mut args: Args) -> Result<()> {
+fn launch(cuda: &CudaDevice, s: StreamHandle, name: &str, grid: u32, args: Args) -> Result<()> {
+    launch_smem(cuda, s, name, grid, 0, args)
+}
+
+fn launch_smem(cuda: &CudaDevice, s: StreamHandle, name: &str, grid: u32, smem: u32, mut args: Args) -> Result<()> {
     let mut ptrs = args.pointers();
     // SAFETY: `ptrs` holds one pointer per parameter of `name` (bfx.cu's and bfx_decode.cu's entry points take
     // exactly the u64/u32 sequence built by the caller), each to a live value in `args`
     // that outlives the call; the device pointers among them were checked by the public
     // functions and must stay valid until the stream reaches the kernel (their contract).
-    unsafe { cuda.launch(s, name, (grid, 1, 1), (THREADS, 1, 1), 0, &mut ptrs) }
+    unsafe { cuda.launch(s, name, (grid, 1, 1), (THREADS, 1, 1), smem, &mut ptrs) }
 }
 
 /// Enqueue the compressor (arguments already checked by `compress_async`).
@@ -230,7 +237,7 @@ pub(crate) fn decompress(
     let ctas = (sms * DECODE_CTAS_PER_SM).min(n.div_ceil(TILE as u64).max(1)) as u32;
     let flags = u32::from(output.0 % 16 == 0) | (u32::from(output.0 % 4 == 0) << 1);
     let args = Args::new().u64(input.0).u64(input_len).u64(output.0).u64(n).u64(status.0).u32(flags);
-    launch(cuda, s, &format!("hoccl_bfx_decompress_{}", kernel_suffix(dtype)), ctas, args)
+    launch_smem(cuda, s, &format!("hoccl_bfx_decompress_{}", kernel_suffix(dtype)), ctas, DECODE_SMEM, args)
 }
 
 /// What the device decoder does, on the CPU (the host backend uses it): the stream at the front
@@ -308,5 +315,16 @@ mod tests {
         let mut longer = s.clone();
         longer.extend_from_slice(&[0xee; 12]);
         assert_eq!(host_decode(&longer, Dtype::Bf16, 2).unwrap(), vec![1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn decode_smem_matches_the_kernels() {
+        // The kernel's static_assert checks its shared state against bfx.cuh's constant;
+        // this checks that the launcher passes the same number.
+        let cuh = include_str!("../../cuda/bfx.cuh");
+        let line = cuh.lines().find(|l| l.contains("constexpr unsigned DECODE_SMEM")).expect("DECODE_SMEM in bfx.cuh");
+        let expr = line.split('=').nth(1).unwrap().trim().trim_end_matches(';');
+        let v: u32 = expr.split('*').map(|t| t.trim().parse::<u32>().unwrap()).product();
+        assert_eq!(v, DECODE_SMEM);
     }
 }

@@ -53,6 +53,7 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuStreamWaitValue64_v2",
     "cuModuleLoadData",
     "cuModuleGetFunction",
+    "cuFuncSetAttribute",
     "cuModuleUnload",
     "cuLaunchKernel",
     "cuEventCreate",

@@ -1,8 +1,8 @@
 //! Kernel launches from the embedded fatbin: the module is loaded on the first launch, once
 //! per device, and functions are looked up once by name.
 use super::driver::{check, error_name};
-use super::{cu_stream, lock, CudaDevice};
 use super::fatbin;
+use super::{cu_stream, lock, CudaDevice};
 use crate::device::{kernels, DevPtr, StreamHandle};
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
@@ -15,7 +15,12 @@ use std::ffi::{c_void, CString};
 pub(super) struct KernelCache {
     module: Option<sys::CUmodule>,
     funcs: HashMap<String, sys::CUfunction>,
+    /// Dynamic shared memory allowed per function (only those above STATIC_SMEM_LIMIT).
+    smem_allowed: HashMap<String, u32>,
 }
+
+/// Dynamic shared memory a launch gets without cuFuncSetAttribute.
+const STATIC_SMEM_LIMIT: u32 = 48 << 10;
 
 // SAFETY: CUmodule/CUfunction are driver handles usable from any thread.
 unsafe impl Send for KernelCache {}
@@ -67,6 +72,9 @@ impl CudaDevice {
     ) -> Result<()> {
         let _g = self.enter(OP)?;
         let f = self.function(name)?;
+        if shared_bytes > STATIC_SMEM_LIMIT {
+            self.allow_dynamic_smem(name, f, shared_bytes)?;
+        }
         // SAFETY: f is a function of this context's module; the argument contract is the
         // caller's (see # Safety); extra is null.
         let r = unsafe {
@@ -86,6 +94,26 @@ impl CudaDevice {
         };
         check(OP, "cuLaunchKernel", r)?;
         kernels::note_launch();
+        Ok(())
+    }
+
+    /// Above 48 KB a kernel's dynamic shared memory must be allowed first (once per
+    /// function and size; the driver refuses sizes the device cannot give).
+    fn allow_dynamic_smem(&self, name: &str, f: sys::CUfunction, bytes: u32) -> Result<()> {
+        let mut cache = lock(&self.kernels);
+        if cache.smem_allowed.get(name).is_some_and(|&b| b >= bytes) {
+            return Ok(());
+        }
+        // SAFETY: f is a live function of this context's module; the attribute takes an int.
+        let r = unsafe {
+            sys::cuFuncSetAttribute(
+                f,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )
+        };
+        check(OP, "cuFuncSetAttribute", r)?;
+        cache.smem_allowed.insert(name.to_string(), bytes);
         Ok(())
     }
 
