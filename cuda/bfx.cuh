@@ -269,6 +269,27 @@ __device__ __forceinline__ uint64_t block_sum64(uint64_t v, uint64_t* tmp) {
 __device__ __forceinline__ uint32_t ld32(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
 __device__ __forceinline__ void st32(uint8_t* p, uint32_t v) { *reinterpret_cast<uint32_t*>(p) = v; }
 
+// 16 bytes global -> shared without registers (cp.async; sm_80+). Both 16-byte aligned. The
+// emulator copies only the bytes of [lo, hi) (the GPU reads whole lines, see stage_block).
+__device__ __forceinline__ void cp_async16(uint8_t* smem, const uint8_t* gmem, const uint8_t* lo, const uint8_t* hi) {
+#ifdef BFX_EMU
+    for (int i = 0; i < 16; ++i)
+        if (gmem + i >= lo && gmem + i < hi) smem[i] = gmem[i];
+#else
+    (void)lo;
+    (void)hi;
+    const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+#endif
+}
+
+// Wait for this thread's cp.async copies (a barrier then publishes them to the CTA).
+__device__ __forceinline__ void cp_async_wait_all() {
+#ifndef BFX_EMU
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ void spin_pause() {
 #ifdef BFX_EMU
     emu_yield();

@@ -16,7 +16,7 @@ constexpr uint32_t STAGED_MAX_NB = 16384;
 // Dynamic shared memory (over the 48 KB static limit): compress/gpu.rs launches with
 // DECODE_SMEM bytes, bfx.cuh's mirror of which is checked against this struct below.
 struct DecSmem {
-    uint32_t stage[STAGE_WORDS];
+    uint32_t stage[STAGE_WORDS + 8];  // + the 16-byte lines around a 4-byte aligned block
     alignas(16) uint8_t esc[STAGED_MAX_NB + 16];  // exponent by escape ordinal (tile path: of the tile); +16: read past
     uint2 xp[256];  // byte-permute selectors that spread 8 bytes over the set bits of a mask
     uint32_t pre[STAGED_MAX_NB / 32];        // per-group prefixes (tile path: per-thread counts)
@@ -161,12 +161,15 @@ __device__ __forceinline__ void put_values(const BlockDesc& d, int v0, int valid
             const uint32_t E = __byte_perm(i < 2 ? ex.x : ex.y, 0, sel);
             pair[i] = ((T & 0x00040004u) << 13) | ((T & 0x00030003u) << 8) | L | (E << 10);
         }
-    } else {
+    } else {  // bf16 (and fp32's top halves), 4 values per word: low bytes (e & 1) << 7 | mantissa,
+              // high bytes sign << 7 | e >> 1, then interleaved
+        constexpr uint32_t C = 0x80808080u;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const uint32_t sel = i & 1 ? 0x4342 : 0x4140;
-            const uint32_t S = __byte_perm(i < 2 ? b0 : b1, 0, sel), E = __byte_perm(i < 2 ? ex.x : ex.y, 0, sel);
-            pair[i] = ((S & 0x00800080u) << 8) | (E << 7) | (S & 0x007f007fu);
+        for (int h = 0; h < 2; ++h) {
+            const uint32_t b = h ? b1 : b0, x = h ? ex.y : ex.x;
+            const uint32_t lo = (b & ~C) | ((x << 7) & C), hi = ((x >> 1) & ~C) | (b & C);
+            pair[2 * h] = __byte_perm(lo, hi, 0x5140);
+            pair[2 * h + 1] = __byte_perm(lo, hi, 0x7362);
         }
     }
     uint8_t* o = d.out + (size_t)v0 * D::SIZE;
@@ -291,21 +294,32 @@ __device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& d, bool aligned)
     const uint32_t tot = block_scan<2>(sm.pre, sm.wtmp);
     if ((tot & 0xffffu) != n_esc1) return ST_ESCAPES;
     if (k2 && (tot >> 16) != d.n_raw) return ST_RAWS;
-    if (k2) {
-        for (uint32_t o = tid; o < n_esc1; o += THREADS) {
-            const uint32_t gi = o >> 5, l = o & 31;
+    if (k2) {  // four consecutive ordinals per thread (one nibble of each plane word)
+        for (uint32_t q4 = tid; 4 * q4 < n_esc1; q4 += THREADS) {
+            const uint32_t o = 4 * q4, gi = o >> 5, l = o & 31, n = n_esc1 - o;
             uint32_t c2 = 0, m = FULL;
 #pragma unroll
             for (uint32_t b = 0; b < 4; ++b) {  // k2 <= 4 (T1 >= 1, T1 + T2 <= 31)
                 if (b < k2) {
                     const uint32_t w = p2[gi * k2 + b];
-                    c2 |= ((w >> l) & 1u) << b;
+                    c2 |= ((((w >> l) & 0xfu) * 0x00204081u) & 0x01010101u) << b;
                     m &= w;
                 }
             }
-            const uint32_t e = c2 == d.t2 ? d.raw[(sm.pre[gi] >> 16) + __popc(m & lanemask_lt((int)l))] : sm.table[d.t1 + c2];
-            if (e >= (uint32_t)D::NSYM) sm.err = ST_SYMBOL;
-            sm.esc[o] = (uint8_t)e;
+            const uint32_t r4 = (m >> l) & (n >= 4 ? 0xfu : (1u << n) - 1u);  // raw codes among the four
+            uint32_t ex = 0;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) ex |= (uint32_t)sm.table[d.t1 + ((c2 >> (8 * k)) & 0xffu)] << (8 * k);
+            if (r4) {  // consecutive raw ordinals from rb: spread over the raw positions
+                const uint32_t rb = (sm.pre[gi] >> 16) + __popc(m & ((1u << l) - 1u));
+                const uint32_t a = rb & ~3u;
+                const uint32_t lo = __funnelshift_r(ld32(d.raw + a), ld32(d.raw + a + 4), 8 * (rb & 3u));
+                const uint32_t mk = ((r4 * 0x00204081u) & 0x01010101u) * 0xffu;
+                const uint32_t u = __byte_perm(lo, 0, sm.xp[r4].x) & mk;
+                if (D::NSYM < 256 && (u & 0xe0e0e0e0u)) sm.err = ST_SYMBOL;
+                ex = (ex & ~mk) | u;
+            }
+            *reinterpret_cast<uint32_t*>(sm.esc + o) = ex;
         }
         __syncthreads();
         if (sm.err) return sm.err;
@@ -372,32 +386,23 @@ __device__ uint32_t decode_tiles(DecSmem& sm, const BlockDesc& d, uint32_t flags
     return ST_OK;
 }
 
-// Copy the coded block to sm.stage (one coalesced read of all of it, the loads of a thread
-// independent of each other) and point d's sections there. Decoding from global memory cost
-// a dependent round trip per phase of every tile (planes, escapes, raw bytes, payload);
-// from shared memory it is one round trip per block. The caller's __syncthreads() (after
-// the table) publishes the copy; the previous block's last reads of sm.stage ended at the
-// __syncthreads() that closes its last tile.
-// The block is only 4-byte aligned: the words before its first 16-byte boundary and after
-// its last one are copied singly, the rest with 16-byte loads, ~6 per thread for a typical
-// block, two in flight per thread (unrolling further spilled at 64 registers).
+// Copy the coded block to sm.stage and point d's sections there. Decoding from global memory
+// cost a dependent round trip per phase of every tile (planes, escapes, raw bytes, payload);
+// from shared memory it is one round trip per block. The copy is asynchronous (cp.async, 16
+// bytes each, no registers, every one in flight at once): the block is only 4-byte aligned,
+// so the 16-byte lines that hold it are copied, and it starts at byte (blk & 15) of the
+// stage. The lines never cross a page, so the bytes read around the block (at most 15 on
+// each side, never used) are always mapped. The caller's __syncthreads() (after the table)
+// publishes the copy; the previous block's last reads of sm.stage ended at the
+// __syncthreads() that closes its decoding.
 __device__ __forceinline__ void stage_block(DecSmem& sm, BlockDesc& d, uint32_t bytes) {
-    const uint32_t tid = threadIdx.x, words = bytes / 4;
-    const uint32_t skew = (uint32_t)((16 - (reinterpret_cast<uintptr_t>(d.blk) & 15)) & 15) / 4;
-    const uint32_t head = skew < words ? skew : words, nvec = (words - head) / 4, tail = head + 4 * nvec;
-    if (tid < head) sm.stage[tid] = ld32(d.blk + 4 * tid);
-    if (tail + tid < words) sm.stage[tail + tid] = ld32(d.blk + 4 * (tail + tid));
-    const uint4* src = reinterpret_cast<const uint4*>(d.blk + 4 * head);
-    uint32_t* dst = sm.stage + head;
-#pragma unroll 2
-    for (uint32_t i = tid; i < nvec; i += THREADS) {
-        const uint4 v = src[i];
-        dst[4 * i] = v.x;
-        dst[4 * i + 1] = v.y;
-        dst[4 * i + 2] = v.z;
-        dst[4 * i + 3] = v.w;
-    }
-    const uint8_t* base = reinterpret_cast<const uint8_t*>(sm.stage);
+    const uint32_t tid = threadIdx.x, skew = (uint32_t)(reinterpret_cast<uintptr_t>(d.blk) & 15);
+    const uint8_t* line = d.blk - skew;
+    uint8_t* stage = reinterpret_cast<uint8_t*>(sm.stage);
+    const uint32_t nvec = (skew + bytes + 15) / 16;
+    for (uint32_t i = tid; i < nvec; i += THREADS) cp_async16(stage + 16 * i, line + 16 * i, d.blk, d.blk + bytes);
+    cp_async_wait_all();
+    const uint8_t* base = stage + skew;
     d.p1 = base + (d.p1 - d.blk);
     d.p2 = base + (d.p2 - d.blk);
     d.raw = base + (d.raw - d.blk);
