@@ -24,7 +24,8 @@ struct EncSmem {
     uint8_t code2[256];
     uint8_t table[32];
     uint32_t cnt[THREADS * CPT];  // per chunk: escapes | raws << 16, then exclusive prefix
-    alignas(8) uint8_t esc[TILE * CPT];  // tier-2 code of each escape, by escape ordinal (k2 > 0)
+    alignas(8) uint8_t esc[TILE * CPT];  // exponent of each escape, by escape ordinal (k2 > 0)
+    uint2 cx[256];  // compaction selectors: nibble i of .x (.y) = position of set bit i (4 + i) of the index
     alignas(4) uint8_t rawb[TILE * CPT]; // raw exponents by raw ordinal
     uint32_t wtmp[WARPS];
     uint64_t ticket, offset;
@@ -201,8 +202,16 @@ __device__ __forceinline__ void put_payload(const Chunk<D>& ch, int c, int nb, u
     }
 }
 
-// Tier-2 planes from the list of tier-2 codes by escape ordinal (after the main pass), the
-// same way as planes1: a thread takes 8 codes, gathers one byte per plane, and the quad
+// The n bytes of `ex` that compaction selectors `sel` pick, to dst[0..n) (n <= 8).
+__device__ __forceinline__ void put_compacted(uint8_t* dst, uint2 ex, uint2 sel, int n) {
+    const uint32_t lo = __byte_perm(ex.x, ex.y, sel.x), hi = __byte_perm(ex.x, ex.y, sel.y);
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+        if (i < n) dst[i] = (uint8_t)((i < 4 ? lo : hi) >> (8 * (i & 3)));
+}
+
+// Tier-2 planes from the list of escape exponents by ordinal (after the main pass), the
+// same way as planes1: a thread takes 8 exponents, looks up their tier-2 codes, gathers one byte per plane, and the quad
 // assembles the plane words. Every thread of the CTA calls it (uniform trip count).
 template <int CPT>
 __device__ void put_planes2(const EncSmem<CPT>& sm, uint8_t* p2) {
@@ -212,7 +221,12 @@ __device__ void put_planes2(const EncSmem<CPT>& sm, uint8_t* p2) {
         const uint32_t u = u0 + tid, q = u & 3, g = u >> 2;
         uint2 code = make_uint2(0, 0);
         if (u < units) {
-            code = *reinterpret_cast<const uint2*>(sm.esc + 8 * u);
+            const uint2 e = *reinterpret_cast<const uint2*>(sm.esc + 8 * u);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                code.x |= (uint32_t)sm.code2[(e.x >> (8 * k)) & 0xffu] << (8 * k);
+                code.y |= (uint32_t)sm.code2[(e.y >> (8 * k)) & 0xffu] << (8 * k);
+            }
             const uint2 vm = valid_mask((int)n_esc1 - 8 * (int)u);
             code.x &= vm.x;
             code.y &= vm.y;
@@ -259,18 +273,15 @@ __device__ void put_coded(EncSmem<CPT>& sm, const Chunk<D> (&ch)[CPT], const uin
             if (g < G && q == 0) st32(p1 + 4 * (g * 5 + 4), p4);
         }
         const uint32_t e8 = gather_plane(code.x, code.y, 6);  // LUT_ESC
-        if (e8) {  // escapes are common (k1 = 2 escapes ~30 %): predicated, not a loop
-            // Tier-2 codes to a list by escape ordinal (put_planes2 reads it), raw exponents
-            // to a list by raw ordinal (copied out whole): both in value order.
+        if (e8) {  // escapes are common (k1 = 2 escapes ~30 %): compacted with two permutes
+            // Exponents of escapes to a list by escape ordinal (put_planes2 codes them) and of
+            // raws to a list by raw ordinal (copied out whole): both in value order, and the
+            // chunk's are consecutive ordinals.
             const uint2 ex = chunk_exps_again<D>(ch[i]);
             const uint32_t r8 = gather_plane(code.x, code.y, 7);  // LUT_RAW
             const uint32_t o = sm.cnt[c] & 0xffffu, ro = sm.cnt[c] >> 16;
-#pragma unroll
-            for (int jb = 0; jb < 8; ++jb) {
-                const uint32_t e = byte_of(ex, jb), below = (1u << jb) - 1u;
-                if (k2 && ((e8 >> jb) & 1u)) sm.esc[o + __popc(e8 & below)] = sm.code2[e];
-                if ((r8 >> jb) & 1u) sm.rawb[ro + __popc(r8 & below)] = (uint8_t)e;
-            }
+            if (k2) put_compacted(sm.esc + o, ex, sm.cx[e8], __popc(e8));
+            put_compacted(sm.rawb + ro, ex, sm.cx[r8], __popc(r8));
         }
         put_payload<D>(ch[i], c, nb, G, pay);
     }
@@ -312,6 +323,18 @@ __device__ uint32_t encode_block_begin(EncSmem<CPT>& sm, Chunk<D> (&ch)[CPT], ui
                                        int nb, uint32_t tiers, bool aligned) {
     const int tid = threadIdx.x;
     if (tid < D::NSYM) sm.hist[tid] = 0;
+    {  // cx[m] (read after the barriers below)
+        uint32_t x = 0, y = 0, n = 0;
+#pragma unroll
+        for (uint32_t j = 0; j < 8; ++j) {
+            if ((tid >> j) & 1) {
+                if (n < 4) x |= j << (4 * n);
+                else y |= j << (4 * (n - 4));
+                ++n;
+            }
+        }
+        sm.cx[tid] = make_uint2(x, y);
+    }
 #pragma unroll
     for (int i = 0; i < CPT; ++i) ch[i] = load_chunk<D>(src, i * THREADS + tid, nb, aligned);
     __syncthreads();
