@@ -3,6 +3,7 @@
 # scripts/gpu/pack.sh into carry/:
 # every test executable with the GPU tests included (host-backend tests run too), then
 # the demo under mpirun with 4 ranks (several ranks per GPU when fewer GPUs exist).
+# CORE_SKIP="name ..." leaves those test executables out.
 # Logs go to $OUT.
 set -u
 cd "$(dirname "$0")/../.."   # repository root; binaries in carry/
@@ -20,6 +21,7 @@ for t in carry/tests/*; do
     codec_*) continue ;;   # scripts/gpu/codec.sh runs those
     plan_cli) continue ;;  # execs the build machine's target/ path; CPU-only anyway
   esac
+  case " ${CORE_SKIP:-} " in *" $n "*) echo "test $n: skipped (CORE_SKIP)"; continue ;; esac
   # Host-backend and plain tests first, then the same bodies on CUDA (the ignored ones).
   for mode in host cuda; do
     args=(--test-threads=1); [ $mode = cuda ] && args+=(--ignored)
