@@ -23,6 +23,7 @@ TARGETS = {
 
 
 def human(n):
+    n = int(n)  # JSON numbers may arrive as floats (1048576.0)
     for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
         if n >= 1 << shift and n % (1 << shift) == 0:
             return f"{n >> shift}{unit}"
@@ -56,7 +57,7 @@ def main():
     cols = min(2, len(ops))
     rows = math.ceil(len(ops) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(7 * cols, 4.6 * rows), squeeze=False)
-    four_gpus = meta.get("gpus") == 4 and meta.get("nranks") == 4
+    four_gpus = int(meta.get("gpus") or 0) == 4 and int(meta.get("nranks") or 0) == 4
     for ax, op in zip(axes.flat, ops):
         mine = [p for p in pts if p["op"] == op]
         impls = list(dict.fromkeys(p["impl"] for p in mine))
@@ -82,8 +83,8 @@ def main():
     for ax in list(axes.flat)[len(ops):]:
         ax.axis("off")
     fig.suptitle(
-        f"hoccl vs NCCL {meta.get('nccl_version') or '(not run)'}: {meta.get('nranks')} ranks, "
-        f"{meta.get('gpus')} GPU(s), {meta.get('device')}, {meta.get('dtype')}"
+        f"hoccl vs NCCL {meta.get('nccl_version') or '(not run)'}: {int(meta.get('nranks') or 0)} ranks, "
+        f"{int(meta.get('gpus') or 0)} GPU(s), {meta.get('device')}, {meta.get('dtype')}"
     )
     fig.tight_layout()
     fig.savefig(args.output, dpi=110)
