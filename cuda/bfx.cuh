@@ -31,8 +31,6 @@ constexpr int TILE = THREADS * 8;  // values per CTA step
 constexpr uint32_t FULL = 0xffffffffu;
 constexpr int MAX_TABLE = 31;
 constexpr int NCAND = 21;
-// Dynamic shared memory of the decoder's launch (mirror: DECODE_SMEM in compress/gpu.rs).
-constexpr unsigned DECODE_SMEM = 54 * 1024;
 
 // Status codes of the decoder (low 8 bits; block index in bits 8..31). Mirror of
 // `compress::gpu::Status` in Rust.

@@ -13,8 +13,8 @@ constexpr uint32_t STAGE_WORDS = (8 + 2 * 16384) / 4;
 // Staged blocks of at most this many values take the per-block path (decode_staged).
 constexpr uint32_t STAGED_MAX_NB = 16384;
 
-// Dynamic shared memory (over the 48 KB static limit): compress/gpu.rs launches with
-// DECODE_SMEM bytes, bfx.cuh's mirror of which is checked against this struct below.
+// Dynamic shared memory: compress/gpu.rs reads its size from hoccl_bfx_decode_smem (below)
+// and sizes the grid with the occupancy calculator.
 struct DecSmem {
     uint32_t stage[STAGE_WORDS + 8];  // + the 16-byte lines around a 4-byte aligned block
     alignas(16) uint8_t esc[STAGED_MAX_NB + 16];  // exponent by escape ordinal (tile path: of the tile); +16: read past
@@ -27,7 +27,6 @@ struct DecSmem {
     uint32_t rt;
     uint32_t err;
 };
-static_assert(sizeof(DecSmem) <= DECODE_SMEM, "DecSmem outgrew DECODE_SMEM (bfx.cuh, compress/gpu.rs)");
 
 struct BlockDesc {
     const uint8_t* blk;
@@ -521,6 +520,9 @@ __device__ void decompress_kernel(const uint8_t* in, uint64_t in_len, uint8_t* o
 
 // ===================================================================== entry points ===
 // Parameters as in bfx.cu: u64 for pointers and sizes, u32 otherwise.
+
+// Bytes of dynamic shared memory a decoder CTA needs (read by the launcher).
+extern "C" __device__ uint32_t hoccl_bfx_decode_smem = sizeof(bfx::DecSmem);
 
 // status = 0 before the decoder may set it.
 extern "C" __global__ void hoccl_bfx_decompress_begin(uint32_t* status) {

@@ -54,6 +54,8 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuModuleLoadData",
     "cuModuleGetFunction",
     "cuFuncSetAttribute",
+    "cuModuleGetGlobal_v2",
+    "cuOccupancyMaxActiveBlocksPerMultiprocessor",
     "cuModuleUnload",
     "cuLaunchKernel",
     "cuEventCreate",

@@ -17,6 +17,8 @@ pub(super) struct KernelCache {
     funcs: HashMap<String, sys::CUfunction>,
     /// Dynamic shared memory allowed per function (only those above STATIC_SMEM_LIMIT).
     smem_allowed: HashMap<String, u32>,
+    /// `u32` globals of the module read so far (constants the kernels publish).
+    globals: HashMap<String, u32>,
 }
 
 /// Dynamic shared memory a launch gets without cuFuncSetAttribute.
@@ -28,20 +30,25 @@ unsafe impl Send for KernelCache {}
 const OP: &str = "CudaDevice::launch";
 
 impl CudaDevice {
+    /// The module, loaded first if needed. The context must be current.
+    fn module(cache: &mut KernelCache) -> Result<sys::CUmodule> {
+        match cache.module {
+            Some(m) => Ok(m),
+            None => {
+                let m = load_module()?;
+                cache.module = Some(m);
+                Ok(m)
+            }
+        }
+    }
+
     /// The function `name`, loading the module first if needed. The context must be current.
     fn function(&self, name: &str) -> Result<sys::CUfunction> {
         let mut cache = lock(&self.kernels);
         if let Some(&f) = cache.funcs.get(name) {
             return Ok(f);
         }
-        let module = match cache.module {
-            Some(m) => m,
-            None => {
-                let m = load_module()?;
-                cache.module = Some(m);
-                m
-            }
-        };
+        let module = Self::module(&mut cache)?;
         let cname = CString::new(name).map_err(|_| Error::invalid_arg(OP, format!("kernel name {name:?} contains NUL")))?;
         let mut f: sys::CUfunction = std::ptr::null_mut();
         // SAFETY: module is loaded in the current context; valid out-pointer and C string.
@@ -95,6 +102,49 @@ impl CudaDevice {
         check(OP, "cuLaunchKernel", r)?;
         kernels::note_launch();
         Ok(())
+    }
+
+    /// The value of the module's `u32` global `name` (a constant a kernel file publishes,
+    /// such as the shared memory a kernel needs); read once and cached.
+    pub(crate) fn module_u32(&self, name: &str) -> Result<u32> {
+        let _g = self.enter(OP)?;
+        let mut cache = lock(&self.kernels);
+        if let Some(&v) = cache.globals.get(name) {
+            return Ok(v);
+        }
+        let module = Self::module(&mut cache)?;
+        let cname = CString::new(name).map_err(|_| Error::invalid_arg(OP, format!("global name {name:?} contains NUL")))?;
+        let (mut dptr, mut bytes): (sys::CUdeviceptr, usize) = (0, 0);
+        // SAFETY: module is loaded in the current context; valid out-pointers and C string.
+        let r = unsafe { sys::cuModuleGetGlobal_v2(&mut dptr, &mut bytes, module, cname.as_ptr()) };
+        if r == sys::CUresult::CUDA_ERROR_NOT_FOUND {
+            return Err(Error::invalid_arg(OP, format!("no global named {name} in the kernels")));
+        }
+        check(OP, "cuModuleGetGlobal", r)?;
+        if bytes != 4 {
+            return Err(Error::invalid_arg(OP, format!("global {name} has {bytes} bytes, not 4")));
+        }
+        let mut v = 0u32;
+        // SAFETY: dptr is a 4-byte device global of this context's module; v is 4 bytes.
+        check(OP, "cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(&mut v as *mut u32 as *mut c_void, dptr, 4) })?;
+        cache.globals.insert(name.to_string(), v);
+        Ok(v)
+    }
+
+    /// CTAs of kernel `name` that fit one SM with `block` threads and `smem` bytes of
+    /// dynamic shared memory (allowing that much first when it is above 48 KB).
+    pub(crate) fn ctas_per_sm(&self, name: &str, block: u32, smem: u32) -> Result<u32> {
+        let _g = self.enter(OP)?;
+        let f = self.function(name)?;
+        if smem > STATIC_SMEM_LIMIT {
+            self.allow_dynamic_smem(name, f, smem)?;
+        }
+        let mut n: i32 = 0;
+        // SAFETY: f is a live function of this context's module; valid out-pointer.
+        check(OP, "cuOccupancyMaxActiveBlocksPerMultiprocessor", unsafe {
+            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut n, f, block as i32, smem as usize)
+        })?;
+        Ok(n.max(0) as u32)
     }
 
     /// Above 48 KB a kernel's dynamic shared memory must be allowed first (once per
