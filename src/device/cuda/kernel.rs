@@ -19,6 +19,8 @@ pub(super) struct KernelCache {
     smem_allowed: HashMap<String, u32>,
     /// `u32` globals of the module read so far (constants the kernels publish).
     globals: HashMap<String, u32>,
+    /// CTAs per SM by function, for the (block threads, dynamic shared memory) it was asked with.
+    occupancy: HashMap<String, (u32, u32, u32)>,
 }
 
 /// Dynamic shared memory a launch gets without cuFuncSetAttribute.
@@ -107,11 +109,11 @@ impl CudaDevice {
     /// The value of the module's `u32` global `name` (a constant a kernel file publishes,
     /// such as the shared memory a kernel needs); read once and cached.
     pub(crate) fn module_u32(&self, name: &str) -> Result<u32> {
-        let _g = self.enter(OP)?;
-        let mut cache = lock(&self.kernels);
-        if let Some(&v) = cache.globals.get(name) {
+        if let Some(&v) = lock(&self.kernels).globals.get(name) {
             return Ok(v);
         }
+        let _g = self.enter(OP)?;
+        let mut cache = lock(&self.kernels);
         let module = Self::module(&mut cache)?;
         let cname = CString::new(name).map_err(|_| Error::invalid_arg(OP, format!("global name {name:?} contains NUL")))?;
         let (mut dptr, mut bytes): (sys::CUdeviceptr, usize) = (0, 0);
@@ -132,8 +134,14 @@ impl CudaDevice {
     }
 
     /// CTAs of kernel `name` that fit one SM with `block` threads and `smem` bytes of
-    /// dynamic shared memory (allowing that much first when it is above 48 KB).
+    /// dynamic shared memory (allowing that much first when it is above 48 KB); asked of the
+    /// driver once per function and cached, since launchers call this for every launch.
     pub(crate) fn ctas_per_sm(&self, name: &str, block: u32, smem: u32) -> Result<u32> {
+        if let Some(&(b, s, n)) = lock(&self.kernels).occupancy.get(name) {
+            if (b, s) == (block, smem) {
+                return Ok(n);
+            }
+        }
         let _g = self.enter(OP)?;
         let f = self.function(name)?;
         if smem > STATIC_SMEM_LIMIT {
@@ -144,7 +152,9 @@ impl CudaDevice {
         check(OP, "cuOccupancyMaxActiveBlocksPerMultiprocessor", unsafe {
             sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut n, f, block as i32, smem as usize)
         })?;
-        Ok(n.max(0) as u32)
+        let n = n.max(0) as u32;
+        lock(&self.kernels).occupancy.insert(name.to_string(), (block, smem, n));
+        Ok(n)
     }
 
     /// Above 48 KB a kernel's dynamic shared memory must be allowed first (once per
@@ -205,7 +215,10 @@ impl CudaDevice {
 
 /// Load the embedded fatbin (or the file `HOCCL_KERNELS` names) into the current context.
 fn load_module() -> Result<sys::CUmodule> {
-    let file = match crate::config::Config::from_env()?.kernels {
+    // Only HOCCL_KERNELS, through Config's parser: a bad value of another setting is
+    // reported where that setting is used, not as a failure to load the kernels.
+    let only_kernels = |k: &str| if k == "HOCCL_KERNELS" { std::env::var(k).ok() } else { None };
+    let file = match crate::config::Config::default().with_env(only_kernels)?.kernels {
         Some(path) => {
             let bytes = std::fs::read(&path)
                 .map_err(|e| Error::invalid_arg(OP, format!("HOCCL_KERNELS={}: {e}", path.display())))?;
