@@ -159,6 +159,12 @@ __device__ __forceinline__ uint2 scatter_plane(uint32_t byte) {
                       (((byte >> 4) & 0xfu) * 0x00204081u) & 0x01010101u);
 }
 
+// Byte j of .x (.y) is 0xff where bit j (4 + j) of the 8-bit mask m is set, else 0.
+__device__ __forceinline__ uint2 byte_mask(uint32_t m) {
+    const uint2 s = scatter_plane(m);
+    return make_uint2(s.x * 0xffu, s.y * 0xffu);
+}
+
 // Quad transpose: lane q holds X (byte b = its plane-b byte); returns plane word q of the
 // quad's group (byte i = lane i's byte). Every lane of the warp must call it.
 __device__ __forceinline__ uint32_t quad_transpose(uint32_t x, int q) {
@@ -184,9 +190,6 @@ __device__ __forceinline__ uint2 valid_mask(int valid) {
     return make_uint2(lo, hi);
 }
 
-__device__ __forceinline__ uint32_t byte_of(uint2 v, int j) {
-    return ((j < 4 ? v.x : v.y) >> (8 * (j & 3))) & 0xffu;
-}
 
 // Exact coded size from the exact counts (format.rs `Layout`).
 template <class D>
@@ -266,6 +269,14 @@ __device__ __forceinline__ uint64_t block_sum64(uint64_t v, uint64_t* tmp) {
 
 __device__ __forceinline__ uint32_t ld32(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
 __device__ __forceinline__ void st32(uint8_t* p, uint32_t v) { *reinterpret_cast<uint32_t*>(p) = v; }
+
+// The 8 bytes at p + pos (p 4-byte aligned and readable up to 12 bytes past pos & ~3):
+// three aligned loads and two funnel shifts.
+__device__ __forceinline__ uint2 bytes8_at(const uint8_t* p, uint32_t pos) {
+    const uint32_t a = pos & ~3u, s = 8 * (pos & 3u);
+    const uint32_t w0 = ld32(p + a), w1 = ld32(p + a + 4), w2 = ld32(p + a + 8);
+    return make_uint2(__funnelshift_r(w0, w1, s), __funnelshift_r(w1, w2, s));
+}
 
 // 16 bytes global -> shared without registers (cp.async; sm_80+). Both 16-byte aligned. The
 // emulator copies only the bytes of [lo, hi) (the GPU reads whole lines, see stage_block).

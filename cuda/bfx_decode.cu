@@ -311,10 +311,8 @@ __device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& d, bool aligned)
             for (int k = 0; k < 4; ++k) ex |= (uint32_t)sm.table[d.t1 + ((c2 >> (8 * k)) & 0xffu)] << (8 * k);
             if (r4) {  // consecutive raw ordinals from rb: spread over the raw positions
                 const uint32_t rb = (sm.pre[gi] >> 16) + __popc(m & ((1u << l) - 1u));
-                const uint32_t a = rb & ~3u;
-                const uint32_t lo = __funnelshift_r(ld32(d.raw + a), ld32(d.raw + a + 4), 8 * (rb & 3u));
-                const uint32_t mk = ((r4 * 0x00204081u) & 0x01010101u) * 0xffu;
-                const uint32_t u = __byte_perm(lo, 0, sm.xp[r4].x) & mk;
+                const uint32_t mk = byte_mask(r4).x;
+                const uint32_t u = __byte_perm(bytes8_at(d.raw, rb).x, 0, sm.xp[r4].x) & mk;
                 if (D::NSYM < 256 && (u & 0xe0e0e0e0u)) sm.err = ST_SYMBOL;
                 ex = (ex & ~mk) | u;
             }
@@ -355,16 +353,11 @@ __device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& d, bool aligned)
         const uint32_t e8 = (all >> sh) & ((1u << valid) - 1u);
         if (e8) {  // the chunk's escapes are ordinals ob.. ob+popc(e8)-1: spread them with two permutes
             const uint32_t ob = (sm.pre[g] & 0xffffu) + __popc(all & ((1u << sh) - 1u));
-            const uint32_t a = ob & ~3u, fs = 8 * (ob & 3u);
-            const uint32_t w0 = ld32(esc + a), w1 = ld32(esc + a + 4), w2 = ld32(esc + a + 8);
-            const uint32_t lo = __funnelshift_r(w0, w1, fs), hi = __funnelshift_r(w1, w2, fs);
-            const uint2 sel = sm.xp[e8];
-            const uint32_t mx = (((e8 & 0xfu) * 0x00204081u) & 0x01010101u) * 0xffu;
-            const uint32_t my = ((((e8 >> 4) & 0xfu) * 0x00204081u) & 0x01010101u) * 0xffu;
-            const uint32_t ux = __byte_perm(lo, hi, sel.x) & mx, uy = __byte_perm(lo, hi, sel.y) & my;
+            const uint2 w = bytes8_at(esc, ob), sel = sm.xp[e8], mk = byte_mask(e8);
+            const uint32_t ux = __byte_perm(w.x, w.y, sel.x) & mk.x, uy = __byte_perm(w.x, w.y, sel.y) & mk.y;
             if (D::NSYM < 256 && ((ux | uy) & 0xe0e0e0e0u)) sm.err = ST_SYMBOL;
-            ex.x = (ex.x & ~mx) | ux;
-            ex.y = (ex.y & ~my) | uy;
+            ex.x = (ex.x & ~mk.x) | ux;
+            ex.y = (ex.y & ~mk.y) | uy;
         }
         put_values<D>(d, v0, valid, ex, pl, aligned);
     }
