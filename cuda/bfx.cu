@@ -25,12 +25,34 @@ struct EncSmem {
     uint8_t table[32];
     uint32_t cnt[THREADS * CPT];  // per chunk: escapes | raws << 16, then exclusive prefix
     alignas(8) uint8_t esc[TILE * CPT];  // exponent of each escape, by escape ordinal (k2 > 0)
-    uint2 cx[256];  // compaction selectors: nibble i of .x (.y) = position of set bit i (4 + i) of the index
     alignas(4) uint8_t rawb[TILE * CPT]; // raw exponents by raw ordinal
+    uint2 cx[256];  // compaction selectors (kCx)
     uint32_t wtmp[WARPS];
     uint64_t ticket, offset;
     uint32_t k1, k2, n_esc1, n_raw, raw;
 };
+
+// cx[m]: nibble i of .x (.y) is the position of set bit i (4 + i) of m (unused nibbles 0).
+struct SelTable {
+    uint2 v[256];
+};
+constexpr SelTable make_cx() {
+    SelTable t{};
+    for (uint32_t m = 0; m < 256; ++m) {
+        uint32_t x = 0, y = 0, n = 0;
+        for (uint32_t j = 0; j < 8; ++j) {
+            if ((m >> j) & 1u) {
+                if (n < 4) x |= j << (4 * n);
+                else y |= j << (4 * (n - 4));
+                ++n;
+            }
+        }
+        t.v[m].x = x;
+        t.v[m].y = y;
+    }
+    return t;
+}
+__device__ const SelTable kCx = make_cx();
 
 template <class D>
 __device__ __forceinline__ Chunk<D> load_chunk(const uint8_t* blk, int c, int nb, bool aligned) {
@@ -132,14 +154,14 @@ __device__ void choose(EncSmem<CPT>& sm, int nb, uint32_t tiers) {
 }
 
 template <int CPT>
-__device__ __forceinline__ uint2 chunk_codes(const EncSmem<CPT>& sm, uint2 ex, uint2 vm) {
+__device__ __forceinline__ uint2 chunk_codes(const EncSmem<CPT>& sm, uint2 ex) {
     uint32_t x = 0, y = 0;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
         x |= (uint32_t)sm.lut[(ex.x >> (8 * k)) & 0xffu] << (8 * k);
         y |= (uint32_t)sm.lut[(ex.y >> (8 * k)) & 0xffu] << (8 * k);
     }
-    return make_uint2(x & vm.x, y & vm.y);
+    return make_uint2(x, y);
 }
 
 // Warp 0: publish this block's size and sum its predecessors' (decoupled look-back).
@@ -202,7 +224,9 @@ __device__ __forceinline__ void put_payload(const Chunk<D>& ch, int c, int nb, u
     }
 }
 
-// The n bytes of `ex` that compaction selectors `sel` pick, to dst[0..n) (n <= 8).
+// The n bytes of `ex` that compaction selectors `sel` pick, to dst[0..n) (n <= 8). (Tried:
+// ORing them into a zeroed list with three shared atomics per chunk: fewer instructions,
+// more registers spilled, 7 % slower.)
 __device__ __forceinline__ void put_compacted(uint8_t* dst, uint2 ex, uint2 sel, int n) {
     const uint32_t lo = __byte_perm(ex.x, ex.y, sel.x), hi = __byte_perm(ex.x, ex.y, sel.y);
 #pragma unroll
@@ -272,26 +296,36 @@ __device__ void put_coded(EncSmem<CPT>& sm, const Chunk<D> (&ch)[CPT], const uin
             p4 |= __shfl_xor_sync(FULL, p4, 2);
             if (g < G && q == 0) st32(p1 + 4 * (g * 5 + 4), p4);
         }
-        const uint32_t e8 = gather_plane(code.x, code.y, 6);  // LUT_ESC
-        if (e8) {  // escapes are common (k1 = 2 escapes ~30 %): compacted with two permutes
-            // Exponents of escapes to a list by escape ordinal (put_planes2 codes them) and of
-            // raws to a list by raw ordinal (copied out whole): both in value order, and the
-            // chunk's are consecutive ordinals.
-            const uint2 ex = chunk_exps_again<D>(ch[i]);
-            const uint32_t r8 = gather_plane(code.x, code.y, 7);  // LUT_RAW
-            const uint32_t o = sm.cnt[c] & 0xffffu, ro = sm.cnt[c] >> 16;
-            if (k2) put_compacted(sm.esc + o, ex, sm.cx[e8], __popc(e8));
-            put_compacted(sm.rawb + ro, ex, sm.cx[r8], __popc(r8));
-        }
         put_payload<D>(ch[i], c, nb, G, pay);
     }
-    __syncthreads();
     for (uint32_t w = tid; w < pad4(n_raw) / 4; w += THREADS) {
         uint32_t v = *reinterpret_cast<const uint32_t*>(sm.rawb + 4 * w);
         if (4 * w + 4 > n_raw) v &= (1u << (8 * (n_raw & 3))) - 1u;  // zero padding
         st32(raw + 4 * w, v);
     }
     if (k2) put_planes2<CPT>(sm, p2);
+}
+
+// Exponents of the escapes to sm.esc by escape ordinal (k2 > 0; put_planes2 codes them) and
+// of the raws to sm.rawb by raw ordinal (put_coded copies them out whole): both lists are in
+// value order, and a chunk's escapes (raws) have consecutive ordinals. Shared memory only, so
+// phase 1 does it: the warps that would wait for warp 0's look-back do it meanwhile.
+template <class D, int CPT>
+__device__ __forceinline__ void compact_lists(EncSmem<CPT>& sm, const Chunk<D> (&ch)[CPT], const uint2 (&codes)[CPT],
+                                              uint32_t k2) {
+#pragma unroll
+    for (int i = 0; i < CPT; ++i) {
+        const uint2 code = codes[i];
+        const uint32_t e8 = gather_plane(code.x, code.y, 6);  // LUT_ESC
+        if (e8) {  // escapes are common (k1 = 2: ~30 % of values): compacted with two permutes
+            const int c = i * THREADS + threadIdx.x;
+            const uint2 ex = chunk_exps_again<D>(ch[i]);
+            const uint32_t r8 = gather_plane(code.x, code.y, 7);  // LUT_RAW
+            const uint32_t o = sm.cnt[c] & 0xffffu, ro = sm.cnt[c] >> 16;
+            if (k2) put_compacted(sm.esc + o, ex, sm.cx[e8], __popc(e8));
+            if (r8) put_compacted(sm.rawb + ro, ex, sm.cx[r8], __popc(r8));
+        }
+    }
 }
 
 template <class D, int CPT>
@@ -316,25 +350,14 @@ __device__ void put_raw(const Chunk<D> (&ch)[CPT], int nb, uint8_t* dst) {
 
 // Phase 1, every thread of a CTA of THREADS: load the block at `src` (nb values, nb <=
 // 2048·CPT; `aligned`: src is 16-byte aligned), choose its table and widths, code every
-// value and count escapes. Returns the block's exact size in bytes (to every thread);
-// `sm.raw` says whether it will be stored raw.
+// value, count escapes and compact them into the lists phase 2 writes out. Returns the
+// block's exact size in bytes (to every thread); `sm.raw` says whether it will be stored raw.
 template <class D, int CPT>
-__device__ uint32_t encode_block_begin(EncSmem<CPT>& sm, Chunk<D> (&ch)[CPT], uint2 (&codes)[CPT], const uint8_t* src,
+__device__ __forceinline__ uint32_t encode_block_begin(EncSmem<CPT>& sm, Chunk<D> (&ch)[CPT], uint2 (&codes)[CPT], const uint8_t* src,
                                        int nb, uint32_t tiers, bool aligned) {
     const int tid = threadIdx.x;
     if (tid < D::NSYM) sm.hist[tid] = 0;
-    {  // cx[m] (read after the barriers below)
-        uint32_t x = 0, y = 0, n = 0;
-#pragma unroll
-        for (uint32_t j = 0; j < 8; ++j) {
-            if ((tid >> j) & 1) {
-                if (n < 4) x |= j << (4 * n);
-                else y |= j << (4 * (n - 4));
-                ++n;
-            }
-        }
-        sm.cx[tid] = make_uint2(x, y);
-    }
+    sm.cx[tid] = kCx.v[tid];  // read after the barriers below
 #pragma unroll
     for (int i = 0; i < CPT; ++i) ch[i] = load_chunk<D>(src, i * THREADS + tid, nb, aligned);
     __syncthreads();
@@ -346,8 +369,11 @@ __device__ uint32_t encode_block_begin(EncSmem<CPT>& sm, Chunk<D> (&ch)[CPT], ui
 #pragma unroll
     for (int i = 0; i < CPT; ++i) {
         const int c = i * THREADS + tid;
-        const uint2 vm = nb - 8 * c >= 8 ? make_uint2(FULL, FULL) : valid_mask(nb - 8 * c);
-        codes[i] = chunk_codes<CPT>(sm, chunk_exps<D>(ch[i]), vm);
+        codes[i] = chunk_codes<CPT>(sm, chunk_exps<D>(ch[i]));
+        if (nb - 8 * c < 8) {  // the block's last chunk (a branch: the mask is rarely needed)
+            const uint2 vm = valid_mask(nb - 8 * c);
+            codes[i] = make_uint2(codes[i].x & vm.x, codes[i].y & vm.y);
+        }
         const uint32_t esc = __popc((codes[i].x & 0x40404040u) | ((codes[i].y >> 1) & 0x20202020u));
         const uint32_t raw = __popc((codes[i].x & 0x80808080u) | ((codes[i].y >> 1) & 0x40404040u));
         sm.cnt[c] = esc | (raw << 16);
@@ -357,6 +383,7 @@ __device__ uint32_t encode_block_begin(EncSmem<CPT>& sm, Chunk<D> (&ch)[CPT], ui
     const uint32_t n_esc1 = tot & 0xffffu, n_raw = tot >> 16;
     const uint32_t raw_size = 8 + pad4((uint32_t)(D::SIZE * nb));
     const uint32_t size = coded_size<D>(nb, sm.k1, sm.k2, n_esc1, n_raw);
+    if (size < raw_size) compact_lists<D, CPT>(sm, ch, codes, sm.k2);
     if (tid == 0) {  // read by phase 2 (after the caller's barrier)
         sm.raw = size >= raw_size;
         sm.n_esc1 = n_esc1;
@@ -368,7 +395,7 @@ __device__ uint32_t encode_block_begin(EncSmem<CPT>& sm, Chunk<D> (&ch)[CPT], ui
 // Phase 2, every thread, after a barrier that follows phase 1: write the block to `dst`
 // (4-byte aligned; the size phase 1 returned).
 template <class D, int CPT>
-__device__ void encode_block_end(EncSmem<CPT>& sm, const Chunk<D> (&ch)[CPT], const uint2 (&codes)[CPT], int nb,
+__device__ __forceinline__ void encode_block_end(EncSmem<CPT>& sm, const Chunk<D> (&ch)[CPT], const uint2 (&codes)[CPT], int nb,
                                  uint8_t* dst) {
     if (sm.raw) {
         put_raw<D, CPT>(ch, nb, dst);
@@ -385,6 +412,8 @@ __device__ void encode_block_end(EncSmem<CPT>& sm, const Chunk<D> (&ch)[CPT], co
 
 // The single-pass stream. scratch[0]: ticket counter; scratch[1 + j]: look-back status of
 // block j (both zeroed by hoccl_bfx_compress_begin). flags bit 0: `in` is 16-byte aligned.
+// (Tried: a second instance for full blocks with nb a compile-time constant, which folds the
+// bounds checks away: it spilled more and ran 2-7 % slower.)
 template <class D, int CPT>
 __device__ void compress_kernel(const uint8_t* in, uint64_t n, uint32_t B, uint32_t tiers, uint8_t* out,
                                 uint64_t* scratch, uint64_t* out_len, uint32_t flags) {
@@ -393,7 +422,7 @@ __device__ void compress_kernel(const uint8_t* in, uint64_t n, uint32_t B, uint3
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     if (tid == 0) sm.ticket = atomicAdd(reinterpret_cast<unsigned long long*>(scratch), 1ull);
     __syncthreads();
-    const uint64_t j = sm.ticket, start = j * B, nblocks = (n + B - 1) / B;
+    const uint64_t j = sm.ticket, start = j * B;
     const int nb = (int)(n - start < B ? n - start : B);
     Chunk<D> ch[CPT];
     uint2 codes[CPT];
@@ -401,6 +430,7 @@ __device__ void compress_kernel(const uint8_t* in, uint64_t n, uint32_t B, uint3
     if (warp == 0) {
         const uint64_t excl = lookback(scratch + 1, j, size, lane);
         if (lane == 0) {
+            const uint64_t nblocks = (n + B - 1) / B;  // one thread: a 64-bit division
             const uint64_t hdr = 24 + 4 * nblocks;
             sm.offset = hdr + excl;
             st32(out + 24 + 4 * j, size);

@@ -115,8 +115,8 @@ __device__ __forceinline__ uint2 chunk_exps(const Chunk<D>& c) {
 }
 
 // The same exponents by byte permutes (high bytes, low bytes). Written differently on
-// purpose: the write phase calls this one, so the compiler does not keep chunk_exps'
-// results alive across the block scan and look-back (that spilled).
+// purpose: compact_lists (after the block scan) calls this one, so the compiler does not
+// keep chunk_exps' results alive across the scan (that spilled).
 template <class D>
 __device__ __forceinline__ uint2 chunk_exps_again(const Chunk<D>& c) {
     uint32_t r[2];
