@@ -10,6 +10,8 @@
 //! block with its widths and escape counts.
 use hoccl::compress::{self, cpu, format::Dtype, BlockInfo, Params, StreamHeader};
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::Write as _;
 use std::process::ExitCode;
 
 const USAGE: &str = "usage:
@@ -61,17 +63,30 @@ fn run(args: &[String]) -> Result<(), String> {
             write(o, &out)
         }
         ("decompress", [i, o]) => write(o, &compress::decompress(&read(i)?).map_err(|e| e.to_string())?),
-        ("stats", [i]) => stats(&read(i)?, flags.contains_key("--summary")),
+        ("stats", [i]) => print(&stats(&read(i)?, flags.contains_key("--summary"))?),
         _ => Err(USAGE.into()),
     }
 }
 
-fn stats(stream: &[u8], summary: bool) -> Result<(), String> {
+/// Text to standard output. A reader that stops early (`hoccl-zip stats IN | head`) is not
+/// an error: the rest is dropped, as other command-line tools do.
+fn print(text: &str) -> Result<(), String> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(format!("standard output: {e}")),
+        _ => Ok(()),
+    }
+}
+
+/// The report of `stats` (writing to a String cannot fail, hence the ignored results).
+fn stats(stream: &[u8], summary: bool) -> Result<String, String> {
     let (h, blocks) = compress::inspect(stream).map_err(|e| e.to_string())?;
     let values = compress::decompress(stream).map_err(|e| e.to_string())?;
     let raw_bytes = values.len();
-    println!("dtype {}  values {}  block {}  blocks {}", h.dtype.name(), h.n, h.block, h.nblocks);
-    println!(
+    let mut o = String::new();
+    let _ = writeln!(o, "dtype {}  values {}  block {}  blocks {}", h.dtype.name(), h.n, h.block, h.nblocks);
+    let _ = writeln!(
+        o,
         "bytes {} -> {}  ratio {:.4}",
         raw_bytes,
         stream.len(),
@@ -85,25 +100,27 @@ fn stats(stream: &[u8], summary: bool) -> Result<(), String> {
         .iter()
         .map(|(&(k1, k2), c)| if k1 == 0 { format!("raw x{c}") } else { format!("(k1 {k1}, k2 {k2}) x{c}") })
         .collect();
-    println!("widths: {}", kinds.join(", "));
+    let _ = writeln!(o, "widths: {}", kinds.join(", "));
     let (block_bound, tensor_bound) = entropy_bounds(&h, &values);
-    println!("exponent-entropy bound: per-block tables {block_bound:.4}, one per-tensor table {tensor_bound:.4}");
+    let _ = writeln!(o, "exponent-entropy bound: per-block tables {block_bound:.4}, one per-tensor table {tensor_bound:.4}");
     if !summary {
-        println!(
+        let _ = writeln!(
+            o,
             "{:>8} {:>8} {:>8} {:>7} {:>3} {:>3} {:>7} {:>7}",
             "block", "values", "bytes", "ratio", "k1", "k2", "n_esc1", "n_raw"
         );
         for (j, b) in blocks.iter().enumerate() {
-            print_block(j, h.dtype, b);
+            print_block(&mut o, j, h.dtype, b);
         }
     }
-    Ok(())
+    Ok(o)
 }
 
-fn print_block(j: usize, dt: Dtype, b: &BlockInfo) {
+fn print_block(o: &mut String, j: usize, dt: Dtype, b: &BlockInfo) {
     let ratio = b.bytes as f64 / (b.values * dt.size()) as f64;
     let x = &b.header;
-    println!(
+    let _ = writeln!(
+        o,
         "{j:>8} {:>8} {:>8} {ratio:>7.4} {:>3} {:>3} {:>7} {:>7}",
         b.values, b.bytes, x.k1, x.k2, x.n_esc1, x.n_raw
     );
