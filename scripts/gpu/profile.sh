@@ -3,13 +3,14 @@
 # asks) while examples/codec_bench runs one size. GPU machine, repository root, carry/
 # unpacked (all.sh does it). Writes $OUT/ncu-<kernel>-<tiers>tier.txt.
 #   PROFILE_SIZE (256M), PROFILE_KERNELS (kernel names without hoccl_bfx_), PROFILE_TIERS,
-#   HOCCL_KERNELS (a fatbin to use)
+#   HOCCL_KERNELS (a fatbin to use), PROFILE_FULL=0 (skip the --set full reports)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/hoccl-profile}; mkdir -p "$out"
 size=${PROFILE_SIZE:-256M}
 command -v ncu >/dev/null || { echo "profile.sh: no ncu on this machine" >&2; exit 2; }
 for tiers in ${PROFILE_TIERS:-2 1}; do
+  [ "${PROFILE_FULL:-1}" = 0 ] && break  # only the per-instruction report below
   for k in ${PROFILE_KERNELS:-compress_bf16_8 decompress_bf16}; do
     f="$out/ncu-$k-${tiers}tier.txt"
     # skip the round-trip check's launch; profile one timed launch
@@ -31,7 +32,9 @@ if [ -n "${PROFILE_SOURCE:-}" ]; then
         --import-source yes -k "regex:hoccl_bfx_$k\$" --launch-skip 1 --launch-count 1 -f -o "$rep" \
         carry/codec_bench --tiers "$tiers" --min-size "$size" --max-size "$size" > "$rep.log" 2>&1
       echo "== source $k tiers $tiers: rc=$?"
-      ncu -i "$rep.ncu-rep" --page source --print-source cuda --csv > "$rep.csv" 2>> "$rep.log" \
+      # per SASS instruction (address, executed count, stall samples): map it back with the
+      # disassembly of the same fatbin (nvdisasm -g) on the build machine
+      ncu -i "$rep.ncu-rep" --page source --print-source sass --csv > "$rep.csv" 2>> "$rep.log" \
         || ncu -i "$rep.ncu-rep" --page source --csv > "$rep.csv" 2>> "$rep.log"
       wc -l "$rep.csv"; rm -f "$rep.ncu-rep"
     done
