@@ -164,15 +164,17 @@ __device__ __forceinline__ uint2 chunk_codes(const EncSmem<CPT>& sm, uint2 ex) {
     return make_uint2(x, y);
 }
 
-// Warp 0: publish this block's size and sum its predecessors' (decoupled look-back).
-// Returns the exclusive prefix (bytes of blocks < j). `st[j]` is block j's status word.
+// One thread: publish block j's size (`st[j]` is its status word), as soon as it is known,
+// for its successors' look-back; block 0's is already its inclusive prefix.
+__device__ __forceinline__ void publish_size(uint64_t* st, uint64_t j, uint64_t agg) {
+    atomicExch(reinterpret_cast<unsigned long long*>(st + j), (unsigned long long)((j == 0 ? LB_INC : LB_AGG) | agg));
+}
+
+// Warp 0, after publish_size: sum the predecessors' sizes (decoupled look-back) and publish
+// the inclusive prefix. Returns the exclusive prefix (bytes of blocks < j).
 __device__ uint64_t lookback(uint64_t* st, uint64_t j, uint64_t agg, int lane) {
     volatile uint64_t* vs = st;
-    if (j == 0) {
-        if (lane == 0) atomicExch(reinterpret_cast<unsigned long long*>(st), (unsigned long long)(LB_INC | agg));
-        return 0;
-    }
-    if (lane == 0) atomicExch(reinterpret_cast<unsigned long long*>(st + j), (unsigned long long)(LB_AGG | agg));
+    if (j == 0) return 0;
     uint64_t excl = 0;
     int64_t end = (int64_t)j;
     while (true) {
@@ -199,28 +201,56 @@ __device__ uint64_t lookback(uint64_t* st, uint64_t j, uint64_t agg, int lane) {
     return excl;
 }
 
-// Payload of one chunk (every lane calls: fp16 uses a quad transpose).
+// The output words of one chunk, computed before the look-back so that only stores remain
+// after it (and the chunk's values and codes are dead by then). Coded: w[0] its tier-1
+// plane word (lane q < k1 of the quad stores it), w[1] the fifth plane's (k1 = 5, q = 0),
+// then the payload: bf16 2 words of sign + mantissa bytes; fp16 the quad's top-bit plane
+// word (q < 3) and 2 words of low mantissa bytes; fp32 2 words as bf16's and 4 of low
+// halves. Raw: the chunk's values.
 template <class D>
-__device__ __forceinline__ void put_payload(const Chunk<D>& ch, int c, int nb, uint32_t G, uint8_t* pay) {
-    const int q = c & 3, g = c >> 2;
+struct Out {
+    static constexpr int N = D::SIZE == 4 ? 8 : (D::NSYM == 32 ? 5 : 4);
+    uint32_t w[N];
+};
+
+// Payload words of one chunk (every lane calls: fp16 uses a quad transpose).
+template <class D>
+__device__ __forceinline__ void payload_words(const Chunk<D>& ch, int c, Out<D>& o) {
     const uint32_t p0 = top_pair<D>(ch, 0), p1 = top_pair<D>(ch, 1), p2 = top_pair<D>(ch, 2), p3 = top_pair<D>(ch, 3);
-    uint8_t* bytes = pay;  // nb bytes, 8 per chunk
     if constexpr (D::NSYM == 32) {
         const uint2 t = make_uint2(f16_top3(p0, p1), f16_top3(p2, p3));
-        const uint32_t w = quad_transpose(plane_bytes4<3>(t), q);
-        if ((uint32_t)g < G && q < 3) st32(pay + 4 * (3 * g + q), w);
-        bytes = pay + 12 * G;
-        if (8 * c < nb) st32(bytes + 8 * c, __byte_perm(p0, p1, 0x6420));
-        if (8 * c + 4 < nb) st32(bytes + 8 * c + 4, __byte_perm(p2, p3, 0x6420));
+        o.w[2] = quad_transpose(plane_bytes4<3>(t), c & 3);
+        o.w[3] = __byte_perm(p0, p1, 0x6420);
+        o.w[4] = __byte_perm(p2, p3, 0x6420);
         return;
     }
-    if (8 * c < nb) st32(bytes + 8 * c, sm_bytes(p0, p1));
-    if (8 * c + 4 < nb) st32(bytes + 8 * c + 4, sm_bytes(p2, p3));
+    o.w[2] = sm_bytes(p0, p1);
+    o.w[3] = sm_bytes(p2, p3);
+    if constexpr (D::SIZE == 4) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) o.w[4 + k] = low_pair<D>(ch, k);
+    }
+}
+
+// Stores of payload_words' words (nb bytes, 8 per chunk, at `pay`; fp16's planes first).
+template <class D>
+__device__ __forceinline__ void store_payload(const Out<D>& o, int c, int nb, uint32_t G, uint8_t* pay) {
+    const int q = c & 3, g = c >> 2;
+    uint8_t* bytes = pay;
+    if constexpr (D::NSYM == 32) {
+        if ((uint32_t)g < G && q < 3) st32(pay + 4 * (3 * g + q), o.w[2]);
+        bytes = pay + 12 * G;
+        if (8 * c < nb) st32(bytes + 8 * c, o.w[3]);
+        if (8 * c + 4 < nb) st32(bytes + 8 * c + 4, o.w[4]);
+        return;
+    }
+    if (8 * c < nb) st32(bytes + 8 * c, o.w[2]);
+    if (8 * c + 4 < nb) st32(bytes + 8 * c + 4, o.w[3]);
     if constexpr (D::SIZE == 4) {
         uint8_t* lo = pay + pad4((uint32_t)nb) + 16 * c;
 #pragma unroll
         for (int k = 0; k < 4; ++k)
-            if (8 * c + 2 * k < nb) st32(lo + 4 * k, low_pair<D>(ch, k));
+            if (8 * c + 2 * k < nb) st32(lo + 4 * k, o.w[4 + k]);
     }
 }
 
@@ -260,13 +290,31 @@ __device__ void put_planes2(const EncSmem<CPT>& sm, uint8_t* p2) {
     }
 }
 
-// Block j coded: header, table, planes1, escapes, payload. K1 (= sm.k1) is a template
-// parameter so the plane loop has no run-time width.
+// The output words of every chunk of a coded block. K1 (= sm.k1) is a template parameter
+// so the plane loop has no run-time width.
 template <class D, int CPT, int K1>
-__device__ void put_coded(EncSmem<CPT>& sm, const Chunk<D> (&ch)[CPT], const uint2 (&codes)[CPT], int nb, uint8_t* dst) {
+__device__ __forceinline__ void coded_words(const Chunk<D> (&ch)[CPT], const uint2 (&codes)[CPT], Out<D> (&o)[CPT]) {
+#pragma unroll
+    for (int i = 0; i < CPT; ++i) {
+        const int c = i * THREADS + threadIdx.x, q = c & 3;
+        const uint2 code = codes[i];
+        o[i].w[0] = quad_transpose(plane_bytes4<K1>(code), q);
+        o[i].w[1] = 0;
+        if constexpr (K1 == 5) {  // the fifth plane: OR of the quad's bytes
+            uint32_t p4 = gather_plane(code.x, code.y, 4) << (8 * q);
+            p4 |= __shfl_xor_sync(FULL, p4, 1);
+            p4 |= __shfl_xor_sync(FULL, p4, 2);
+            o[i].w[1] = p4;
+        }
+        payload_words<D>(ch[i], c, o[i]);
+    }
+}
+
+// Block coded: header, table, planes1, planes2, raws, payload.
+template <class D, int CPT>
+__device__ void store_coded(const EncSmem<CPT>& sm, const Out<D> (&o)[CPT], int nb, uint8_t* dst) {
     const int tid = threadIdx.x;
-    constexpr uint32_t k1 = K1;
-    const uint32_t k2 = sm.k2, tt = tier(k1) + tier(k2), G = ((uint32_t)nb + 31) / 32;
+    const uint32_t k1 = sm.k1, k2 = sm.k2, tt = tier(k1) + tier(k2), G = ((uint32_t)nb + 31) / 32;
     const uint32_t n_esc1 = sm.n_esc1, n_raw = sm.n_raw;
     uint8_t* p1 = dst + 8 + pad4(tt);
     uint8_t* p2 = p1 + 4 * G * k1;
@@ -287,16 +335,9 @@ __device__ void put_coded(EncSmem<CPT>& sm, const Chunk<D> (&ch)[CPT], const uin
     for (int i = 0; i < CPT; ++i) {
         const int c = i * THREADS + tid, q = c & 3;
         const uint32_t g = (uint32_t)c >> 2;
-        const uint2 code = codes[i];
-        const uint32_t w = quad_transpose(plane_bytes4<K1>(code), q);
-        if (g < G && (uint32_t)q < k1) st32(p1 + 4 * (g * k1 + q), w);
-        if constexpr (K1 == 5) {  // the fifth plane: OR of the quad's bytes
-            uint32_t p4 = gather_plane(code.x, code.y, 4) << (8 * q);
-            p4 |= __shfl_xor_sync(FULL, p4, 1);
-            p4 |= __shfl_xor_sync(FULL, p4, 2);
-            if (g < G && q == 0) st32(p1 + 4 * (g * 5 + 4), p4);
-        }
-        put_payload<D>(ch[i], c, nb, G, pay);
+        if (g < G && (uint32_t)q < k1) st32(p1 + 4 * (g * k1 + q), o[i].w[0]);
+        if (k1 == 5 && g < G && q == 0) st32(p1 + 4 * (g * 5 + 4), o[i].w[1]);
+        store_payload<D>(o[i], c, nb, G, pay);
     }
     for (uint32_t w = tid; w < pad4(n_raw) / 4; w += THREADS) {
         uint32_t v = *reinterpret_cast<const uint32_t*>(sm.rawb + 4 * w);
@@ -307,7 +348,7 @@ __device__ void put_coded(EncSmem<CPT>& sm, const Chunk<D> (&ch)[CPT], const uin
 }
 
 // Exponents of the escapes to sm.esc by escape ordinal (k2 > 0; put_planes2 codes them) and
-// of the raws to sm.rawb by raw ordinal (put_coded copies them out whole): both lists are in
+// of the raws to sm.rawb by raw ordinal (store_coded copies them out whole): both lists are in
 // value order, and a chunk's escapes (raws) have consecutive ordinals. Shared memory only, so
 // phase 1 does it: the warps that would wait for warp 0's look-back do it meanwhile.
 template <class D, int CPT>
@@ -329,7 +370,7 @@ __device__ __forceinline__ void compact_lists(EncSmem<CPT>& sm, const Chunk<D> (
 }
 
 template <class D, int CPT>
-__device__ void put_raw(const Chunk<D> (&ch)[CPT], int nb, uint8_t* dst) {
+__device__ void store_raw(const Out<D> (&o)[CPT], int nb, uint8_t* dst) {
     const int tid = threadIdx.x;
     if (tid == 0) {
         st32(dst, 0);
@@ -341,7 +382,7 @@ __device__ void put_raw(const Chunk<D> (&ch)[CPT], int nb, uint8_t* dst) {
         const uint32_t base = (uint32_t)(i * THREADS + tid) * 8 * D::SIZE;
 #pragma unroll
         for (int k = 0; k < D::WORDS; ++k)
-            if (base + 4 * k < bytes) st32(dst + 8 + base + 4 * k, ch[i].w[k]);
+            if (base + 4 * k < bytes) st32(dst + 8 + base + 4 * k, o[i].w[k]);
     }
 }
 
@@ -350,12 +391,16 @@ __device__ void put_raw(const Chunk<D> (&ch)[CPT], int nb, uint8_t* dst) {
 
 // Phase 1, every thread of a CTA of THREADS: load the block at `src` (nb values, nb <=
 // 2048·CPT; `aligned`: src is 16-byte aligned), choose its table and widths, code every
-// value, count escapes and compact them into the lists phase 2 writes out. Returns the
-// block's exact size in bytes (to every thread); `sm.raw` says whether it will be stored raw.
-template <class D, int CPT>
-__device__ __forceinline__ uint32_t encode_block_begin(EncSmem<CPT>& sm, Chunk<D> (&ch)[CPT], uint2 (&codes)[CPT], const uint8_t* src,
-                                       int nb, uint32_t tiers, bool aligned) {
+// value and count escapes; call on_size(size) (every thread, as soon as the block's exact
+// size in bytes is known: the stream publishes it for the look-back); then compact the
+// escape and raw lists and compute every output word into `o`, so that phase 2 only
+// stores. Returns the size; `sm.raw` says whether the block is stored raw.
+template <class D, int CPT, class OnSize>
+__device__ __forceinline__ uint32_t encode_block_begin(EncSmem<CPT>& sm, Out<D> (&o)[CPT], const uint8_t* src, int nb,
+                                                       uint32_t tiers, bool aligned, OnSize on_size) {
     const int tid = threadIdx.x;
+    Chunk<D> ch[CPT];
+    uint2 codes[CPT];
     if (tid < D::NSYM) sm.hist[tid] = 0;
     sm.cx[tid] = kCx.v[tid];  // read after the barriers below
 #pragma unroll
@@ -383,7 +428,22 @@ __device__ __forceinline__ uint32_t encode_block_begin(EncSmem<CPT>& sm, Chunk<D
     const uint32_t n_esc1 = tot & 0xffffu, n_raw = tot >> 16;
     const uint32_t raw_size = 8 + pad4((uint32_t)(D::SIZE * nb));
     const uint32_t size = coded_size<D>(nb, sm.k1, sm.k2, n_esc1, n_raw);
-    if (size < raw_size) compact_lists<D, CPT>(sm, ch, codes, sm.k2);
+    on_size(size >= raw_size ? raw_size : size);
+    if (size < raw_size) {
+        compact_lists<D, CPT>(sm, ch, codes, sm.k2);
+        switch (sm.k1) {
+            case 1: coded_words<D, CPT, 1>(ch, codes, o); break;
+            case 2: coded_words<D, CPT, 2>(ch, codes, o); break;
+            case 3: coded_words<D, CPT, 3>(ch, codes, o); break;
+            case 4: coded_words<D, CPT, 4>(ch, codes, o); break;
+            default: coded_words<D, CPT, 5>(ch, codes, o); break;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < CPT; ++i)
+#pragma unroll
+            for (int k = 0; k < D::WORDS; ++k) o[i].w[k] = ch[i].w[k];
+    }
     if (tid == 0) {  // read by phase 2 (after the caller's barrier)
         sm.raw = size >= raw_size;
         sm.n_esc1 = n_esc1;
@@ -395,19 +455,9 @@ __device__ __forceinline__ uint32_t encode_block_begin(EncSmem<CPT>& sm, Chunk<D
 // Phase 2, every thread, after a barrier that follows phase 1: write the block to `dst`
 // (4-byte aligned; the size phase 1 returned).
 template <class D, int CPT>
-__device__ __forceinline__ void encode_block_end(EncSmem<CPT>& sm, const Chunk<D> (&ch)[CPT], const uint2 (&codes)[CPT], int nb,
-                                 uint8_t* dst) {
-    if (sm.raw) {
-        put_raw<D, CPT>(ch, nb, dst);
-        return;
-    }
-    switch (sm.k1) {
-        case 1: put_coded<D, CPT, 1>(sm, ch, codes, nb, dst); break;
-        case 2: put_coded<D, CPT, 2>(sm, ch, codes, nb, dst); break;
-        case 3: put_coded<D, CPT, 3>(sm, ch, codes, nb, dst); break;
-        case 4: put_coded<D, CPT, 4>(sm, ch, codes, nb, dst); break;
-        default: put_coded<D, CPT, 5>(sm, ch, codes, nb, dst); break;
-    }
+__device__ __forceinline__ void encode_block_end(const EncSmem<CPT>& sm, const Out<D> (&o)[CPT], int nb, uint8_t* dst) {
+    if (sm.raw) store_raw<D, CPT>(o, nb, dst);
+    else store_coded<D, CPT>(sm, o, nb, dst);
 }
 
 // The single-pass stream. scratch[0]: ticket counter; scratch[1 + j]: look-back status of
@@ -424,9 +474,10 @@ __device__ void compress_kernel(const uint8_t* in, uint64_t n, uint32_t B, uint3
     __syncthreads();
     const uint64_t j = sm.ticket, start = j * B;
     const int nb = (int)(n - start < B ? n - start : B);
-    Chunk<D> ch[CPT];
-    uint2 codes[CPT];
-    const uint32_t size = encode_block_begin<D, CPT>(sm, ch, codes, in + start * D::SIZE, nb, tiers, flags & 1);
+    Out<D> o[CPT];
+    const uint32_t size = encode_block_begin<D, CPT>(sm, o, in + start * D::SIZE, nb, tiers, flags & 1, [&](uint32_t sz) {
+        if (tid == 0) publish_size(scratch + 1, j, sz);
+    });
     if (warp == 0) {
         const uint64_t excl = lookback(scratch + 1, j, size, lane);
         if (lane == 0) {
@@ -438,7 +489,7 @@ __device__ void compress_kernel(const uint8_t* in, uint64_t n, uint32_t B, uint3
         }
     }
     __syncthreads();
-    encode_block_end<D, CPT>(sm, ch, codes, nb, out + sm.offset);
+    encode_block_end<D, CPT>(sm, o, nb, out + sm.offset);
 }
 
 }  // namespace bfx

@@ -139,6 +139,7 @@ static int lookback_cases(unsigned cases, uint64_t seed) {
         emu::launch(1, 64, [&] {
             const unsigned tid = threadIdx.x;
             if (tid < 32) {
+                if (tid == 0) bfx::publish_size(st.data(), j, agg[j]);
                 const uint64_t e = bfx::lookback(st.data(), j, agg[j], (int)tid);
                 if (tid == 0) got = e;
             } else if (tid == 32) {
