@@ -205,11 +205,12 @@ __device__ uint64_t lookback(uint64_t* st, uint64_t j, uint64_t agg, int lane) {
 // after it (and the chunk's values and codes are dead by then). Coded: w[0] its tier-1
 // plane word (lane q < k1 of the quad stores it), w[1] the fifth plane's (k1 = 5, q = 0),
 // then the payload: bf16 2 words of sign + mantissa bytes; fp16 the quad's top-bit plane
-// word (q < 3) and 2 words of low mantissa bytes; fp32 2 words as bf16's and 4 of low
-// halves. Raw: the chunk's values.
+// word (q < 3) and 2 words of low mantissa bytes; fp32 the chunk's 8 value words, from which
+// store_payload derives the payload (its 6 payload words held here spilled). Raw: the
+// chunk's values.
 template <class D>
 struct Out {
-    static constexpr int N = D::SIZE == 4 ? 8 : (D::NSYM == 32 ? 5 : 4);
+    static constexpr int N = D::SIZE == 4 ? 10 : (D::NSYM == 32 ? 5 : 4);
     uint32_t w[N];
 };
 
@@ -224,12 +225,13 @@ __device__ __forceinline__ void payload_words(const Chunk<D>& ch, int c, Out<D>&
         o.w[4] = __byte_perm(p2, p3, 0x6420);
         return;
     }
-    o.w[2] = sm_bytes(p0, p1);
-    o.w[3] = sm_bytes(p2, p3);
     if constexpr (D::SIZE == 4) {
 #pragma unroll
-        for (int k = 0; k < 4; ++k) o.w[4 + k] = low_pair<D>(ch, k);
+        for (int k = 0; k < 8; ++k) o.w[2 + k] = ch.w[k];
+        return;
     }
+    o.w[2] = sm_bytes(p0, p1);
+    o.w[3] = sm_bytes(p2, p3);
 }
 
 // Stores of payload_words' words (nb bytes, 8 per chunk, at `pay`; fp16's planes first).
@@ -244,14 +246,20 @@ __device__ __forceinline__ void store_payload(const Out<D>& o, int c, int nb, ui
         if (8 * c + 4 < nb) st32(bytes + 8 * c + 4, o.w[4]);
         return;
     }
-    if (8 * c < nb) st32(bytes + 8 * c, o.w[2]);
-    if (8 * c + 4 < nb) st32(bytes + 8 * c + 4, o.w[3]);
     if constexpr (D::SIZE == 4) {
+        Chunk<D> ch;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) ch.w[k] = o.w[2 + k];
+        if (8 * c < nb) st32(bytes + 8 * c, sm_bytes(top_pair<D>(ch, 0), top_pair<D>(ch, 1)));
+        if (8 * c + 4 < nb) st32(bytes + 8 * c + 4, sm_bytes(top_pair<D>(ch, 2), top_pair<D>(ch, 3)));
         uint8_t* lo = pay + pad4((uint32_t)nb) + 16 * c;
 #pragma unroll
         for (int k = 0; k < 4; ++k)
-            if (8 * c + 2 * k < nb) st32(lo + 4 * k, o.w[4 + k]);
+            if (8 * c + 2 * k < nb) st32(lo + 4 * k, low_pair<D>(ch, k));
+        return;
     }
+    if (8 * c < nb) st32(bytes + 8 * c, o.w[2]);
+    if (8 * c + 4 < nb) st32(bytes + 8 * c + 4, o.w[3]);
 }
 
 // The n bytes of `ex` that compaction selectors `sel` pick, to dst[0..n) (n <= 8). (Tried:
