@@ -217,17 +217,17 @@ struct Out {
 // Payload words of one chunk (every lane calls: fp16 uses a quad transpose).
 template <class D>
 __device__ __forceinline__ void payload_words(const Chunk<D>& ch, int c, Out<D>& o) {
-    const uint32_t p0 = top_pair<D>(ch, 0), p1 = top_pair<D>(ch, 1), p2 = top_pair<D>(ch, 2), p3 = top_pair<D>(ch, 3);
+    if constexpr (D::SIZE == 4) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) o.w[2 + k] = ch.w[k];
+        return;
+    }
+    const uint32_t p0 = ch.w[0], p1 = ch.w[1], p2 = ch.w[2], p3 = ch.w[3];
     if constexpr (D::NSYM == 32) {
         const uint2 t = make_uint2(f16_top3(p0, p1), f16_top3(p2, p3));
         o.w[2] = quad_transpose(plane_bytes4<3>(t), c & 3);
         o.w[3] = __byte_perm(p0, p1, 0x6420);
         o.w[4] = __byte_perm(p2, p3, 0x6420);
-        return;
-    }
-    if constexpr (D::SIZE == 4) {
-#pragma unroll
-        for (int k = 0; k < 8; ++k) o.w[2 + k] = ch.w[k];
         return;
     }
     o.w[2] = sm_bytes(p0, p1);
