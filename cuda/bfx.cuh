@@ -282,6 +282,7 @@ __device__ __forceinline__ uint2 bytes8_at(const uint8_t* p, uint32_t pos) {
 // emulator copies only the bytes of [lo, hi) (the GPU reads whole lines, see stage_block).
 __device__ __forceinline__ void cp_async16(uint8_t* smem, const uint8_t* gmem, const uint8_t* lo, const uint8_t* hi) {
 #ifdef BFX_EMU
+    if ((reinterpret_cast<uintptr_t>(smem) | reinterpret_cast<uintptr_t>(gmem)) & 15) emu_fault("misaligned 16-byte cp.async");
     for (int i = 0; i < 16; ++i)
         if (gmem + i >= lo && gmem + i < hi) smem[i] = gmem[i];
 #else

@@ -319,6 +319,12 @@ inline T unbits(uint64_t b) {
     } while (0)
 
 inline void emu_yield() { ::emu::yield(); }
+// What the GPU would fault on (a misaligned access): the emulator stops with a message, so
+// a test sees a fault, not a decoder's rejection.
+inline void emu_fault(const char* what) {
+    std::fprintf(stderr, "emu: fault: %s\n", what);
+    std::exit(4);
+}
 inline void __syncthreads() { ::emu::syncthreads(); }
 inline void __syncwarp(uint32_t = 0xffffffffu) { ::emu::warp_all(0); }
 inline void __threadfence() {}

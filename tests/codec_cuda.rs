@@ -138,6 +138,18 @@ fn cuda_rejects_corrupt_streams() {
 
 #[test]
 #[ignore = "needs a GPU: run with --ignored"]
+fn cuda_rejects_bad_block_sizes() {
+    let c = cuda(0);
+    let bad = bad_block_sizes(&c);
+    assert!(bad.is_empty(), "{GPU}: {}", bad.join("\n"));
+    // no fault on the way: the device is still healthy
+    let data = normal_values(Dtype::Bf16, 40_000, 0.02, 9);
+    let good = compress::compress(Dtype::Bf16, &data, &Params::default()).unwrap();
+    assert!(c.decompress(Dtype::Bf16, &good, 40_000).unwrap() == data);
+}
+
+#[test]
+#[ignore = "needs a GPU: run with --ignored"]
 fn cuda_bad_arguments_are_errors_before_launch() {
     let c = cuda(0);
     let d = &*c.dev;

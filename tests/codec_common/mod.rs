@@ -323,3 +323,45 @@ pub fn decodes_cpu_streams(c: &dyn Codec) {
         }
     }
 }
+
+/// How a decoder under test that ran but failed says so (the emulator's process failing:
+/// a deadlock, a misaligned copy): such an error is a fault, not a rejection.
+pub const FAULT_PREFIX: &str = "emulator ";
+
+/// Wrong sizes in the stream's block table, every block in turn: not a multiple of 4, one
+/// word off, zero, huge. The decoder must agree with the CPU reference (which rejects them)
+/// and report, not fault. Returns the disagreements.
+pub fn bad_block_sizes(c: &dyn Codec) -> Vec<String> {
+    let mut bad = Vec::new();
+    for (dt, n, block) in [(Dtype::Bf16, 40_000, 0u32), (Dtype::Bf16, 5000, 1024), (Dtype::F16, 3000, 512), (Dtype::F32, 3000, 512)] {
+        let data = normal_values(dt, n, 0.02, 9);
+        let good = compress::compress(dt, &data, &Params { block, tiers: 2 }).unwrap();
+        let word = |s: &[u8], at: usize| u32::from_le_bytes(s[at..at + 4].try_into().unwrap());
+        let nblocks = word(&good, 20) as usize;
+        for j in 0..nblocks {
+            let at = 24 + 4 * j;
+            let size = word(&good, at);
+            for v in [size + 1, size + 2, size + 3, size - 1, size + 4, size - 4, 0, 1, 0xffff_fffd, u32::MAX] {
+                let mut s = good.clone();
+                s[at..at + 4].copy_from_slice(&v.to_le_bytes());
+                let cpu = compress::gpu::host_decode(&s, dt, n);
+                let got = c.decompress(dt, &s, n);
+                let agree = match (&cpu, &got) {
+                    (Ok(a), Ok(b)) => a == b,
+                    (Err(_), Err(e)) => !e.starts_with(FAULT_PREFIX),
+                    _ => false,
+                };
+                if !agree {
+                    bad.push(format!(
+                        "{} n={n} block {j} size {size} -> {v}: cpu {:?} {}: {:?}",
+                        dt.name(),
+                        cpu.map(|_| ()),
+                        c.name(),
+                        got.map(|_| ())
+                    ));
+                }
+            }
+        }
+    }
+    bad
+}
