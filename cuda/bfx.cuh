@@ -267,8 +267,20 @@ __device__ __forceinline__ uint64_t block_sum64(uint64_t v, uint64_t* tmp) {
     return s;
 }
 
+#ifdef BFX_EMU
+// The emulator checks what the GPU would fault on.
+__device__ __forceinline__ uint32_t ld32(const uint8_t* p) {
+    if (reinterpret_cast<uintptr_t>(p) & 3) emu_fault("misaligned 4-byte load");
+    return *reinterpret_cast<const uint32_t*>(p);
+}
+__device__ __forceinline__ void st32(uint8_t* p, uint32_t v) {
+    if (reinterpret_cast<uintptr_t>(p) & 3) emu_fault("misaligned 4-byte store");
+    *reinterpret_cast<uint32_t*>(p) = v;
+}
+#else
 __device__ __forceinline__ uint32_t ld32(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
 __device__ __forceinline__ void st32(uint8_t* p, uint32_t v) { *reinterpret_cast<uint32_t*>(p) = v; }
+#endif
 
 // The 8 bytes at p + pos (p 4-byte aligned and readable up to 12 bytes past pos & ~3):
 // three aligned loads and two funnel shifts.

@@ -481,6 +481,10 @@ __device__ void decompress_kernel(const uint8_t* in, uint64_t in_len, uint8_t* o
 #pragma unroll 8
     for (uint64_t i = tid; i < b0; i += THREADS) part += ld32(in + 24 + 4 * i);
     uint64_t off = 24 + 4 * (uint64_t)nblocks + block_sum64(part, sm.wtmp64);
+    // A size before b0 that is not a multiple of 4 (a corrupt table) would make every access
+    // here misaligned, a fault. The CTA of the first such block reports it (ST_BLOCK_SIZE:
+    // its own offset is aligned); the others stop.
+    if (off & 3) return;
     {  // xp[m]: nibble j of .x (.y) = number of set bits of m below bit j (4 + j)
         const uint32_t m = (uint32_t)tid;
         uint32_t x = 0, y = 0;
