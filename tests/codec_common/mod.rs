@@ -328,6 +328,16 @@ pub fn decodes_cpu_streams(c: &dyn Codec) {
 /// a deadlock, a misaligned copy): such an error is a fault, not a rejection.
 pub const FAULT_PREFIX: &str = "emulator ";
 
+/// The decoder under test agrees with the CPU reference on a (possibly corrupt) stream: the
+/// same values, or both reject it, the tested one without a fault.
+pub fn agrees<E>(cpu: &Result<Vec<u8>, E>, got: &Result<Vec<u8>, String>) -> bool {
+    match (cpu, got) {
+        (Ok(a), Ok(b)) => a == b,
+        (Err(_), Err(e)) => !e.starts_with(FAULT_PREFIX),
+        _ => false,
+    }
+}
+
 /// Wrong sizes in the stream's block table, every block in turn: not a multiple of 4, one
 /// word off, zero, huge. The decoder must agree with the CPU reference (which rejects them)
 /// and report, not fault. Returns the disagreements.
@@ -346,12 +356,7 @@ pub fn bad_block_sizes(c: &dyn Codec) -> Vec<String> {
                 s[at..at + 4].copy_from_slice(&v.to_le_bytes());
                 let cpu = compress::gpu::host_decode(&s, dt, n);
                 let got = c.decompress(dt, &s, n);
-                let agree = match (&cpu, &got) {
-                    (Ok(a), Ok(b)) => a == b,
-                    (Err(_), Err(e)) => !e.starts_with(FAULT_PREFIX),
-                    _ => false,
-                };
-                if !agree {
+                if !agrees(&cpu, &got) {
                     bad.push(format!(
                         "{} n={n} block {j} size {size} -> {v}: cpu {:?} {}: {:?}",
                         dt.name(),
