@@ -179,6 +179,13 @@ fn emu_rejects_bad_block_sizes() {
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
 
+/// Garbage block headers: rejected (or decoded) as the CPU reference does, and no fault.
+#[test]
+fn emu_rejects_bad_block_headers() {
+    let bad = bad_block_headers(&EMU);
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
 /// Mutated streams (bit flips, truncations, random header words): the emulated decoder and
 /// the CPU reference agree on what is valid, and on the values when it is.
 #[test]

@@ -370,3 +370,51 @@ pub fn bad_block_sizes(c: &dyn Codec) -> Vec<String> {
     }
     bad
 }
+
+/// Garbage in every block's header words in turn (widths, counts, reserved bits, all ones):
+/// the decoder must agree with the CPU reference and report, not fault. Returns the
+/// disagreements.
+pub fn bad_block_headers(c: &dyn Codec) -> Vec<String> {
+    let mut bad = Vec::new();
+    for (dt, n, block, tiers) in [(Dtype::Bf16, 40_000, 0u32, 2u8), (Dtype::Bf16, 5000, 1024, 1), (Dtype::F16, 3000, 512, 2), (Dtype::F32, 3000, 512, 2)] {
+        let data = normal_values(dt, n, 0.02, 5);
+        let good = compress::compress(dt, &data, &Params { block, tiers }).unwrap();
+        let word = |s: &[u8], at: usize| u32::from_le_bytes(s[at..at + 4].try_into().unwrap());
+        let nblocks = word(&good, 20) as usize;
+        let mut at = 24 + 4 * nblocks;
+        for j in 0..nblocks {
+            let (w0, w1) = (word(&good, at), word(&good, at + 4));
+            let cases = [
+                (0, 0),
+                (u32::MAX, w1),
+                (w0, u32::MAX),
+                (w0 ^ 7, w1),                 // k1
+                (w0 ^ (7 << 3), w1),          // k2
+                (w0 | 0xc0, w1),              // reserved bits
+                (w0.wrapping_add(1 << 8), w1), // n_raw + 1
+                (w0.wrapping_sub(1 << 8), w1), // n_raw - 1
+                (w0, w1.wrapping_add(1)),      // n_esc1 + 1
+                (w0, w1.wrapping_sub(1)),      // n_esc1 - 1
+                (w0, w1 | 1 << 24),            // above n_esc1's bits
+            ];
+            for (x0, x1) in cases {
+                let mut s = good.clone();
+                s[at..at + 4].copy_from_slice(&x0.to_le_bytes());
+                s[at + 4..at + 8].copy_from_slice(&x1.to_le_bytes());
+                let cpu = compress::gpu::host_decode(&s, dt, n);
+                let got = c.decompress(dt, &s, n);
+                if !agrees(&cpu, &got) {
+                    bad.push(format!(
+                        "{} n={n} block {j} header {w0:#x} {w1:#x} -> {x0:#x} {x1:#x}: cpu {:?} {}: {:?}",
+                        dt.name(),
+                        cpu.map(|_| ()),
+                        c.name(),
+                        got.map(|_| ())
+                    ));
+                }
+            }
+            at += word(&good, 24 + 4 * j) as usize;
+        }
+    }
+    bad
+}
