@@ -338,6 +338,16 @@ pub fn agrees<E>(cpu: &Result<Vec<u8>, E>, got: &Result<Vec<u8>, String>) -> boo
     }
 }
 
+/// One corrupt stream `s` (of `n` values): a line in `bad` unless the decoder under test
+/// agrees with the CPU reference.
+pub fn check_corrupt(c: &dyn Codec, dt: Dtype, n: usize, s: &[u8], what: &str, bad: &mut Vec<String>) {
+    let cpu = compress::gpu::host_decode(s, dt, n);
+    let got = c.decompress(dt, s, n);
+    if !agrees(&cpu, &got) {
+        bad.push(format!("{} n={n} {what}: cpu {:?} {}: {:?}", dt.name(), cpu.map(|_| ()), c.name(), got.map(|_| ())));
+    }
+}
+
 /// Wrong sizes in the stream's block table, every block in turn: not a multiple of 4, one
 /// word off, zero, huge. The decoder must agree with the CPU reference (which rejects them)
 /// and report, not fault. Returns the disagreements.
@@ -354,17 +364,7 @@ pub fn bad_block_sizes(c: &dyn Codec) -> Vec<String> {
             for v in [size + 1, size + 2, size + 3, size - 1, size + 4, size - 4, 0, 1, 0xffff_fffd, u32::MAX] {
                 let mut s = good.clone();
                 s[at..at + 4].copy_from_slice(&v.to_le_bytes());
-                let cpu = compress::gpu::host_decode(&s, dt, n);
-                let got = c.decompress(dt, &s, n);
-                if !agrees(&cpu, &got) {
-                    bad.push(format!(
-                        "{} n={n} block {j} size {size} -> {v}: cpu {:?} {}: {:?}",
-                        dt.name(),
-                        cpu.map(|_| ()),
-                        c.name(),
-                        got.map(|_| ())
-                    ));
-                }
+                check_corrupt(c, dt, n, &s, &format!("block {j} size {size} -> {v}"), &mut bad);
             }
         }
     }
@@ -401,17 +401,8 @@ pub fn bad_block_headers(c: &dyn Codec) -> Vec<String> {
                 let mut s = good.clone();
                 s[at..at + 4].copy_from_slice(&x0.to_le_bytes());
                 s[at + 4..at + 8].copy_from_slice(&x1.to_le_bytes());
-                let cpu = compress::gpu::host_decode(&s, dt, n);
-                let got = c.decompress(dt, &s, n);
-                if !agrees(&cpu, &got) {
-                    bad.push(format!(
-                        "{} n={n} block {j} header {w0:#x} {w1:#x} -> {x0:#x} {x1:#x}: cpu {:?} {}: {:?}",
-                        dt.name(),
-                        cpu.map(|_| ()),
-                        c.name(),
-                        got.map(|_| ())
-                    ));
-                }
+                let what = format!("block {j} header {w0:#x} {w1:#x} -> {x0:#x} {x1:#x}");
+                check_corrupt(c, dt, n, &s, &what, &mut bad);
             }
             at += word(&good, 24 + 4 * j) as usize;
         }
