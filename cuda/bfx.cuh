@@ -305,6 +305,17 @@ __device__ __forceinline__ void cp_async16(uint8_t* smem, const uint8_t* gmem, c
 #endif
 }
 
+// 4 bytes global -> shared without registers (cp.async; sm_80+). Both 4-byte aligned.
+__device__ __forceinline__ void cp_async4(uint32_t* smem, const uint8_t* gmem) {
+#ifdef BFX_EMU
+    if ((reinterpret_cast<uintptr_t>(smem) | reinterpret_cast<uintptr_t>(gmem)) & 3) emu_fault("misaligned 4-byte cp.async");
+    *smem = *reinterpret_cast<const uint32_t*>(gmem);
+#else
+    const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem) : "memory");
+#endif
+}
+
 // Wait for this thread's cp.async copies (a barrier then publishes them to the CTA).
 __device__ __forceinline__ void cp_async_wait_all() {
 #ifndef BFX_EMU

@@ -24,6 +24,7 @@ struct DecSmem {
     uint32_t g2[TILE / 32 + 2];
     uint32_t wtmp[WARPS];
     uint64_t wtmp64[WARPS];
+    uint32_t next[2][3];  // the next block's size and header words (decompress_kernel)
     uint32_t rt;
     uint32_t err;
 };
@@ -40,10 +41,10 @@ __device__ __forceinline__ void report(uint32_t* status, uint32_t code, uint64_t
     if (status) atomicCAS(status, 0u, code | ((uint32_t)(j < 0xffffffull ? j : 0xffffffull) << 8));
 }
 
-// Everything a block's header words and size must satisfy (format.rs BlockHeader::parse).
+// Everything a block's header words (w0, w1: its first 8 bytes) and size must satisfy
+// (format.rs BlockHeader::parse).
 template <class D>
-__device__ uint32_t parse_block(BlockDesc& d, uint32_t bytes) {
-    const uint32_t w0 = ld32(d.blk), w1 = ld32(d.blk + 4);
+__device__ uint32_t parse_block(BlockDesc& d, uint32_t bytes, uint32_t w0, uint32_t w1) {
     d.k1 = w0 & 7;
     d.k2 = (w0 >> 3) & 7;
     d.n_raw = w0 >> 8;
@@ -384,8 +385,8 @@ __device__ uint32_t decode_tiles(DecSmem& sm, const BlockDesc& d, uint32_t flags
 // bytes each, no registers, every one in flight at once): the block is only 4-byte aligned,
 // so the 16-byte lines that hold it are copied, and it starts at byte (blk & 15) of the
 // stage. The lines never cross a page, so the bytes read around the block (at most 15 on
-// each side, never used) are always mapped. The caller's __syncthreads() (after the table)
-// publishes the copy; the previous block's last reads of sm.stage ended at the
+// each side, never used) are always mapped. The caller waits for the copies
+// (cp_async_wait_all) and its __syncthreads() publishes them; the previous block's last reads of sm.stage ended at the
 // __syncthreads() that closes its decoding.
 __device__ __forceinline__ void stage_block(DecSmem& sm, BlockDesc& d, uint32_t bytes) {
     const uint32_t tid = threadIdx.x, skew = (uint32_t)(reinterpret_cast<uintptr_t>(d.blk) & 15);
@@ -393,7 +394,6 @@ __device__ __forceinline__ void stage_block(DecSmem& sm, BlockDesc& d, uint32_t 
     uint8_t* stage = reinterpret_cast<uint8_t*>(sm.stage);
     const uint32_t nvec = (skew + bytes + 15) / 16;
     for (uint32_t i = tid; i < nvec; i += THREADS) cp_async16(stage + 16 * i, line + 16 * i, d.blk, d.blk + bytes);
-    cp_async_wait_all();
     const uint8_t* base = stage + skew;
     d.p1 = base + (d.p1 - d.blk);
     d.p2 = base + (d.p2 - d.blk);
@@ -403,9 +403,9 @@ __device__ __forceinline__ void stage_block(DecSmem& sm, BlockDesc& d, uint32_t 
 }
 
 template <class D>
-__device__ uint32_t decode_block(DecSmem& sm, BlockDesc& d, uint32_t bytes, uint32_t flags) {
+__device__ uint32_t decode_block(DecSmem& sm, BlockDesc& d, uint32_t bytes, uint32_t w0, uint32_t w1, uint32_t flags) {
     const int tid = threadIdx.x;
-    const uint32_t st = parse_block<D>(d, bytes);
+    const uint32_t st = parse_block<D>(d, bytes, w0, w1);
     if (st) return st;
     if (d.k1 == 0) {  // raw
         const uint32_t len = D::SIZE * (uint32_t)d.nb;
@@ -419,13 +419,15 @@ __device__ uint32_t decode_block(DecSmem& sm, BlockDesc& d, uint32_t bytes, uint
         }
         return ST_OK;
     }
+    const bool staged = bytes <= 4 * STAGE_WORDS;
+    const uint8_t* blk = d.blk;
+    if (staged) stage_block(sm, d, bytes);  // the copy first: the table's load then waits beside it
     if ((uint32_t)tid < d.t1 + d.t2) {  // from global memory: sm.stage is not published yet
-        const uint32_t e = d.blk[8 + tid];
+        const uint32_t e = blk[8 + tid];
         if (e >= (uint32_t)D::NSYM) sm.err = ST_SYMBOL;
         sm.table[tid] = (uint8_t)e;
     }
-    const bool staged = bytes <= 4 * STAGE_WORDS;
-    if (staged) stage_block(sm, d, bytes);
+    if (staged) cp_async_wait_all();
     __syncthreads();
     if (sm.err) return sm.err;
     if (staged && (uint32_t)d.nb <= STAGED_MAX_NB) {
@@ -495,8 +497,32 @@ __device__ void decompress_kernel(const uint8_t* in, uint64_t in_len, uint8_t* o
         }
         sm.xp[m] = make_uint2(x, y);  // published by decode_block's barrier before any use
     }
+    // A block's size and header words are copied to sm.next one block ahead (cp.async, no
+    // registers held), so that their latency hides behind the previous block instead of
+    // delaying its staging by two dependent round trips.
+    // sm.next[j & 1] holds block j's; block b0's are loaded here (the barrier in block_sum64
+    // above does not cover them: one more below).
+    if (tid == 0) {
+        sm.next[b0 & 1][0] = ld32(in + 24 + 4 * b0);
+        const bool hdr = off + 8 <= in_len;
+        sm.next[b0 & 1][1] = hdr ? ld32(in + off) : 0u;
+        sm.next[b0 & 1][2] = hdr ? ld32(in + off + 4) : 0u;
+    }
+    __syncthreads();
     for (uint64_t j = b0; j < b1; ++j) {
-        const uint32_t bytes = ld32(in + 24 + 4 * j);
+        const uint32_t bytes = sm.next[j & 1][0];
+        if (tid == 0 && j + 1 < b1) {  // read after this block's last barrier
+            uint32_t* next = sm.next[(j + 1) & 1];
+            cp_async4(next, in + 28 + 4 * j);
+            // The next header's offset is only aligned if this size is (it is validated
+            // below, after this copy is issued: a misaligned copy would be a device fault).
+            if (bytes % 4 == 0 && off + bytes + 8 <= in_len) {
+                cp_async4(next + 1, in + off + bytes);
+                cp_async4(next + 2, in + off + bytes + 4);
+            } else {
+                next[1] = next[2] = 0;
+            }
+        }
         BlockDesc d;
         d.nb = (int)(n - j * B < B ? n - j * B : B);
         d.blk = in + off;
@@ -504,12 +530,19 @@ __device__ void decompress_kernel(const uint8_t* in, uint64_t in_len, uint8_t* o
         uint32_t s = ST_OK;
         if (bytes % 4 || bytes < 8 + (uint32_t)d.nb || bytes > 8 + D::SIZE * B) s = ST_BLOCK_SIZE;
         else if (off + bytes > in_len) s = ST_TRUNCATED;
-        else s = decode_block<D>(sm, d, bytes, flags);
+        else s = decode_block<D>(sm, d, bytes, sm.next[j & 1][1], sm.next[j & 1][2], flags);  // off + 8 <= in_len
         if (s) {
-            if (tid == 0) report(status, s, j);
+            if (tid == 0) {
+                report(status, s, j);
+                cp_async_wait_all();  // nothing lands in shared memory after the CTA ends
+            }
             return;
         }
         off += bytes;
+        if (j + 1 < b1) {
+            if (tid == 0) cp_async_wait_all();
+            __syncthreads();
+        }
     }
 }
 
