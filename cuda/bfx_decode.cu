@@ -27,6 +27,9 @@ struct DecSmem {
     uint32_t next[2][3];  // the next block's size and header words (decompress_kernel)
     uint32_t rt;
     uint32_t err;
+#ifdef BFX_DEC_PAD  // experiments: fewer CTAs per SM (the launcher's occupancy calculator)
+    uint8_t pad[BFX_DEC_PAD];
+#endif
 };
 
 struct BlockDesc {
