@@ -157,9 +157,9 @@ template <int CPT>
 __device__ __forceinline__ uint2 chunk_codes(const EncSmem<CPT>& sm, uint2 ex) {
     uint32_t x = 0, y = 0;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        x |= (uint32_t)sm.lut[(ex.x >> (8 * k)) & 0xffu] << (8 * k);
-        y |= (uint32_t)sm.lut[(ex.y >> (8 * k)) & 0xffu] << (8 * k);
+    for (int k = 0; k < 4; ++k) {  // byte k as an index: one permute (the compiler's shift + mask is two)
+        x |= (uint32_t)sm.lut[__byte_perm(ex.x, 0, 0x4440 | k)] << (8 * k);
+        y |= (uint32_t)sm.lut[__byte_perm(ex.y, 0, 0x4440 | k)] << (8 * k);
     }
     return make_uint2(x, y);
 }
@@ -263,8 +263,8 @@ __device__ __forceinline__ void store_payload(const Out<D>& o, int c, int nb, ui
 }
 
 // The n bytes of `ex` that compaction selectors `sel` pick, to dst[0..n) (n <= 8). (Tried:
-// ORing them into a zeroed list with three shared atomics per chunk: fewer instructions,
-// more registers spilled, 7 % slower.)
+// ORing them into a zeroed list with shared atomics, at most three words per chunk: fewer
+// instructions, but 5-8 % slower on the H200, twice.)
 __device__ __forceinline__ void put_compacted(uint8_t* dst, uint2 ex, uint2 sel, int n) {
     const uint32_t lo = __byte_perm(ex.x, ex.y, sel.x), hi = __byte_perm(ex.x, ex.y, sel.y);
 #pragma unroll
@@ -298,14 +298,44 @@ __device__ void put_planes2(const EncSmem<CPT>& sm, uint8_t* p2) {
     }
 }
 
-// The output words of every chunk of a coded block. K1 (= sm.k1) is a template parameter
+// Exponents of chunk c's escapes to sm.esc by escape ordinal (k2 > 0; put_planes2 codes
+// them) and of its raws to sm.rawb by raw ordinal (store_coded copies them out whole): both
+// lists are in value order, and a chunk's escapes (raws) have consecutive ordinals from
+// its prefix in sm.cnt. Shared memory only, so phase 1 does it: the warps that would wait
+// for warp 0's look-back do it meanwhile.
+// EAGER: the exponents are computed outside the branch (bf16: the payload's words share
+// their permutes; fp16 and fp32 spill that way).
+template <class D, int CPT, bool EAGER>
+__device__ __forceinline__ void compact(EncSmem<CPT>& sm, const Chunk<D>& ch, uint2 code, int c, uint32_t k2) {
+    const uint32_t e8 = gather_plane(code.x, code.y, 6);  // LUT_ESC
+    uint2 ex;
+    if constexpr (EAGER) ex = chunk_exps_again<D>(ch);
+    if (e8) {  // escapes are common (k1 = 2: ~30 % of values): compacted with two permutes
+        if constexpr (!EAGER) ex = chunk_exps_again<D>(ch);
+        const uint32_t r8 = gather_plane(code.x, code.y, 7);  // LUT_RAW
+        const uint32_t o = sm.cnt[c] & 0xffffu, ro = sm.cnt[c] >> 16;
+        if (k2) put_compacted(sm.esc + o, ex, sm.cx[e8], __popc(e8));
+        if (r8) put_compacted(sm.rawb + ro, ex, sm.cx[r8], __popc(r8));
+    }
+}
+
+template <class D>
+constexpr bool kInterleaveCompact = D::SIZE == 2 && D::NSYM == 256;
+
+// The chunks of a coded block: each chunk's escape and raw exponents to the lists
+// (compact: bf16 here, in the same pass, so its values die chunk by chunk and the
+// exponents' permutes are shared with the payload's; fp16 and fp32 before, which spills
+// less), and its output words. K1 (= sm.k1) is a template parameter
 // so the plane loop has no run-time width.
 template <class D, int CPT, int K1>
-__device__ __forceinline__ void coded_words(const Chunk<D> (&ch)[CPT], const uint2 (&codes)[CPT], Out<D> (&o)[CPT]) {
+__device__ __forceinline__ void coded_words(EncSmem<CPT>& sm, const Chunk<D> (&ch)[CPT], const uint2 (&codes)[CPT],
+                                            Out<D> (&o)[CPT], uint32_t k2) {
+    constexpr bool interleave = kInterleaveCompact<D>;
 #pragma unroll
     for (int i = 0; i < CPT; ++i) {
         const int c = i * THREADS + threadIdx.x, q = c & 3;
         const uint2 code = codes[i];
+        if constexpr (interleave) compact<D, CPT, true>(sm, ch[i], code, c, k2);
         o[i].w[0] = quad_transpose(plane_bytes4<K1>(code), q);
         o[i].w[1] = 0;
         if constexpr (K1 == 5) {  // the fifth plane: OR of the quad's bytes
@@ -353,28 +383,6 @@ __device__ void store_coded(const EncSmem<CPT>& sm, const Out<D> (&o)[CPT], int 
         st32(raw + 4 * w, v);
     }
     if (k2) put_planes2<CPT>(sm, p2);
-}
-
-// Exponents of the escapes to sm.esc by escape ordinal (k2 > 0; put_planes2 codes them) and
-// of the raws to sm.rawb by raw ordinal (store_coded copies them out whole): both lists are in
-// value order, and a chunk's escapes (raws) have consecutive ordinals. Shared memory only, so
-// phase 1 does it: the warps that would wait for warp 0's look-back do it meanwhile.
-template <class D, int CPT>
-__device__ __forceinline__ void compact_lists(EncSmem<CPT>& sm, const Chunk<D> (&ch)[CPT], const uint2 (&codes)[CPT],
-                                              uint32_t k2) {
-#pragma unroll
-    for (int i = 0; i < CPT; ++i) {
-        const uint2 code = codes[i];
-        const uint32_t e8 = gather_plane(code.x, code.y, 6);  // LUT_ESC
-        if (e8) {  // escapes are common (k1 = 2: ~30 % of values): compacted with two permutes
-            const int c = i * THREADS + threadIdx.x;
-            const uint2 ex = chunk_exps_again<D>(ch[i]);
-            const uint32_t r8 = gather_plane(code.x, code.y, 7);  // LUT_RAW
-            const uint32_t o = sm.cnt[c] & 0xffffu, ro = sm.cnt[c] >> 16;
-            if (k2) put_compacted(sm.esc + o, ex, sm.cx[e8], __popc(e8));
-            if (r8) put_compacted(sm.rawb + ro, ex, sm.cx[r8], __popc(r8));
-        }
-    }
 }
 
 template <class D, int CPT>
@@ -438,13 +446,17 @@ __device__ __forceinline__ uint32_t encode_block_begin(EncSmem<CPT>& sm, Out<D> 
     const uint32_t size = coded_size<D>(nb, sm.k1, sm.k2, n_esc1, n_raw);
     on_size(size >= raw_size ? raw_size : size);
     if (size < raw_size) {
-        compact_lists<D, CPT>(sm, ch, codes, sm.k2);
+        const uint32_t k2 = sm.k2;
+        if constexpr (!kInterleaveCompact<D>) {  // fp16 and fp32 spill when interleaved
+#pragma unroll
+            for (int i = 0; i < CPT; ++i) compact<D, CPT, false>(sm, ch[i], codes[i], i * THREADS + tid, k2);
+        }
         switch (sm.k1) {
-            case 1: coded_words<D, CPT, 1>(ch, codes, o); break;
-            case 2: coded_words<D, CPT, 2>(ch, codes, o); break;
-            case 3: coded_words<D, CPT, 3>(ch, codes, o); break;
-            case 4: coded_words<D, CPT, 4>(ch, codes, o); break;
-            default: coded_words<D, CPT, 5>(ch, codes, o); break;
+            case 1: coded_words<D, CPT, 1>(sm, ch, codes, o, k2); break;
+            case 2: coded_words<D, CPT, 2>(sm, ch, codes, o, k2); break;
+            case 3: coded_words<D, CPT, 3>(sm, ch, codes, o, k2); break;
+            case 4: coded_words<D, CPT, 4>(sm, ch, codes, o, k2); break;
+            default: coded_words<D, CPT, 5>(sm, ch, codes, o, k2); break;
         }
     } else {
 #pragma unroll

@@ -130,12 +130,12 @@ __device__ __forceinline__ uint2 chunk_exps_again(const Chunk<D>& c) {
     return make_uint2(r[0], r[1]);
 }
 
-// (sign << 7) | mantissa7 of 4 values from two bf16 pair words.
+// (sign << 7) | mantissa7 of 4 values from two bf16 pair words: the sign from each high
+// byte, the mantissa from each low byte (the same two permutes as chunk_exps_again, which
+// the compiler shares when both run on one chunk).
 __device__ __forceinline__ uint32_t sm_bytes(uint32_t p0, uint32_t p1) {
-    const uint32_t k = 0x007f007fu;
-    uint32_t u0 = (p0 & k) | ((p0 >> 8) & ~k);
-    uint32_t u1 = (p1 & k) | ((p1 >> 8) & ~k);
-    return __byte_perm(u0, u1, 0x6420);
+    const uint32_t hi = __byte_perm(p0, p1, 0x7531), lo = __byte_perm(p0, p1, 0x6420);
+    return (hi & 0x80808080u) | (lo & 0x7f7f7f7fu);
 }
 
 // fp16: (sign << 2) | (mantissa >> 8) of 4 values from two pair words.
