@@ -157,9 +157,9 @@ template <int CPT>
 __device__ __forceinline__ uint2 chunk_codes(const EncSmem<CPT>& sm, uint2 ex) {
     uint32_t x = 0, y = 0;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {  // byte k as an index: one permute (the compiler's shift + mask is two)
-        x |= (uint32_t)sm.lut[__byte_perm(ex.x, 0, 0x4440 | k)] << (8 * k);
-        y |= (uint32_t)sm.lut[__byte_perm(ex.y, 0, 0x4440 | k)] << (8 * k);
+    for (int k = 0; k < 4; ++k) {
+        x |= (uint32_t)sm.lut[byte_at(ex.x, k)] << (8 * k);
+        y |= (uint32_t)sm.lut[byte_at(ex.y, k)] << (8 * k);
     }
     return make_uint2(x, y);
 }
@@ -286,8 +286,8 @@ __device__ void put_planes2(const EncSmem<CPT>& sm, uint8_t* p2) {
             const uint2 e = *reinterpret_cast<const uint2*>(sm.esc + 8 * u);
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
-                code.x |= (uint32_t)sm.code2[(e.x >> (8 * k)) & 0xffu] << (8 * k);
-                code.y |= (uint32_t)sm.code2[(e.y >> (8 * k)) & 0xffu] << (8 * k);
+                code.x |= (uint32_t)sm.code2[byte_at(e.x, k)] << (8 * k);
+                code.y |= (uint32_t)sm.code2[byte_at(e.y, k)] << (8 * k);
             }
             const uint2 vm = valid_mask((int)n_esc1 - 8 * (int)u);
             code.x &= vm.x;
@@ -422,16 +422,17 @@ __device__ __forceinline__ uint32_t encode_block_begin(EncSmem<CPT>& sm, Out<D> 
 #pragma unroll
     for (int i = 0; i < CPT; ++i) ch[i] = load_chunk<D>(src, i * THREADS + tid, nb, aligned);
     __syncthreads();
+    const bool part = nb < TILE * CPT;  // uniform: only a partial block has chunk bounds to check
 #pragma unroll
     for (int i = 0; i < CPT; ++i)
-        if (8 * (i * THREADS + tid) < nb) atomicAdd(&sm.hist[chunk_exps<D>(ch[i]).x & 0xffu], 1u);
+        if (!part || 8 * (i * THREADS + tid) < nb) atomicAdd(&sm.hist[chunk_exps<D>(ch[i]).x & 0xffu], 1u);
     __syncthreads();
     choose<D, CPT>(sm, nb, tiers);
 #pragma unroll
     for (int i = 0; i < CPT; ++i) {
         const int c = i * THREADS + tid;
         codes[i] = chunk_codes<CPT>(sm, chunk_exps<D>(ch[i]));
-        if (nb - 8 * c < 8) {  // the block's last chunk (a branch: the mask is rarely needed)
+        if (part && nb - 8 * c < 8) {  // the block's last chunk (a branch: the mask is rarely needed)
             const uint2 vm = valid_mask(nb - 8 * c);
             codes[i] = make_uint2(codes[i].x & vm.x, codes[i].y & vm.y);
         }

@@ -61,6 +61,10 @@ constexpr uint64_t LB_VAL = (1ull << 62) - 1;
 __device__ __forceinline__ uint32_t cand_k1(int i) { return i < 20 ? 1 + i / 5 : 5; }
 __device__ __forceinline__ uint32_t cand_k2(int i) { return i < 20 ? i % 5 : 0; }
 
+// Byte k of w, zero-extended: one permute (shift + mask is two instructions). For table
+// indices.
+__device__ __forceinline__ uint32_t byte_at(uint32_t w, int k) { return __byte_perm(w, 0, 0x4440u | (uint32_t)k); }
+
 __device__ __forceinline__ uint32_t pad4(uint32_t x) { return (x + 3u) & ~3u; }
 __device__ __forceinline__ uint32_t tier(uint32_t k) { return (1u << k) - 1u; }
 __device__ __forceinline__ uint32_t lanemask_lt(int lane) { return (1u << lane) - 1u; }

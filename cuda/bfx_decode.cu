@@ -238,8 +238,8 @@ __device__ uint32_t decode_tile(DecSmem& sm, const BlockDesc& d, int t0, uint32_
         uint2 ex = make_uint2(0, 0);
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-            ex.x |= (uint32_t)sm.table[(codes.x >> (8 * k)) & 0x1fu] << (8 * k);
-            ex.y |= (uint32_t)sm.table[(codes.y >> (8 * k)) & 0x1fu] << (8 * k);
+            ex.x |= (uint32_t)sm.table[byte_at(codes.x, k)] << (8 * k);  // code bytes < 2^K1
+            ex.y |= (uint32_t)sm.table[byte_at(codes.y, k)] << (8 * k);
         }
         if (e8) {  // predicated over the 8 values, not a loop over escapes
             const uint32_t o = sm.pre[tid];
@@ -312,7 +312,7 @@ __device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& d, bool aligned)
             const uint32_t r4 = (m >> l) & (n >= 4 ? 0xfu : (1u << n) - 1u);  // raw codes among the four
             uint32_t ex = 0;
 #pragma unroll
-            for (int k = 0; k < 4; ++k) ex |= (uint32_t)sm.table[d.t1 + ((c2 >> (8 * k)) & 0xffu)] << (8 * k);
+            for (int k = 0; k < 4; ++k) ex |= (uint32_t)sm.table[d.t1 + byte_at(c2, k)] << (8 * k);
             if (r4) {  // consecutive raw ordinals from rb: spread over the raw positions
                 const uint32_t rb = (sm.pre[gi] >> 16) + __popc(m & ((1u << l) - 1u));
                 const uint32_t mk = byte_mask(r4).x;
@@ -350,8 +350,8 @@ __device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& d, bool aligned)
             ex = make_uint2(0, 0);
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
-                ex.x |= (uint32_t)sm.table[(codes.x >> (8 * k)) & 0x1fu] << (8 * k);
-                ex.y |= (uint32_t)sm.table[(codes.y >> (8 * k)) & 0x1fu] << (8 * k);
+                ex.x |= (uint32_t)sm.table[byte_at(codes.x, k)] << (8 * k);  // code bytes < 2^K1
+                ex.y |= (uint32_t)sm.table[byte_at(codes.y, k)] << (8 * k);
             }
         }
         const uint32_t e8 = (all >> sh) & ((1u << valid) - 1u);
