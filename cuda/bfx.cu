@@ -55,10 +55,10 @@ constexpr SelTable make_cx() {
 __device__ const SelTable kCx = make_cx();
 
 template <class D>
-__device__ __forceinline__ Chunk<D> load_chunk(const uint8_t* blk, int c, int nb, bool aligned) {
+__device__ __forceinline__ Chunk<D> load_chunk(const uint8_t* blk, int c, int nb, bool aligned, bool full) {
     Chunk<D> ch;
     const int valid = nb - 8 * c;
-    if (aligned && valid >= 8) {
+    if (aligned && (full || valid >= 8)) {
         const uint4* p = reinterpret_cast<const uint4*>(blk + (size_t)c * 8 * D::SIZE);
 #pragma unroll
         for (int k = 0; k < D::WORDS / 4; ++k) {
@@ -236,30 +236,30 @@ __device__ __forceinline__ void payload_words(const Chunk<D>& ch, int c, Out<D>&
 
 // Stores of payload_words' words (nb bytes, 8 per chunk, at `pay`; fp16's planes first).
 template <class D>
-__device__ __forceinline__ void store_payload(const Out<D>& o, int c, int nb, uint32_t G, uint8_t* pay) {
+__device__ __forceinline__ void store_payload(const Out<D>& o, int c, int nb, uint32_t G, uint8_t* pay, bool full) {
     const int q = c & 3, g = c >> 2;
     uint8_t* bytes = pay;
     if constexpr (D::NSYM == 32) {
-        if ((uint32_t)g < G && q < 3) st32(pay + 4 * (3 * g + q), o.w[2]);
+        if ((full || (uint32_t)g < G) && q < 3) st32(pay + 4 * (3 * g + q), o.w[2]);
         bytes = pay + 12 * G;
-        if (8 * c < nb) st32(bytes + 8 * c, o.w[3]);
-        if (8 * c + 4 < nb) st32(bytes + 8 * c + 4, o.w[4]);
+        if (full || 8 * c < nb) st32(bytes + 8 * c, o.w[3]);
+        if (full || 8 * c + 4 < nb) st32(bytes + 8 * c + 4, o.w[4]);
         return;
     }
     if constexpr (D::SIZE == 4) {
         Chunk<D> ch;
 #pragma unroll
         for (int k = 0; k < 8; ++k) ch.w[k] = o.w[2 + k];
-        if (8 * c < nb) st32(bytes + 8 * c, sm_bytes(top_pair<D>(ch, 0), top_pair<D>(ch, 1)));
-        if (8 * c + 4 < nb) st32(bytes + 8 * c + 4, sm_bytes(top_pair<D>(ch, 2), top_pair<D>(ch, 3)));
+        if (full || 8 * c < nb) st32(bytes + 8 * c, sm_bytes(top_pair<D>(ch, 0), top_pair<D>(ch, 1)));
+        if (full || 8 * c + 4 < nb) st32(bytes + 8 * c + 4, sm_bytes(top_pair<D>(ch, 2), top_pair<D>(ch, 3)));
         uint8_t* lo = pay + pad4((uint32_t)nb) + 16 * c;
 #pragma unroll
         for (int k = 0; k < 4; ++k)
-            if (8 * c + 2 * k < nb) st32(lo + 4 * k, low_pair<D>(ch, k));
+            if (full || 8 * c + 2 * k < nb) st32(lo + 4 * k, low_pair<D>(ch, k));
         return;
     }
-    if (8 * c < nb) st32(bytes + 8 * c, o.w[2]);
-    if (8 * c + 4 < nb) st32(bytes + 8 * c + 4, o.w[3]);
+    if (full || 8 * c < nb) st32(bytes + 8 * c, o.w[2]);
+    if (full || 8 * c + 4 < nb) st32(bytes + 8 * c + 4, o.w[3]);
 }
 
 // The n bytes of `ex` that compaction selectors `sel` pick, to dst[0..n) (n <= 8). (Tried:
@@ -354,6 +354,7 @@ __device__ void store_coded(const EncSmem<CPT>& sm, const Out<D> (&o)[CPT], int 
     const int tid = threadIdx.x;
     const uint32_t k1 = sm.k1, k2 = sm.k2, tt = tier(k1) + tier(k2), G = ((uint32_t)nb + 31) / 32;
     const uint32_t n_esc1 = sm.n_esc1, n_raw = sm.n_raw;
+    const bool full = nb == TILE * CPT;  // uniform: no chunk bounds to check
     uint8_t* p1 = dst + 8 + pad4(tt);
     uint8_t* p2 = p1 + 4 * G * k1;
     uint8_t* raw = p2 + 4 * ((n_esc1 + 31) / 32) * k2;
@@ -373,9 +374,9 @@ __device__ void store_coded(const EncSmem<CPT>& sm, const Out<D> (&o)[CPT], int 
     for (int i = 0; i < CPT; ++i) {
         const int c = i * THREADS + tid, q = c & 3;
         const uint32_t g = (uint32_t)c >> 2;
-        if (g < G && (uint32_t)q < k1) st32(p1 + 4 * (g * k1 + q), o[i].w[0]);
-        if (k1 == 5 && g < G && q == 0) st32(p1 + 4 * (g * 5 + 4), o[i].w[1]);
-        store_payload<D>(o[i], c, nb, G, pay);
+        if ((full || g < G) && (uint32_t)q < k1) st32(p1 + 4 * (g * k1 + q), o[i].w[0]);
+        if (k1 == 5 && (full || g < G) && q == 0) st32(p1 + 4 * (g * 5 + 4), o[i].w[1]);
+        store_payload<D>(o[i], c, nb, G, pay, full);
     }
     for (uint32_t w = tid; w < pad4(n_raw) / 4; w += THREADS) {
         uint32_t v = *reinterpret_cast<const uint32_t*>(sm.rawb + 4 * w);
@@ -393,12 +394,13 @@ __device__ void store_raw(const Out<D> (&o)[CPT], int nb, uint8_t* dst) {
         st32(dst + 4, 0);
     }
     const uint32_t bytes = pad4((uint32_t)(D::SIZE * nb));
+    const bool full = nb == TILE * CPT;  // uniform: no chunk bounds to check
 #pragma unroll
     for (int i = 0; i < CPT; ++i) {
         const uint32_t base = (uint32_t)(i * THREADS + tid) * 8 * D::SIZE;
 #pragma unroll
         for (int k = 0; k < D::WORDS; ++k)
-            if (base + 4 * k < bytes) st32(dst + 8 + base + 4 * k, o[i].w[k]);
+            if (full || base + 4 * k < bytes) st32(dst + 8 + base + 4 * k, o[i].w[k]);
     }
 }
 
@@ -415,24 +417,24 @@ template <class D, int CPT, class OnSize>
 __device__ __forceinline__ uint32_t encode_block_begin(EncSmem<CPT>& sm, Out<D> (&o)[CPT], const uint8_t* src, int nb,
                                                        uint32_t tiers, bool aligned, OnSize on_size) {
     const int tid = threadIdx.x;
+    const bool full = nb == TILE * CPT;  // uniform: only a partial block has chunk bounds to check
     Chunk<D> ch[CPT];
     uint2 codes[CPT];
     if (tid < D::NSYM) sm.hist[tid] = 0;
     sm.cx[tid] = kCx.v[tid];  // read after the barriers below
 #pragma unroll
-    for (int i = 0; i < CPT; ++i) ch[i] = load_chunk<D>(src, i * THREADS + tid, nb, aligned);
+    for (int i = 0; i < CPT; ++i) ch[i] = load_chunk<D>(src, i * THREADS + tid, nb, aligned, full);
     __syncthreads();
-    const bool part = nb < TILE * CPT;  // uniform: only a partial block has chunk bounds to check
 #pragma unroll
     for (int i = 0; i < CPT; ++i)
-        if (!part || 8 * (i * THREADS + tid) < nb) atomicAdd(&sm.hist[chunk_exps<D>(ch[i]).x & 0xffu], 1u);
+        if (full || 8 * (i * THREADS + tid) < nb) atomicAdd(&sm.hist[chunk_exps<D>(ch[i]).x & 0xffu], 1u);
     __syncthreads();
     choose<D, CPT>(sm, nb, tiers);
 #pragma unroll
     for (int i = 0; i < CPT; ++i) {
         const int c = i * THREADS + tid;
         codes[i] = chunk_codes<CPT>(sm, chunk_exps<D>(ch[i]));
-        if (part && nb - 8 * c < 8) {  // the block's last chunk (a branch: the mask is rarely needed)
+        if (!full && nb - 8 * c < 8) {  // the block's last chunk (a branch: the mask is rarely needed)
             const uint2 vm = valid_mask(nb - 8 * c);
             codes[i] = make_uint2(codes[i].x & vm.x, codes[i].y & vm.y);
         }
