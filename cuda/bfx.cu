@@ -303,24 +303,25 @@ __device__ void put_planes2(const EncSmem<CPT>& sm, uint8_t* p2) {
 // lists are in value order, and a chunk's escapes (raws) have consecutive ordinals from
 // its prefix in sm.cnt. Shared memory only, so phase 1 does it: the warps that would wait
 // for warp 0's look-back do it meanwhile.
-// EAGER: the exponents are computed outside the branch (bf16: the payload's words share
-// their permutes; fp16 and fp32 spill that way).
-template <class D, int CPT, bool EAGER>
+// bf16 runs it in coded_words' pass and computes the exponents outside the branch (the
+// payload's words share their permutes); fp16 and fp32 spill that way, so they run it in a
+// loop of its own, before, with the exponents inside the branch.
+template <class D>
+constexpr bool kInterleaveCompact = D::SIZE == 2 && D::NSYM == 256;
+
+template <class D, int CPT>
 __device__ __forceinline__ void compact(EncSmem<CPT>& sm, const Chunk<D>& ch, uint2 code, int c, uint32_t k2) {
     const uint32_t e8 = gather_plane(code.x, code.y, 6);  // LUT_ESC
     uint2 ex;
-    if constexpr (EAGER) ex = chunk_exps_again<D>(ch);
+    if constexpr (kInterleaveCompact<D>) ex = chunk_exps_again<D>(ch);
     if (e8) {  // escapes are common (k1 = 2: ~30 % of values): compacted with two permutes
-        if constexpr (!EAGER) ex = chunk_exps_again<D>(ch);
+        if constexpr (!kInterleaveCompact<D>) ex = chunk_exps_again<D>(ch);
         const uint32_t r8 = gather_plane(code.x, code.y, 7);  // LUT_RAW
         const uint32_t o = sm.cnt[c] & 0xffffu, ro = sm.cnt[c] >> 16;
         if (k2) put_compacted(sm.esc + o, ex, sm.cx[e8], __popc(e8));
         if (r8) put_compacted(sm.rawb + ro, ex, sm.cx[r8], __popc(r8));
     }
 }
-
-template <class D>
-constexpr bool kInterleaveCompact = D::SIZE == 2 && D::NSYM == 256;
 
 // The chunks of a coded block: each chunk's escape and raw exponents to the lists
 // (compact: bf16 here, in the same pass, so its values die chunk by chunk and the
@@ -330,12 +331,11 @@ constexpr bool kInterleaveCompact = D::SIZE == 2 && D::NSYM == 256;
 template <class D, int CPT, int K1>
 __device__ __forceinline__ void coded_words(EncSmem<CPT>& sm, const Chunk<D> (&ch)[CPT], const uint2 (&codes)[CPT],
                                             Out<D> (&o)[CPT], uint32_t k2) {
-    constexpr bool interleave = kInterleaveCompact<D>;
 #pragma unroll
     for (int i = 0; i < CPT; ++i) {
         const int c = i * THREADS + threadIdx.x, q = c & 3;
         const uint2 code = codes[i];
-        if constexpr (interleave) compact<D, CPT, true>(sm, ch[i], code, c, k2);
+        if constexpr (kInterleaveCompact<D>) compact<D, CPT>(sm, ch[i], code, c, k2);
         o[i].w[0] = quad_transpose(plane_bytes4<K1>(code), q);
         o[i].w[1] = 0;
         if constexpr (K1 == 5) {  // the fifth plane: OR of the quad's bytes
@@ -452,7 +452,7 @@ __device__ __forceinline__ uint32_t encode_block_begin(EncSmem<CPT>& sm, Out<D> 
         const uint32_t k2 = sm.k2;
         if constexpr (!kInterleaveCompact<D>) {  // fp16 and fp32 spill when interleaved
 #pragma unroll
-            for (int i = 0; i < CPT; ++i) compact<D, CPT, false>(sm, ch[i], codes[i], i * THREADS + tid, k2);
+            for (int i = 0; i < CPT; ++i) compact<D, CPT>(sm, ch[i], codes[i], i * THREADS + tid, k2);
         }
         switch (sm.k1) {
             case 1: coded_words<D, CPT, 1>(sm, ch, codes, o, k2); break;
