@@ -229,9 +229,9 @@ __device__ __forceinline__ uint32_t warp_sum32(uint32_t v) {
     return v;
 }
 
-// Exclusive scan of `a[0 .. THREADS*per)` (u32, in shared memory) in place; returns the
-// total. `tmp` holds WARPS words. Every thread of the CTA must call it.
-template <int PER>
+// Exclusive scan of `a[0 .. NT*per)` (u32, in shared memory) in place; returns the
+// total. `tmp` holds NT/32 words. Every thread of the CTA (NT threads) must call it.
+template <int PER, int NT = THREADS>
 __device__ uint32_t block_scan(uint32_t* a, uint32_t* tmp) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     uint32_t loc[PER];
@@ -246,7 +246,7 @@ __device__ uint32_t block_scan(uint32_t* a, uint32_t* tmp) {
     __syncthreads();
     uint32_t base = 0, total = 0;
 #pragma unroll
-    for (int w = 0; w < WARPS; ++w) {
+    for (int w = 0; w < NT / 32; ++w) {
         uint32_t t = tmp[w];
         base += w < warp ? t : 0u;
         total += t;
@@ -258,7 +258,8 @@ __device__ uint32_t block_scan(uint32_t* a, uint32_t* tmp) {
     return total;
 }
 
-// Sum of a u64 over the CTA (every thread calls; tmp holds WARPS u64).
+// Sum of a u64 over the CTA (every thread of the NT calls; tmp holds NT/32 u64).
+template <int NT = THREADS>
 __device__ __forceinline__ uint64_t block_sum64(uint64_t v, uint64_t* tmp) {
     const int tid = threadIdx.x;
     v = warp_sum64(v);
@@ -266,7 +267,7 @@ __device__ __forceinline__ uint64_t block_sum64(uint64_t v, uint64_t* tmp) {
     __syncthreads();
     uint64_t s = 0;
 #pragma unroll
-    for (int w = 0; w < WARPS; ++w) s += tmp[w];
+    for (int w = 0; w < NT / 32; ++w) s += tmp[w];
     __syncthreads();
     return s;
 }

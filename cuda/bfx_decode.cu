@@ -7,11 +7,22 @@
 
 namespace bfx {
 
+// Threads per decoder CTA (gpu.rs reads it from hoccl_bfx_decode_threads, below; 64
+// registers each, 1024 / DT CTAs per SM fill the register file). An experiment knob:
+// 512 (2 CTAs per SM, the same 32 warps) ran 24 % slower on the H200, and 19 % slower with
+// the freed shared memory spent on a second stage (block j+1 copied while j decodes).
+#ifndef BFX_DEC_THREADS
+#define BFX_DEC_THREADS 256
+#endif
+constexpr int DT = BFX_DEC_THREADS;
+constexpr int DWARPS = DT / 32;
+constexpr int DTILE = DT * 8;  // values per step of the tile path
 // A coded block of up to STAGE_WORDS words is copied to shared memory before it is decoded
 // (every block of the default B: a coded block is smaller than the raw 8 + 2·16384 bytes).
 constexpr uint32_t STAGE_WORDS = (8 + 2 * 16384) / 4;
 // Staged blocks of at most this many values take the per-block path (decode_staged).
 constexpr uint32_t STAGED_MAX_NB = 16384;
+static_assert(DT % 256 == 0 && (STAGED_MAX_NB / 32) % DT == 0, "phase 1 takes whole groups per thread");
 
 // Dynamic shared memory: compress/gpu.rs reads its size from hoccl_bfx_decode_smem (below)
 // and sizes the grid with the occupancy calculator.
@@ -19,11 +30,11 @@ struct DecSmem {
     uint32_t stage[STAGE_WORDS + 8];  // + the 16-byte lines around a 4-byte aligned block
     alignas(16) uint8_t esc[STAGED_MAX_NB + 16];  // exponent by escape ordinal (tile path: of the tile); +16: read past
     uint2 xp[256];  // byte-permute selectors that spread 8 bytes over the set bits of a mask
-    uint32_t pre[STAGED_MAX_NB / 32];        // per-group prefixes (tile path: per-thread counts)
+    uint32_t pre[STAGED_MAX_NB / 32 > DT ? STAGED_MAX_NB / 32 : DT];  // per-group prefixes (tile path: per-thread counts)
     alignas(8) uint8_t table[32];
-    uint32_t g2[TILE / 32 + 2];
-    uint32_t wtmp[WARPS];
-    uint64_t wtmp64[WARPS];
+    uint32_t g2[DTILE / 32 + 2];
+    uint32_t wtmp[DWARPS];
+    uint64_t wtmp64[DWARPS];
     uint32_t next[2][3];  // the next block's size and header words (decompress_kernel)
     uint32_t rt;
     uint32_t err;
@@ -76,7 +87,7 @@ template <class D>
 __device__ uint32_t fill_escapes(DecSmem& sm, const BlockDesc& d, uint32_t run, uint32_t cnt, uint32_t& raw_run) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     if (d.k2 == 0) {
-        for (uint32_t i = tid; i < cnt; i += THREADS) {
+        for (uint32_t i = tid; i < cnt; i += DT) {
             const uint32_t e = d.raw[run + i];
             if (e >= (uint32_t)D::NSYM) sm.err = ST_SYMBOL;
             sm.esc[i] = (uint8_t)e;
@@ -86,7 +97,7 @@ __device__ uint32_t fill_escapes(DecSmem& sm, const BlockDesc& d, uint32_t run, 
     }
     const uint32_t ga = run / 32, ng = (run + cnt - 1) / 32 - ga + 1;
     for (int pass = 0; pass < 2; ++pass) {
-        for (uint32_t gi = warp; gi < ng; gi += WARPS) {
+        for (uint32_t gi = warp; gi < ng; gi += DWARPS) {
             const uint32_t o = 32 * (ga + gi) + lane;
             const bool inr = o >= run && o < run + cnt;
             uint32_t c2 = 0;
@@ -228,7 +239,7 @@ __device__ uint32_t decode_tile(DecSmem& sm, const BlockDesc& d, int t0, uint32_
     }
     sm.pre[tid] = __popc(e8);
     __syncthreads();
-    const uint32_t cnt = block_scan<1>(sm.pre, sm.wtmp);
+    const uint32_t cnt = block_scan<1, DT>(sm.pre, sm.wtmp);
     if (esc_run + cnt > d.n_esc1) return ST_ESCAPES;
     if (cnt) {
         const uint32_t st = fill_escapes<D>(sm, d, esc_run, cnt, raw_run);
@@ -274,9 +285,10 @@ __device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& d, bool aligned)
     const uint32_t nb = (uint32_t)d.nb, G = (nb + 31) / 32, k2 = d.k2, n_esc1 = d.n_esc1, ng2 = (n_esc1 + 31) / 32;
     const uint32_t* p1 = reinterpret_cast<const uint32_t*>(d.p1);
     const uint32_t* p2 = reinterpret_cast<const uint32_t*>(d.p2);
+    constexpr int GPT = STAGED_MAX_NB / 32 / DT;  // groups per thread
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const uint32_t g = (uint32_t)(h * THREADS + tid);
+    for (int h = 0; h < GPT; ++h) {
+        const uint32_t g = (uint32_t)(h * DT + tid);
         uint32_t v = 0;
         if (g < G) {
             uint32_t m = FULL;
@@ -294,11 +306,11 @@ __device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& d, bool aligned)
         sm.pre[g] = v;
     }
     __syncthreads();
-    const uint32_t tot = block_scan<2>(sm.pre, sm.wtmp);
+    const uint32_t tot = block_scan<GPT, DT>(sm.pre, sm.wtmp);
     if ((tot & 0xffffu) != n_esc1) return ST_ESCAPES;
     if (k2 && (tot >> 16) != d.n_raw) return ST_RAWS;
     if (k2) {  // four consecutive ordinals per thread (one nibble of each plane word)
-        for (uint32_t q4 = tid; 4 * q4 < n_esc1; q4 += THREADS) {
+        for (uint32_t q4 = tid; 4 * q4 < n_esc1; q4 += DT) {
             const uint32_t o = 4 * q4, gi = o >> 5, l = o & 31, n = n_esc1 - o;
             uint32_t c2 = 0, m = FULL;
 #pragma unroll
@@ -327,7 +339,7 @@ __device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& d, bool aligned)
     }
     const uint8_t* esc = k2 ? sm.esc : d.raw;  // one tier: every escape is raw, in order
     const uint2 tw = *reinterpret_cast<const uint2*>(sm.table);
-    for (int c = tid; 8 * c < d.nb; c += THREADS) {
+    for (int c = tid; 8 * c < d.nb; c += DT) {
         const int v0 = 8 * c, valid = d.nb - v0 > 8 ? 8 : d.nb - v0;
         const uint32_t g = (uint32_t)c >> 2, sh = 8 * ((uint32_t)c & 3);
         const Payload<D> pl = load_payload<D>(d, c, v0);
@@ -373,7 +385,7 @@ __device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& d, bool aligned)
 template <class D, int K1>
 __device__ uint32_t decode_tiles(DecSmem& sm, const BlockDesc& d, uint32_t flags) {
     uint32_t esc_run = 0, raw_run = 0;
-    for (int t0 = 0; t0 < d.nb; t0 += TILE) {
+    for (int t0 = 0; t0 < d.nb; t0 += DTILE) {
         const uint32_t s = decode_tile<D, K1>(sm, d, t0, esc_run, raw_run, flags & 1);
         if (s) return s;
     }
@@ -396,7 +408,7 @@ __device__ __forceinline__ void stage_block(DecSmem& sm, BlockDesc& d, uint32_t 
     const uint8_t* line = d.blk - skew;
     uint8_t* stage = reinterpret_cast<uint8_t*>(sm.stage);
     const uint32_t nvec = (skew + bytes + 15) / 16;
-    for (uint32_t i = tid; i < nvec; i += THREADS) cp_async16(stage + 16 * i, line + 16 * i, d.blk, d.blk + bytes);
+    for (uint32_t i = tid; i < nvec; i += DT) cp_async16(stage + 16 * i, line + 16 * i, d.blk, d.blk + bytes);
     const uint8_t* base = stage + skew;
     d.p1 = base + (d.p1 - d.blk);
     d.p2 = base + (d.p2 - d.blk);
@@ -413,11 +425,11 @@ __device__ uint32_t decode_block(DecSmem& sm, BlockDesc& d, uint32_t bytes, uint
     if (d.k1 == 0) {  // raw
         const uint32_t len = D::SIZE * (uint32_t)d.nb;
         if (flags & 2) {
-            for (uint32_t w = tid; w < len / 4; w += THREADS) st32(d.out + 4 * w, ld32(d.blk + 8 + 4 * w));
+            for (uint32_t w = tid; w < len / 4; w += DT) st32(d.out + 4 * w, ld32(d.blk + 8 + 4 * w));
             if ((len & 3) && tid == 0)
                 *reinterpret_cast<uint16_t*>(d.out + len - 2) = *reinterpret_cast<const uint16_t*>(d.blk + 8 + len - 2);
         } else {
-            for (uint32_t h = tid; h < len / 2; h += THREADS)
+            for (uint32_t h = tid; h < len / 2; h += DT)
                 reinterpret_cast<uint16_t*>(d.out)[h] = reinterpret_cast<const uint16_t*>(d.blk + 8)[h];
         }
         return ST_OK;
@@ -482,15 +494,26 @@ __device__ void decompress_kernel(const uint8_t* in, uint64_t in_len, uint8_t* o
     }
     const uint64_t b0 = (uint64_t)nblocks * blockIdx.x / gridDim.x, b1 = (uint64_t)nblocks * (blockIdx.x + 1) / gridDim.x;
     if (b0 == b1) return;
-    uint64_t part = 0;
-#pragma unroll 8
-    for (uint64_t i = tid; i < b0; i += THREADS) part += ld32(in + 24 + 4 * i);
-    uint64_t off = 24 + 4 * (uint64_t)nblocks + block_sum64(part, sm.wtmp64);
+    // Bytes before block b0: the sizes in 16-byte loads (the table is 4-byte aligned: up to
+    // three single words first, up to three after).
+    const uint32_t* tab = reinterpret_cast<const uint32_t*>(in + 24);
+    const uint64_t skew = ((16u - (reinterpret_cast<uintptr_t>(tab) & 15u)) & 15u) / 4u, lead = skew < b0 ? skew : b0;
+    const uint64_t nv = (b0 - lead) / 4, tail = lead + 4 * nv;
+    uint64_t part = (uint64_t)tid < lead ? tab[tid] : 0u;
+    if (tail + tid < b0) part += tab[tail + tid];
+    const uint4* tv = reinterpret_cast<const uint4*>(tab + lead);
+#pragma unroll 4
+    for (uint64_t i = tid; i < nv; i += DT) {
+        const uint4 v = tv[i];
+        part += (uint64_t)v.x + v.y + v.z + v.w;
+    }
+    uint64_t off = 24 + 4 * (uint64_t)nblocks + block_sum64<DT>(part, sm.wtmp64);
     // A size before b0 that is not a multiple of 4 (a corrupt table) would make every access
     // here misaligned, a fault. The CTA of the first such block reports it (ST_BLOCK_SIZE:
     // its own offset is aligned); the others stop.
     if (off & 3) return;
-    {  // xp[m]: nibble j of .x (.y) = number of set bits of m below bit j (4 + j)
+    // (`DT == 256 ||`: without it the compiler spilled 16 bytes in the 256-thread build)
+    if (DT == 256 || tid < 256) {  // xp[m]: nibble j of .x (.y) = number of set bits of m below bit j (4 + j)
         const uint32_t m = (uint32_t)tid;
         uint32_t x = 0, y = 0;
 #pragma unroll
@@ -554,18 +577,25 @@ __device__ void decompress_kernel(const uint8_t* in, uint64_t in_len, uint8_t* o
 // ===================================================================== entry points ===
 // Parameters as in bfx.cu: u64 for pointers and sizes, u32 otherwise.
 
-// Bytes of dynamic shared memory a decoder CTA needs (read by the launcher).
+// Bytes of dynamic shared memory a decoder CTA needs, and its threads (read by the launcher).
 extern "C" __device__ uint32_t hoccl_bfx_decode_smem = sizeof(bfx::DecSmem);
+extern "C" __device__ uint32_t hoccl_bfx_decode_threads = bfx::DT;
+// The most waves (as many CTAs as fit the SMs at once) in the grid (gpu.rs aims at 8 blocks
+// per CTA beyond one wave).
+#ifndef BFX_DEC_WAVES
+#define BFX_DEC_WAVES 8
+#endif
+extern "C" __device__ uint32_t hoccl_bfx_decode_waves = BFX_DEC_WAVES;
 
 // status = 0 before the decoder may set it.
 extern "C" __global__ void hoccl_bfx_decompress_begin(uint32_t* status) {
     if (threadIdx.x == 0 && blockIdx.x == 0 && status) *status = 0;
 }
 
-#define BFX_DECOMPRESS(NAME, D)                                                                                      \
-    extern "C" __global__ void __launch_bounds__(256, 4) NAME(const uint8_t* in, uint64_t in_len, uint8_t* out,      \
-                                                           uint64_t n, uint32_t* status, uint32_t flags) {           \
-        bfx::decompress_kernel<D>(in, in_len, out, n, status, flags);                                                \
+#define BFX_DECOMPRESS(NAME, D)                                                                             \
+    extern "C" __global__ void __launch_bounds__(bfx::DT, 1024 / bfx::DT)                                   \
+        NAME(const uint8_t* in, uint64_t in_len, uint8_t* out, uint64_t n, uint32_t* status, uint32_t flags) { \
+        bfx::decompress_kernel<D>(in, in_len, out, n, status, flags);                                       \
     }
 BFX_DECOMPRESS(hoccl_bfx_decompress_bf16, bfx::Bf16T)
 BFX_DECOMPRESS(hoccl_bfx_decompress_f16, bfx::F16T)

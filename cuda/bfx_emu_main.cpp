@@ -107,7 +107,7 @@ static int decompress(const std::string& dt, uint64_t n, const char* in, const c
         if (dt == "f16") hoccl_bfx_decompress_f16(src.p, stream.size(), dst.p, n, &status, flags);
         if (dt == "f32") hoccl_bfx_decompress_f32(src.p, stream.size(), dst.p, n, &status, flags);
     };
-    emu::launch(ctas, 256, body);
+    emu::launch(ctas, bfx::DT, body);
     std::printf("status %u\n", status);
     write_file(out, dst.p, n * size);
     return 0;

@@ -82,6 +82,20 @@ fn cuda_back_to_back_fresh_buffers() {
     back_to_back_fresh_buffers(&cuda(0));
 }
 
+/// An input large enough that the decoder's grid has several waves of CTAs (gpu.rs aims at
+/// 8 blocks per CTA: 192 Mi bf16 values are ~2.8 waves on an H200), each CTA summing the
+/// sizes before its range; both tier modes.
+#[test]
+#[ignore = "needs a GPU: run with --ignored"]
+fn cuda_decoder_grid_of_several_waves() {
+    let c = cuda(0);
+    let n = 192 << 20;
+    let data = normal_values(Dtype::Bf16, n, 0.02, 0x5a5e);
+    for tiers in [2u8, 1] {
+        round_trip(&c, Dtype::Bf16, &data, &Params { block: 0, tiers }, &format!("bf16 n={n} tiers {tiers}"));
+    }
+}
+
 /// Compress and decompress back to back on one stream, one synchronization.
 #[test]
 #[ignore = "needs a GPU: run with --ignored"]
