@@ -490,6 +490,7 @@ __device__ __forceinline__ void encode_block_end(const EncSmem<CPT>& sm, const O
 template <class D, int CPT>
 __device__ void compress_kernel(const uint8_t* in, uint64_t n, uint32_t B, uint32_t tiers, uint8_t* out,
                                 uint64_t* scratch, uint64_t* out_len, uint32_t flags) {
+    pdl_enter();
     __shared__ EncSmem<CPT> sm;
     BFX_EMU_POISON(sm);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -521,12 +522,18 @@ __device__ void compress_kernel(const uint8_t* in, uint64_t n, uint32_t B, uint3
 // Kernel parameters are u64 for pointers and sizes, u32 otherwise (gpu.rs passes exactly
 // these types).
 
+// 1: every codec kernel (bfx.cu, bfx_decode.cu) starts with pdl_enter() waiting, so the
+// launcher may launch them as programmatic dependents (read by the launcher; per
+// architecture: 0 in the sm_80 code).
+extern "C" __device__ uint32_t hoccl_bfx_pdl = BFX_PDL_HERE;
+
 // Zero the look-back scratch (`words` u64), write the fixed stream header, and for an
 // empty input the stream length.
 extern "C" __global__ void __launch_bounds__(256) hoccl_bfx_compress_begin(uint8_t* out, uint64_t n, uint32_t B,
                                                                            uint32_t nblocks, uint32_t magic,
                                                                            uint64_t* scratch, uint64_t words,
                                                                            uint64_t* out_len) {
+    bfx::pdl_enter();
     const uint64_t i0 = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
     for (uint64_t i = i0; i < words; i += (uint64_t)gridDim.x * blockDim.x) scratch[i] = 0;
     if (i0 == 0) {

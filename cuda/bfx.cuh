@@ -321,6 +321,29 @@ __device__ __forceinline__ void cp_async4(uint32_t* smem, const uint8_t* gmem) {
 #endif
 }
 
+// Programmatic dependent launch (sm_90). The launcher starts every codec kernel with it
+// when the module says so (hoccl_bfx_pdl, bfx.cu): a kernel may then be scheduled while
+// the stream's previous kernel is still running, once every CTA of that one has started
+// and triggered. So each codec kernel first triggers its own dependents, then waits until
+// everything before it on the stream has completed and its memory is visible, before it
+// touches any memory: the next kernel's CTAs become resident in this one's tail, and the
+// launch gap between kernels goes. Without BFX_PDL (or in the emulator) both are no-ops.
+// (sm_90 and later only: an sm_80 build of the same file neither waits nor says it does.)
+#ifndef BFX_PDL
+#define BFX_PDL 1
+#endif
+#if BFX_PDL && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(BFX_EMU)
+#define BFX_PDL_HERE 1
+#else
+#define BFX_PDL_HERE 0
+#endif
+__device__ __forceinline__ void pdl_enter() {
+#if BFX_PDL_HERE
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // Wait for this thread's cp.async copies (a barrier then publishes them to the CTA).
 __device__ __forceinline__ void cp_async_wait_all() {
 #ifndef BFX_EMU

@@ -482,6 +482,7 @@ __device__ uint32_t check_stream(const uint8_t* in, uint64_t in_len, uint64_t n,
 template <class D>
 __device__ void decompress_kernel(const uint8_t* in, uint64_t in_len, uint8_t* out, uint64_t n, uint32_t* status,
                                   uint32_t flags) {
+    pdl_enter();
     BFX_DYN_SMEM(DecSmem, sm);
     BFX_EMU_POISON(sm);
     const int tid = threadIdx.x;
@@ -589,6 +590,7 @@ extern "C" __device__ uint32_t hoccl_bfx_decode_waves = BFX_DEC_WAVES;
 
 // status = 0 before the decoder may set it.
 extern "C" __global__ void hoccl_bfx_decompress_begin(uint32_t* status) {
+    bfx::pdl_enter();
     if (threadIdx.x == 0 && blockIdx.x == 0 && status) *status = 0;
 }
 

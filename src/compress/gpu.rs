@@ -25,6 +25,9 @@ const DECODE_SMEM_GLOBAL: &str = "hoccl_bfx_decode_smem";
 const DECODE_THREADS_GLOBAL: &str = "hoccl_bfx_decode_threads";
 /// Module global: the most waves (CTAs that fit the SMs at once) in the decoder's grid.
 const DECODE_WAVES_GLOBAL: &str = "hoccl_bfx_decode_waves";
+/// Module global: 1 when every codec kernel starts with `griddepcontrol.wait` (so it may be
+/// launched as a programmatic dependent of the stream's previous kernel).
+const PDL_GLOBAL: &str = "hoccl_bfx_pdl";
 /// Blocks per decoder CTA the grid aims at, beyond one wave (at the default block size).
 const DECODE_BLOCKS_PER_CTA: u64 = 8;
 
@@ -152,11 +155,22 @@ fn launch(cuda: &CudaDevice, s: StreamHandle, name: &str, grid: u32, args: Args)
 
 fn launch_smem(cuda: &CudaDevice, s: StreamHandle, name: &str, grid: u32, threads: u32, smem: u32, mut args: Args) -> Result<()> {
     let mut ptrs = args.pointers();
+    // Programmatic dependent launch when the kernels wait for their predecessors themselves:
+    // the kernel's CTAs can then be resident before the previous kernel ends.
+    let pdl = cuda.module_u32(PDL_GLOBAL)? == 1;
     // SAFETY: `ptrs` holds one pointer per parameter of `name` (bfx.cu's and bfx_decode.cu's entry points take
     // exactly the u64/u32 sequence built by the caller), each to a live value in `args`
     // that outlives the call; the device pointers among them were checked by the public
     // functions and must stay valid until the stream reaches the kernel (their contract).
-    unsafe { cuda.launch(s, name, (grid, 1, 1), (threads, 1, 1), smem, &mut ptrs) }
+    // With `pdl`, every codec kernel executes griddepcontrol.wait before any memory access
+    // (pdl_enter in bfx.cuh), which the module's hoccl_bfx_pdl = 1 declares.
+    unsafe {
+        if pdl {
+            cuda.launch_dependent(s, name, (grid, 1, 1), (threads, 1, 1), smem, &mut ptrs)
+        } else {
+            cuda.launch(s, name, (grid, 1, 1), (threads, 1, 1), smem, &mut ptrs)
+        }
+    }
 }
 
 /// Enqueue the compressor (arguments already checked by `compress_async`).

@@ -106,6 +106,53 @@ impl CudaDevice {
         Ok(())
     }
 
+    /// As [`launch`](Self::launch), with programmatic dependent launch allowed: the kernel
+    /// may start before the stream's previous kernel has finished, once every CTA of that
+    /// kernel has started and executed `griddepcontrol.launch_dependents` (or exited).
+    ///
+    /// # Safety
+    /// As [`launch`](Self::launch); and the kernel must execute `griddepcontrol.wait` (which
+    /// returns once the previous work on the stream has completed and its memory is
+    /// visible) before it reads or writes anything that work may touch.
+    pub unsafe fn launch_dependent(
+        &self,
+        s: StreamHandle,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        shared_bytes: u32,
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
+        let _g = self.enter(OP)?;
+        let f = self.function(name)?;
+        if shared_bytes > STATIC_SMEM_LIMIT {
+            self.allow_dynamic_smem(name, f, shared_bytes)?;
+        }
+        // SAFETY: an all-zero launch attribute is a valid C value (a union of integers and
+        // plain structs); its id and value are set below.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block.0,
+            blockDimY: block.1,
+            blockDimZ: block.2,
+            sharedMemBytes: shared_bytes,
+            hStream: cu_stream(s),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: config and its one attribute live across the call; f is a function of this
+        // context's module; the argument and ordering contracts are the caller's (# Safety).
+        let r = unsafe { sys::cuLaunchKernelEx(&config, f, args.as_mut_ptr(), std::ptr::null_mut()) };
+        check(OP, "cuLaunchKernelEx", r)?;
+        kernels::note_launch();
+        Ok(())
+    }
+
     /// The value of the module's `u32` global `name` (a constant a kernel file publishes,
     /// such as the shared memory a kernel needs); read once and cached.
     pub(crate) fn module_u32(&self, name: &str) -> Result<u32> {
