@@ -269,12 +269,19 @@ pub(crate) fn decompress(
         0 => 132,
         c => c as u64,
     };
-    let wave = sms * per_sm;
-    let aim = n.div_ceil(u64::from(dtype.default_block())) / DECODE_BLOCKS_PER_CTA;
-    let ctas = aim.clamp(wave, wave * waves).min(n.div_ceil(TILE as u64).max(1)) as u32;
+    let ctas = decode_grid(n, dtype, sms * per_sm, waves);
     let flags = u32::from(output.0 % 16 == 0) | (u32::from(output.0 % 4 == 0) << 1);
     let args = Args::new().u64(input.0).u64(input_len).u64(output.0).u64(n).u64(status.0).u32(flags);
     launch_smem(cuda, s, &name, ctas, threads, smem, args)
+}
+
+/// CTAs of the decoder's grid for `n` values: DECODE_BLOCKS_PER_CTA blocks of the default
+/// size per CTA, at least one `wave` (CTAs resident at once, >= 1) and at most `waves` of
+/// them (>= 1), and never more than one CTA per 2048 values (idle CTAs return at once).
+fn decode_grid(n: u64, dtype: Dtype, wave: u64, waves: u64) -> u32 {
+    let aim = n.div_ceil(u64::from(dtype.default_block())) / DECODE_BLOCKS_PER_CTA;
+    let ctas = aim.clamp(wave, wave * waves).min(n.div_ceil(TILE as u64).max(1));
+    ctas.min(i32::MAX as u64) as u32
 }
 
 /// What the device decoder does, on the CPU (the host backend uses it): the stream at the front
@@ -330,6 +337,25 @@ fn header_fault(s: &[u8]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn decode_grid_aims_at_eight_blocks_per_cta_between_one_and_max_waves() {
+        let wave = 132 * 4;
+        // below one wave's worth: one wave, but at most one CTA per 2048 values
+        assert_eq!(decode_grid(0, Dtype::Bf16, wave, 8), 1);
+        assert_eq!(decode_grid(5000, Dtype::Bf16, wave, 8), 3);
+        assert_eq!(decode_grid(32 << 20, Dtype::Bf16, wave, 8), 528);
+        // 256 MiB and 1 GiB of bf16: 8192 and 32768 blocks of 16384 values
+        assert_eq!(decode_grid(128 << 20, Dtype::Bf16, wave, 8), 1024);
+        assert_eq!(decode_grid(512 << 20, Dtype::Bf16, wave, 8), 4096);
+        // beyond: at most `waves` waves
+        assert_eq!(decode_grid(2048 << 20, Dtype::Bf16, wave, 8), 8 * 528);
+        assert_eq!(decode_grid(512 << 20, Dtype::Bf16, wave, 1), 528);
+        // fp32 blocks hold 8192 values: the same bytes, the same grid
+        assert_eq!(decode_grid(64 << 20, Dtype::F32, wave, 8), 1024);
+        // huge inputs stay a valid grid size
+        assert_eq!(decode_grid(u64::MAX / 4, Dtype::Bf16, 1 << 30, 8), i32::MAX as u32);
+    }
 
     #[test]
     fn status_words_round_trip() {
