@@ -164,13 +164,7 @@ fn launch_smem(cuda: &CudaDevice, s: StreamHandle, name: &str, grid: u32, thread
     // functions and must stay valid until the stream reaches the kernel (their contract).
     // With `pdl`, every codec kernel executes griddepcontrol.wait before any memory access
     // (pdl_enter in bfx.cuh), which the module's hoccl_bfx_pdl = 1 declares.
-    unsafe {
-        if pdl {
-            cuda.launch_dependent(s, name, (grid, 1, 1), (threads, 1, 1), smem, &mut ptrs)
-        } else {
-            cuda.launch(s, name, (grid, 1, 1), (threads, 1, 1), smem, &mut ptrs)
-        }
-    }
+    unsafe { cuda.launch(s, name, (grid, 1, 1), (threads, 1, 1), smem, &mut ptrs, pdl) }
 }
 
 /// Enqueue the compressor (arguments already checked by `compress_async`).

@@ -64,12 +64,19 @@ impl CudaDevice {
     }
 
     /// Launch kernel `name` from the embedded fatbin on stream `s` (module loaded lazily,
-    /// once per device; every launch counted by `kernels::note_launch`).
+    /// once per device; every launch counted by `kernels::note_launch`). `dependent`:
+    /// programmatic dependent launch allowed, so the kernel may start before the stream's
+    /// previous kernel has finished, once every CTA of that kernel has started and executed
+    /// `griddepcontrol.launch_dependents` (or exited).
     ///
     /// # Safety
     /// `args` must hold one pointer per kernel parameter, each pointing to a value of that
     /// parameter's type, and every device pointer among them must be valid for the
-    /// kernel's accesses until the launch completes on the stream.
+    /// kernel's accesses until the launch completes on the stream. When `dependent`, the
+    /// kernel must execute `griddepcontrol.wait` (which returns once the previous work on
+    /// the stream has completed and its memory is visible) before it reads or writes
+    /// anything that work may touch.
+    #[allow(clippy::too_many_arguments)]
     pub unsafe fn launch(
         &self,
         s: StreamHandle,
@@ -78,77 +85,56 @@ impl CudaDevice {
         block: (u32, u32, u32),
         shared_bytes: u32,
         args: &mut [*mut c_void],
+        dependent: bool,
     ) -> Result<()> {
         let _g = self.enter(OP)?;
         let f = self.function(name)?;
         if shared_bytes > STATIC_SMEM_LIMIT {
             self.allow_dynamic_smem(name, f, shared_bytes)?;
         }
-        // SAFETY: f is a function of this context's module; the argument contract is the
-        // caller's (see # Safety); extra is null.
-        let r = unsafe {
-            sys::cuLaunchKernel(
-                f,
-                grid.0,
-                grid.1,
-                grid.2,
-                block.0,
-                block.1,
-                block.2,
-                shared_bytes,
-                cu_stream(s),
-                args.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
+        let r = if dependent {
+            // SAFETY: an all-zero launch attribute is a valid C value (a union of integers
+            // and plain structs); its id and value are set below.
+            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            let config = sys::CUlaunchConfig {
+                gridDimX: grid.0,
+                gridDimY: grid.1,
+                gridDimZ: grid.2,
+                blockDimX: block.0,
+                blockDimY: block.1,
+                blockDimZ: block.2,
+                sharedMemBytes: shared_bytes,
+                hStream: cu_stream(s),
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            // SAFETY: config and its one attribute live across the call; f is a function of
+            // this context's module; the argument and ordering contracts are the caller's.
+            let r = unsafe { sys::cuLaunchKernelEx(&config, f, args.as_mut_ptr(), std::ptr::null_mut()) };
+            check(OP, "cuLaunchKernelEx", r)
+        } else {
+            // SAFETY: f is a function of this context's module; the argument contract is the
+            // caller's (see # Safety); extra is null.
+            let r = unsafe {
+                sys::cuLaunchKernel(
+                    f,
+                    grid.0,
+                    grid.1,
+                    grid.2,
+                    block.0,
+                    block.1,
+                    block.2,
+                    shared_bytes,
+                    cu_stream(s),
+                    args.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            };
+            check(OP, "cuLaunchKernel", r)
         };
-        check(OP, "cuLaunchKernel", r)?;
-        kernels::note_launch();
-        Ok(())
-    }
-
-    /// As [`launch`](Self::launch), with programmatic dependent launch allowed: the kernel
-    /// may start before the stream's previous kernel has finished, once every CTA of that
-    /// kernel has started and executed `griddepcontrol.launch_dependents` (or exited).
-    ///
-    /// # Safety
-    /// As [`launch`](Self::launch); and the kernel must execute `griddepcontrol.wait` (which
-    /// returns once the previous work on the stream has completed and its memory is
-    /// visible) before it reads or writes anything that work may touch.
-    pub unsafe fn launch_dependent(
-        &self,
-        s: StreamHandle,
-        name: &str,
-        grid: (u32, u32, u32),
-        block: (u32, u32, u32),
-        shared_bytes: u32,
-        args: &mut [*mut c_void],
-    ) -> Result<()> {
-        let _g = self.enter(OP)?;
-        let f = self.function(name)?;
-        if shared_bytes > STATIC_SMEM_LIMIT {
-            self.allow_dynamic_smem(name, f, shared_bytes)?;
-        }
-        // SAFETY: an all-zero launch attribute is a valid C value (a union of integers and
-        // plain structs); its id and value are set below.
-        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attr.value.programmaticStreamSerializationAllowed = 1;
-        let config = sys::CUlaunchConfig {
-            gridDimX: grid.0,
-            gridDimY: grid.1,
-            gridDimZ: grid.2,
-            blockDimX: block.0,
-            blockDimY: block.1,
-            blockDimZ: block.2,
-            sharedMemBytes: shared_bytes,
-            hStream: cu_stream(s),
-            attrs: &mut attr,
-            numAttrs: 1,
-        };
-        // SAFETY: config and its one attribute live across the call; f is a function of this
-        // context's module; the argument and ordering contracts are the caller's (# Safety).
-        let r = unsafe { sys::cuLaunchKernelEx(&config, f, args.as_mut_ptr(), std::ptr::null_mut()) };
-        check(OP, "cuLaunchKernelEx", r)?;
+        r?;
         kernels::note_launch();
         Ok(())
     }
@@ -242,7 +228,7 @@ impl CudaDevice {
         // SAFETY: hoccl_fill_pattern(uint8_t* dst, uint64_t len, uint64_t seed) takes three
         // 8-byte parameters, matched by `args`; it writes only [dst, dst+len), which the
         // caller provides as device memory (the driver reports bad addresses asynchronously).
-        unsafe { self.launch(s, "hoccl_fill_pattern", (blocks, 1, 1), (THREADS, 1, 1), 0, &mut args) }
+        unsafe { self.launch(s, "hoccl_fill_pattern", (blocks, 1, 1), (THREADS, 1, 1), 0, &mut args, false) }
             .map_err(|e| e.with_op("Device::fill_pattern_async"))
     }
 
