@@ -280,7 +280,17 @@ __device__ uint32_t decode_tile(DecSmem& sm, const BlockDesc& d, int t0, uint32_
 //  3. every chunk independently: codes from the plane words, tier-1 exponents (byte
 //     permutes of the table when K1 <= 3), escapes at the group's prefix + popc, values.
 template <class D, int K1>
-__device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& d, bool aligned) {
+__device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& staged, bool aligned) {
+    // The sections as shared-memory addresses: a BlockDesc's pointers are generic (they
+    // point into global memory or the stage), so loads through them compile to generic
+    // loads (LD); rebuilt from sm.stage and 32-bit offsets they are shared loads (LDS).
+    BlockDesc d = staged;
+    const uint8_t* const sb = reinterpret_cast<const uint8_t*>(sm.stage);
+    d.blk = sb + (uint32_t)(staged.blk - sb);
+    d.p1 = sb + (uint32_t)(staged.p1 - sb);
+    d.p2 = sb + (uint32_t)(staged.p2 - sb);
+    d.raw = sb + (uint32_t)(staged.raw - sb);
+    d.pay = sb + (uint32_t)(staged.pay - sb);
     const int tid = threadIdx.x;
     const uint32_t nb = (uint32_t)d.nb, G = (nb + 31) / 32, k2 = d.k2, n_esc1 = d.n_esc1, ng2 = (n_esc1 + 31) / 32;
     const uint32_t* p1 = reinterpret_cast<const uint32_t*>(d.p1);
