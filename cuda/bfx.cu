@@ -14,13 +14,23 @@ namespace bfx {
 
 // ===================================================================== compressor =====
 
+// The codes of a chunk, kept as their bit planes ("spread") or as code bytes: see
+// chunk_codes. Spread for the 16-bit types (H200, 1 GiB, against bytes: bf16 +5 % two
+// tiers, +8 % one tier, fp16 +2 %); fp32 spilled more with it and lost 3 %, so it keeps
+// bytes. BFX_ENC_SPREAD=0 gives every type bytes (an experiment knob).
+#ifndef BFX_ENC_SPREAD
+#define BFX_ENC_SPREAD 1
+#endif
+template <class D>
+constexpr bool kSpread = BFX_ENC_SPREAD && D::SIZE == 2;
+
 template <int CPT>
 struct EncSmem {
     uint32_t hist[256];
     uint32_t keys[256];
     uint32_t cnt_by_rank[32];
     uint16_t rank[256];
-    uint8_t lut[256];
+    uint2 lut[256];  // per symbol: its code byte's bits spread to bit 0 of each byte, or (bytes) its code byte
     uint8_t code2[256];
     uint8_t table[32];
     uint32_t cnt[THREADS * CPT];  // per chunk: escapes | raws << 16, then exclusive prefix
@@ -140,28 +150,77 @@ __device__ void choose(EncSmem<CPT>& sm, int nb, uint32_t tiers) {
     __syncthreads();
     if (have) {
         const uint32_t r = sm.rank[tid], t1 = tier(sm.k1), t2 = tier(sm.k2);
+        uint32_t code;
         if (r < t1) {
-            sm.lut[tid] = (uint8_t)r;
+            code = r;
         } else if (r < t1 + t2) {
-            sm.lut[tid] = (uint8_t)(t1 | LUT_ESC);
+            code = t1 | LUT_ESC;
             sm.code2[tid] = (uint8_t)(r - t1);
         } else {
-            sm.lut[tid] = (uint8_t)(t1 | LUT_ESC | LUT_RAW);
+            code = t1 | LUT_ESC | LUT_RAW;
             sm.code2[tid] = (uint8_t)t2;
         }
+        if constexpr (kSpread<D>) sm.lut[tid] = scatter_plane(code);
+        else reinterpret_cast<uint8_t*>(sm.lut)[tid] = (uint8_t)code;
     }
     __syncthreads();
 }
 
-template <int CPT>
-__device__ __forceinline__ uint2 chunk_codes(const EncSmem<CPT>& sm, uint2 ex) {
+// The codes of a chunk's 8 values. Spread form (BFX_ENC_SPREAD): as bit planes, bit k of
+// byte b (of the pair .x = bytes 0-3, .y = bytes 4-7) is bit b of value k's code byte
+// (code bits 0-4, LUT_ESC bit 6, LUT_RAW bit 7). Each symbol's table entry holds its code
+// byte's bits spread to bit 0 of each byte, so value k ORs its entry shifted by k: the
+// tier-1 plane bytes (byte b < k1 of .x), the escape mask (byte 2 of .y) and the raw mask
+// (byte 3 of .y) come out of the lookups, with no gathering afterwards. The index is the
+// exponent times 8 (a byte offset), from two instructions per pair of values.
+// Byte form: byte k of .x (.y) = value k's (4 + k's) code byte.
+template <class D, int CPT>
+__device__ __forceinline__ uint2 chunk_codes(const EncSmem<CPT>& sm, const Chunk<D>& ch) {
+    const uint8_t* lut = reinterpret_cast<const uint8_t*>(sm.lut);
     uint32_t x = 0, y = 0;
+    if constexpr (kSpread<D>) {
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        x |= (uint32_t)sm.lut[byte_at(ex.x, k)] << (8 * k);
-        y |= (uint32_t)sm.lut[byte_at(ex.y, k)] << (8 * k);
+        for (int i = 0; i < 4; ++i) {
+            const uint32_t t = (top_pair<D>(ch, i) >> (D::ESHIFT - 3)) & (D::EMASK2 << 3);
+            const uint2 a = *reinterpret_cast<const uint2*>(lut + (t & 0xffffu));
+            const uint2 b = *reinterpret_cast<const uint2*>(lut + (t >> 16));
+            x |= (a.x << (2 * i)) | (b.x << (2 * i + 1));
+            y |= (a.y << (2 * i)) | (b.y << (2 * i + 1));
+        }
+    } else {
+        const uint2 ex = chunk_exps<D>(ch);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            x |= (uint32_t)lut[byte_at(ex.x, k)] << (8 * k);
+            y |= (uint32_t)lut[byte_at(ex.y, k)] << (8 * k);
+        }
     }
     return make_uint2(x, y);
+}
+
+// Escape mask (bit k: value k's code is an escape) and raw mask of a chunk's codes.
+template <class D>
+__device__ __forceinline__ uint32_t esc_mask(uint2 code) {
+    if constexpr (kSpread<D>) return __byte_perm(code.y, 0, 0x4442);
+    else return gather_plane(code.x, code.y, 6);  // LUT_ESC
+}
+template <class D>
+__device__ __forceinline__ uint32_t raw_mask(uint2 code) {
+    if constexpr (kSpread<D>) return code.y >> 24;
+    else return gather_plane(code.x, code.y, 7);  // LUT_RAW
+}
+
+// The bytes of tier-1 planes 0..min(K, 4)-1 of a chunk's codes (byte b = plane b).
+template <class D, int K>
+__device__ __forceinline__ uint32_t tier1_planes4(uint2 code) {
+    if constexpr (kSpread<D>) return code.x;  // code bits >= k1 are 0 (escapes are T1, all ones below k1): bytes >= K are 0
+    else return plane_bytes4<K>(code);
+}
+// The fifth tier-1 plane's byte (k1 = 5).
+template <class D>
+__device__ __forceinline__ uint32_t tier1_plane4(uint2 code) {
+    if constexpr (kSpread<D>) return code.y & 0xffu;
+    else return gather_plane(code.x, code.y, 4);
 }
 
 // One thread: publish block j's size (`st[j]` is its status word), as soon as it is known,
@@ -311,12 +370,12 @@ constexpr bool kInterleaveCompact = D::SIZE == 2 && D::NSYM == 256;
 
 template <class D, int CPT>
 __device__ __forceinline__ void compact(EncSmem<CPT>& sm, const Chunk<D>& ch, uint2 code, int c, uint32_t k2) {
-    const uint32_t e8 = gather_plane(code.x, code.y, 6);  // LUT_ESC
+    const uint32_t e8 = esc_mask<D>(code);
     uint2 ex;
     if constexpr (kInterleaveCompact<D>) ex = chunk_exps_again<D>(ch);
     if (e8) {  // escapes are common (k1 = 2: ~30 % of values): compacted with two permutes
         if constexpr (!kInterleaveCompact<D>) ex = chunk_exps_again<D>(ch);
-        const uint32_t r8 = gather_plane(code.x, code.y, 7);  // LUT_RAW
+        const uint32_t r8 = raw_mask<D>(code);
         const uint32_t o = sm.cnt[c] & 0xffffu, ro = sm.cnt[c] >> 16;
         if (k2) put_compacted(sm.esc + o, ex, sm.cx[e8], __popc(e8));
         if (r8) put_compacted(sm.rawb + ro, ex, sm.cx[r8], __popc(r8));
@@ -336,10 +395,10 @@ __device__ __forceinline__ void coded_words(EncSmem<CPT>& sm, const Chunk<D> (&c
         const int c = i * THREADS + threadIdx.x, q = c & 3;
         const uint2 code = codes[i];
         if constexpr (kInterleaveCompact<D>) compact<D, CPT>(sm, ch[i], code, c, k2);
-        o[i].w[0] = quad_transpose(plane_bytes4<K1>(code), q);
+        o[i].w[0] = quad_transpose(tier1_planes4<D, K1>(code), q);
         o[i].w[1] = 0;
         if constexpr (K1 == 5) {  // the fifth plane: OR of the quad's bytes
-            uint32_t p4 = gather_plane(code.x, code.y, 4) << (8 * q);
+            uint32_t p4 = tier1_plane4<D>(code) << (8 * q);
             p4 |= __shfl_xor_sync(FULL, p4, 1);
             p4 |= __shfl_xor_sync(FULL, p4, 2);
             o[i].w[1] = p4;
@@ -433,13 +492,18 @@ __device__ __forceinline__ uint32_t encode_block_begin(EncSmem<CPT>& sm, Out<D> 
 #pragma unroll
     for (int i = 0; i < CPT; ++i) {
         const int c = i * THREADS + tid;
-        codes[i] = chunk_codes<CPT>(sm, chunk_exps<D>(ch[i]));
+        codes[i] = chunk_codes<D, CPT>(sm, ch[i]);
         if (!full && nb - 8 * c < 8) {  // the block's last chunk (a branch: the mask is rarely needed)
-            const uint2 vm = valid_mask(nb - 8 * c);
-            codes[i] = make_uint2(codes[i].x & vm.x, codes[i].y & vm.y);
+            if constexpr (kSpread<D>) {
+                const int valid = nb - 8 * c;
+                const uint32_t vm = (valid <= 0 ? 0u : (1u << valid) - 1u) * 0x01010101u;  // bits < valid of each byte
+                codes[i] = make_uint2(codes[i].x & vm, codes[i].y & vm);
+            } else {
+                const uint2 vm = valid_mask(nb - 8 * c);
+                codes[i] = make_uint2(codes[i].x & vm.x, codes[i].y & vm.y);
+            }
         }
-        const uint32_t esc = __popc((codes[i].x & 0x40404040u) | ((codes[i].y >> 1) & 0x20202020u));
-        const uint32_t raw = __popc((codes[i].x & 0x80808080u) | ((codes[i].y >> 1) & 0x40404040u));
+        const uint32_t esc = __popc(esc_mask<D>(codes[i])), raw = __popc(raw_mask<D>(codes[i]));
         sm.cnt[c] = esc | (raw << 16);
     }
     __syncthreads();

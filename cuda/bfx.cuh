@@ -7,8 +7,10 @@
 // consecutive values (16 bytes of bf16/fp16, 32 of fp32). Chunk c covers values 8c..8c+7,
 // so the 4 lanes of a quad (c & 3 = q) hold one 32-value group g = c >> 2 and lane q
 // holds bits 8q..8q+7 of every bit-plane word of that group. Codes of a chunk live packed
-// in two u32 (byte k of .x = value k, byte k of .y = value 4+k); a plane byte is gathered
-// with one multiply (SWAR) and the quad assembles whole plane words with two shuffles.
+// in two u32: in the decoder and for fp32 in the compressor as code bytes (byte k of .x =
+// value k, byte k of .y = value 4+k; a plane byte is gathered with one multiply, SWAR),
+// in the 16-bit compressors as plane bytes straight from their lookups (bfx.cu
+// chunk_codes); the quad assembles whole plane words with two shuffles.
 #pragma once
 #include <stdint.h>
 
