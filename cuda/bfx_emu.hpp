@@ -359,9 +359,6 @@ inline int __ffs(uint32_t v) { return __builtin_ffs((int)v); }
 inline uint32_t __funnelshift_r(uint32_t lo, uint32_t hi, uint32_t s) {
     return (uint32_t)((((uint64_t)hi << 32) | lo) >> (s & 31));
 }
-inline uint32_t __funnelshift_l(uint32_t lo, uint32_t hi, uint32_t s) {
-    return (uint32_t)(((((uint64_t)hi << 32) | lo) << (s & 31)) >> 32);
-}
 inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {
     const uint64_t t = ((uint64_t)y << 32) | x;
     uint32_t r = 0;
@@ -372,12 +369,6 @@ template <class T>
 inline T atomicAdd(T* p, T v) {
     T o = *p;
     *p = o + v;
-    return o;
-}
-template <class T>
-inline T atomicOr(T* p, T v) {
-    T o = *p;
-    *p = o | v;
     return o;
 }
 template <class T>
