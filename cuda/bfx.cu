@@ -23,6 +23,17 @@ namespace bfx {
 #endif
 template <class D>
 constexpr bool kSpread = BFX_ENC_SPREAD && D::SIZE == 2;
+// Spread form: the entries also shifted by 1, 2 and 3 bits (lut4), so that value k of a
+// chunk looks up table k & 3 and four lookups OR together with no shifts (BFX_ENC_LUT4=0:
+// one table, every entry shifted by k).
+#ifndef BFX_ENC_LUT4
+#define BFX_ENC_LUT4 1
+#endif
+// A chunk with a single raw exponent stores it with one byte store; the eight predicated
+// stores only for chunks with more (BFX_ENC_RAW1=0: always the eight).
+#ifndef BFX_ENC_RAW1
+#define BFX_ENC_RAW1 1
+#endif
 
 template <int CPT>
 struct EncSmem {
@@ -35,7 +46,10 @@ struct EncSmem {
     uint8_t table[32];
     uint32_t cnt[THREADS * CPT];  // per chunk: escapes | raws << 16, then exclusive prefix
     alignas(8) uint8_t esc[TILE * CPT];  // exponent of each escape, by escape ordinal (k2 > 0)
-    alignas(4) uint8_t rawb[TILE * CPT]; // raw exponents by raw ordinal
+    union {
+        alignas(4) uint8_t rawb[TILE * CPT];  // raw exponents by raw ordinal (after the codes)
+        uint2 lut4[3][256];                   // lut shifted by 1, 2, 3 bits (while coding)
+    };
     uint2 cx[256];  // compaction selectors (kCx)
     uint32_t wtmp[WARPS];
     uint64_t ticket, offset;
@@ -160,7 +174,14 @@ __device__ void choose(EncSmem<CPT>& sm, int nb, uint32_t tiers) {
             code = t1 | LUT_ESC | LUT_RAW;
             sm.code2[tid] = (uint8_t)t2;
         }
-        if constexpr (kSpread<D>) sm.lut[tid] = scatter_plane(code);
+        if constexpr (kSpread<D>) {
+            const uint2 e = scatter_plane(code);
+            sm.lut[tid] = e;
+            if (BFX_ENC_LUT4) {
+#pragma unroll
+                for (int k = 1; k < 4; ++k) sm.lut4[k - 1][tid] = make_uint2(e.x << k, e.y << k);
+            }
+        }
         else reinterpret_cast<uint8_t*>(sm.lut)[tid] = (uint8_t)code;
     }
     __syncthreads();
@@ -172,13 +193,32 @@ __device__ void choose(EncSmem<CPT>& sm, int nb, uint32_t tiers) {
 // byte's bits spread to bit 0 of each byte, so value k ORs its entry shifted by k: the
 // tier-1 plane bytes (byte b < k1 of .x), the escape mask (byte 2 of .y) and the raw mask
 // (byte 3 of .y) come out of the lookups, with no gathering afterwards. The index is the
-// exponent times 8 (a byte offset), from two instructions per pair of values.
+// exponent times 8 (a byte offset), from two instructions per pair of values. With lut4
+// (the entries also shifted by 1, 2, 3) value k reads table k & 3, so only the OR of the
+// upper four values needs a shift (H200, against one table, with the single-raw store:
+// one tier +2-3 %, two tiers unchanged; alone, no change).
 // Byte form: byte k of .x (.y) = value k's (4 + k's) code byte.
 template <class D, int CPT>
 __device__ __forceinline__ uint2 chunk_codes(const EncSmem<CPT>& sm, const Chunk<D>& ch) {
     const uint8_t* lut = reinterpret_cast<const uint8_t*>(sm.lut);
     uint32_t x = 0, y = 0;
-    if constexpr (kSpread<D>) {
+    if constexpr (kSpread<D> && BFX_ENC_LUT4) {
+        // value k: table k & 3 (lut, then lut4), the upper four values' OR shifted by 4
+        const uint8_t* l4 = reinterpret_cast<const uint8_t*>(sm.lut4);
+        uint2 lo = make_uint2(0, 0), hi = make_uint2(0, 0);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint32_t t = (top_pair<D>(ch, i) >> (D::ESHIFT - 3)) & (D::EMASK2 << 3);
+            const uint8_t* ta = (i & 1) ? l4 + 2048 : lut;  // value 2i: table 0 or 2
+            const uint2 a = *reinterpret_cast<const uint2*>(ta + (t & 0xffffu));
+            const uint2 b = *reinterpret_cast<const uint2*>(l4 + ((i & 1) ? 4096 : 0) + (t >> 16));  // 2i + 1: 1 or 3
+            uint2& acc = i < 2 ? lo : hi;
+            acc.x |= a.x | b.x;
+            acc.y |= a.y | b.y;
+        }
+        x = lo.x | (hi.x << 4);
+        y = lo.y | (hi.y << 4);
+    } else if constexpr (kSpread<D>) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const uint32_t t = (top_pair<D>(ch, i) >> (D::ESHIFT - 3)) & (D::EMASK2 << 3);
@@ -378,7 +418,10 @@ __device__ __forceinline__ void compact(EncSmem<CPT>& sm, const Chunk<D>& ch, ui
         const uint32_t r8 = raw_mask<D>(code);
         const uint32_t o = sm.cnt[c] & 0xffffu, ro = sm.cnt[c] >> 16;
         if (k2) put_compacted(sm.esc + o, ex, sm.cx[e8], __popc(e8));
-        if (r8) put_compacted(sm.rawb + ro, ex, sm.cx[r8], __popc(r8));
+        if (BFX_ENC_RAW1 && r8 && (r8 & (r8 - 1)) == 0)  // one raw (raws are rare: ~2 % of values)
+            sm.rawb[ro] = (uint8_t)__byte_perm(ex.x, ex.y, __popc(r8 - 1));
+        else if (r8)
+            put_compacted(sm.rawb + ro, ex, sm.cx[r8], __popc(r8));
     }
 }
 
