@@ -23,12 +23,23 @@ namespace bfx {
 #endif
 template <class D>
 constexpr bool kSpread = BFX_ENC_SPREAD && D::SIZE == 2;
-// Spread form: the entries also shifted by 1, 2 and 3 bits (lut4), so that value k of a
-// chunk looks up table k & 3 and four lookups OR together with no shifts (BFX_ENC_LUT4=0:
-// one table, every entry shifted by k).
-#ifndef BFX_ENC_LUT4
-#define BFX_ENC_LUT4 1
+// Narrow codes (spread form, k1 <= 3): one word per chunk, byte b < 3 the tier-1 plane b,
+// byte 3 the raw mask (the escape mask is the AND of the k1 plane bytes), from 4-byte
+// table entries (BFX_ENC_NARROW=0: the two-word form for every k1).
+#ifndef BFX_ENC_NARROW
+#define BFX_ENC_NARROW 1
 #endif
+template <bool B, class T, class F>
+struct Pick {
+    using type = T;
+};
+template <class T, class F>
+struct Pick<false, T, F> {
+    using type = F;
+};
+// A chunk's codes (chunk_codes): one word when narrow (N), else two.
+template <bool N>
+using CodeT = typename Pick<N, uint32_t, uint2>::type;
 // A chunk with a single raw exponent stores it with one byte store; the eight predicated
 // stores only for chunks with more (BFX_ENC_RAW1=0: always the eight).
 #ifndef BFX_ENC_RAW1
@@ -41,14 +52,15 @@ struct EncSmem {
     uint32_t keys[256];
     uint32_t cnt_by_rank[32];
     uint16_t rank[256];
-    uint2 lut[256];  // per symbol: its code byte's bits spread to bit 0 of each byte, or (bytes) its code byte
     uint8_t code2[256];
     uint8_t table[32];
     uint32_t cnt[THREADS * CPT];  // per chunk: escapes | raws << 16, then exclusive prefix
     alignas(8) uint8_t esc[TILE * CPT];  // exponent of each escape, by escape ordinal (k2 > 0)
-    union {
-        alignas(4) uint8_t rawb[TILE * CPT];  // raw exponents by raw ordinal (after the codes)
-        uint2 lut4[3][256];                   // lut shifted by 1, 2, 3 bits (while coding)
+    union {  // the tables while coding, then the raw list
+        alignas(8) uint8_t rawb[TILE * CPT];  // raw exponents by raw ordinal
+        uint2 lut[4][256];      // per symbol: its code byte's bits spread to bit 0 of each byte,
+                                // shifted by 0-3 bits (or, bytes: lut[0] as its code byte)
+        uint32_t lutn[4][256];  // narrow: code bits 0-2 and the raw flag spread, shifted by 0-3
     };
     uint2 cx[256];  // compaction selectors (kCx)
     uint32_t wtmp[WARPS];
@@ -175,14 +187,18 @@ __device__ void choose(EncSmem<CPT>& sm, int nb, uint32_t tiers) {
             sm.code2[tid] = (uint8_t)t2;
         }
         if constexpr (kSpread<D>) {
-            const uint2 e = scatter_plane(code);
-            sm.lut[tid] = e;
-            if (BFX_ENC_LUT4) {
+            if (BFX_ENC_NARROW && sm.k1 <= 3) {  // as chunk_codes<D, CPT, K1> reads them
+                const uint32_t e = (((code & 7u) | ((code >> 4) & 8u)) * 0x00204081u) & 0x01010101u;
 #pragma unroll
-                for (int k = 1; k < 4; ++k) sm.lut4[k - 1][tid] = make_uint2(e.x << k, e.y << k);
+                for (int k = 0; k < 4; ++k) sm.lutn[k][tid] = e << k;
+            } else {
+                const uint2 e = scatter_plane(code);
+#pragma unroll
+                for (int k = 0; k < 4; ++k) sm.lut[k][tid] = make_uint2(e.x << k, e.y << k);
             }
+        } else {
+            reinterpret_cast<uint8_t*>(sm.lut)[tid] = (uint8_t)code;
         }
-        else reinterpret_cast<uint8_t*>(sm.lut)[tid] = (uint8_t)code;
     }
     __syncthreads();
 }
@@ -193,74 +209,106 @@ __device__ void choose(EncSmem<CPT>& sm, int nb, uint32_t tiers) {
 // byte's bits spread to bit 0 of each byte, so value k ORs its entry shifted by k: the
 // tier-1 plane bytes (byte b < k1 of .x), the escape mask (byte 2 of .y) and the raw mask
 // (byte 3 of .y) come out of the lookups, with no gathering afterwards. The index is the
-// exponent times 8 (a byte offset), from two instructions per pair of values. With lut4
-// (the entries also shifted by 1, 2, 3) value k reads table k & 3, so only the OR of the
-// upper four values needs a shift (H200, against one table, with the single-raw store:
-// one tier +2-3 %, two tiers unchanged; alone, no change).
+// exponent times 8 (a byte offset), from two instructions per pair of values. The entries
+// are kept shifted by 0-3 bits (four tables): value k reads table k & 3, so only the OR of
+// the upper four values needs a shift.
+// Narrow (k1 <= 3): one word, bytes 0-2 the tier-1 planes, byte 3 the raw mask, from
+// 4-byte entries: half the shared-memory wavefronts of 8-byte ones for the same lookups
+// (H200, 1 GiB, against the two-word form: two tiers +4 %, one tier +3 %; fp16 unchanged).
+// The four shifted tables: with the single-raw store, one tier +2-3 %; alone, no change.
 // Byte form: byte k of .x (.y) = value k's (4 + k's) code byte.
-template <class D, int CPT>
-__device__ __forceinline__ uint2 chunk_codes(const EncSmem<CPT>& sm, const Chunk<D>& ch) {
-    const uint8_t* lut = reinterpret_cast<const uint8_t*>(sm.lut);
-    uint32_t x = 0, y = 0;
-    if constexpr (kSpread<D> && BFX_ENC_LUT4) {
-        // value k: table k & 3 (lut, then lut4), the upper four values' OR shifted by 4
-        const uint8_t* l4 = reinterpret_cast<const uint8_t*>(sm.lut4);
-        uint2 lo = make_uint2(0, 0), hi = make_uint2(0, 0);
+template <class D, int CPT, bool N>
+__device__ __forceinline__ CodeT<N> chunk_codes(const EncSmem<CPT>& sm, const Chunk<D>& ch) {
+    if constexpr (N) {
+        const uint8_t* l = reinterpret_cast<const uint8_t*>(sm.lutn);  // table k at 1024 k
+        uint32_t lo = 0, hi = 0;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            const uint32_t t = (top_pair<D>(ch, i) >> (D::ESHIFT - 3)) & (D::EMASK2 << 3);
-            const uint8_t* ta = (i & 1) ? l4 + 2048 : lut;  // value 2i: table 0 or 2
-            const uint2 a = *reinterpret_cast<const uint2*>(ta + (t & 0xffffu));
-            const uint2 b = *reinterpret_cast<const uint2*>(l4 + ((i & 1) ? 4096 : 0) + (t >> 16));  // 2i + 1: 1 or 3
-            uint2& acc = i < 2 ? lo : hi;
-            acc.x |= a.x | b.x;
-            acc.y |= a.y | b.y;
+            const uint32_t t = (top_pair<D>(ch, i) >> (D::ESHIFT - 2)) & (D::EMASK2 << 2);  // exponents times 4
+            const uint32_t a = *reinterpret_cast<const uint32_t*>(l + ((i & 1) ? 2048 : 0) + (t & 0xffffu));
+            const uint32_t b = *reinterpret_cast<const uint32_t*>(l + ((i & 1) ? 3072 : 1024) + (t >> 16));
+            (i < 2 ? lo : hi) |= a | b;
         }
-        x = lo.x | (hi.x << 4);
-        y = lo.y | (hi.y << 4);
-    } else if constexpr (kSpread<D>) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const uint32_t t = (top_pair<D>(ch, i) >> (D::ESHIFT - 3)) & (D::EMASK2 << 3);
-            const uint2 a = *reinterpret_cast<const uint2*>(lut + (t & 0xffffu));
-            const uint2 b = *reinterpret_cast<const uint2*>(lut + (t >> 16));
-            x |= (a.x << (2 * i)) | (b.x << (2 * i + 1));
-            y |= (a.y << (2 * i)) | (b.y << (2 * i + 1));
-        }
+        return lo | (hi << 4);
     } else {
-        const uint2 ex = chunk_exps<D>(ch);
+        const uint8_t* lut = reinterpret_cast<const uint8_t*>(sm.lut);
+        uint32_t x = 0, y = 0;
+        if constexpr (kSpread<D>) {
+            uint2 lo = make_uint2(0, 0), hi = make_uint2(0, 0);
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            x |= (uint32_t)lut[byte_at(ex.x, k)] << (8 * k);
-            y |= (uint32_t)lut[byte_at(ex.y, k)] << (8 * k);
+            for (int i = 0; i < 4; ++i) {
+                const uint32_t t = (top_pair<D>(ch, i) >> (D::ESHIFT - 3)) & (D::EMASK2 << 3);
+                const uint2 a = *reinterpret_cast<const uint2*>(lut + ((i & 1) ? 4096 : 0) + (t & 0xffffu));  // table 0 or 2
+                const uint2 b = *reinterpret_cast<const uint2*>(lut + ((i & 1) ? 6144 : 2048) + (t >> 16));  // 1 or 3
+                uint2& acc = i < 2 ? lo : hi;
+                acc.x |= a.x | b.x;
+                acc.y |= a.y | b.y;
+            }
+            x = lo.x | (hi.x << 4);
+            y = lo.y | (hi.y << 4);
+        } else {
+            const uint2 ex = chunk_exps<D>(ch);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                x |= (uint32_t)lut[byte_at(ex.x, k)] << (8 * k);
+                y |= (uint32_t)lut[byte_at(ex.y, k)] << (8 * k);
+            }
         }
+        return make_uint2(x, y);
     }
-    return make_uint2(x, y);
 }
 
-// Escape mask (bit k: value k's code is an escape) and raw mask of a chunk's codes.
-template <class D>
-__device__ __forceinline__ uint32_t esc_mask(uint2 code) {
-    if constexpr (kSpread<D>) return __byte_perm(code.y, 0, 0x4442);
-    else return gather_plane(code.x, code.y, 6);  // LUT_ESC
+// Escape mask (bit k: value k's code is an escape) and raw mask of a chunk's codes. Narrow:
+// an escape is T1, all k1 code bits set (K1 = 0: k1 known at run time only).
+template <class D, bool N, int K1>
+__device__ __forceinline__ uint32_t esc_mask(CodeT<N> code, uint32_t k1) {
+    if constexpr (N && K1 == 0) {
+        const uint32_t m1 = k1 < 2 ? 0xffu : 0u, m2 = k1 < 3 ? 0xffu : 0u;
+        return code & ((code >> 8) | m1) & ((code >> 16) | m2) & 0xffu;
+    } else if constexpr (N) {
+        uint32_t e = code;
+        if constexpr (K1 >= 2) e &= code >> 8;
+        if constexpr (K1 >= 3) e &= code >> 16;
+        return e & 0xffu;
+    } else if constexpr (kSpread<D>) {
+        return __byte_perm(code.y, 0, 0x4442);
+    } else {
+        return gather_plane(code.x, code.y, 6);  // LUT_ESC
+    }
 }
-template <class D>
-__device__ __forceinline__ uint32_t raw_mask(uint2 code) {
-    if constexpr (kSpread<D>) return code.y >> 24;
+template <class D, bool N>
+__device__ __forceinline__ uint32_t raw_mask(CodeT<N> code) {
+    if constexpr (N) return code >> 24;
+    else if constexpr (kSpread<D>) return code.y >> 24;
     else return gather_plane(code.x, code.y, 7);  // LUT_RAW
 }
 
-// The bytes of tier-1 planes 0..min(K, 4)-1 of a chunk's codes (byte b = plane b).
-template <class D, int K>
-__device__ __forceinline__ uint32_t tier1_planes4(uint2 code) {
-    if constexpr (kSpread<D>) return code.x;  // code bits >= k1 are 0 (escapes are T1, all ones below k1): bytes >= K are 0
-    else return plane_bytes4<K>(code);
+// The bytes of tier-1 planes 0..min(K1, 4)-1 of a chunk's codes (byte b = plane b; the
+// bytes >= K1 are not stored: quad_transpose puts them in plane words >= K1).
+template <class D, bool N, int K1>
+__device__ __forceinline__ uint32_t tier1_planes4(CodeT<N> code) {
+    if constexpr (N) return code;
+    else if constexpr (kSpread<D>) return code.x;
+    else return plane_bytes4<K1>(code);
 }
 // The fifth tier-1 plane's byte (k1 = 5).
 template <class D>
 __device__ __forceinline__ uint32_t tier1_plane4(uint2 code) {
     if constexpr (kSpread<D>) return code.y & 0xffu;
     else return gather_plane(code.x, code.y, 4);
+}
+
+// The codes of the values >= valid of a chunk cleared.
+template <class D, bool N>
+__device__ __forceinline__ CodeT<N> clear_past(CodeT<N> code, int valid) {
+    if constexpr (kSpread<D>) {
+        const uint32_t vm = (valid <= 0 ? 0u : (1u << valid) - 1u) * 0x01010101u;  // bits < valid of each byte
+        if constexpr (N) return code & vm;
+        else return make_uint2(code.x & vm, code.y & vm);
+    } else {
+        const uint2 vm = valid_mask(valid);
+        return make_uint2(code.x & vm.x, code.y & vm.y);
+    }
 }
 
 // One thread: publish block j's size (`st[j]` is its status word), as soon as it is known,
@@ -408,14 +456,15 @@ __device__ void put_planes2(const EncSmem<CPT>& sm, uint8_t* p2) {
 template <class D>
 constexpr bool kInterleaveCompact = D::SIZE == 2 && D::NSYM == 256;
 
-template <class D, int CPT>
-__device__ __forceinline__ void compact(EncSmem<CPT>& sm, const Chunk<D>& ch, uint2 code, int c, uint32_t k2) {
-    const uint32_t e8 = esc_mask<D>(code);
+template <class D, int CPT, bool N, int K1>
+__device__ __forceinline__ void compact(EncSmem<CPT>& sm, const Chunk<D>& ch, CodeT<N> code, int c, uint32_t k1,
+                                        uint32_t k2) {
+    const uint32_t e8 = esc_mask<D, N, K1>(code, k1);
     uint2 ex;
     if constexpr (kInterleaveCompact<D>) ex = chunk_exps_again<D>(ch);
     if (e8) {  // escapes are common (k1 = 2: ~30 % of values): compacted with two permutes
         if constexpr (!kInterleaveCompact<D>) ex = chunk_exps_again<D>(ch);
-        const uint32_t r8 = raw_mask<D>(code);
+        const uint32_t r8 = raw_mask<D, N>(code);
         const uint32_t o = sm.cnt[c] & 0xffffu, ro = sm.cnt[c] >> 16;
         if (k2) put_compacted(sm.esc + o, ex, sm.cx[e8], __popc(e8));
         if (BFX_ENC_RAW1 && r8 && (r8 & (r8 - 1)) == 0)  // one raw (raws are rare: ~2 % of values)
@@ -430,17 +479,17 @@ __device__ __forceinline__ void compact(EncSmem<CPT>& sm, const Chunk<D>& ch, ui
 // exponents' permutes are shared with the payload's; fp16 and fp32 before, which spills
 // less), and its output words. K1 (= sm.k1) is a template parameter
 // so the plane loop has no run-time width.
-template <class D, int CPT, int K1>
-__device__ __forceinline__ void coded_words(EncSmem<CPT>& sm, const Chunk<D> (&ch)[CPT], const uint2 (&codes)[CPT],
+template <class D, int CPT, bool N, int K1>
+__device__ __forceinline__ void coded_words(EncSmem<CPT>& sm, const Chunk<D> (&ch)[CPT], const CodeT<N> (&codes)[CPT],
                                             Out<D> (&o)[CPT], uint32_t k2) {
 #pragma unroll
     for (int i = 0; i < CPT; ++i) {
         const int c = i * THREADS + threadIdx.x, q = c & 3;
-        const uint2 code = codes[i];
-        if constexpr (kInterleaveCompact<D>) compact<D, CPT>(sm, ch[i], code, c, k2);
-        o[i].w[0] = quad_transpose(tier1_planes4<D, K1>(code), q);
+        const CodeT<N> code = codes[i];
+        if constexpr (kInterleaveCompact<D>) compact<D, CPT, N, K1>(sm, ch[i], code, c, K1, k2);
+        o[i].w[0] = quad_transpose(tier1_planes4<D, N, K1>(code), q);
         o[i].w[1] = 0;
-        if constexpr (K1 == 5) {  // the fifth plane: OR of the quad's bytes
+        if constexpr (K1 == 5 && !N) {  // the fifth plane: OR of the quad's bytes
             uint32_t p4 = tier1_plane4<D>(code) << (8 * q);
             p4 |= __shfl_xor_sync(FULL, p4, 1);
             p4 |= __shfl_xor_sync(FULL, p4, 2);
@@ -506,6 +555,59 @@ __device__ void store_raw(const Out<D> (&o)[CPT], int nb, uint8_t* dst) {
     }
 }
 
+// Phase 1 after choose, with narrow codes (N: k1 <= 3) or not: code every value and count
+// escapes, the exact size (on_size), then the lists and the output words (see
+// encode_block_begin).
+template <class D, int CPT, bool N, class OnSize>
+__device__ __forceinline__ uint32_t encode_codes(EncSmem<CPT>& sm, Out<D> (&o)[CPT], const Chunk<D> (&ch)[CPT], int nb,
+                                                 OnSize on_size) {
+    const int tid = threadIdx.x;
+    const bool full = nb == TILE * CPT;  // uniform: only a partial block has chunk bounds to check
+    const uint32_t k1 = sm.k1;
+    CodeT<N> codes[CPT];
+#pragma unroll
+    for (int i = 0; i < CPT; ++i) {
+        const int c = i * THREADS + tid;
+        codes[i] = chunk_codes<D, CPT, N>(sm, ch[i]);
+        // the block's last chunk (a branch: the mask is rarely needed)
+        if (!full && nb - 8 * c < 8) codes[i] = clear_past<D, N>(codes[i], nb - 8 * c);
+        const uint32_t esc = __popc(esc_mask<D, N, 0>(codes[i], k1)), raw = __popc(raw_mask<D, N>(codes[i]));
+        sm.cnt[c] = esc | (raw << 16);
+    }
+    __syncthreads();
+    const uint32_t tot = block_scan<CPT>(sm.cnt, sm.wtmp);
+    const uint32_t n_esc1 = tot & 0xffffu, n_raw = tot >> 16;
+    const uint32_t raw_size = 8 + pad4((uint32_t)(D::SIZE * nb));
+    const uint32_t size = coded_size<D>(nb, sm.k1, sm.k2, n_esc1, n_raw);
+    on_size(size >= raw_size ? raw_size : size);
+    if (size < raw_size) {
+        const uint32_t k2 = sm.k2;
+        if constexpr (!kInterleaveCompact<D>) {  // fp16 and fp32 spill when interleaved
+#pragma unroll
+            for (int i = 0; i < CPT; ++i) compact<D, CPT, N, 0>(sm, ch[i], codes[i], i * THREADS + tid, k1, k2);
+        }
+        switch (k1) {
+            case 1: coded_words<D, CPT, N, 1>(sm, ch, codes, o, k2); break;
+            case 2: coded_words<D, CPT, N, 2>(sm, ch, codes, o, k2); break;
+            case 3: coded_words<D, CPT, N, 3>(sm, ch, codes, o, k2); break;
+            case 4: if constexpr (!N) coded_words<D, CPT, N, 4>(sm, ch, codes, o, k2); break;
+            default: if constexpr (!N) coded_words<D, CPT, N, 5>(sm, ch, codes, o, k2); break;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < CPT; ++i)
+#pragma unroll
+            for (int k = 0; k < D::WORDS; ++k) o[i].w[k] = ch[i].w[k];
+    }
+    if (tid == 0) {  // read by phase 2 (after the caller's barrier)
+        sm.raw = size >= raw_size;
+        sm.n_esc1 = n_esc1;
+        sm.n_raw = n_raw;
+    }
+    return size >= raw_size ? raw_size : size;
+}
+
+
 // ---- one block, in two phases: the building blocks for kernels that place blocks
 // themselves (the single-pass stream below; fused collectives writing into a peer's slot).
 
@@ -521,7 +623,6 @@ __device__ __forceinline__ uint32_t encode_block_begin(EncSmem<CPT>& sm, Out<D> 
     const int tid = threadIdx.x;
     const bool full = nb == TILE * CPT;  // uniform: only a partial block has chunk bounds to check
     Chunk<D> ch[CPT];
-    uint2 codes[CPT];
     if (tid < D::NSYM) sm.hist[tid] = 0;
     sm.cx[tid] = kCx.v[tid];  // read after the barriers below
 #pragma unroll
@@ -532,54 +633,10 @@ __device__ __forceinline__ uint32_t encode_block_begin(EncSmem<CPT>& sm, Out<D> 
         if (full || 8 * (i * THREADS + tid) < nb) atomicAdd(&sm.hist[chunk_exps<D>(ch[i]).x & 0xffu], 1u);
     __syncthreads();
     choose<D, CPT>(sm, nb, tiers);
-#pragma unroll
-    for (int i = 0; i < CPT; ++i) {
-        const int c = i * THREADS + tid;
-        codes[i] = chunk_codes<D, CPT>(sm, ch[i]);
-        if (!full && nb - 8 * c < 8) {  // the block's last chunk (a branch: the mask is rarely needed)
-            if constexpr (kSpread<D>) {
-                const int valid = nb - 8 * c;
-                const uint32_t vm = (valid <= 0 ? 0u : (1u << valid) - 1u) * 0x01010101u;  // bits < valid of each byte
-                codes[i] = make_uint2(codes[i].x & vm, codes[i].y & vm);
-            } else {
-                const uint2 vm = valid_mask(nb - 8 * c);
-                codes[i] = make_uint2(codes[i].x & vm.x, codes[i].y & vm.y);
-            }
-        }
-        const uint32_t esc = __popc(esc_mask<D>(codes[i])), raw = __popc(raw_mask<D>(codes[i]));
-        sm.cnt[c] = esc | (raw << 16);
+    if constexpr (kSpread<D> && BFX_ENC_NARROW) {
+        if (sm.k1 <= 3) return encode_codes<D, CPT, true>(sm, o, ch, nb, on_size);
     }
-    __syncthreads();
-    const uint32_t tot = block_scan<CPT>(sm.cnt, sm.wtmp);
-    const uint32_t n_esc1 = tot & 0xffffu, n_raw = tot >> 16;
-    const uint32_t raw_size = 8 + pad4((uint32_t)(D::SIZE * nb));
-    const uint32_t size = coded_size<D>(nb, sm.k1, sm.k2, n_esc1, n_raw);
-    on_size(size >= raw_size ? raw_size : size);
-    if (size < raw_size) {
-        const uint32_t k2 = sm.k2;
-        if constexpr (!kInterleaveCompact<D>) {  // fp16 and fp32 spill when interleaved
-#pragma unroll
-            for (int i = 0; i < CPT; ++i) compact<D, CPT>(sm, ch[i], codes[i], i * THREADS + tid, k2);
-        }
-        switch (sm.k1) {
-            case 1: coded_words<D, CPT, 1>(sm, ch, codes, o, k2); break;
-            case 2: coded_words<D, CPT, 2>(sm, ch, codes, o, k2); break;
-            case 3: coded_words<D, CPT, 3>(sm, ch, codes, o, k2); break;
-            case 4: coded_words<D, CPT, 4>(sm, ch, codes, o, k2); break;
-            default: coded_words<D, CPT, 5>(sm, ch, codes, o, k2); break;
-        }
-    } else {
-#pragma unroll
-        for (int i = 0; i < CPT; ++i)
-#pragma unroll
-            for (int k = 0; k < D::WORDS; ++k) o[i].w[k] = ch[i].w[k];
-    }
-    if (tid == 0) {  // read by phase 2 (after the caller's barrier)
-        sm.raw = size >= raw_size;
-        sm.n_esc1 = n_esc1;
-        sm.n_raw = n_raw;
-    }
-    return size >= raw_size ? raw_size : size;
+    return encode_codes<D, CPT, false>(sm, o, ch, nb, on_size);
 }
 
 // Phase 2, every thread, after a barrier that follows phase 1: write the block to `dst`
