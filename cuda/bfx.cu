@@ -187,7 +187,7 @@ __device__ void choose(EncSmem<CPT>& sm, int nb, uint32_t tiers) {
             sm.code2[tid] = (uint8_t)t2;
         }
         if constexpr (kSpread<D>) {
-            if (BFX_ENC_NARROW && sm.k1 <= 3) {  // as chunk_codes<D, CPT, K1> reads them
+            if (BFX_ENC_NARROW && sm.k1 <= 3) {  // as chunk_codes<D, CPT, true> reads them
                 const uint32_t e = (((code & 7u) | ((code >> 4) & 8u)) * 0x00204081u) & 0x01010101u;
 #pragma unroll
                 for (int k = 0; k < 4; ++k) sm.lutn[k][tid] = e << k;
@@ -606,7 +606,6 @@ __device__ __forceinline__ uint32_t encode_codes(EncSmem<CPT>& sm, Out<D> (&o)[C
     }
     return size >= raw_size ? raw_size : size;
 }
-
 
 // ---- one block, in two phases: the building blocks for kernels that place blocks
 // themselves (the single-pass stream below; fused collectives writing into a peer's slot).
