@@ -10,6 +10,8 @@
 // section straight to its final place. No second pass, no compaction.
 #include "bfx.cuh"
 
+#include <type_traits>
+
 namespace bfx {
 
 // ===================================================================== compressor =====
@@ -29,17 +31,9 @@ constexpr bool kSpread = BFX_ENC_SPREAD && D::SIZE == 2;
 #ifndef BFX_ENC_NARROW
 #define BFX_ENC_NARROW 1
 #endif
-template <bool B, class T, class F>
-struct Pick {
-    using type = T;
-};
-template <class T, class F>
-struct Pick<false, T, F> {
-    using type = F;
-};
 // A chunk's codes (chunk_codes): one word when narrow (N), else two.
 template <bool N>
-using CodeT = typename Pick<N, uint32_t, uint2>::type;
+using CodeT = std::conditional_t<N, uint32_t, uint2>;
 // A chunk with a single raw exponent stores it with one byte store; the eight predicated
 // stores only for chunks with more (BFX_ENC_RAW1=0: always the eight).
 #ifndef BFX_ENC_RAW1
