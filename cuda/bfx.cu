@@ -640,6 +640,10 @@ __device__ __forceinline__ void encode_block_end(const EncSmem<CPT>& sm, const O
     else store_coded<D, CPT>(sm, o, nb, dst);
 }
 
+#if defined(BFX_TIMELINE) && !defined(BFX_EMU)
+extern "C" __device__ uint64_t hoccl_bfx_tl_enc[4 * TL_CTAS];
+#endif
+
 // The single-pass stream. scratch[0]: ticket counter; scratch[1 + j]: look-back status of
 // block j (both zeroed by hoccl_bfx_compress_begin). flags bit 0: `in` is 16-byte aligned.
 // (Tried: a second instance for full blocks with nb a compile-time constant, which folds the
@@ -651,9 +655,13 @@ __device__ void compress_kernel(const uint8_t* in, uint64_t n, uint32_t B, uint3
     __shared__ EncSmem<CPT> sm;
     BFX_EMU_POISON(sm);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+#if defined(BFX_TIMELINE) && !defined(BFX_EMU)
+    const uint64_t tl0 = tl_now();
+#endif
     if (tid == 0) sm.ticket = atomicAdd(reinterpret_cast<unsigned long long*>(scratch), 1ull);
     __syncthreads();
     const uint64_t j = sm.ticket, start = j * B;
+    BFX_TL_STAMP(hoccl_bfx_tl_enc, j, 0, tl0);
     const int nb = (int)(n - start < B ? n - start : B);
     Out<D> o[CPT];
     const uint32_t size = encode_block_begin<D, CPT>(sm, o, in + start * D::SIZE, nb, tiers, flags & 1, [&](uint32_t sz) {
@@ -670,7 +678,13 @@ __device__ void compress_kernel(const uint8_t* in, uint64_t n, uint32_t B, uint3
         }
     }
     __syncthreads();
+    BFX_TL_STAMP(hoccl_bfx_tl_enc, j, 1, tl_now());
     encode_block_end<D, CPT>(sm, o, nb, out + sm.offset);
+#if defined(BFX_TIMELINE) && !defined(BFX_EMU)
+    __syncthreads();
+    BFX_TL_STAMP(hoccl_bfx_tl_enc, j, 2, tl_now());
+    BFX_TL_STAMP(hoccl_bfx_tl_enc, j, 3, tl_smid() | ((uint64_t)gridDim.x << 8));
+#endif
 }
 
 }  // namespace bfx

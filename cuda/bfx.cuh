@@ -353,6 +353,32 @@ __device__ __forceinline__ void cp_async_wait_all() {
 #endif
 }
 
+// Diagnostics (BFX_TIMELINE builds only, never the shipped kernels): thread 0 of every CTA
+// stamps %globaltimer (ns) into the module global hoccl_bfx_tl_enc / _dec, which
+// codec_bench --timeline reads back (compress::kernel_timeline): per CTA (the compressor's
+// by ticket, the decoder's by blockIdx) 4 words: its start, a mid point (compressor: the
+// offset known after the look-back; decoder: the prefix summed, first block next), its
+// end, and smid | gridDim.x << 8. The decoder keeps its stamps in shared memory and
+// writes the four words at its end (stores at three places made it spill); its CTAs
+// without blocks write nothing. The shipped kernels' SASS is the same with this file.
+#if defined(BFX_TIMELINE) && !defined(BFX_EMU)
+constexpr uint32_t TL_CTAS = 65536;
+__device__ __forceinline__ uint64_t tl_now() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ uint32_t tl_smid() {
+    uint32_t s;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
+    return s;
+}
+#define BFX_TL_STAMP(arr, cta, k, v) \
+    do { if (threadIdx.x == 0 && (cta) < bfx::TL_CTAS) (arr)[4 * (uint64_t)(cta) + (k)] = (v); } while (0)
+#else
+#define BFX_TL_STAMP(arr, cta, k, v) do { } while (0)
+#endif
+
 __device__ __forceinline__ void spin_pause() {
 #ifdef BFX_EMU
     emu_yield();

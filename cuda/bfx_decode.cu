@@ -38,6 +38,9 @@ struct DecSmem {
     uint32_t next[2][3];  // the next block's size and header words (decompress_kernel)
     uint32_t rt;
     uint32_t err;
+#if defined(BFX_TIMELINE) && !defined(BFX_EMU)
+    uint64_t tl[2];  // this CTA's start and mid point, written out at its end (one global store site: fewer spills)
+#endif
 #ifdef BFX_DEC_PAD  // experiments: fewer CTAs per SM (the launcher's occupancy calculator)
     uint8_t pad[BFX_DEC_PAD];
 #endif
@@ -488,6 +491,10 @@ __device__ uint32_t check_stream(const uint8_t* in, uint64_t in_len, uint64_t n,
     return ST_OK;
 }
 
+#if defined(BFX_TIMELINE) && !defined(BFX_EMU)
+extern "C" __device__ uint64_t hoccl_bfx_tl_dec[4 * TL_CTAS];
+#endif
+
 // flags bit 0: `out` is 16-byte aligned; bit 1: `out` is 4-byte aligned.
 template <class D>
 __device__ void decompress_kernel(const uint8_t* in, uint64_t in_len, uint8_t* out, uint64_t n, uint32_t* status,
@@ -496,6 +503,9 @@ __device__ void decompress_kernel(const uint8_t* in, uint64_t in_len, uint8_t* o
     BFX_DYN_SMEM(DecSmem, sm);
     BFX_EMU_POISON(sm);
     const int tid = threadIdx.x;
+#if defined(BFX_TIMELINE) && !defined(BFX_EMU)
+    if (tid == 0) sm.tl[0] = tl_now();
+#endif
     if (tid == 0) sm.err = 0;
     uint32_t B = 0, nblocks = 0;
     const uint32_t st = check_stream<D>(in, in_len, n, B, nblocks);
@@ -546,6 +556,9 @@ __device__ void decompress_kernel(const uint8_t* in, uint64_t in_len, uint8_t* o
         sm.next[b0 & 1][2] = hdr ? ld32(in + off + 4) : 0u;
     }
     __syncthreads();
+#if defined(BFX_TIMELINE) && !defined(BFX_EMU)
+    if (tid == 0) sm.tl[1] = tl_now();
+#endif
     for (uint64_t j = b0; j < b1; ++j) {
         const uint32_t bytes = sm.next[j & 1][0];
         if (tid == 0 && j + 1 < b1) {  // read after this block's last barrier
@@ -581,6 +594,15 @@ __device__ void decompress_kernel(const uint8_t* in, uint64_t in_len, uint8_t* o
             __syncthreads();
         }
     }
+#if defined(BFX_TIMELINE) && !defined(BFX_EMU)
+    if (tid == 0 && blockIdx.x < TL_CTAS) {
+        uint64_t* e = hoccl_bfx_tl_dec + 4 * (uint64_t)blockIdx.x;
+        e[0] = sm.tl[0];
+        e[1] = sm.tl[1];
+        e[2] = tl_now();
+        e[3] = tl_smid() | ((uint64_t)gridDim.x << 8);
+    }
+#endif
 }
 
 }  // namespace bfx

@@ -139,6 +139,21 @@ impl CudaDevice {
         Ok(())
     }
 
+    /// The address and size of the module's global `name`, None when the module has none.
+    /// The context must be current.
+    fn global_ptr(cache: &mut KernelCache, name: &str) -> Result<Option<(sys::CUdeviceptr, usize)>> {
+        let module = Self::module(cache)?;
+        let cname = CString::new(name).map_err(|_| Error::invalid_arg(OP, format!("global name {name:?} contains NUL")))?;
+        let (mut dptr, mut bytes): (sys::CUdeviceptr, usize) = (0, 0);
+        // SAFETY: module is loaded in the current context; valid out-pointers and C string.
+        let r = unsafe { sys::cuModuleGetGlobal_v2(&mut dptr, &mut bytes, module, cname.as_ptr()) };
+        if r == sys::CUresult::CUDA_ERROR_NOT_FOUND {
+            return Ok(None);
+        }
+        check(OP, "cuModuleGetGlobal", r)?;
+        Ok(Some((dptr, bytes)))
+    }
+
     /// The value of the module's `u32` global `name` (a constant a kernel file publishes,
     /// such as the shared memory a kernel needs); read once and cached.
     pub(crate) fn module_u32(&self, name: &str) -> Result<u32> {
@@ -147,15 +162,9 @@ impl CudaDevice {
         }
         let _g = self.enter(OP)?;
         let mut cache = lock(&self.kernels);
-        let module = Self::module(&mut cache)?;
-        let cname = CString::new(name).map_err(|_| Error::invalid_arg(OP, format!("global name {name:?} contains NUL")))?;
-        let (mut dptr, mut bytes): (sys::CUdeviceptr, usize) = (0, 0);
-        // SAFETY: module is loaded in the current context; valid out-pointers and C string.
-        let r = unsafe { sys::cuModuleGetGlobal_v2(&mut dptr, &mut bytes, module, cname.as_ptr()) };
-        if r == sys::CUresult::CUDA_ERROR_NOT_FOUND {
+        let Some((dptr, bytes)) = Self::global_ptr(&mut cache, name)? else {
             return Err(Error::invalid_arg(OP, format!("no global named {name} in the kernels")));
-        }
-        check(OP, "cuModuleGetGlobal", r)?;
+        };
         if bytes != 4 {
             return Err(Error::invalid_arg(OP, format!("global {name} has {bytes} bytes, not 4")));
         }
@@ -164,6 +173,20 @@ impl CudaDevice {
         check(OP, "cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(&mut v as *mut u32 as *mut c_void, dptr, 4) })?;
         cache.globals.insert(name.to_string(), v);
         Ok(v)
+    }
+
+    /// The current bytes of the module's global `name` (diagnostics, read each time; the
+    /// copy waits for the device's work), None when the module has no such global.
+    pub(crate) fn module_bytes(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        let _g = self.enter(OP)?;
+        let mut cache = lock(&self.kernels);
+        let Some((dptr, bytes)) = Self::global_ptr(&mut cache, name)? else {
+            return Ok(None);
+        };
+        let mut v = vec![0u8; bytes];
+        // SAFETY: dptr is a device global of `bytes` bytes of this context's module; v holds as many.
+        check(OP, "cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(v.as_mut_ptr() as *mut c_void, dptr, bytes) })?;
+        Ok(Some(v))
     }
 
     /// CTAs of kernel `name` that fit one SM with `block` threads and `smem` bytes of
