@@ -14,7 +14,7 @@ def load(path):
     rows = []
     for line in open(path):
         t0, t1, t2, sm = (int(x) for x in line.split())
-        if t2 >= t0 > 0:  # idle decoder CTAs (no blocks) write their start only
+        if t2 >= t0 > 0:  # decoder CTAs without blocks write nothing (zeros)
             rows.append((t0, t1, t2, sm))
     return rows
 
@@ -57,7 +57,7 @@ def summary(path):
           f" the span lost to the ramp, the tail and idle slots)")
     print(f"  resident CTAs: peak {peak:.0f}; time with fewer than half of that {lo:.1f} us"
           f" ({sum(0.5 for a in act[: nbin // 2] if a < 0.5 * peak):.1f} in the first half)")
-    # the last 10 % of the span and the first 10 %, bin by bin (coarse)
+    # resident CTAs over the whole span in ~20 coarse bins
     step = max(1, nbin // 20)
     prof = " ".join(f"{sum(act[i:i + step]) / step:.0f}" for i in range(0, nbin, step))
     print(f"  resident over time ({step * 0.5:.1f} us bins): {prof}")
