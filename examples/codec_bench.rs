@@ -7,9 +7,10 @@
 //!             [--min-size 32K] [--fixture FILE] [--backend cuda|host] [--timeline DIR]
 //! ```
 //! `--timeline DIR` (diagnostics, with kernels built with `-DBFX_TIMELINE` through
-//! `HOCCL_KERNELS`): after each size's timing, two calls each way back to back, and the
-//! second's per-CTA timeline (`compress::kernel_timeline`) to `DIR/{enc,dec}-<bytes>.txt`,
-//! one CTA per line: start, mid point, end (ns), SM.
+//! `HOCCL_KERNELS`): after each size's timing, one call each way per buffer slot, at most
+//! two back to back (one slot from 256 MiB up), and the last call's per-CTA timeline
+//! (`compress::kernel_timeline`) to `DIR/{enc,dec}-<bytes>.txt`, one CTA per line: start,
+//! mid point, end (ns), SM.
 //! Method: every size rotates through enough buffers that one pass touches >= 256 MiB (far
 //! beyond L2), so each repetition reads HBM; a measurement enqueues R repetitions between
 //! two stream synchronizations (host timer), and the median of 5 measurements is reported.
