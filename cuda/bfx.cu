@@ -60,6 +60,9 @@ struct EncSmem {
     uint32_t wtmp[WARPS];
     uint64_t ticket, offset;
     uint32_t k1, k2, n_esc1, n_raw, raw;
+#if defined(BFX_TIMELINE) && defined(BFX_TL_PHASE) && !defined(BFX_EMU)
+    uint64_t tl_mark;  // BFX_TL_MARK
+#endif
 };
 
 // cx[m]: nibble i of .x (.y) is the position of set bit i (4 + i) of m (unused nibbles 0).
@@ -570,6 +573,7 @@ __device__ __forceinline__ uint32_t encode_codes(EncSmem<CPT>& sm, Out<D> (&o)[C
     }
     __syncthreads();
     const uint32_t tot = block_scan<CPT>(sm.cnt, sm.wtmp);
+    BFX_TL_MARK(sm, 3);
     const uint32_t n_esc1 = tot & 0xffffu, n_raw = tot >> 16;
     const uint32_t raw_size = 8 + pad4((uint32_t)(D::SIZE * nb));
     const uint32_t size = coded_size<D>(nb, sm.k1, sm.k2, n_esc1, n_raw);
@@ -593,6 +597,7 @@ __device__ __forceinline__ uint32_t encode_codes(EncSmem<CPT>& sm, Out<D> (&o)[C
 #pragma unroll
             for (int k = 0; k < D::WORDS; ++k) o[i].w[k] = ch[i].w[k];
     }
+    BFX_TL_MARK(sm, 4);
     if (tid == 0) {  // read by phase 2 (after the caller's barrier)
         sm.raw = size >= raw_size;
         sm.n_esc1 = n_esc1;
@@ -625,7 +630,9 @@ __device__ __forceinline__ uint32_t encode_block_begin(EncSmem<CPT>& sm, Out<D> 
     for (int i = 0; i < CPT; ++i)
         if (full || 8 * (i * THREADS + tid) < nb) atomicAdd(&sm.hist[chunk_exps<D>(ch[i]).x & 0xffu], 1u);
     __syncthreads();
+    BFX_TL_MARK(sm, 1);
     choose<D, CPT>(sm, nb, tiers);
+    BFX_TL_MARK(sm, 2);
     if constexpr (kSpread<D> && BFX_ENC_NARROW) {
         if (sm.k1 <= 3) return encode_codes<D, CPT, true>(sm, o, ch, nb, on_size);
     }
@@ -678,7 +685,11 @@ __device__ void compress_kernel(const uint8_t* in, uint64_t n, uint32_t B, uint3
         }
     }
     __syncthreads();
+#ifdef BFX_TL_PHASE
+    BFX_TL_STAMP(hoccl_bfx_tl_enc, j, 1, sm.tl_mark);
+#else
     BFX_TL_STAMP(hoccl_bfx_tl_enc, j, 1, tl_now());
+#endif
     encode_block_end<D, CPT>(sm, o, nb, out + sm.offset);
 #if defined(BFX_TIMELINE) && !defined(BFX_EMU)
     __syncthreads();

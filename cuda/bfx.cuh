@@ -378,6 +378,16 @@ __device__ __forceinline__ uint32_t tl_smid() {
 #else
 #define BFX_TL_STAMP(arr, cta, k, v) do { } while (0)
 #endif
+// -DBFX_TL_PHASE=n (with BFX_TIMELINE): the compressor's mid point is phase mark n instead
+// of the look-back's end: 1 the histogram done (so the block loaded), 2 the widths chosen,
+// 3 the exact size known (block scan), 4 the output words computed (warp 0's look-back
+// next). One build per mark; codec_bench --timeline and timeline.py read them as usual.
+#if defined(BFX_TIMELINE) && defined(BFX_TL_PHASE) && !defined(BFX_EMU)
+#define BFX_TL_MARK(sm, n) \
+    do { if ((n) == BFX_TL_PHASE && threadIdx.x == 0) (sm).tl_mark = bfx::tl_now(); } while (0)
+#else
+#define BFX_TL_MARK(sm, n) do { } while (0)
+#endif
 
 __device__ __forceinline__ void spin_pause() {
 #ifdef BFX_EMU
