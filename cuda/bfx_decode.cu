@@ -40,6 +40,9 @@ struct DecSmem {
     uint32_t err;
 #if defined(BFX_TIMELINE) && !defined(BFX_EMU)
     uint64_t tl[2];  // this CTA's start and mid point, written out at its end (one global store site: fewer spills)
+#ifdef BFX_TL_DPHASE
+    uint64_t tl_acc, tl_blk;  // BFX_TL_DMARK: the blocks' summed time to the mark; this block's start
+#endif
 #endif
 #ifdef BFX_DEC_PAD  // experiments: fewer CTAs per SM (the launcher's occupancy calculator)
     uint8_t pad[BFX_DEC_PAD];
@@ -319,6 +322,7 @@ __device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& staged, bool ali
         sm.pre[g] = v;
     }
     __syncthreads();
+    BFX_TL_DMARK(sm, 2);
     const uint32_t tot = block_scan<GPT, DT>(sm.pre, sm.wtmp);
     if ((tot & 0xffffu) != n_esc1) return ST_ESCAPES;
     if (k2 && (tot >> 16) != d.n_raw) return ST_RAWS;
@@ -350,6 +354,7 @@ __device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& staged, bool ali
         __syncthreads();
         if (sm.err) return sm.err;
     }
+    BFX_TL_DMARK(sm, 3);
     const uint8_t* esc = k2 ? sm.esc : d.raw;  // one tier: every escape is raw, in order
     const uint2 tw = *reinterpret_cast<const uint2*>(sm.table);
     for (int c = tid; 8 * c < d.nb; c += DT) {
@@ -391,6 +396,7 @@ __device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& staged, bool ali
         put_values<D>(d, v0, valid, ex, pl, aligned);
     }
     __syncthreads();  // sm.err, and the end of this block's reads of sm.stage
+    BFX_TL_DMARK(sm, 4);
     return sm.err;
 }
 
@@ -457,6 +463,7 @@ __device__ uint32_t decode_block(DecSmem& sm, BlockDesc& d, uint32_t bytes, uint
     }
     if (staged) cp_async_wait_all();
     __syncthreads();
+    BFX_TL_DMARK(sm, 1);
     if (sm.err) return sm.err;
     if (staged && (uint32_t)d.nb <= STAGED_MAX_NB) {
         switch (d.k1) {
@@ -505,6 +512,9 @@ __device__ void decompress_kernel(const uint8_t* in, uint64_t in_len, uint8_t* o
     const int tid = threadIdx.x;
 #if defined(BFX_TIMELINE) && !defined(BFX_EMU)
     if (tid == 0) sm.tl[0] = tl_now();
+#ifdef BFX_TL_DPHASE
+    if (tid == 0) sm.tl_acc = 0;
+#endif
 #endif
     if (tid == 0) sm.err = 0;
     uint32_t B = 0, nblocks = 0;
@@ -560,6 +570,9 @@ __device__ void decompress_kernel(const uint8_t* in, uint64_t in_len, uint8_t* o
     if (tid == 0) sm.tl[1] = tl_now();
 #endif
     for (uint64_t j = b0; j < b1; ++j) {
+#if defined(BFX_TIMELINE) && defined(BFX_TL_DPHASE) && !defined(BFX_EMU)
+        if (tid == 0) sm.tl_blk = tl_now();
+#endif
         const uint32_t bytes = sm.next[j & 1][0];
         if (tid == 0 && j + 1 < b1) {  // read after this block's last barrier
             uint32_t* next = sm.next[(j + 1) & 1];
@@ -598,7 +611,11 @@ __device__ void decompress_kernel(const uint8_t* in, uint64_t in_len, uint8_t* o
     if (tid == 0 && blockIdx.x < TL_CTAS) {
         uint64_t* e = hoccl_bfx_tl_dec + 4 * (uint64_t)blockIdx.x;
         e[0] = sm.tl[0];
+#ifdef BFX_TL_DPHASE
+        e[1] = sm.tl[0] + sm.tl_acc;
+#else
         e[1] = sm.tl[1];
+#endif
         e[2] = tl_now();
         e[3] = tl_smid() | ((uint64_t)gridDim.x << 8);
     }
