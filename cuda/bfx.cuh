@@ -391,7 +391,8 @@ __device__ __forceinline__ uint32_t tl_smid() {
 // -DBFX_TL_DPHASE=n (with BFX_TIMELINE): the decoder's mid point is its start plus the time
 // its blocks spent from their start to mark n, summed over the CTA's blocks: 1 the block
 // staged (after the stage's barrier), 2 the plane counts done (phase 1's first barrier),
-// 3 phase 3 next (escapes resolved), 4 the block's end.
+// 3 phase 3 next (escapes resolved), 4 the block's end (marks 2-4 in staged blocks only: the
+// tile path and raw blocks add nothing to them).
 #if defined(BFX_TIMELINE) && defined(BFX_TL_DPHASE) && !defined(BFX_EMU)
 #define BFX_TL_DMARK(sm, n) \
     do { if ((n) == BFX_TL_DPHASE && threadIdx.x == 0) (sm).tl_acc += bfx::tl_now() - (sm).tl_blk; } while (0)
