@@ -179,8 +179,10 @@ impl CudaDevice {
     /// copy waits for the device's work), None when the module has no such global.
     pub(crate) fn module_bytes(&self, name: &str) -> Result<Option<Vec<u8>>> {
         let _g = self.enter(OP)?;
-        let mut cache = lock(&self.kernels);
-        let Some((dptr, bytes)) = Self::global_ptr(&mut cache, name)? else {
+        // The kernel cache's lock only for the lookup, not across the copy, which waits for
+        // the device (launches on other threads take that lock); the module stays loaded
+        // until the device drops.
+        let Some((dptr, bytes)) = Self::global_ptr(&mut lock(&self.kernels), name)? else {
             return Ok(None);
         };
         let mut v = vec![0u8; bytes];
