@@ -14,6 +14,17 @@
 
 namespace bfx {
 
+// Threads per compressor CTA (one block per CTA; a thread holds B / (8·ET) chunks).
+// 256 by default; BFX_ENC_THREADS=512 builds 512-thread CTAs (an experiment knob). The
+// launcher reads it from the module (hoccl_bfx_compress_threads).
+#ifndef BFX_ENC_THREADS
+#define BFX_ENC_THREADS 256
+#endif
+constexpr int ET = BFX_ENC_THREADS;
+constexpr int EWARPS = ET / 32;
+constexpr int ETILE = ET * 8;  // values per CTA step
+static_assert(ET == 256 || ET == 512, "compressor CTAs of 256 or 512 threads");
+
 // ===================================================================== compressor =====
 
 // The codes of a chunk, kept as their bit planes ("spread") or as code bytes: see
@@ -48,16 +59,16 @@ struct EncSmem {
     uint16_t rank[256];
     uint8_t code2[256];
     uint8_t table[32];
-    uint32_t cnt[THREADS * CPT];  // per chunk: escapes | raws << 16, then exclusive prefix
-    alignas(8) uint8_t esc[TILE * CPT];  // exponent of each escape, by escape ordinal (k2 > 0)
+    uint32_t cnt[ET * CPT];  // per chunk: escapes | raws << 16, then exclusive prefix
+    alignas(8) uint8_t esc[ETILE * CPT];  // exponent of each escape, by escape ordinal (k2 > 0)
     union {  // the tables while coding, then the raw list
-        alignas(8) uint8_t rawb[TILE * CPT];  // raw exponents by raw ordinal
+        alignas(8) uint8_t rawb[ETILE * CPT];  // raw exponents by raw ordinal
         uint2 lut[4][256];      // per symbol: its code byte's bits spread to bit 0 of each byte,
                                 // shifted by 0-3 bits (or, bytes: lut[0] as its code byte)
         uint32_t lutn[4][256];  // narrow: code bits 0-2 and the raw flag spread, shifted by 0-3
     };
     uint2 cx[256];  // compaction selectors (kCx)
-    uint32_t wtmp[WARPS];
+    uint32_t wtmp[EWARPS];
     uint64_t ticket, offset;
     uint32_t k1, k2, n_esc1, n_raw, raw;
 #if defined(BFX_TIMELINE) && defined(BFX_TL_PHASE) && !defined(BFX_EMU)
@@ -127,7 +138,7 @@ __device__ void choose(EncSmem<CPT>& sm, int nb, uint32_t tiers) {
     __syncthreads();
     uint32_t base = 0, m = 0;
 #pragma unroll
-    for (int w = 0; w < WARPS; ++w) {
+    for (int w = 0; w < EWARPS; ++w) {
         uint32_t t = sm.wtmp[w];
         base += w < warp ? t : 0u;
         m += t;
@@ -423,7 +434,7 @@ template <int CPT>
 __device__ void put_planes2(const EncSmem<CPT>& sm, uint8_t* p2) {
     const int tid = threadIdx.x;
     const uint32_t k2 = sm.k2, n_esc1 = sm.n_esc1, units = 4 * ((n_esc1 + 31) / 32);
-    for (uint32_t u0 = 0; u0 < units; u0 += THREADS) {
+    for (uint32_t u0 = 0; u0 < units; u0 += ET) {
         const uint32_t u = u0 + tid, q = u & 3, g = u >> 2;
         uint2 code = make_uint2(0, 0);
         if (u < units) {
@@ -481,7 +492,7 @@ __device__ __forceinline__ void coded_words(EncSmem<CPT>& sm, const Chunk<D> (&c
                                             Out<D> (&o)[CPT], uint32_t k2) {
 #pragma unroll
     for (int i = 0; i < CPT; ++i) {
-        const int c = i * THREADS + threadIdx.x, q = c & 3;
+        const int c = i * ET + threadIdx.x, q = c & 3;
         const CodeT<N> code = codes[i];
         if constexpr (kInterleaveCompact<D>) compact<D, CPT, N, K1>(sm, ch[i], code, c, K1, k2);
         o[i].w[0] = quad_transpose(tier1_planes4<D, N, K1>(code), q);
@@ -502,7 +513,7 @@ __device__ void store_coded(const EncSmem<CPT>& sm, const Out<D> (&o)[CPT], int 
     const int tid = threadIdx.x;
     const uint32_t k1 = sm.k1, k2 = sm.k2, tt = tier(k1) + tier(k2), G = ((uint32_t)nb + 31) / 32;
     const uint32_t n_esc1 = sm.n_esc1, n_raw = sm.n_raw;
-    const bool full = nb == TILE * CPT;  // uniform: no chunk bounds to check
+    const bool full = nb == ETILE * CPT;  // uniform: no chunk bounds to check
     uint8_t* p1 = dst + 8 + pad4(tt);
     uint8_t* p2 = p1 + 4 * G * k1;
     uint8_t* raw = p2 + 4 * ((n_esc1 + 31) / 32) * k2;
@@ -520,13 +531,13 @@ __device__ void store_coded(const EncSmem<CPT>& sm, const Out<D> (&o)[CPT], int 
     }
 #pragma unroll
     for (int i = 0; i < CPT; ++i) {
-        const int c = i * THREADS + tid, q = c & 3;
+        const int c = i * ET + tid, q = c & 3;
         const uint32_t g = (uint32_t)c >> 2;
         if ((full || g < G) && (uint32_t)q < k1) st32(p1 + 4 * (g * k1 + q), o[i].w[0]);
         if (k1 == 5 && (full || g < G) && q == 0) st32(p1 + 4 * (g * 5 + 4), o[i].w[1]);
         store_payload<D>(o[i], c, nb, G, pay, full);
     }
-    for (uint32_t w = tid; w < pad4(n_raw) / 4; w += THREADS) {
+    for (uint32_t w = tid; w < pad4(n_raw) / 4; w += ET) {
         uint32_t v = *reinterpret_cast<const uint32_t*>(sm.rawb + 4 * w);
         if (4 * w + 4 > n_raw) v &= (1u << (8 * (n_raw & 3))) - 1u;  // zero padding
         st32(raw + 4 * w, v);
@@ -542,10 +553,10 @@ __device__ void store_raw(const Out<D> (&o)[CPT], int nb, uint8_t* dst) {
         st32(dst + 4, 0);
     }
     const uint32_t bytes = pad4((uint32_t)(D::SIZE * nb));
-    const bool full = nb == TILE * CPT;  // uniform: no chunk bounds to check
+    const bool full = nb == ETILE * CPT;  // uniform: no chunk bounds to check
 #pragma unroll
     for (int i = 0; i < CPT; ++i) {
-        const uint32_t base = (uint32_t)(i * THREADS + tid) * 8 * D::SIZE;
+        const uint32_t base = (uint32_t)(i * ET + tid) * 8 * D::SIZE;
 #pragma unroll
         for (int k = 0; k < D::WORDS; ++k)
             if (full || base + 4 * k < bytes) st32(dst + 8 + base + 4 * k, o[i].w[k]);
@@ -559,12 +570,12 @@ template <class D, int CPT, bool N, class OnSize>
 __device__ __forceinline__ uint32_t encode_codes(EncSmem<CPT>& sm, Out<D> (&o)[CPT], const Chunk<D> (&ch)[CPT], int nb,
                                                  OnSize on_size) {
     const int tid = threadIdx.x;
-    const bool full = nb == TILE * CPT;  // uniform: only a partial block has chunk bounds to check
+    const bool full = nb == ETILE * CPT;  // uniform: only a partial block has chunk bounds to check
     const uint32_t k1 = sm.k1;
     CodeT<N> codes[CPT];
 #pragma unroll
     for (int i = 0; i < CPT; ++i) {
-        const int c = i * THREADS + tid;
+        const int c = i * ET + tid;
         codes[i] = chunk_codes<D, CPT, N>(sm, ch[i]);
         // the block's last chunk (a branch: the mask is rarely needed)
         if (!full && nb - 8 * c < 8) codes[i] = clear_past<D, N>(codes[i], nb - 8 * c);
@@ -572,7 +583,7 @@ __device__ __forceinline__ uint32_t encode_codes(EncSmem<CPT>& sm, Out<D> (&o)[C
         sm.cnt[c] = esc | (raw << 16);
     }
     __syncthreads();
-    const uint32_t tot = block_scan<CPT>(sm.cnt, sm.wtmp);
+    const uint32_t tot = block_scan<CPT, ET>(sm.cnt, sm.wtmp);
     BFX_TL_MARK(sm, 3);
     const uint32_t n_esc1 = tot & 0xffffu, n_raw = tot >> 16;
     const uint32_t raw_size = 8 + pad4((uint32_t)(D::SIZE * nb));
@@ -582,7 +593,7 @@ __device__ __forceinline__ uint32_t encode_codes(EncSmem<CPT>& sm, Out<D> (&o)[C
         const uint32_t k2 = sm.k2;
         if constexpr (!kInterleaveCompact<D>) {  // fp16 and fp32 spill when interleaved
 #pragma unroll
-            for (int i = 0; i < CPT; ++i) compact<D, CPT, N, 0>(sm, ch[i], codes[i], i * THREADS + tid, k1, k2);
+            for (int i = 0; i < CPT; ++i) compact<D, CPT, N, 0>(sm, ch[i], codes[i], i * ET + tid, k1, k2);
         }
         switch (k1) {
             case 1: coded_words<D, CPT, N, 1>(sm, ch, codes, o, k2); break;
@@ -609,7 +620,7 @@ __device__ __forceinline__ uint32_t encode_codes(EncSmem<CPT>& sm, Out<D> (&o)[C
 // ---- one block, in two phases: the building blocks for kernels that place blocks
 // themselves (the single-pass stream below; fused collectives writing into a peer's slot).
 
-// Phase 1, every thread of a CTA of THREADS: load the block at `src` (nb values, nb <=
+// Phase 1, every thread of a CTA of ET: load the block at `src` (nb values, nb <=
 // 2048·CPT; `aligned`: src is 16-byte aligned), choose its table and widths, code every
 // value and count escapes; call on_size(size) (every thread, as soon as the block's exact
 // size in bytes is known: the stream publishes it for the look-back); then compact the
@@ -619,16 +630,16 @@ template <class D, int CPT, class OnSize>
 __device__ __forceinline__ uint32_t encode_block_begin(EncSmem<CPT>& sm, Out<D> (&o)[CPT], const uint8_t* src, int nb,
                                                        uint32_t tiers, bool aligned, OnSize on_size) {
     const int tid = threadIdx.x;
-    const bool full = nb == TILE * CPT;  // uniform: only a partial block has chunk bounds to check
+    const bool full = nb == ETILE * CPT;  // uniform: only a partial block has chunk bounds to check
     Chunk<D> ch[CPT];
     if (tid < D::NSYM) sm.hist[tid] = 0;
-    sm.cx[tid] = kCx.v[tid];  // read after the barriers below
+    if (ET == 256 || tid < 256) sm.cx[tid] = kCx.v[tid];  // read after the barriers below
 #pragma unroll
-    for (int i = 0; i < CPT; ++i) ch[i] = load_chunk<D>(src, i * THREADS + tid, nb, aligned, full);
+    for (int i = 0; i < CPT; ++i) ch[i] = load_chunk<D>(src, i * ET + tid, nb, aligned, full);
     __syncthreads();
 #pragma unroll
     for (int i = 0; i < CPT; ++i)
-        if (full || 8 * (i * THREADS + tid) < nb) atomicAdd(&sm.hist[chunk_exps<D>(ch[i]).x & 0xffu], 1u);
+        if (full || 8 * (i * ET + tid) < nb) atomicAdd(&sm.hist[chunk_exps<D>(ch[i]).x & 0xffu], 1u);
     __syncthreads();
     BFX_TL_MARK(sm, 1);
     choose<D, CPT>(sm, nb, tiers);
@@ -731,15 +742,19 @@ extern "C" __global__ void __launch_bounds__(256) hoccl_bfx_compress_begin(uint8
 
 // 4 CTAs per SM. The kernels holding 64 values per thread (CPT * WORDS >= 32) would use 80
 // registers at 3 CTAs per SM; held to 64 they spill ~200 bytes but ran 3-5 % faster on the
-// H200 (bf16, 1 GiB, both tier modes). BFX_ENC_MINB overrides it (experiments).
+// H200 (bf16, 1 GiB, both tier modes). BFX_ENC_MINB overrides it (experiments). A kernel's
+// name says its block in steps of 2048 values (CPT: chunks per thread at 256 threads); at
+// ET threads a thread holds CPT * 256 / ET of them (at least one).
 #ifndef BFX_ENC_MINB
 #define BFX_ENC_MINB 4
 #endif
+extern "C" __device__ uint32_t hoccl_bfx_compress_threads = bfx::ET;
 #define BFX_COMPRESS(NAME, D, CPT)                                                                  \
-    extern "C" __global__ void __launch_bounds__(256, CPT * D::WORDS >= 32 ? BFX_ENC_MINB : 4)      \
+    extern "C" __global__ void __launch_bounds__(bfx::ET, CPT * D::WORDS >= 32 ? BFX_ENC_MINB : 1024 / bfx::ET) \
         NAME(const uint8_t* in, uint64_t n, uint32_t B, uint32_t tiers, uint8_t* out, uint64_t* scratch, \
              uint64_t* out_len, uint32_t flags) {                                                   \
-        bfx::compress_kernel<D, CPT>(in, n, B, tiers, out, scratch, out_len, flags);                 \
+        bfx::compress_kernel<D, (CPT * 256 / bfx::ET > 0 ? CPT * 256 / bfx::ET : 1)>(in, n, B, tiers, out, scratch, \
+                                                                                 out_len, flags);   \
     }
 BFX_COMPRESS(hoccl_bfx_compress_bf16_1, bfx::Bf16T, 1)
 BFX_COMPRESS(hoccl_bfx_compress_bf16_2, bfx::Bf16T, 2)

@@ -83,7 +83,7 @@ static int compress(const std::string& dt, uint32_t B, uint32_t tiers, const cha
         BFX_CALL("f32", 4, hoccl_bfx_compress_f32_4)
 #undef BFX_CALL
     };
-    if (nblocks > 0) emu::launch((unsigned)nblocks, 256, body);
+    if (nblocks > 0) emu::launch((unsigned)nblocks, bfx::ET, body);
     if (out_len == 0 || out_len > cap) {
         std::fprintf(stderr, "bad out_len %llu\n", (unsigned long long)out_len);
         return 1;

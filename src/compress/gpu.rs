@@ -21,6 +21,8 @@ const THREADS: u32 = 256;
 const TILE: u32 = THREADS * 8;
 /// The decoder publishes the dynamic shared memory a CTA needs in this module global.
 const DECODE_SMEM_GLOBAL: &str = "hoccl_bfx_decode_smem";
+/// Module global: threads per compressor CTA (the kernel file's choice).
+const COMPRESS_THREADS_GLOBAL: &str = "hoccl_bfx_compress_threads";
 /// Module global: threads per decoder CTA (the kernel file's choice).
 const DECODE_THREADS_GLOBAL: &str = "hoccl_bfx_decode_threads";
 /// Module global: the most waves (CTAs that fit the SMs at once) in the decoder's grid.
@@ -213,6 +215,10 @@ pub(crate) fn compress(
         return Ok(());
     }
     let name = format!("hoccl_bfx_compress_{}_{cpt}", kernel_suffix(dtype));
+    let threads = cuda.module_u32(COMPRESS_THREADS_GLOBAL)?;
+    if threads != 256 && threads != 512 {
+        return Err(Error::internal(OP, format!("the kernel module says {threads} threads per compressor CTA")));
+    }
     let flags = u32::from(input.0 % 16 == 0);
     let args = Args::new()
         .u64(input.0)
@@ -223,7 +229,7 @@ pub(crate) fn compress(
         .u64(scratch.0)
         .u64(out_len.0)
         .u32(flags);
-    launch(cuda, s, &name, nblocks, args)
+    launch_smem(cuda, s, &name, nblocks, threads, 0, args)
 }
 
 /// Enqueue the decompressor (arguments already checked by `decompress_async`).
