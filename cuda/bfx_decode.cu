@@ -281,8 +281,9 @@ __device__ uint32_t decode_tile(DecSmem& sm, const BlockDesc& d, int t0, uint32_
 //  1. escapes per tier-1 group (the AND of its K1 plane words) and raws per tier-2 group
 //     (the AND of its k2 words), one block scan of both (packed in halves), checked
 //     against n_esc1 and n_raw;
-//  2. (k2 > 0) the exponent of every escape, one ordinal per thread: its tier-2 code from
-//     planes2, a raw byte at the group's raw prefix + popc, or the tier-2 table;
+//  2. (k2 > 0) the exponent of every escape, eight consecutive ordinals per thread at a
+//     time: their tier-2 codes from a byte of each planes2 word, the tier-2 table (byte
+//     permutes), raw bytes from the group's raw prefix + popc spread over the raw codes;
 //  3. every chunk independently: codes from the plane words, tier-1 exponents (byte
 //     permutes of the table when K1 <= 3), escapes at the group's prefix + popc, values.
 template <class D, int K1>
@@ -326,30 +327,46 @@ __device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& staged, bool ali
     const uint32_t tot = block_scan<GPT, DT>(sm.pre, sm.wtmp);
     if ((tot & 0xffffu) != n_esc1) return ST_ESCAPES;
     if (k2 && (tot >> 16) != d.n_raw) return ST_RAWS;
-    if (k2) {  // four consecutive ordinals per thread (one nibble of each plane word)
-        for (uint32_t q4 = tid; 4 * q4 < n_esc1; q4 += DT) {
-            const uint32_t o = 4 * q4, gi = o >> 5, l = o & 31, n = n_esc1 - o;
-            uint32_t c2 = 0, m = FULL;
+    if (k2) {  // eight consecutive ordinals per thread (one byte of each plane word)
+        // tier-2 symbols: codes < 8 when k2 <= 3 pick from 8 bytes by byte permutes
+        const uint2 tw2 = bytes8_at(sm.table, d.t1);
+        for (uint32_t q8 = tid; 8 * q8 < n_esc1; q8 += DT) {
+            const uint32_t o = 8 * q8, gi = o >> 5, sh = o & 31, n = n_esc1 - o;
+            uint2 c2 = make_uint2(0, 0);
+            uint32_t m = FULL;
 #pragma unroll
             for (uint32_t b = 0; b < 4; ++b) {  // k2 <= 4 (T1 >= 1, T1 + T2 <= 31)
                 if (b < k2) {
                     const uint32_t w = p2[gi * k2 + b];
-                    c2 |= ((((w >> l) & 0xfu) * 0x00204081u) & 0x01010101u) << b;
+                    const uint2 sc = scatter_plane((w >> sh) & 0xffu);
+                    c2.x |= sc.x << b;
+                    c2.y |= sc.y << b;
                     m &= w;
                 }
             }
-            const uint32_t r4 = (m >> l) & (n >= 4 ? 0xfu : (1u << n) - 1u);  // raw codes among the four
-            uint32_t ex = 0;
+            const uint32_t r8 = (m >> sh) & (n >= 8 ? 0xffu : (1u << n) - 1u);  // raw codes among the eight
+            uint2 ex;
+            if (k2 <= 3) {
+                const uint32_t tx = c2.x | (c2.x >> 4), ty = c2.y | (c2.y >> 4);
+                ex.x = __byte_perm(tw2.x, tw2.y, __byte_perm(tx, 0, 0x20));
+                ex.y = __byte_perm(tw2.x, tw2.y, __byte_perm(ty, 0, 0x20));
+            } else {
+                ex = make_uint2(0, 0);
 #pragma unroll
-            for (int k = 0; k < 4; ++k) ex |= (uint32_t)sm.table[d.t1 + byte_at(c2, k)] << (8 * k);
-            if (r4) {  // consecutive raw ordinals from rb: spread over the raw positions
-                const uint32_t rb = (sm.pre[gi] >> 16) + __popc(m & ((1u << l) - 1u));
-                const uint32_t mk = byte_mask(r4).x;
-                const uint32_t u = __byte_perm(bytes8_at(d.raw, rb).x, 0, sm.xp[r4].x) & mk;
-                if (D::NSYM < 256 && (u & 0xe0e0e0e0u)) sm.err = ST_SYMBOL;
-                ex = (ex & ~mk) | u;
+                for (int k = 0; k < 4; ++k) {
+                    ex.x |= (uint32_t)sm.table[d.t1 + byte_at(c2.x, k)] << (8 * k);
+                    ex.y |= (uint32_t)sm.table[d.t1 + byte_at(c2.y, k)] << (8 * k);
+                }
             }
-            *reinterpret_cast<uint32_t*>(sm.esc + o) = ex;
+            if (r8) {  // consecutive raw ordinals from rb: spread over the raw positions
+                const uint32_t rb = (sm.pre[gi] >> 16) + __popc(m & ((1u << sh) - 1u));
+                const uint2 w = bytes8_at(d.raw, rb), sel = sm.xp[r8], mk = byte_mask(r8);
+                const uint32_t ux = __byte_perm(w.x, w.y, sel.x) & mk.x, uy = __byte_perm(w.x, w.y, sel.y) & mk.y;
+                if (D::NSYM < 256 && ((ux | uy) & 0xe0e0e0e0u)) sm.err = ST_SYMBOL;
+                ex.x = (ex.x & ~mk.x) | ux;
+                ex.y = (ex.y & ~mk.y) | uy;
+            }
+            *reinterpret_cast<uint2*>(sm.esc + o) = ex;
         }
         __syncthreads();
         if (sm.err) return sm.err;
