@@ -14,6 +14,11 @@ namespace bfx {
 #ifndef BFX_DEC_THREADS
 #define BFX_DEC_THREADS 256
 #endif
+// Phase 2's loop (the tier-2 resolve) unrolled twice; 0: as the compiler chooses (H200:
+// two tiers +1-2 % unrolled).
+#ifndef BFX_DEC_P2UNROLL
+#define BFX_DEC_P2UNROLL 2
+#endif
 constexpr int DT = BFX_DEC_THREADS;
 constexpr int DWARPS = DT / 32;
 constexpr int DTILE = DT * 8;  // values per step of the tile path
@@ -330,6 +335,9 @@ __device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& staged, bool ali
     if (k2) {  // eight consecutive ordinals per thread (one byte of each plane word)
         // tier-2 symbols: codes < 8 when k2 <= 3 pick from 8 bytes by byte permutes
         const uint2 tw2 = bytes8_at(sm.table, d.t1);
+#if BFX_DEC_P2UNROLL == 2
+#pragma unroll 2
+#endif
         for (uint32_t q8 = tid; 8 * q8 < n_esc1; q8 += DT) {
             const uint32_t o = 8 * q8, gi = o >> 5, sh = o & 31, n = n_esc1 - o;
             uint2 c2 = make_uint2(0, 0);
