@@ -333,7 +333,9 @@ __device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& staged, bool ali
     if ((tot & 0xffffu) != n_esc1) return ST_ESCAPES;
     if (k2 && (tot >> 16) != d.n_raw) return ST_RAWS;
     if (k2) {  // eight consecutive ordinals per thread (one byte of each plane word)
-        // tier-2 symbols: codes < 8 when k2 <= 3 pick from 8 bytes by byte permutes
+        // tier-2 symbols: codes < 8 when k2 <= 3 pick from 8 bytes by byte permutes (the
+        // bytes t1 .. t1 + 7 <= 31 of the table; bytes8_at's aligned loads may read up to
+        // 8 bytes past the table's 32, inside DecSmem, and drop them)
         const uint2 tw2 = bytes8_at(sm.table, d.t1);
 #if BFX_DEC_P2UNROLL == 2
 #pragma unroll 2

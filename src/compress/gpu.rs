@@ -4,8 +4,9 @@
 //! **Compression** enqueues two kernels: `hoccl_bfx_compress_begin` zeroes the look-back
 //! scratch (which lives in the output buffer past the stream's upper bound, so callers need
 //! no workspace) and writes the fixed stream header; `hoccl_bfx_compress_<dtype>_<cpt>` runs
-//! one CTA of 256 threads per block, single pass: each CTA holds its block in registers
-//! (`cpt` = 16-byte chunks per thread), chooses its table, learns its exact size, finds its
+//! one CTA per block (256 threads; the kernel file publishes the count), single pass: each
+//! CTA holds its block in registers (`cpt` = 16-byte chunks per thread at 256 threads, i.e.
+//! the block in steps of 2048 values), chooses its table, learns its exact size, finds its
 //! offset by decoupled look-back and writes straight into the contiguous `BFX1` stream.
 //! **Decompression** enqueues `hoccl_bfx_decompress_begin` (status = 0) and
 //! `hoccl_bfx_decompress_<dtype>`, whose CTAs decode contiguous ranges of blocks.
