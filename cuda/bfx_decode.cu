@@ -281,6 +281,13 @@ __device__ uint32_t decode_tile(DecSmem& sm, const BlockDesc& d, int t0, uint32_
     return ST_OK;
 }
 
+// Table lookups of 8 codes < 8 (one per byte: values 0-3 in codes.x, 4-7 in codes.y) in the
+// table's 8 bytes tw, by byte permutes: four lookups per permute. Phase 2 and phase 3 use it.
+__device__ __forceinline__ uint2 permute_lookup8(uint2 tw, uint2 codes) {
+    const uint32_t tx = codes.x | (codes.x >> 4), ty = codes.y | (codes.y >> 4);
+    return make_uint2(__byte_perm(tw.x, tw.y, __byte_perm(tx, 0, 0x20)), __byte_perm(tw.x, tw.y, __byte_perm(ty, 0, 0x20)));
+}
+
 // A staged block of nb <= STAGED_MAX_NB values, K1 = d.k1, in three phases with four
 // barriers per block (the tile path has ~9 per 2048 values):
 //  1. escapes per tier-1 group (the AND of its K1 plane words) and raws per tier-2 group
@@ -357,9 +364,7 @@ __device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& staged, bool ali
             const uint32_t r8 = (m >> sh) & (n >= 8 ? 0xffu : (1u << n) - 1u);  // raw codes among the eight
             uint2 ex;
             if (k2 <= 3) {
-                const uint32_t tx = c2.x | (c2.x >> 4), ty = c2.y | (c2.y >> 4);
-                ex.x = __byte_perm(tw2.x, tw2.y, __byte_perm(tx, 0, 0x20));
-                ex.y = __byte_perm(tw2.x, tw2.y, __byte_perm(ty, 0, 0x20));
+                ex = permute_lookup8(tw2, c2);
             } else {
                 ex = make_uint2(0, 0);
 #pragma unroll
@@ -400,9 +405,7 @@ __device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& staged, bool ali
         }
         uint2 ex;
         if constexpr (K1 <= 3) {  // codes < 8: four table lookups per byte permute
-            const uint32_t tx = codes.x | (codes.x >> 4), ty = codes.y | (codes.y >> 4);
-            ex.x = __byte_perm(tw.x, tw.y, __byte_perm(tx, 0, 0x20));
-            ex.y = __byte_perm(tw.x, tw.y, __byte_perm(ty, 0, 0x20));
+            ex = permute_lookup8(tw, codes);
         } else {
             ex = make_uint2(0, 0);
 #pragma unroll
