@@ -12,6 +12,7 @@
 // in the 16-bit compressors as plane bytes straight from their lookups (bfx.cu
 // chunk_codes); the quad assembles whole plane words with two shuffles.
 #pragma once
+#include <stddef.h>
 #include <stdint.h>
 
 #ifndef BFX_EMU
@@ -284,10 +285,27 @@ __device__ __forceinline__ void st32(uint8_t* p, uint32_t v) {
     if (reinterpret_cast<uintptr_t>(p) & 3) emu_fault("misaligned 4-byte store");
     *reinterpret_cast<uint32_t*>(p) = v;
 }
+__device__ __forceinline__ void st128(uint8_t* p, uint4 v) {
+    if (reinterpret_cast<uintptr_t>(p) & 15) emu_fault("misaligned 16-byte store");
+    *reinterpret_cast<uint4*>(p) = v;
+}
 #else
 __device__ __forceinline__ uint32_t ld32(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
 __device__ __forceinline__ void st32(uint8_t* p, uint32_t v) { *reinterpret_cast<uint32_t*>(p) = v; }
+__device__ __forceinline__ void st128(uint8_t* p, uint4 v) { *reinterpret_cast<uint4*>(p) = v; }
 #endif
+
+// Four words that straddle two 16-byte units p, q (shared memory) by sw words (0-3): the
+// last sw words of p, then the first 4 - sw of q (sw = 0: q). How a block that is only
+// 4-byte aligned is moved in 16-byte units.
+__device__ __forceinline__ uint4 shift_words(uint4 p, uint4 q, uint32_t sw) {
+    switch (sw) {
+        case 0: return q;
+        case 1: return make_uint4(p.w, q.x, q.y, q.z);
+        case 2: return make_uint4(p.z, p.w, q.x, q.y);
+        default: return make_uint4(p.y, p.z, p.w, q.x);
+    }
+}
 
 // The 8 bytes at p + pos (p 4-byte aligned and readable up to 12 bytes past pos & ~3):
 // three aligned loads and two funnel shifts.

@@ -466,24 +466,48 @@ __device__ __forceinline__ void stage_block(DecSmem& sm, BlockDesc& d, uint32_t 
     d.blk = base;
 }
 
+// A staged raw block's values (at `src` in the stage, 4-byte aligned) to `out` (16-byte
+// aligned), `len` bytes: output unit v is the stage's 16-byte units around src + 16 v,
+// shifted by (src & 15) / 4 words; a partial last unit by thread 0. (The raw values loaded
+// and stored 4 bytes at a time straight from global memory, one round trip per 1 KB of
+// each thread, before: the staging's copies are all in flight at once.)
+__device__ __forceinline__ void copy_out_raw(const uint8_t* src, uint8_t* out, uint32_t len) {
+    const uint32_t tid = threadIdx.x, sw = (uint32_t)(reinterpret_cast<uintptr_t>(src) & 15) / 4, nv = len / 16;
+    const uint4* u = reinterpret_cast<const uint4*>(src - 4 * sw);
+    for (uint32_t v = tid; v < nv; v += DT) {
+        const uint4 p = u[v];
+        st128(out + 16 * v, sw ? shift_words(p, u[v + 1], 4 - sw) : p);
+    }
+    if (tid == 0) {
+        for (uint32_t b = 16 * nv; b < len; b += 4) {
+            if (b + 4 <= len) st32(out + b, *reinterpret_cast<const uint32_t*>(src + b));
+            else *reinterpret_cast<uint16_t*>(out + b) = *reinterpret_cast<const uint16_t*>(src + b);
+        }
+    }
+}
+
 template <class D>
 __device__ uint32_t decode_block(DecSmem& sm, BlockDesc& d, uint32_t bytes, uint32_t w0, uint32_t w1, uint32_t flags) {
     const int tid = threadIdx.x;
     const uint32_t st = parse_block<D>(d, bytes, w0, w1);
     if (st) return st;
+    const bool staged = bytes <= 4 * STAGE_WORDS;
     if (d.k1 == 0) {  // raw
         const uint32_t len = D::SIZE * (uint32_t)d.nb;
-        if (flags & 2) {
-            for (uint32_t w = tid; w < len / 4; w += DT) st32(d.out + 4 * w, ld32(d.blk + 8 + 4 * w));
-            if ((len & 3) && tid == 0)
-                *reinterpret_cast<uint16_t*>(d.out + len - 2) = *reinterpret_cast<const uint16_t*>(d.blk + 8 + len - 2);
-        } else {
-            for (uint32_t h = tid; h < len / 2; h += DT)
-                reinterpret_cast<uint16_t*>(d.out)[h] = reinterpret_cast<const uint16_t*>(d.blk + 8)[h];
+        if (!staged || !(flags & 1) || (reinterpret_cast<uintptr_t>(d.out) & 15)) {  // from global memory
+            if (flags & 2) {
+                for (uint32_t w = tid; w < len / 4; w += DT) st32(d.out + 4 * w, ld32(d.blk + 8 + 4 * w));
+                if ((len & 3) && tid == 0)
+                    *reinterpret_cast<uint16_t*>(d.out + len - 2) = *reinterpret_cast<const uint16_t*>(d.blk + 8 + len - 2);
+            } else {
+                for (uint32_t h = tid; h < len / 2; h += DT)
+                    reinterpret_cast<uint16_t*>(d.out)[h] = reinterpret_cast<const uint16_t*>(d.blk + 8)[h];
+            }
+            return ST_OK;
         }
-        return ST_OK;
+        d.t1 = d.t2 = 0;  // no table
+        d.p1 = d.p2 = d.raw = d.pay = d.blk;
     }
-    const bool staged = bytes <= 4 * STAGE_WORDS;
     const uint8_t* blk = d.blk;
     if (staged) stage_block(sm, d, bytes);  // the copy first: the table's load then waits beside it
     if ((uint32_t)tid < d.t1 + d.t2) {  // from global memory: sm.stage is not published yet
@@ -494,6 +518,10 @@ __device__ uint32_t decode_block(DecSmem& sm, BlockDesc& d, uint32_t bytes, uint
     if (staged) cp_async_wait_all();
     __syncthreads();
     BFX_TL_DMARK(sm, 1);
+    if (d.k1 == 0) {  // a staged raw block: out in 16-byte stores (the output is 16-byte aligned)
+        copy_out_raw(d.blk + 8, d.out, D::SIZE * (uint32_t)d.nb);
+        return ST_OK;
+    }
     if (sm.err) return sm.err;
     if (staged && (uint32_t)d.nb <= STAGED_MAX_NB) {
         switch (d.k1) {

@@ -218,6 +218,37 @@ pub fn incompressible(c: &dyn Codec) {
             s.len()
         );
     }
+    // Raw blocks between coded ones, so that a raw block's values start at every 4-byte
+    // offset modulo 16 of the stream (the device compressor copies them out in aligned
+    // 16-byte units and the first and last units word by word).
+    for dt in Dtype::ALL {
+        let b = dt.default_block() as usize;
+        let mut data = Vec::new();
+        for k in 0..12u64 {
+            if k % 2 == 0 {
+                data.extend(normal_values(dt, b + 32 * k as usize, 0.01 * (1 + k) as f64, k));
+            } else {
+                data.extend(Rng(100 + k).bytes(b * dt.size()));
+            }
+        }
+        data.truncate(data.len() / dt.size() * dt.size());
+        let case = format!("{} coded and raw blocks", dt.name());
+        let s = round_trip(c, dt, &data, &Params::default(), &case);
+        assert!(
+            s == compress::compress(dt, &data, &Params::default()).unwrap(),
+            "{}: {case}: bytes differ from the CPU encoder's",
+            c.name()
+        );
+        let (_, blocks) = compress::inspect(&s).unwrap();
+        let (mut off, mut seen) = (24 + 4 * blocks.len(), [false; 4]);
+        for bl in &blocks {
+            if bl.header.is_raw() {
+                seen[(off + 8) % 16 / 4] = true;
+            }
+            off += bl.bytes;
+        }
+        assert!(seen.iter().all(|&x| x), "{case}: raw blocks' values at offsets {seen:?} modulo 16 only");
+    }
 }
 
 /// Edge distributions: one exponent only, two, all 256 equally, zeros, alternating.
