@@ -54,7 +54,7 @@ using CodeT = std::conditional_t<N, uint32_t, uint2>;
 template <int CPT>
 struct EncSmem {
     uint32_t hist[256];
-    uint32_t keys[256];
+    alignas(16) uint32_t keys[256 + 4];  // sampled symbols' sort keys, then zeros to a multiple of 4
     uint32_t cnt_by_rank[32];
     uint16_t rank[256];
     uint8_t code2[256];
@@ -144,15 +144,22 @@ __device__ void choose(EncSmem<CPT>& sm, int nb, uint32_t tiers) {
         m += t;
     }
     const uint32_t pre = base + __popc(bal & lanemask_lt(lane));
-    if (c > 0) sm.keys[pre] = (c << 8) | (uint32_t)tid;
+    // key = count << 8 | (255 - symbol): a symbol ranks before another (count desc, then
+    // symbol asc) exactly when its key is larger; keys are distinct and >= 256, so the zeros
+    // that pad the list to a multiple of 4 never count
+    const uint32_t key = (c << 8) | (255u - (uint32_t)tid);
+    if (c > 0) sm.keys[pre] = key;
+    if (tid < 4) sm.keys[m + tid] = 0;
     __syncthreads();
     if (have) {
         uint32_t r;
-        if (c > 0) {  // count desc, then symbol asc
+        if (c > 0) {  // the keys larger than its own, four per 16-byte load (up to 256 of them:
+                      // random exponents sample nearly every symbol)
             r = 0;
-            for (uint32_t i = 0; i < m; ++i) {
-                uint32_t k = sm.keys[i], kc = k >> 8;
-                r += (kc > c || (kc == c && (k & 0xffu) < (uint32_t)tid)) ? 1u : 0u;
+            const uint4* k4 = reinterpret_cast<const uint4*>(sm.keys);
+            for (uint32_t i = 0; i < (m + 3) / 4; ++i) {
+                const uint4 k = k4[i];
+                r += (k.x > key ? 1u : 0u) + (k.y > key ? 1u : 0u) + (k.z > key ? 1u : 0u) + (k.w > key ? 1u : 0u);
             }
         } else {  // unsampled symbols follow in ascending order
             r = m + ((uint32_t)tid - pre);
@@ -557,8 +564,13 @@ template <int CPT>
 constexpr uint32_t raw_stage_bytes() {
     return (uint32_t)(offsetof(EncSmem<CPT>, cx) - offsetof(EncSmem<CPT>, cnt));
 }
+// Chunk rows (i of i * ET + tid) staged per pass: all of them for the 16-bit types, half
+// for fp32 at its default block (two passes); 0: no staging (the stores straight from
+// registers).
 template <class D, int CPT>
-constexpr bool kRawStaged = raw_stage_bytes<CPT>() >= (uint32_t)(D::SIZE * ETILE * CPT + 16);
+constexpr int kRawRows = raw_stage_bytes<CPT>() >= (uint32_t)(D::SIZE * ETILE * CPT + 16)       ? CPT
+                         : raw_stage_bytes<CPT>() >= (uint32_t)(D::SIZE * ETILE * (CPT / 2) + 16) ? CPT / 2
+                                                                                                 : 0;
 
 template <class D, int CPT>
 __device__ void store_raw(EncSmem<CPT>& sm, const Out<D> (&o)[CPT], int nb, uint8_t* dst) {
@@ -569,30 +581,41 @@ __device__ void store_raw(EncSmem<CPT>& sm, const Out<D> (&o)[CPT], int nb, uint
     }
     const uint32_t bytes = pad4((uint32_t)(D::SIZE * nb));
     const bool full = nb == ETILE * CPT;  // uniform: no chunk bounds to check
-    if constexpr (kRawStaged<D, CPT>) {
+    constexpr int R = kRawRows<D, CPT>;
+    if constexpr (R > 0) {
         uint4* stage = reinterpret_cast<uint4*>(sm.cnt);
-#pragma unroll
-        for (int i = 0; i < CPT; ++i)
-#pragma unroll
-            for (int k = 0; k < D::WORDS / 4; ++k)
-                stage[(i * ET + tid) * (D::WORDS / 4) + k] =
-                    make_uint4(o[i].w[4 * k], o[i].w[4 * k + 1], o[i].w[4 * k + 2], o[i].w[4 * k + 3]);
-        __syncthreads();
-        // the values' bytes [0, bytes) go to g = dst + 8: unit v of 16 bytes at a + 16 v
-        // (a = g rounded down to 16) holds their words 4 v - sw .. 4 v - sw + 3
+        const uint32_t* stage32 = reinterpret_cast<const uint32_t*>(sm.cnt);
+        // bytes [0, bytes) of the values go to dst + 8; unit v of 16 bytes at a + 16 v (a:
+        // dst + 8 rounded down to 16) holds their words 4 v - sw .. 4 v - sw + 3. A pass
+        // stages rows h .. h + R - 1, the bytes [h0, h0 + R·ET·8·SIZE) (h0 = h·ET·8·SIZE,
+        // a multiple of 16, so every pass has the same sw)
         uint8_t* g = dst + 8;
         uint8_t* a = reinterpret_cast<uint8_t*>(reinterpret_cast<uintptr_t>(g) & ~(uintptr_t)15);
-        const uint32_t s = (uint32_t)(g - a), sw = s / 4, nv = (s + bytes + 15) / 16;
-        const uint32_t* sw32 = reinterpret_cast<const uint32_t*>(sm.cnt);
-        for (uint32_t v = tid; v < nv; v += ET) {
-            if (16 * v >= s && 16 * v + 16 <= s + bytes) {  // a whole unit (v >= 1 when sw > 0)
-                const uint4 q = stage[v], p = sw ? stage[v - 1] : q;
-                st128(a + 16 * v, shift_words(p, q, sw));
-            } else {  // the first or last unit: its words inside the block one by one
+        const uint32_t s = (uint32_t)(g - a), sw = s / 4;
 #pragma unroll
-                for (uint32_t i = 0; i < 4; ++i) {
-                    const int64_t w = (int64_t)(4 * v + i) - (int64_t)sw;
-                    if (w >= 0 && (uint64_t)w < bytes / 4) st32(a + 16 * v + 4 * i, sw32[w]);
+        for (int h = 0; h < CPT; h += R) {
+            const uint32_t h0 = (uint32_t)h * ET * 8 * D::SIZE, len = (uint32_t)R * ET * 8 * D::SIZE;
+            if (h) __syncthreads();  // the previous pass's reads are done
+#pragma unroll
+            for (int i = 0; i < R; ++i)
+#pragma unroll
+                for (int k = 0; k < D::WORDS / 4; ++k)
+                    stage[(i * ET + tid) * (D::WORDS / 4) + k] = make_uint4(o[h + i].w[4 * k], o[h + i].w[4 * k + 1],
+                                                                            o[h + i].w[4 * k + 2], o[h + i].w[4 * k + 3]);
+            __syncthreads();
+            if (h0 >= bytes) continue;  // uniform: a partial block ends before this pass
+            const uint32_t n = bytes - h0 < len ? bytes - h0 : len, nv = (s + n + 15) / 16;
+            uint8_t* a0 = a + h0;
+            for (uint32_t v = tid; v < nv; v += ET) {
+                if (16 * v >= s && 16 * v + 16 <= s + n) {  // a whole unit (v >= 1 when sw > 0)
+                    const uint4 q = stage[v], p = sw ? stage[v - 1] : q;
+                    st128(a0 + 16 * v, shift_words(p, q, sw));
+                } else {  // the first or last unit: its words inside the pass one by one
+#pragma unroll
+                    for (uint32_t i = 0; i < 4; ++i) {
+                        const int64_t w = (int64_t)(4 * v + i) - (int64_t)sw;
+                        if (w >= 0 && (uint64_t)w < n / 4) st32(a0 + 16 * v + 4 * i, stage32[w]);
+                    }
                 }
             }
         }
