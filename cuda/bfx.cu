@@ -56,7 +56,6 @@ struct EncSmem {
     uint32_t hist[256];
     alignas(16) uint32_t keys[256 + 4];  // sampled symbols' sort keys, then zeros to a multiple of 4
     uint32_t cnt_by_rank[32];
-    uint16_t rank[256];
     uint8_t code2[256];
     uint8_t table[32];
     alignas(16) uint32_t cnt[ET * CPT];  // per chunk: escapes | raws << 16, then exclusive prefix
@@ -128,6 +127,8 @@ __device__ __forceinline__ Chunk<D> load_chunk(const uint8_t* blk, int c, int nb
 }
 
 // Steps 2-4 of select.rs: rank the sampled symbols, pick (k1, k2), build the lookup.
+// (Tried, eleventh session: every warp picking the widths itself, without the barrier that
+// publishes warp 0's: two tiers -0.5 %, one tier +0-1 %.)
 template <class D, int CPT>
 __device__ void choose(EncSmem<CPT>& sm, int nb, uint32_t tiers) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -151,11 +152,10 @@ __device__ void choose(EncSmem<CPT>& sm, int nb, uint32_t tiers) {
     if (c > 0) sm.keys[pre] = key;
     if (tid < 4) sm.keys[m + tid] = 0;
     __syncthreads();
+    uint32_t r = 0;  // its rank (only this thread uses it)
     if (have) {
-        uint32_t r;
         if (c > 0) {  // the keys larger than its own, four per 16-byte load (up to 256 of them:
                       // random exponents sample nearly every symbol)
-            r = 0;
             const uint4* k4 = reinterpret_cast<const uint4*>(sm.keys);
             for (uint32_t i = 0; i < (m + 3) / 4; ++i) {
                 const uint4 k = k4[i];
@@ -164,7 +164,6 @@ __device__ void choose(EncSmem<CPT>& sm, int nb, uint32_t tiers) {
         } else {  // unsampled symbols follow in ascending order
             r = m + ((uint32_t)tid - pre);
         }
-        sm.rank[tid] = (uint16_t)r;
         if (r < 32) {
             sm.table[r] = (uint8_t)tid;
             sm.cnt_by_rank[r] = c;
@@ -177,20 +176,20 @@ __device__ void choose(EncSmem<CPT>& sm, int nb, uint32_t tiers) {
         const int cand = lane < NCAND ? lane : 0;
         const uint32_t k1 = cand_k1(cand), k2 = cand_k2(cand), t1 = tier(k1), t12 = t1 + tier(k2);
         const uint32_t c1 = __shfl_sync(FULL, incl, (int)t1 - 1), c12 = __shfl_sync(FULL, incl, (int)t12 - 1);
-        uint32_t key = FULL;
+        uint32_t best = FULL;
         if (lane < NCAND && (tiers == 2 || k2 == 0)) {
             const uint32_t cost = S * k1 + (S - c1) * k2 + 8u * (S - c12);
-            key = (cost << 5) | (uint32_t)lane;  // cost < 2^27: first minimum wins
+            best = (cost << 5) | (uint32_t)lane;  // cost < 2^27: first minimum wins
         }
-        key = __reduce_min_sync(FULL, key);
+        best = __reduce_min_sync(FULL, best);
         if (lane == 0) {
-            sm.k1 = cand_k1(key & 31);
-            sm.k2 = cand_k2(key & 31);
+            sm.k1 = cand_k1(best & 31);
+            sm.k2 = cand_k2(best & 31);
         }
     }
     __syncthreads();
     if (have) {
-        const uint32_t r = sm.rank[tid], t1 = tier(sm.k1), t2 = tier(sm.k2);
+        const uint32_t t1 = tier(sm.k1), t2 = tier(sm.k2);
         uint32_t code;
         if (r < t1) {
             code = r;
