@@ -436,8 +436,8 @@ __device__ __forceinline__ void put_compacted(uint8_t* dst, uint2 ex, uint2 sel,
 // Tier-2 planes from the list of escape exponents by ordinal, the same way as planes1: a
 // thread takes 8 exponents, looks up their tier-2 codes, gathers one byte per plane, and
 // the quad assembles the plane words, into sm.cnt (free once the lists are built) at their
-// word index in the planes2 section (at most 4·ceil(nb/32) words: sm.cnt holds 8 per 32
-// values); store_coded copies them out. Thread t of nt, whole warps (the quads shuffle),
+// word index in the planes2 section (at most 4·ceil(nb/32) words: k2 <= 4; sm.cnt holds
+// one word per 8-value chunk); store_coded copies them out. Thread t of nt, whole warps (the quads shuffle),
 // after a barrier that follows phase 1: the stream kernel runs it on warps 1.. while warp
 // 0 runs the look-back (H200, against the same work after the look-back: two tiers +1.5 %
 // at 256 MiB, +3 % at 512 MiB, fp16 +1.5 %).
