@@ -563,6 +563,28 @@ __device__ void store_coded(const EncSmem<CPT>& sm, const Out<D> (&o)[CPT], int 
 // straight from registers, a thread's chunk is D::WORDS 4-byte stores 16 or 32 bytes
 // apart, four or eight 128-byte lines per warp store; on the H200 that ran a raw-only
 // compressor at ~950 GB/s against ~1990 with 16-byte stores (ablations, eleventh session).
+// Bytes [0, n) of a shared-memory stage (16-byte aligned; n a multiple of 4) to `g` (4-byte
+// aligned) by the CTA: unit v of 16 bytes at a + 16 v (a: g rounded down to 16) holds the
+// stage's words 4 v - sw .. 4 v - sw + 3 (sw = (g - a) / 4), two 16-byte shared loads and
+// one 16-byte store; the first and last units' words inside [0, n) one by one.
+__device__ __forceinline__ void copy_out16(const uint4* stage, uint32_t n, uint8_t* g) {
+    const uint32_t* stage32 = reinterpret_cast<const uint32_t*>(stage);
+    uint8_t* a = reinterpret_cast<uint8_t*>(reinterpret_cast<uintptr_t>(g) & ~(uintptr_t)15);
+    const uint32_t s = (uint32_t)(g - a), sw = s / 4, nv = (s + n + 15) / 16;
+    for (uint32_t v = threadIdx.x; v < nv; v += ET) {
+        if (16 * v >= s && 16 * v + 16 <= s + n) {  // a whole unit (v >= 1 when sw > 0)
+            const uint4 q = stage[v], p = sw ? stage[v - 1] : q;
+            st128(a + 16 * v, shift_words(p, q, sw));
+        } else {
+#pragma unroll
+            for (uint32_t i = 0; i < 4; ++i) {
+                const int64_t w = (int64_t)(4 * v + i) - (int64_t)sw;
+                if (w >= 0 && (uint64_t)w < n / 4) st32(a + 16 * v + 4 * i, stage32[w]);
+            }
+        }
+    }
+}
+
 template <int CPT>
 constexpr uint32_t raw_stage_bytes() {
     return (uint32_t)(offsetof(EncSmem<CPT>, cx) - offsetof(EncSmem<CPT>, cnt));
@@ -587,14 +609,8 @@ __device__ void store_raw(EncSmem<CPT>& sm, const Out<D> (&o)[CPT], int nb, uint
     constexpr int R = kRawRows<D, CPT>;
     if constexpr (R > 0) {
         uint4* stage = reinterpret_cast<uint4*>(sm.cnt);
-        const uint32_t* stage32 = reinterpret_cast<const uint32_t*>(sm.cnt);
-        // bytes [0, bytes) of the values go to dst + 8; unit v of 16 bytes at a + 16 v (a:
-        // dst + 8 rounded down to 16) holds their words 4 v - sw .. 4 v - sw + 3. A pass
-        // stages rows h .. h + R - 1, the bytes [h0, h0 + R·ET·8·SIZE) (h0 = h·ET·8·SIZE,
-        // a multiple of 16, so every pass has the same sw)
-        uint8_t* g = dst + 8;
-        uint8_t* a = reinterpret_cast<uint8_t*>(reinterpret_cast<uintptr_t>(g) & ~(uintptr_t)15);
-        const uint32_t s = (uint32_t)(g - a), sw = s / 4;
+        // bytes [0, bytes) of the values go to dst + 8. A pass stages rows h .. h + R - 1,
+        // the bytes [h0, h0 + R·ET·8·SIZE) (h0 = h·ET·8·SIZE)
 #pragma unroll
         for (int h = 0; h < CPT; h += R) {
             const uint32_t h0 = (uint32_t)h * ET * 8 * D::SIZE, len = (uint32_t)R * ET * 8 * D::SIZE;
@@ -607,20 +623,7 @@ __device__ void store_raw(EncSmem<CPT>& sm, const Out<D> (&o)[CPT], int nb, uint
                                                                             o[h + i].w[4 * k + 2], o[h + i].w[4 * k + 3]);
             __syncthreads();
             if (h0 >= bytes) continue;  // uniform: a partial block ends before this pass
-            const uint32_t n = bytes - h0 < len ? bytes - h0 : len, nv = (s + n + 15) / 16;
-            uint8_t* a0 = a + h0;
-            for (uint32_t v = tid; v < nv; v += ET) {
-                if (16 * v >= s && 16 * v + 16 <= s + n) {  // a whole unit (v >= 1 when sw > 0)
-                    const uint4 q = stage[v], p = sw ? stage[v - 1] : q;
-                    st128(a0 + 16 * v, shift_words(p, q, sw));
-                } else {  // the first or last unit: its words inside the pass one by one
-#pragma unroll
-                    for (uint32_t i = 0; i < 4; ++i) {
-                        const int64_t w = (int64_t)(4 * v + i) - (int64_t)sw;
-                        if (w >= 0 && (uint64_t)w < n / 4) st32(a0 + 16 * v + 4 * i, stage32[w]);
-                    }
-                }
-            }
+            copy_out16(stage, bytes - h0 < len ? bytes - h0 : len, dst + 8 + h0);
         }
         return;
     }

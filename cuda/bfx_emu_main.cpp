@@ -88,6 +88,15 @@ static int compress(const std::string& dt, uint32_t B, uint32_t tiers, const cha
         std::fprintf(stderr, "bad out_len %llu\n", (unsigned long long)out_len);
         return 1;
     }
+    // nothing past the stream: a block's last 16-byte unit must not spill into its successor's
+    // bytes (written first on the GPU, possibly) or past the stream's end
+    for (const uint8_t* q = dst.p + out_len; q < dst.mem.data() + dst.mem.size(); ++q) {
+        if (*q != 0xEE) {
+            std::fprintf(stderr, "byte %lld past the stream's end (%llu bytes) written\n", (long long)(q - dst.p),
+                         (unsigned long long)out_len);
+            return 1;
+        }
+    }
     write_file(out, dst.p, out_len);
     return 0;
 }
