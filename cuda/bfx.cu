@@ -659,7 +659,7 @@ __device__ __forceinline__ uint32_t encode_codes(EncSmem<CPT>& sm, Out<D> (&o)[C
     const uint32_t tot = block_scan<CPT, ET>(sm.cnt, sm.wtmp);
     BFX_TL_MARK(sm, 3);
     const uint32_t n_esc1 = tot & 0xffffu, n_raw = tot >> 16;
-    const uint32_t raw_size = 8 + pad4((uint32_t)(D::SIZE * nb));
+    const uint32_t raw_size = raw_block_size<D>((uint32_t)nb);
     const uint32_t size = coded_size<D>(nb, sm.k1, sm.k2, n_esc1, n_raw);
     on_size(size >= raw_size ? raw_size : size);
     if (size < raw_size) {
@@ -761,7 +761,7 @@ __device__ void compress_kernel(const uint8_t* in, uint64_t n, uint32_t B, uint3
     });
     // a coded block with tier-2 planes (uniform: sm.k2 is published by choose, the size
     // is every thread's own): warps 1.. compute them during the look-back
-    if (sm.k2 && size < 8 + pad4((uint32_t)(D::SIZE * nb))) {
+    if (sm.k2 && size < raw_block_size<D>((uint32_t)nb)) {
         __syncthreads();  // the escape list, sm.n_esc1 and sm.raw are complete
         if (warp != 0) planes2_words<CPT>(sm, (uint32_t)tid - 32, ET - 32);
     }

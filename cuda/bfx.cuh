@@ -198,6 +198,13 @@ __device__ __forceinline__ uint2 valid_mask(int valid) {
 }
 
 
+// Size of a raw block of nb values: its two zero header words, then the values padded to a
+// multiple of 4 bytes (format.rs).
+template <class D>
+__device__ __forceinline__ uint32_t raw_block_size(uint32_t nb) {
+    return 8 + pad4(D::SIZE * nb);
+}
+
 // Exact coded size from the exact counts (format.rs `Layout`).
 template <class D>
 __device__ __forceinline__ uint32_t coded_size(int nb, uint32_t k1, uint32_t k2, uint32_t n_esc1, uint32_t n_raw) {

@@ -78,7 +78,7 @@ __device__ uint32_t parse_block(BlockDesc& d, uint32_t bytes, uint32_t w0, uint3
     const uint32_t nb = (uint32_t)d.nb;
     if (d.k1 == 0) {
         if (w0 || w1) return ST_BLOCK_HEADER;
-        return bytes == 8 + pad4(D::SIZE * nb) ? ST_OK : ST_BLOCK_SIZE;
+        return bytes == raw_block_size<D>(nb) ? ST_OK : ST_BLOCK_SIZE;
     }
     d.t1 = tier(d.k1);
     d.t2 = tier(d.k2);
