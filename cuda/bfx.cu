@@ -53,8 +53,13 @@ using CodeT = std::conditional_t<N, uint32_t, uint2>;
 
 template <int CPT>
 struct EncSmem {
-    uint32_t hist[256];
-    alignas(16) uint32_t keys[256 + 4];  // sampled symbols' sort keys, then zeros to a multiple of 4
+    union {
+        struct {
+            uint32_t hist[256];
+            alignas(16) uint32_t keys[256 + 4];  // sampled symbols' sort keys, then zeros to a multiple of 4
+        };
+        uint32_t p5[512 + 4];  // after choose: the fifth tier-1 plane's words (k1 = 5; kEarlyOut)
+    };
     uint32_t cnt_by_rank[32];
     uint8_t code2[256];
     uint8_t table[32];
@@ -390,16 +395,30 @@ __device__ uint64_t lookback(uint64_t* st, uint64_t j, uint64_t agg, int lane) {
     return excl;
 }
 
+// fp16 holds fewer words across the look-back (BFX_ENC_OUT3; 0: as the others): a raw
+// block's values go to store_raw's stage in phase 1 (a 16-bit block fits it whole), and the
+// fifth tier-1 plane's words (k1 = 5) to sm.p5, so Out keeps only the coded words (4 per
+// chunk, not 5). H200, 1 GiB, against the same call's build without it: fp16 1102 -> 1149
+// GB/s (256 MiB 1046 -> 1093), though ptxas reports more spill bytes (180 / 208 against
+// 156 / 188); the same for bf16 (3 words, not 4) lost: two tiers 1451 -> 1381, one tier
+// 1771 -> 1577 (branch exp/enc-out3).
+#ifndef BFX_ENC_OUT3
+#define BFX_ENC_OUT3 1
+#endif
+template <class D>
+constexpr bool kEarlyOut = BFX_ENC_OUT3 && D::SIZE == 2 && D::NSYM == 32;
+
 // The output words of one chunk, computed before the look-back so that only stores remain
 // after it (and the chunk's values and codes are dead by then). Coded: w[0] its tier-1
-// plane word (lane q < k1 of the quad stores it), w[1] the fifth plane's (k1 = 5, q = 0),
-// then the payload: bf16 2 words of sign + mantissa bytes; fp16 the quad's top-bit plane
-// word (q < 3) and 2 words of low mantissa bytes; fp32 the chunk's 8 value words, from which
-// store_payload derives the payload (its 6 payload words held here spilled). Raw: the
-// chunk's values.
+// plane word (lane q < k1 of the quad stores it), w[1] the fifth plane's (k1 = 5, q = 0;
+// not with kEarlyOut), then from w[P] the payload: bf16 2 words of sign + mantissa bytes;
+// fp16 the quad's top-bit plane word (q < 3) and 2 words of low mantissa bytes; fp32 the
+// chunk's 8 value words, from which store_payload derives the payload (its 6 payload words
+// held here spilled). Raw (not with kEarlyOut): the chunk's values.
 template <class D>
 struct Out {
-    static constexpr int N = D::SIZE == 4 ? 10 : (D::NSYM == 32 ? 5 : 4);
+    static constexpr int P = kEarlyOut<D> ? 1 : 2;
+    static constexpr int N = P + (D::SIZE == 4 ? 8 : (D::NSYM == 32 ? 3 : 2));
     uint32_t w[N];
 };
 
@@ -408,37 +427,39 @@ template <class D>
 __device__ __forceinline__ void payload_words(const Chunk<D>& ch, int c, Out<D>& o) {
     if constexpr (D::SIZE == 4) {
 #pragma unroll
-        for (int k = 0; k < 8; ++k) o.w[2 + k] = ch.w[k];
+        for (int k = 0; k < 8; ++k) o.w[Out<D>::P + k] = ch.w[k];
         return;
     }
+    constexpr int P = Out<D>::P;
     const uint32_t p0 = ch.w[0], p1 = ch.w[1], p2 = ch.w[2], p3 = ch.w[3];
     if constexpr (D::NSYM == 32) {
         const uint2 t = make_uint2(f16_top3(p0, p1), f16_top3(p2, p3));
-        o.w[2] = quad_transpose(plane_bytes4<3>(t), c & 3);
-        o.w[3] = __byte_perm(p0, p1, 0x6420);
-        o.w[4] = __byte_perm(p2, p3, 0x6420);
+        o.w[P] = quad_transpose(plane_bytes4<3>(t), c & 3);
+        o.w[P + 1] = __byte_perm(p0, p1, 0x6420);
+        o.w[P + 2] = __byte_perm(p2, p3, 0x6420);
         return;
     }
-    o.w[2] = sm_bytes(p0, p1);
-    o.w[3] = sm_bytes(p2, p3);
+    o.w[P] = sm_bytes(p0, p1);
+    o.w[P + 1] = sm_bytes(p2, p3);
 }
 
 // Stores of payload_words' words (nb bytes, 8 per chunk, at `pay`; fp16's planes first).
 template <class D>
 __device__ __forceinline__ void store_payload(const Out<D>& o, int c, int nb, uint32_t G, uint8_t* pay, bool full) {
     const int q = c & 3, g = c >> 2;
+    constexpr int P = Out<D>::P;
     uint8_t* bytes = pay;
     if constexpr (D::NSYM == 32) {
-        if ((full || (uint32_t)g < G) && q < 3) st32(pay + 4 * (3 * g + q), o.w[2]);
+        if ((full || (uint32_t)g < G) && q < 3) st32(pay + 4 * (3 * g + q), o.w[P]);
         bytes = pay + 12 * G;
-        if (full || 8 * c < nb) st32(bytes + 8 * c, o.w[3]);
-        if (full || 8 * c + 4 < nb) st32(bytes + 8 * c + 4, o.w[4]);
+        if (full || 8 * c < nb) st32(bytes + 8 * c, o.w[P + 1]);
+        if (full || 8 * c + 4 < nb) st32(bytes + 8 * c + 4, o.w[P + 2]);
         return;
     }
     if constexpr (D::SIZE == 4) {
         Chunk<D> ch;
 #pragma unroll
-        for (int k = 0; k < 8; ++k) ch.w[k] = o.w[2 + k];
+        for (int k = 0; k < 8; ++k) ch.w[k] = o.w[P + k];
         if (full || 8 * c < nb) st32(bytes + 8 * c, sm_bytes(top_pair<D>(ch, 0), top_pair<D>(ch, 1)));
         if (full || 8 * c + 4 < nb) st32(bytes + 8 * c + 4, sm_bytes(top_pair<D>(ch, 2), top_pair<D>(ch, 3)));
         uint8_t* lo = pay + pad4((uint32_t)nb) + 16 * c;
@@ -447,8 +468,8 @@ __device__ __forceinline__ void store_payload(const Out<D>& o, int c, int nb, ui
             if (full || 8 * c + 2 * k < nb) st32(lo + 4 * k, low_pair<D>(ch, k));
         return;
     }
-    if (full || 8 * c < nb) st32(bytes + 8 * c, o.w[2]);
-    if (full || 8 * c + 4 < nb) st32(bytes + 8 * c + 4, o.w[3]);
+    if (full || 8 * c < nb) st32(bytes + 8 * c, o.w[P]);
+    if (full || 8 * c + 4 < nb) st32(bytes + 8 * c + 4, o.w[P + 1]);
 }
 
 // The n bytes of `ex` that compaction selectors `sel` pick, to dst[0..n) (n <= 8). (Tried:
@@ -527,19 +548,23 @@ __device__ __forceinline__ void compact(EncSmem<CPT>& sm, const Chunk<D>& ch, Co
 // so the plane loop has no run-time width.
 template <class D, int CPT, bool N, int K1>
 __device__ __forceinline__ void coded_words(EncSmem<CPT>& sm, const Chunk<D> (&ch)[CPT], const CodeT<N> (&codes)[CPT],
-                                            Out<D> (&o)[CPT], uint32_t k2) {
+                                            Out<D> (&o)[CPT], uint32_t k2, int nb) {
 #pragma unroll
     for (int i = 0; i < CPT; ++i) {
         const int c = i * ET + threadIdx.x, q = c & 3;
         const CodeT<N> code = codes[i];
         if constexpr (kInterleaveCompact<D>) compact<D, CPT, N, K1>(sm, ch[i], code, c, K1, k2);
         o[i].w[0] = quad_transpose(tier1_planes4<D, N, K1>(code), q);
-        o[i].w[1] = 0;
+        if constexpr (!kEarlyOut<D>) o[i].w[1] = 0;
         if constexpr (K1 == 5 && !N) {  // the fifth plane: OR of the quad's bytes
             uint32_t p4 = tier1_plane4<D>(code) << (8 * q);
             p4 |= __shfl_xor_sync(FULL, p4, 1);
             p4 |= __shfl_xor_sync(FULL, p4, 2);
-            o[i].w[1] = p4;
+            if constexpr (kEarlyOut<D>) {
+                if (q == 0 && 8 * c < nb) sm.p5[c >> 2] = p4;  // groups g < G
+            } else {
+                o[i].w[1] = p4;
+            }
         }
         payload_words<D>(ch[i], c, o[i]);
     }
@@ -572,9 +597,12 @@ __device__ void store_coded(const EncSmem<CPT>& sm, const Out<D> (&o)[CPT], int 
         const int c = i * ET + tid, q = c & 3;
         const uint32_t g = (uint32_t)c >> 2;
         if ((full || g < G) && (uint32_t)q < k1) st32(p1 + 4 * (g * k1 + q), o[i].w[0]);
-        if (k1 == 5 && (full || g < G) && q == 0) st32(p1 + 4 * (g * 5 + 4), o[i].w[1]);
+        if constexpr (!kEarlyOut<D>)
+            if (k1 == 5 && (full || g < G) && q == 0) st32(p1 + 4 * (g * 5 + 4), o[i].w[1]);
         store_payload<D>(o[i], c, nb, G, pay, full);
     }
+    if (kEarlyOut<D> && k1 == 5)
+        for (uint32_t g = tid; g < G; g += ET) st32(p1 + 4 * (g * 5 + 4), sm.p5[g]);
     for (uint32_t w = tid; w < pad4(n_raw) / 4; w += ET) {
         uint32_t v = *reinterpret_cast<const uint32_t*>(sm.rawb + 4 * w);
         if (4 * w + 4 > n_raw) v &= (1u << (8 * (n_raw & 3))) - 1u;  // zero padding
@@ -635,7 +663,9 @@ __device__ void store_raw(EncSmem<CPT>& sm, const Out<D> (&o)[CPT], int nb, uint
     const uint32_t bytes = pad4((uint32_t)(D::SIZE * nb));
     const bool full = nb == ETILE * CPT;  // uniform: no chunk bounds to check
     constexpr int R = kRawRows<D, CPT>;
-    if constexpr (R > 0) {
+    if constexpr (kEarlyOut<D>) {  // staged by encode_codes
+        copy_out16(reinterpret_cast<const uint4*>(sm.cnt), bytes, dst + 8);
+    } else if constexpr (R > 0) {
         uint4* stage = reinterpret_cast<uint4*>(sm.cnt);
         // bytes [0, bytes) of the values go to dst + 8. A pass stages rows h .. h + R - 1,
         // the bytes [h0, h0 + R·ET·8·SIZE) (h0 = h·ET·8·SIZE)
@@ -653,14 +683,14 @@ __device__ void store_raw(EncSmem<CPT>& sm, const Out<D> (&o)[CPT], int nb, uint
             if (h0 >= bytes) continue;  // uniform: a partial block ends before this pass
             copy_out16(stage, bytes - h0 < len ? bytes - h0 : len, dst + 8 + h0);
         }
-        return;
-    }
+    } else {
 #pragma unroll
-    for (int i = 0; i < CPT; ++i) {
-        const uint32_t base = (uint32_t)(i * ET + tid) * 8 * D::SIZE;
+        for (int i = 0; i < CPT; ++i) {
+            const uint32_t base = (uint32_t)(i * ET + tid) * 8 * D::SIZE;
 #pragma unroll
-        for (int k = 0; k < D::WORDS; ++k)
-            if (full || base + 4 * k < bytes) st32(dst + 8 + base + 4 * k, o[i].w[k]);
+            for (int k = 0; k < D::WORDS; ++k)
+                if (full || base + 4 * k < bytes) st32(dst + 8 + base + 4 * k, o[i].w[k]);
+        }
     }
 }
 
@@ -697,12 +727,21 @@ __device__ __forceinline__ uint32_t encode_codes(EncSmem<CPT>& sm, Out<D> (&o)[C
             for (int i = 0; i < CPT; ++i) compact<D, CPT, N, 0>(sm, ch[i], codes[i], i * ET + tid, k1, k2);
         }
         switch (k1) {
-            case 1: coded_words<D, CPT, N, 1>(sm, ch, codes, o, k2); break;
-            case 2: coded_words<D, CPT, N, 2>(sm, ch, codes, o, k2); break;
-            case 3: coded_words<D, CPT, N, 3>(sm, ch, codes, o, k2); break;
-            case 4: if constexpr (!N) coded_words<D, CPT, N, 4>(sm, ch, codes, o, k2); break;
-            default: if constexpr (!N) coded_words<D, CPT, N, 5>(sm, ch, codes, o, k2); break;
+            case 1: coded_words<D, CPT, N, 1>(sm, ch, codes, o, k2, nb); break;
+            case 2: coded_words<D, CPT, N, 2>(sm, ch, codes, o, k2, nb); break;
+            case 3: coded_words<D, CPT, N, 3>(sm, ch, codes, o, k2, nb); break;
+            case 4: if constexpr (!N) coded_words<D, CPT, N, 4>(sm, ch, codes, o, k2, nb); break;
+            default: if constexpr (!N) coded_words<D, CPT, N, 5>(sm, ch, codes, o, k2, nb); break;
         }
+    } else if constexpr (kEarlyOut<D>) {  // to store_raw's stage (the counts are read: block_scan ends in a barrier)
+        static_assert(kRawRows<D, CPT> == CPT, "a 16-bit block fits the raw stage");
+        uint4* stage = reinterpret_cast<uint4*>(sm.cnt);
+#pragma unroll
+        for (int i = 0; i < CPT; ++i)
+#pragma unroll
+            for (int k = 0; k < D::WORDS / 4; ++k)
+                stage[(i * ET + tid) * (D::WORDS / 4) + k] =
+                    make_uint4(ch[i].w[4 * k], ch[i].w[4 * k + 1], ch[i].w[4 * k + 2], ch[i].w[4 * k + 3]);
     } else {
 #pragma unroll
         for (int i = 0; i < CPT; ++i)
