@@ -611,14 +611,6 @@ __device__ void store_coded(const EncSmem<CPT>& sm, const Out<D> (&o)[CPT], int 
     for (uint32_t w = tid; w < k2 * ((n_esc1 + 31) / 32); w += ET) st32(p2 + 4 * w, sm.cnt[w]);  // planes2_words
 }
 
-// A raw block's values go out through shared memory: the bytes of EncSmem from `cnt` up to
-// `cx` (the counts, the lists and the tables: only the coded path reads them, and a raw
-// block is known to be raw before phase 2) hold the block's words at 16-byte aligned
-// chunk slots, and the CTA copies them to the block's place with 16-byte stores (the block
-// is only 4-byte aligned: two 16-byte shared loads give each aligned unit's words). Stored
-// straight from registers, a thread's chunk is D::WORDS 4-byte stores 16 or 32 bytes
-// apart, four or eight 128-byte lines per warp store; on the H200 that ran a raw-only
-// compressor at ~950 GB/s against ~1990 with 16-byte stores (ablations, eleventh session).
 // Bytes [0, n) of a shared-memory stage (16-byte aligned; n a multiple of 4) to `g` (4-byte
 // aligned) by the CTA: unit v of 16 bytes at a + 16 v (a: g rounded down to 16) holds the
 // stage's words 4 v - sw .. 4 v - sw + 3 (sw = (g - a) / 4), two 16-byte shared loads and
@@ -641,6 +633,15 @@ __device__ __forceinline__ void copy_out16(const uint4* stage, uint32_t n, uint8
     }
 }
 
+// A raw block's values go out through shared memory: the bytes of EncSmem from `cnt` up to
+// `cx` (the counts, the lists and the tables: only the coded path reads them, and a raw
+// block is known to be raw before phase 2) hold the block's words at 16-byte aligned
+// chunk slots, and the CTA copies them to the block's place with 16-byte stores (the block
+// is only 4-byte aligned: two 16-byte shared loads give each aligned unit's words). Stored
+// straight from registers, a thread's chunk is D::WORDS 4-byte stores 16 or 32 bytes
+// apart, four or eight 128-byte lines per warp store; on the H200 that ran a raw-only
+// compressor at ~950 GB/s against ~1990 with 16-byte stores (ablations, eleventh session).
+// fp16 stages its raw blocks already in phase 1 (kEarlyOut), the others in store_raw.
 template <int CPT>
 constexpr uint32_t raw_stage_bytes() {
     return (uint32_t)(offsetof(EncSmem<CPT>, cx) - offsetof(EncSmem<CPT>, cnt));
