@@ -285,7 +285,7 @@ __device__ uint32_t decode_tile(DecSmem& sm, const BlockDesc& d, int t0, uint32_
 // table's 8 bytes tw, by byte permutes: four lookups per permute. Phase 2 and phase 3 use it.
 __device__ __forceinline__ uint2 permute_lookup8(uint2 tw, uint2 codes) {
     const uint32_t tx = codes.x | (codes.x >> 4), ty = codes.y | (codes.y >> 4);
-    return make_uint2(__byte_perm(tw.x, tw.y, __byte_perm(tx, 0, 0x20)), __byte_perm(tw.x, tw.y, __byte_perm(ty, 0, 0x20)));
+    return make_uint2(prmt(tw.x, tw.y, __byte_perm(tx, 0, 0x20)), prmt(tw.x, tw.y, __byte_perm(ty, 0, 0x20)));
 }
 
 // A staged block of nb <= STAGED_MAX_NB values, K1 = d.k1, in three phases with four
@@ -376,7 +376,7 @@ __device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& staged, bool ali
             if (r8) {  // consecutive raw ordinals from rb: spread over the raw positions
                 const uint32_t rb = (sm.pre[gi] >> 16) + __popc(m & ((1u << sh) - 1u));
                 const uint2 w = bytes8_at(d.raw, rb), sel = sm.xp[r8], mk = byte_mask(r8);
-                const uint32_t ux = __byte_perm(w.x, w.y, sel.x) & mk.x, uy = __byte_perm(w.x, w.y, sel.y) & mk.y;
+                const uint32_t ux = prmt(w.x, w.y, sel.x) & mk.x, uy = prmt(w.x, w.y, sel.y) & mk.y;
                 if (D::NSYM < 256 && ((ux | uy) & 0xe0e0e0e0u)) sm.err = ST_SYMBOL;
                 ex.x = (ex.x & ~mk.x) | ux;
                 ex.y = (ex.y & ~mk.y) | uy;
@@ -418,7 +418,7 @@ __device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& staged, bool ali
         if (e8) {  // the chunk's escapes are ordinals ob.. ob+popc(e8)-1: spread them with two permutes
             const uint32_t ob = (sm.pre[g] & 0xffffu) + __popc(all & ((1u << sh) - 1u));
             const uint2 w = bytes8_at(esc, ob), sel = sm.xp[e8], mk = byte_mask(e8);
-            const uint32_t ux = __byte_perm(w.x, w.y, sel.x) & mk.x, uy = __byte_perm(w.x, w.y, sel.y) & mk.y;
+            const uint32_t ux = prmt(w.x, w.y, sel.x) & mk.x, uy = prmt(w.x, w.y, sel.y) & mk.y;
             if (D::NSYM < 256 && ((ux | uy) & 0xe0e0e0e0u)) sm.err = ST_SYMBOL;
             ex.x = (ex.x & ~mk.x) | ux;
             ex.y = (ex.y & ~mk.y) | uy;
