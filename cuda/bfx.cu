@@ -476,7 +476,7 @@ __device__ __forceinline__ void store_payload(const Out<D>& o, int c, int nb, ui
 // ORing them into a zeroed list with shared atomics, at most three words per chunk: fewer
 // instructions, but 5-8 % slower on the H200, twice.)
 __device__ __forceinline__ void put_compacted(uint8_t* dst, uint2 ex, uint2 sel, int n) {
-    const uint32_t lo = __byte_perm(ex.x, ex.y, sel.x), hi = __byte_perm(ex.x, ex.y, sel.y);
+    const uint32_t lo = prmt(ex.x, ex.y, sel.x), hi = prmt(ex.x, ex.y, sel.y);
 #pragma unroll
     for (int i = 0; i < 8; ++i)
         if (i < n) dst[i] = (uint8_t)((i < 4 ? lo : hi) >> (8 * (i & 3)));
@@ -535,7 +535,7 @@ __device__ __forceinline__ void compact(EncSmem<CPT>& sm, const Chunk<D>& ch, Co
         const uint32_t o = sm.cnt[c] & 0xffffu, ro = sm.cnt[c] >> 16;
         if (k2) put_compacted(sm.esc + o, ex, sm.cx[e8], __popc(e8));
         if (BFX_ENC_RAW1 && r8 && (r8 & (r8 - 1)) == 0)  // one raw (raws are rare: ~2 % of values)
-            sm.rawb[ro] = (uint8_t)__byte_perm(ex.x, ex.y, __popc(r8 - 1));
+            sm.rawb[ro] = (uint8_t)prmt(ex.x, ex.y, __popc(r8 - 1));
         else if (r8)
             put_compacted(sm.rawb + ro, ex, sm.cx[r8], __popc(r8));
     }
@@ -775,8 +775,25 @@ __device__ __forceinline__ uint32_t encode_block_begin(EncSmem<CPT>& sm, Out<D> 
     Chunk<D> ch[CPT];
     if (tid < D::NSYM) sm.hist[tid] = 0;
     if (ET == 256 || tid < 256) sm.cx[tid] = kCx.v[tid];  // read after the barriers below
+    if (aligned && full) {  // uniform: the common case without a check per chunk (each one had a
+                            // bounds test and a branch around the unaligned path, 2 % of the
+                            // instructions; H200, against the same call's build without it: two
+                            // tiers 1 GiB 1470 -> 1511 GB/s, 256 MiB 1367 -> 1397, fp16 +1.5 %)
+        const uint4* p = reinterpret_cast<const uint4*>(src) + tid * (D::WORDS / 4);
 #pragma unroll
-    for (int i = 0; i < CPT; ++i) ch[i] = load_chunk<D>(src, i * ET + tid, nb, aligned, full);
+        for (int i = 0; i < CPT; ++i)
+#pragma unroll
+            for (int k = 0; k < D::WORDS / 4; ++k) {
+                const uint4 a = p[i * ET * (D::WORDS / 4) + k];
+                ch[i].w[4 * k] = a.x;
+                ch[i].w[4 * k + 1] = a.y;
+                ch[i].w[4 * k + 2] = a.z;
+                ch[i].w[4 * k + 3] = a.w;
+            }
+    } else {
+#pragma unroll
+        for (int i = 0; i < CPT; ++i) ch[i] = load_chunk<D>(src, i * ET + tid, nb, aligned, full);
+    }
     __syncthreads();
 #pragma unroll
     for (int i = 0; i < CPT; ++i)
