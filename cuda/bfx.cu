@@ -72,7 +72,7 @@ struct EncSmem {
         uint32_t lutn[4][256];  // narrow: code bits 0-2 and the raw flag spread, shifted by 0-3
     };
     uint2 cx[256];  // compaction selectors (kCx)
-    uint32_t wtmp[EWARPS];
+    alignas(16) uint32_t wtmp[EWARPS];
     uint64_t ticket, offset;
     uint32_t k1, k2, n_esc1, n_raw, raw;
 #if defined(BFX_TIMELINE) && defined(BFX_TL_PHASE) && !defined(BFX_EMU)
@@ -142,13 +142,8 @@ __device__ void choose(EncSmem<CPT>& sm, int nb, uint32_t tiers) {
     const uint32_t bal = __ballot_sync(FULL, c > 0);
     if (lane == 0) sm.wtmp[warp] = __popc(bal);
     __syncthreads();
-    uint32_t base = 0, m = 0;
-#pragma unroll
-    for (int w = 0; w < EWARPS; ++w) {
-        uint32_t t = sm.wtmp[w];
-        base += w < warp ? t : 0u;
-        m += t;
-    }
+    uint32_t base, m;
+    warp_totals<EWARPS>(sm.wtmp, warp, base, m);
     const uint32_t pre = base + __popc(bal & lanemask_lt(lane));
     // key = count << 8 | (255 - symbol): a symbol ranks before another (count desc, then
     // symbol asc) exactly when its key is larger; keys are distinct and >= 256, so the zeros
@@ -477,9 +472,10 @@ __device__ __forceinline__ void store_payload(const Out<D>& o, int c, int nb, ui
 // instructions, but 5-8 % slower on the H200, twice.)
 __device__ __forceinline__ void put_compacted(uint8_t* dst, uint2 ex, uint2 sel, int n) {
     const uint32_t lo = prmt(ex.x, ex.y, sel.x), hi = prmt(ex.x, ex.y, sel.y);
+    const uint32_t m = 0xffu >> (8 - n);  // bit i: byte i is stored (predicates from one register, not 7 compares)
 #pragma unroll
     for (int i = 0; i < 8; ++i)
-        if (i < n) dst[i] = (uint8_t)((i < 4 ? lo : hi) >> (8 * (i & 3)));
+        if (m & (1u << i)) dst[i] = (uint8_t)((i < 4 ? lo : hi) >> (8 * (i & 3)));
 }
 
 // Tier-2 planes from the list of escape exponents by ordinal, the same way as planes1: a
