@@ -183,12 +183,6 @@ __device__ __forceinline__ uint2 scatter_plane(uint32_t byte) {
                       (((byte >> 4) & 0xfu) * 0x00204081u) & 0x01010101u);
 }
 
-// Byte j of .x (.y) is 0xff where bit j (4 + j) of the 8-bit mask m is set, else 0.
-__device__ __forceinline__ uint2 byte_mask(uint32_t m) {
-    const uint2 s = scatter_plane(m);
-    return make_uint2(s.x * 0xffu, s.y * 0xffu);
-}
-
 // Quad transpose: lane q holds X (byte b = its plane-b byte); returns plane word q of the
 // quad's group (byte i = lane i's byte). Every lane of the warp must call it.
 __device__ __forceinline__ uint32_t quad_transpose(uint32_t x, int q) {

@@ -34,7 +34,7 @@ static_assert(DT % 256 == 0 && (STAGED_MAX_NB / 32) % DT == 0, "phase 1 takes wh
 struct DecSmem {
     uint32_t stage[STAGE_WORDS + 8];  // + the 16-byte lines around a 4-byte aligned block
     alignas(16) uint8_t esc[STAGED_MAX_NB + 16];  // exponent by escape ordinal (tile path: of the tile); +16: read past
-    uint2 xp[256];  // byte-permute selectors that spread 8 bytes over the set bits of a mask
+    uint2 mg[256];  // merge_spread's selectors for each 8-bit mask
     uint32_t nsp[256];  // nibble k of nsp[p] = bit k of p: a plane byte as part of a permute selector
     uint32_t pre[STAGED_MAX_NB / 32 > DT ? STAGED_MAX_NB / 32 : DT];  // per-group prefixes (tile path: per-thread counts)
     alignas(8) uint8_t table[32];
@@ -282,6 +282,17 @@ __device__ uint32_t decode_tile(DecSmem& sm, const BlockDesc& d, int t0, uint32_
     return ST_OK;
 }
 
+// ex with the bytes w[0 .. popc(m)) (consecutive ordinals) put at the set bits of m (8 values:
+// .x values 0-3, .y values 4-7): two permutes that merge, with mg = sm.mg[m]. Nibble k of
+// mg.x's low half is value k's source byte: 4 + its rank among m's bits when bit k is set
+// (w's byte), else k (ex's); the high half the same for values 4-7 with ranks counted from
+// r0 = popc(m & 15), whose bytes w[r0 .. r0 + 3] a funnel shift by mg.y = 8·r0 brings into
+// one word. (Before: the bytes spread by two permutes, then a byte mask from m, two ANDs and
+// two merges, ~13 instructions.)
+__device__ __forceinline__ uint2 merge_spread(uint2 ex, uint2 w, uint2 mg) {
+    return make_uint2(prmt(ex.x, w.x, mg.x), prmt(ex.y, __funnelshift_rc(w.x, w.y, mg.y), mg.x >> 16));
+}
+
 // Table lookups of 8 codes < 8 by two byte permutes of the table's 8 bytes tw (phases 2 and 3,
 // k <= 3): the selector's nibble j is value j's code, the sum over the planes b of the plane
 // byte's bits spread to nibbles (sm.nsp) shifted by b; values 0-3 permute with its low half,
@@ -384,11 +395,8 @@ __device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& staged, bool ali
             const uint32_t r8 = (m >> sh) & (n >= 8 ? 0xffu : (1u << n) - 1u);  // raw codes among the eight
             if (r8) {  // consecutive raw ordinals from rb: spread over the raw positions
                 const uint32_t rb = (sm.pre[gi] >> 16) + __popc(m & ((1u << sh) - 1u));
-                const uint2 w = bytes8_at(d.raw, rb), sel = sm.xp[r8], mk = byte_mask(r8);
-                const uint32_t ux = prmt(w.x, w.y, sel.x) & mk.x, uy = prmt(w.x, w.y, sel.y) & mk.y;
-                if (D::NSYM < 256 && ((ux | uy) & 0xe0e0e0e0u)) sm.err = ST_SYMBOL;
-                ex.x = (ex.x & ~mk.x) | ux;
-                ex.y = (ex.y & ~mk.y) | uy;
+                // (fp16: phase 3 checks these raw exponents, from sm.esc)
+                ex = merge_spread(ex, bytes8_at(d.raw, rb), sm.mg[r8]);
             }
             *reinterpret_cast<uint2*>(sm.esc + o) = ex;
         }
@@ -433,11 +441,10 @@ __device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& staged, bool ali
         const uint32_t e8 = (all >> sh) & ((1u << valid) - 1u);
         if (e8) {  // the chunk's escapes are ordinals ob.. ob+popc(e8)-1: spread them with two permutes
             const uint32_t ob = (sm.pre[g] & 0xffffu) + __popc(all & ((1u << sh) - 1u));
-            const uint2 w = bytes8_at(esc, ob), sel = sm.xp[e8], mk = byte_mask(e8);
-            const uint32_t ux = prmt(w.x, w.y, sel.x) & mk.x, uy = prmt(w.x, w.y, sel.y) & mk.y;
-            if (D::NSYM < 256 && ((ux | uy) & 0xe0e0e0e0u)) sm.err = ST_SYMBOL;
-            ex.x = (ex.x & ~mk.x) | ux;
-            ex.y = (ex.y & ~mk.y) | uy;
+            ex = merge_spread(ex, bytes8_at(esc, ob), sm.mg[e8]);
+            // fp16: exponents from the stream (raw bytes, or via sm.esc) must be < 32; the
+            // table's bytes are (checked, and 0 past the table), so check the merged values
+            if (D::NSYM < 256 && ((ex.x | ex.y) & 0xe0e0e0e0u)) sm.err = ST_SYMBOL;
         }
         put_values<D>(d, v0, valid, ex, pl, aligned);
     }
@@ -526,8 +533,10 @@ __device__ uint32_t decode_block(DecSmem& sm, BlockDesc& d, uint32_t bytes, uint
     }
     const uint8_t* blk = d.blk;
     if (staged) stage_block(sm, d, bytes);  // the copy first: the table's load then waits beside it
-    if ((uint32_t)tid < d.t1 + d.t2) {  // from global memory: sm.stage is not published yet
-        const uint32_t e = blk[8 + tid];
+    if (tid < 32) {  // from global memory: sm.stage is not published yet. The bytes past the
+                     // table are 0, so every byte a lookup can give is a valid exponent (fp16's
+                     // check of the merged values in decode_staged relies on it)
+        const uint32_t e = (uint32_t)tid < d.t1 + d.t2 ? blk[8 + tid] : 0u;
         if (e >= (uint32_t)D::NSYM) sm.err = ST_SYMBOL;
         sm.table[tid] = (uint8_t)e;
     }
@@ -618,15 +627,20 @@ __device__ void decompress_kernel(const uint8_t* in, uint64_t in_len, uint8_t* o
     // its own offset is aligned); the others stop.
     if (off & 3) return;
     // (`DT == 256 ||`: without it the compiler spilled 16 bytes in the 256-thread build)
-    if (DT == 256 || tid < 256) {  // xp[m]: nibble j of .x (.y) = number of set bits of m below bit j (4 + j)
+    if (DT == 256 || tid < 256) {  // mg[m] (merge_spread) and nsp[m]
         const uint32_t m = (uint32_t)tid;
-        uint32_t x = 0, y = 0;
+        uint32_t sx = 0, r = 0;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            x |= (uint32_t)__popc(m & ((1u << j) - 1u)) << (4 * j);
-            y |= (uint32_t)__popc(m & ((1u << (4 + j)) - 1u)) << (4 * j);
+        for (int h = 0; h < 2; ++h) {
+            if (h) r = 0;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const bool set = (m >> (4 * h + k)) & 1u;
+                sx |= (set ? 4u + r : (uint32_t)k) << (16 * h + 4 * k);
+                r += set;
+            }
         }
-        sm.xp[m] = make_uint2(x, y);  // published by decode_block's barrier before any use
+        sm.mg[m] = make_uint2(sx, 8u * (uint32_t)__popc(m & 15u));  // published by decode_block's barrier before any use
         uint32_t ns = 0;
 #pragma unroll
         for (int k = 0; k < 8; ++k) ns |= ((m >> k) & 1u) << (4 * k);

@@ -356,6 +356,9 @@ inline uint32_t __reduce_min_sync(uint32_t, uint32_t v) {
 }
 inline int __popc(uint32_t v) { return __builtin_popcount(v); }
 inline int __ffs(uint32_t v) { return __builtin_ffs((int)v); }
+inline uint32_t __funnelshift_rc(uint32_t lo, uint32_t hi, uint32_t s) {
+    return (uint32_t)((((uint64_t)hi << 32) | lo) >> (s < 32 ? s : 32));
+}
 inline uint32_t __funnelshift_r(uint32_t lo, uint32_t hi, uint32_t s) {
     return (uint32_t)((((uint64_t)hi << 32) | lo) >> (s & 31));
 }

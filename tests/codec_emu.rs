@@ -191,6 +191,13 @@ fn emu_rejects_bad_block_headers() {
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
 
+/// fp16 table and raw exponent bytes out of range (>= 32) are rejected as the CPU rejects them.
+#[test]
+fn emu_rejects_bad_f16_exponents() {
+    let bad = bad_f16_exponents(&EMU);
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
 /// Mutated streams (bit flips, truncations, random header words): the emulated decoder and
 /// the CPU reference agree on what is valid, and on the values when it is.
 #[test]

@@ -440,3 +440,45 @@ pub fn bad_block_headers(c: &dyn Codec) -> Vec<String> {
     }
     bad
 }
+
+/// fp16 exponents are 5 bits: a table byte or a raw exponent byte >= 32 in a coded block is
+/// corrupt. Every block of tier-1 and tier-2 fp16 streams gets such a byte in turn (its first,
+/// middle and last raw byte and table byte): the decoder must agree with the CPU reference
+/// and report, not fault. Returns the disagreements; panics if no block had raws to corrupt.
+pub fn bad_f16_exponents(c: &dyn Codec) -> Vec<String> {
+    let mut bad = Vec::new();
+    let mut raws_seen = 0;
+    for (n, block, tiers) in [(20_000, 0u32, 1u8), (20_000, 0, 2), (3000, 512, 2), (3000, 512, 1)] {
+        let data = normal_values(Dtype::F16, n, 0.5, 21);
+        let good = compress::compress(Dtype::F16, &data, &Params { block, tiers }).unwrap();
+        let word = |s: &[u8], at: usize| u32::from_le_bytes(s[at..at + 4].try_into().unwrap());
+        let b = word(&good, 16) as usize;
+        let nblocks = word(&good, 20) as usize;
+        let mut at = 24 + 4 * nblocks;
+        for j in 0..nblocks {
+            let (w0, w1) = (word(&good, at), word(&good, at + 4));
+            let nb = b.min(n - j * b);
+            let (k1, k2, n_raw, n_esc1) = (w0 & 7, (w0 >> 3) & 7, (w0 >> 8) as usize, (w1 & 0xff_ffff) as usize);
+            if k1 > 0 {
+                let tt = ((1usize << k1) - 1) + if k2 > 0 { (1usize << k2) - 1 } else { 0 };
+                let pad4 = |x: usize| (x + 3) & !3;
+                let raw = at + 8 + pad4(tt) + 4 * nb.div_ceil(32) * k1 as usize + 4 * n_esc1.div_ceil(32) * k2 as usize;
+                let mut spots = vec![(at + 8, "table[0]"), (at + 8 + tt - 1, "table[last]")];
+                if n_raw > 0 {
+                    raws_seen += 1;
+                    spots.extend([(raw, "raw[0]"), (raw + n_raw / 2, "raw[mid]"), (raw + n_raw - 1, "raw[last]")]);
+                }
+                for (pos, what) in spots {
+                    for v in [32u8, 0xff] {
+                        let mut s = good.clone();
+                        s[pos] = v;
+                        check_corrupt(c, Dtype::F16, n, &s, &format!("tiers {tiers} block {j} {what} = {v:#x}"), &mut bad);
+                    }
+                }
+            }
+            at += word(&good, 24 + 4 * j) as usize;
+        }
+    }
+    assert!(raws_seen > 0, "no fp16 block with raw exponents: the test corrupts nothing there");
+    bad
+}
