@@ -533,9 +533,11 @@ __device__ uint32_t decode_block(DecSmem& sm, BlockDesc& d, uint32_t bytes, uint
     }
     const uint8_t* blk = d.blk;
     if (staged) stage_block(sm, d, bytes);  // the copy first: the table's load then waits beside it
-    if (tid < 32) {  // from global memory: sm.stage is not published yet. The bytes past the
-                     // table are 0, so every byte a lookup can give is a valid exponent (fp16's
-                     // check of the merged values in decode_staged relies on it)
+    // From global memory: sm.stage is not published yet. fp16: the bytes past the table are
+    // 0, so every byte a lookup can give is a valid exponent (the check of the merged values in
+    // decode_staged relies on it). bf16 and fp32 check nothing there and keep the shorter form
+    // (the padded one spilled 16 bytes in the bf16 decoder: -4 % on the H200).
+    if ((uint32_t)tid < (D::NSYM < 256 ? 32u : d.t1 + d.t2)) {
         const uint32_t e = (uint32_t)tid < d.t1 + d.t2 ? blk[8 + tid] : 0u;
         if (e >= (uint32_t)D::NSYM) sm.err = ST_SYMBOL;
         sm.table[tid] = (uint8_t)e;
