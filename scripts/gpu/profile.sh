@@ -32,8 +32,8 @@ if [ -n "${PROFILE_SOURCE:-}" ]; then
         --import-source yes -k "regex:hoccl_bfx_$k\$" --launch-skip 1 --launch-count 1 -f -o "$rep" \
         carry/codec_bench --tiers "$tiers" --min-size "$size" --max-size "$size" > "$rep.log" 2>&1
       echo "== source $k tiers $tiers: rc=$?"
-      # per SASS instruction (address, executed count, stall samples): map it back with the
-      # disassembly of the same fatbin (nvdisasm -g) on the build machine
+      # per SASS instruction (address, executed count, stall samples): map it back to source
+      # lines on the build machine with scripts/gpu/srcprof.py FATBIN KERNEL CSV
       ncu -i "$rep.ncu-rep" --page source --print-source sass --csv > "$rep.csv" 2>> "$rep.log" \
         || ncu -i "$rep.ncu-rep" --page source --csv > "$rep.csv" 2>> "$rep.log"
       wc -l "$rep.csv"; rm -f "$rep.ncu-rep"
