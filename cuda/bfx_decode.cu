@@ -301,6 +301,30 @@ __device__ __forceinline__ uint2 merge_spread(uint2 ex, uint2 w, uint2 mg) {
 // instructions per plane and 8 per lookup). H200, against the same call's build without it:
 // two tiers 1 GiB 1832 -> 1910 GB/s, 256 MiB 1695 -> 1791; one tier 2030 -> 2075, 1884 ->
 // 1934; fp16 1188 -> 1235.
+// The selector of eight codes < 8 from their k <= KMAX <= 3 plane words p[0 .. k) (the
+// codes' byte at bit sh of each): nibble j = code j, the sum over the planes b of
+// sm.nsp[plane byte] << b; `all` gets the AND of the plane words.
+template <int KMAX>
+__device__ __forceinline__ uint32_t sel_planes(const DecSmem& sm, const uint32_t* p, uint32_t k, uint32_t sh,
+                                               uint32_t& all) {
+    uint32_t sel = 0;
+#pragma unroll
+    for (uint32_t b = 0; b < (uint32_t)KMAX; ++b) {
+        if (b < k) {
+            const uint32_t w = p[b];
+            sel += sm.nsp[(w >> sh) & 0xffu] << b;
+            all &= w;
+        }
+    }
+    return sel;
+}
+
+// The eight bytes of tw (a table's 8 bytes) that sel_planes' selector picks: codes 0-3 with
+// its low half, 4-7 with its high half.
+__device__ __forceinline__ uint2 lookup8(uint2 tw, uint32_t sel) {
+    return make_uint2(prmt(tw.x, tw.y, sel), prmt(tw.x, tw.y, sel >> 16));
+}
+
 // A staged block of nb <= STAGED_MAX_NB values, K1 = d.k1, in three phases with four
 // barriers per block (the tile path has ~9 per 2048 values):
 //  1. escapes per tier-1 group (the AND of its K1 plane words) and raws per tier-2 group
@@ -364,17 +388,8 @@ __device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& staged, bool ali
             const uint32_t o = 8 * q8, gi = o >> 5, sh = o & 31, n = n_esc1 - o;
             uint32_t m = FULL;
             uint2 ex;
-            if (k2 <= 3) {  // uniform; codes < 8: plane bytes -> selector nibbles (sel_planes), two permutes
-                uint32_t sel = 0;
-#pragma unroll
-                for (uint32_t b = 0; b < 3; ++b) {
-                    if (b < k2) {
-                        const uint32_t w = p2[gi * k2 + b];
-                        sel += sm.nsp[(w >> sh) & 0xffu] << b;
-                        m &= w;
-                    }
-                }
-                ex = make_uint2(prmt(tw2.x, tw2.y, sel), prmt(tw2.x, tw2.y, sel >> 16));
+            if (k2 <= 3) {  // uniform; codes < 8
+                ex = lookup8(tw2, sel_planes<3>(sm, p2 + gi * k2, k2, sh, m));
             } else {
                 uint2 c2 = make_uint2(0, 0);
 #pragma unroll
@@ -412,15 +427,8 @@ __device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& staged, bool ali
         const Payload<D> pl = load_payload<D>(d, c, v0);
         uint32_t all = FULL;
         uint2 ex;
-        if constexpr (K1 <= 3) {  // codes < 8: plane bytes -> selector nibbles, two permutes of the table
-            uint32_t sel = 0;
-#pragma unroll
-            for (int b = 0; b < K1; ++b) {
-                const uint32_t w = p1[g * K1 + b];
-                sel += sm.nsp[(w >> sh) & 0xffu] << b;
-                all &= w;
-            }
-            ex = make_uint2(prmt(tw.x, tw.y, sel), prmt(tw.x, tw.y, sel >> 16));
+        if constexpr (K1 <= 3) {  // codes < 8
+            ex = lookup8(tw, sel_planes<K1>(sm, p1 + g * K1, K1, sh, all));
         } else {
             uint2 codes = make_uint2(0, 0);
 #pragma unroll
