@@ -293,17 +293,15 @@ __device__ __forceinline__ uint2 merge_spread(uint2 ex, uint2 w, uint2 mg) {
     return make_uint2(prmt(ex.x, w.x, mg.x), prmt(ex.y, __funnelshift_rc(w.x, w.y, mg.y), mg.x >> 16));
 }
 
-// Table lookups of 8 codes < 8 by two byte permutes of the table's 8 bytes tw (phases 2 and 3,
-// k <= 3): the selector's nibble j is value j's code, the sum over the planes b of the plane
-// byte's bits spread to nibbles (sm.nsp) shifted by b; values 0-3 permute with its low half,
-// 4-7 with its high half. One shared load and one add per plane (before: the plane byte spread
-// to code bytes by two multiplies, then the code bytes packed into a selector, ~11
+// Table lookups of 8 codes < 8 (phases 2 and 3, k <= 3) in two steps. sel_planes builds a
+// byte-permute selector from the codes' k plane words p[0 .. k) (the codes' byte at bit sh of
+// each): nibble j = code j, the sum over the planes b of sm.nsp[plane byte] << b (a plane
+// byte's bits spread to nibbles); `all` gets the AND of the plane words. lookup8 then permutes
+// the table's 8 bytes with it. One shared load and one add per plane (before: the plane byte
+// spread to code bytes by two multiplies, then the code bytes packed into a selector, ~11
 // instructions per plane and 8 per lookup). H200, against the same call's build without it:
 // two tiers 1 GiB 1832 -> 1910 GB/s, 256 MiB 1695 -> 1791; one tier 2030 -> 2075, 1884 ->
 // 1934; fp16 1188 -> 1235.
-// The selector of eight codes < 8 from their k <= KMAX <= 3 plane words p[0 .. k) (the
-// codes' byte at bit sh of each): nibble j = code j, the sum over the planes b of
-// sm.nsp[plane byte] << b; `all` gets the AND of the plane words.
 template <int KMAX>
 __device__ __forceinline__ uint32_t sel_planes(const DecSmem& sm, const uint32_t* p, uint32_t k, uint32_t sh,
                                                uint32_t& all) {
@@ -319,7 +317,7 @@ __device__ __forceinline__ uint32_t sel_planes(const DecSmem& sm, const uint32_t
     return sel;
 }
 
-// The eight bytes of tw (a table's 8 bytes) that sel_planes' selector picks: codes 0-3 with
+// The eight bytes of tw (a table's 8 bytes) that sel_planes' selector picks: values 0-3 with
 // its low half, 4-7 with its high half.
 __device__ __forceinline__ uint2 lookup8(uint2 tw, uint32_t sel) {
     return make_uint2(prmt(tw.x, tw.y, sel), prmt(tw.x, tw.y, sel >> 16));
@@ -450,8 +448,9 @@ __device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& staged, bool ali
         if (e8) {  // the chunk's escapes are ordinals ob.. ob+popc(e8)-1: spread them with two permutes
             const uint32_t ob = (sm.pre[g] & 0xffffu) + __popc(all & ((1u << sh) - 1u));
             ex = merge_spread(ex, bytes8_at(esc, ob), sm.mg[e8]);
-            // fp16: exponents from the stream (raw bytes, or via sm.esc) must be < 32; the
-            // table's bytes are (checked, and 0 past the table), so check the merged values
+            // fp16: exponents from the stream (raw bytes, or via sm.esc) must be < 32. The
+            // table's bytes were checked and it is 0 past its end, so only a merged-in byte can
+            // fail: check the merged values
             if (D::NSYM < 256 && ((ex.x | ex.y) & 0xe0e0e0e0u)) sm.err = ST_SYMBOL;
         }
         put_values<D>(d, v0, valid, ex, pl, aligned);
