@@ -590,11 +590,26 @@ __device__ uint32_t check_stream(const uint8_t* in, uint64_t in_len, uint64_t n,
     return ST_OK;
 }
 
+// The first of CTA i's blocks [cta_start(i), cta_start(i + 1)) of nb (cta_start(G) = nb;
+// nb < 2^32, a u32 header field). Contiguous ranges, in order. Without a tail (P = 0) the
+// blocks split evenly over the grid of G CTAs (with fewer blocks than CTAs, the CTAs with a
+// block are spread over the grid, so over the SMs). With one (P: its wave, the CTAs
+// resident at once; gpu.rs decode_grid), the last 2·P CTAs take 2 blocks each, then 1, and
+// the head of the grid splits the others evenly.
+__device__ __forceinline__ uint32_t cta_start(uint32_t nb, uint32_t P, uint32_t i) {
+    const uint32_t G = gridDim.x;
+    // no tail unless every CTA of the head has a block
+    const uint32_t p = (G > 2 * P && nb >= 3 * P && nb - 3 * P >= G - 2 * P) ? P : 0u;
+    const uint32_t head = G - 2 * p, a = nb - 3 * p, h = i < head ? i : head, t = i - h;
+    return (uint32_t)((uint64_t)a * h / head) + 2 * (t < p ? t : p) + (t > p ? t - p : 0u);
+}
+
 #if defined(BFX_TIMELINE) && !defined(BFX_EMU)
 extern "C" __device__ uint64_t hoccl_bfx_tl_dec[4 * TL_CTAS];
 #endif
 
-// flags bit 0: `out` is 16-byte aligned; bit 1: `out` is 4-byte aligned.
+// flags bit 0: `out` is 16-byte aligned; bit 1: `out` is 4-byte aligned; bits 8..31: the
+// wave of the grid's tail (0: none; cta_start).
 template <class D>
 __device__ void decompress_kernel(const uint8_t* in, uint64_t in_len, uint8_t* out, uint64_t n, uint32_t* status,
                                   uint32_t flags) {
@@ -615,7 +630,7 @@ __device__ void decompress_kernel(const uint8_t* in, uint64_t in_len, uint8_t* o
         if (blockIdx.x == 0 && tid == 0) report(status, st, 0);
         return;
     }
-    const uint64_t b0 = (uint64_t)nblocks * blockIdx.x / gridDim.x, b1 = (uint64_t)nblocks * (blockIdx.x + 1) / gridDim.x;
+    const uint64_t b0 = cta_start(nblocks, flags >> 8, blockIdx.x), b1 = cta_start(nblocks, flags >> 8, blockIdx.x + 1);
     if (b0 == b1) return;
     // Bytes before block b0: the sizes in 16-byte loads (the table is 4-byte aligned: up to
     // three single words first, up to three after).
@@ -737,6 +752,12 @@ extern "C" __device__ uint32_t hoccl_bfx_decode_threads = bfx::DT;
 #define BFX_DEC_WAVES 8
 #endif
 extern "C" __device__ uint32_t hoccl_bfx_decode_waves = BFX_DEC_WAVES;
+// 1: the launcher ends the grid in a tail of small CTAs (gpu.rs decode_grid, cta_start
+// above); 0: even ranges (an experiment knob).
+#ifndef BFX_DEC_TAIL
+#define BFX_DEC_TAIL 1
+#endif
+extern "C" __device__ uint32_t hoccl_bfx_decode_tail = BFX_DEC_TAIL;
 
 // status = 0 before the decoder may set it.
 extern "C" __global__ void hoccl_bfx_decompress_begin(uint32_t* status) {

@@ -2,7 +2,8 @@
 // run by tests/codec_emu.rs; it launches the kernels exactly as src/compress/gpu.rs does.
 //
 //   bfx_emu compress DTYPE B TIERS IN OUT [MISALIGN]   -> writes the stream to OUT
-//   bfx_emu decompress DTYPE N IN OUT [CTAS] [MISALIGN] -> prints the status word
+//   bfx_emu decompress DTYPE N IN OUT [CTAS] [MISALIGN] [WAVE] -> prints the status word
+//   (WAVE: the wave of the grid's tail, as gpu.rs passes it in flags; 0: none)
 //   bfx_emu lookback CASES SEED                         -> prints "lookback ok N" or fails
 //
 // DTYPE is bf16, f16 or f32; MISALIGN (bytes) shifts the value buffer off 16-byte alignment.
@@ -101,7 +102,8 @@ static int compress(const std::string& dt, uint32_t B, uint32_t tiers, const cha
     return 0;
 }
 
-static int decompress(const std::string& dt, uint64_t n, const char* in, const char* out, unsigned ctas, size_t mis) {
+static int decompress(const std::string& dt, uint64_t n, const char* in, const char* out, unsigned ctas, size_t mis,
+                      uint32_t wave) {
     const std::vector<uint8_t> stream = read_file(in);
     const int size = size_of(dt);
     Buf src(stream.size(), 0, 0xEE);
@@ -110,7 +112,7 @@ static int decompress(const std::string& dt, uint64_t n, const char* in, const c
     uint32_t status = 0xFFFFFFFFu;
     emu::launch(1, 32, [&] { hoccl_bfx_decompress_begin(&status); });
     const uintptr_t a = reinterpret_cast<uintptr_t>(dst.p);
-    const uint32_t flags = (a % 16 == 0 ? 1u : 0u) | (a % 4 == 0 ? 2u : 0u);
+    const uint32_t flags = (a % 16 == 0 ? 1u : 0u) | (a % 4 == 0 ? 2u : 0u) | (wave << 8);  // wave: the grid's tail
     auto body = [&] {
         if (dt == "bf16") hoccl_bfx_decompress_bf16(src.p, stream.size(), dst.p, n, &status, flags);
         if (dt == "f16") hoccl_bfx_decompress_f16(src.p, stream.size(), dst.p, n, &status, flags);
@@ -177,7 +179,7 @@ int main(int argc, char** argv) {
                         argc > 7 ? std::stoul(argv[7]) : 0);
     if (argc >= 6 && std::string(argv[1]) == "decompress")
         return decompress(argv[2], std::stoull(argv[3]), argv[4], argv[5], argc > 6 ? (unsigned)std::stoul(argv[6]) : 4,
-                          argc > 7 ? std::stoul(argv[7]) : 0);
-    std::fprintf(stderr, "usage: bfx_emu compress DTYPE B TIERS IN OUT [MISALIGN] | decompress DTYPE N IN OUT [CTAS] [MISALIGN]\n");
+                          argc > 7 ? std::stoul(argv[7]) : 0, argc > 8 ? (uint32_t)std::stoul(argv[8]) : 0);
+    std::fprintf(stderr, "usage: bfx_emu compress DTYPE B TIERS IN OUT [MISALIGN] | decompress DTYPE N IN OUT [CTAS] [MISALIGN] [WAVE]\n");
     return 2;
 }

@@ -39,6 +39,9 @@ fn emulator() -> &'static PathBuf {
 struct Emu {
     shift: usize,
     ctas: u32,
+    /// Nonzero: the wave of the decoder grid's tail (gpu.rs decode_grid): the last 2·wave
+    /// CTAs take 2 blocks, then 1, of a stream of the default block size.
+    wave: u32,
     /// Nonzero: BFX_EMU_SCHED, a shuffled order of CTAs and of threads between collectives.
     sched: u64,
 }
@@ -67,7 +70,7 @@ fn run_sched(args: &[String], sched: u64) -> Result<String, String> {
 
 impl Codec for Emu {
     fn name(&self) -> String {
-        format!("emulated kernels (shift {}, {} CTAs, schedule {})", self.shift, self.ctas, self.sched)
+        format!("emulated kernels (shift {}, {} CTAs, tail wave {}, schedule {})", self.shift, self.ctas, self.wave, self.sched)
     }
 
     fn compress(&self, dt: Dtype, data: &[u8], p: &Params) -> Result<Vec<u8>, String> {
@@ -101,6 +104,7 @@ impl Codec for Emu {
             &o.to_string_lossy(),
             &self.ctas.to_string(),
             &shift,
+            &self.wave.to_string(),
         ];
         let r = run_sched(&a.map(String::from), self.sched).and_then(|out| {
             let w: u32 =
@@ -121,12 +125,12 @@ impl Codec for Emu {
     }
 }
 
-const EMU: Emu = Emu { shift: 0, ctas: 3, sched: 0 };
+const EMU: Emu = Emu { shift: 0, ctas: 3, wave: 0, sched: 0 };
 
 #[test]
 fn emu_same_bytes_as_cpu() {
     same_bytes_as_cpu(&EMU);
-    same_bytes_as_cpu(&Emu { shift: 1, ctas: 1, sched: 0 });
+    same_bytes_as_cpu(&Emu { shift: 1, ctas: 1, wave: 0, sched: 0 });
 }
 
 #[test]
@@ -136,13 +140,13 @@ fn emu_all_16bit_patterns() {
 
 #[test]
 fn emu_f32_specials() {
-    f32_specials(&Emu { shift: 1, ctas: 2, sched: 0 });
+    f32_specials(&Emu { shift: 1, ctas: 2, wave: 0, sched: 0 });
 }
 
 #[test]
 fn emu_sizes() {
     sizes(&EMU);
-    sizes(&Emu { shift: 1, ctas: 64, sched: 0 });
+    sizes(&Emu { shift: 1, ctas: 64, wave: 0, sched: 0 });
 }
 
 #[test]
@@ -159,7 +163,7 @@ fn emu_real_data() {
 
 #[test]
 fn emu_decodes_cpu_streams() {
-    decodes_cpu_streams(&Emu { shift: 0, ctas: 5, sched: 0 });
+    decodes_cpu_streams(&Emu { shift: 0, ctas: 5, wave: 0, sched: 0 });
 }
 
 /// The kernels with CTAs and threads resumed in shuffled orders (BFX_EMU_SCHED): a thread
@@ -169,11 +173,24 @@ fn emu_decodes_cpu_streams() {
 #[test]
 fn emu_shuffled_schedules() {
     for (sched, ctas) in [(1u64, 192u32), (2, 3), (3, 1)] {
-        let c = Emu { shift: 0, ctas, sched };
+        let c = Emu { shift: 0, ctas, wave: 0, sched };
         real_data(&c);
         distributions(&c);
     }
-    decodes_cpu_streams(&Emu { shift: 1, ctas: 5, sched: 4 });
+    decodes_cpu_streams(&Emu { shift: 1, ctas: 5, wave: 0, sched: 4 });
+}
+
+/// The decoder's grid with a tail of small CTAs (gpu.rs decode_grid): waves of 2 and 3 CTAs,
+/// so that streams of 9 or 13 and more default-size blocks (the large sizes, the real data)
+/// take the tail, and the smaller ones the even ranges; also in shuffled schedules.
+#[test]
+fn emu_decoder_grid_tail() {
+    for (wave, head, sched) in [(2u32, 3u32, 0u64), (3, 4, 5), (2, 1, 6)] {
+        let c = Emu { shift: 0, ctas: head + 2 * wave, wave, sched };
+        sizes(&c);
+        real_data(&c);
+        distributions(&c);
+    }
 }
 
 /// Wrong sizes in the block table: rejected like the CPU reference does, and no fault (the

@@ -17,8 +17,9 @@ pub(super) struct KernelCache {
     funcs: HashMap<String, sys::CUfunction>,
     /// Dynamic shared memory allowed per function (only those above STATIC_SMEM_LIMIT).
     smem_allowed: HashMap<String, u32>,
-    /// `u32` globals of the module read so far (constants the kernels publish).
-    globals: HashMap<String, u32>,
+    /// `u32` globals of the module read so far (constants the kernels publish; None: the
+    /// module has no such global).
+    globals: HashMap<String, Option<u32>>,
     /// CTAs per SM by function, for the (block threads, dynamic shared memory) it was asked with.
     occupancy: HashMap<String, (u32, u32, u32)>,
 }
@@ -157,13 +158,21 @@ impl CudaDevice {
     /// The value of the module's `u32` global `name` (a constant a kernel file publishes,
     /// such as the shared memory a kernel needs); read once and cached.
     pub(crate) fn module_u32(&self, name: &str) -> Result<u32> {
+        self.module_u32_opt(name)?
+            .ok_or_else(|| Error::invalid_arg(OP, format!("no global named {name} in the kernels")))
+    }
+
+    /// As `module_u32`, None when the module has no such global (an optional setting that
+    /// older kernel files lack); read once and cached either way.
+    pub(crate) fn module_u32_opt(&self, name: &str) -> Result<Option<u32>> {
         if let Some(&v) = lock(&self.kernels).globals.get(name) {
             return Ok(v);
         }
         let _g = self.enter(OP)?;
         let mut cache = lock(&self.kernels);
         let Some((dptr, bytes)) = Self::global_ptr(&mut cache, name)? else {
-            return Err(Error::invalid_arg(OP, format!("no global named {name} in the kernels")));
+            cache.globals.insert(name.to_string(), None);
+            return Ok(None);
         };
         if bytes != 4 {
             return Err(Error::invalid_arg(OP, format!("global {name} has {bytes} bytes, not 4")));
@@ -171,8 +180,8 @@ impl CudaDevice {
         let mut v = 0u32;
         // SAFETY: dptr is a 4-byte device global of this context's module; v is 4 bytes.
         check(OP, "cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(&mut v as *mut u32 as *mut c_void, dptr, 4) })?;
-        cache.globals.insert(name.to_string(), v);
-        Ok(v)
+        cache.globals.insert(name.to_string(), Some(v));
+        Ok(Some(v))
     }
 
     /// The current bytes of the module's global `name` (diagnostics, read each time; the
