@@ -575,17 +575,27 @@ __device__ uint32_t decode_block(DecSmem& sm, BlockDesc& d, uint32_t bytes, uint
     }
 }
 
-// Stream header checks (format.rs StreamHeader::parse), identical in every CTA.
+// Stream header checks (format.rs StreamHeader::parse), identical in every CTA. The six
+// header words are loaded together and checked by one branch (checking each word before
+// loading the next made four dependent round trips at every CTA's start); which check
+// failed is found after it.
 template <class D>
 __device__ uint32_t check_stream(const uint8_t* in, uint64_t in_len, uint64_t n, uint32_t& B, uint32_t& nblocks) {
     if (in_len < 24) return ST_TRUNCATED;
-    if (ld32(in) != D::MAGIC) return ST_MAGIC;
-    if (ld32(in + 4) != 1) return ST_VERSION;
-    const uint64_t hn = (uint64_t)ld32(in + 8) | ((uint64_t)ld32(in + 12) << 32);
-    if (hn != n) return ST_COUNT;
-    B = ld32(in + 16);
-    nblocks = ld32(in + 20);
-    if (B < 32 || B % 32 || B > (1u << 24) || (n + B - 1) / B != nblocks) return ST_GEOMETRY;
+    uint32_t h[6];
+#pragma unroll
+    for (int i = 0; i < 6; ++i) h[i] = ld32(in + 4 * i);
+    const uint64_t hn = (uint64_t)h[2] | ((uint64_t)h[3] << 32);
+    B = h[4];
+    nblocks = h[5];
+    const bool ok = (h[0] == D::MAGIC) & (h[1] == 1u) & (hn == n) & (B >= 32u) & (B % 32u == 0u) & (B <= (1u << 24));
+    if (!ok) {
+        if (h[0] != D::MAGIC) return ST_MAGIC;
+        if (h[1] != 1) return ST_VERSION;
+        if (hn != n) return ST_COUNT;
+        return ST_GEOMETRY;
+    }
+    if ((n + B - 1) / B != nblocks) return ST_GEOMETRY;
     if (in_len < 24 + 4 * (uint64_t)nblocks) return ST_TRUNCATED;
     return ST_OK;
 }
