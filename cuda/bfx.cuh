@@ -447,6 +447,28 @@ __device__ __forceinline__ uint32_t tl_smid() {
 #define BFX_TL_DMARK(sm, n) do { } while (0)
 #endif
 
+// The GPU's nanosecond clock (%globaltimer; the emulator has none: 0).
+__device__ __forceinline__ uint64_t clock_ns() {
+#ifdef BFX_EMU
+    return 0;
+#else
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+#endif
+}
+// A staggered first wave (bfx.cu stagger_start): CTA `i` in start order of a grid whose
+// shape flags bits 8..19 (SMs) and 20..23 (CTAs per SM) give waits (i / SMs) steps of
+// `step` ns from now when it is in the first wave. Timing only (the emulator skips it).
+// (Tried for the decoder too, its first wave by blockIdx, 2 us steps: -1..-5 %.)
+__device__ __forceinline__ void wait_slot(uint64_t i, uint32_t flags, uint32_t step) {
+#ifndef BFX_EMU
+    const uint32_t sms = (flags >> 8) & 0xfffu, per_sm = (flags >> 20) & 0xfu;
+    if (step == 0 || sms == 0 || i >= (uint64_t)sms * per_sm) return;
+    const uint64_t until = clock_ns() + (i / sms) * (uint64_t)step;
+    while (clock_ns() < until) __nanosleep(500);
+#endif
+}
 __device__ __forceinline__ void spin_pause() {
 #ifdef BFX_EMU
     emu_yield();

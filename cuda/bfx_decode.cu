@@ -618,8 +618,9 @@ __device__ __forceinline__ uint32_t cta_start(uint32_t nb, uint32_t P, uint32_t 
 extern "C" __device__ uint64_t hoccl_bfx_tl_dec[4 * TL_CTAS];
 #endif
 
-// flags bit 0: `out` is 16-byte aligned; bit 1: `out` is 4-byte aligned; bits 8..31: the
-// wave of the grid's tail (0: none; cta_start).
+// flags bit 0: `out` is 16-byte aligned; bit 1: `out` is 4-byte aligned; bits 8..19: SMs,
+// 20..23: CTAs per SM (the grid's wave is their product; 0: unknown); bit 24: the grid ends
+// in a tail (cta_start) of that wave.
 template <class D>
 __device__ void decompress_kernel(const uint8_t* in, uint64_t in_len, uint8_t* out, uint64_t n, uint32_t* status,
                                   uint32_t flags) {
@@ -640,7 +641,8 @@ __device__ void decompress_kernel(const uint8_t* in, uint64_t in_len, uint8_t* o
         if (blockIdx.x == 0 && tid == 0) report(status, st, 0);
         return;
     }
-    const uint64_t b0 = cta_start(nblocks, flags >> 8, blockIdx.x), b1 = cta_start(nblocks, flags >> 8, blockIdx.x + 1);
+    const uint32_t wave = ((flags >> 24) & 1u) ? ((flags >> 8) & 0xfffu) * ((flags >> 20) & 0xfu) : 0u;
+    const uint64_t b0 = cta_start(nblocks, wave, blockIdx.x), b1 = cta_start(nblocks, wave, blockIdx.x + 1);
     if (b0 == b1) return;
     // Bytes before block b0: the sizes in 16-byte loads (the table is 4-byte aligned: up to
     // three single words first, up to three after).

@@ -112,7 +112,8 @@ static int decompress(const std::string& dt, uint64_t n, const char* in, const c
     uint32_t status = 0xFFFFFFFFu;
     emu::launch(1, 32, [&] { hoccl_bfx_decompress_begin(&status); });
     const uintptr_t a = reinterpret_cast<uintptr_t>(dst.p);
-    const uint32_t flags = (a % 16 == 0 ? 1u : 0u) | (a % 4 == 0 ? 2u : 0u) | (wave << 8);  // wave: the grid's tail
+    // wave: the grid's tail, as wave "SMs" of one CTA each (gpu.rs: SMs, CTAs per SM, tail bit)
+    const uint32_t flags = (a % 16 == 0 ? 1u : 0u) | (a % 4 == 0 ? 2u : 0u) | (wave ? (wave << 8) | (1u << 20) | (1u << 24) : 0u);
     auto body = [&] {
         if (dt == "bf16") hoccl_bfx_decompress_bf16(src.p, stream.size(), dst.p, n, &status, flags);
         if (dt == "f16") hoccl_bfx_decompress_f16(src.p, stream.size(), dst.p, n, &status, flags);

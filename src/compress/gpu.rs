@@ -24,6 +24,8 @@ const TILE: u32 = THREADS * 8;
 const DECODE_SMEM_GLOBAL: &str = "hoccl_bfx_decode_smem";
 /// Module global: threads per compressor CTA (the kernel file's choice).
 const COMPRESS_THREADS_GLOBAL: &str = "hoccl_bfx_compress_threads";
+/// Module global: the compressor's staggered start, its step in ns (0 or absent: none).
+const COMPRESS_STAGGER_GLOBAL: &str = "hoccl_bfx_compress_stagger";
 /// Module global: threads per decoder CTA (the kernel file's choice).
 const DECODE_THREADS_GLOBAL: &str = "hoccl_bfx_decode_threads";
 /// Module global: the most waves (CTAs that fit the SMs at once) in the decoder's grid.
@@ -223,7 +225,16 @@ pub(crate) fn compress(
     if threads != 256 && threads != 512 {
         return Err(Error::internal(OP, format!("the kernel module says {threads} threads per compressor CTA")));
     }
-    let flags = u32::from(input.0 % 16 == 0);
+    let mut flags = u32::from(input.0 % 16 == 0);
+    // A staggered first wave (stagger_start in bfx.cu) when the kernel file has one and the
+    // grid is at least two waves: the kernel needs the SMs and the CTAs per SM.
+    if cuda.module_u32_opt(COMPRESS_STAGGER_GLOBAL)?.unwrap_or(0) != 0 {
+        let per_sm = cuda.ctas_per_sm(&name, threads, 0)?;
+        let sms = cuda.sm_count();
+        if (2..16).contains(&per_sm) && (1..4096).contains(&sms) && u64::from(nblocks) >= 2 * sms as u64 * u64::from(per_sm) {
+            flags |= ((sms as u32) << 8) | (per_sm << 20);
+        }
+    }
     let args = Args::new()
         .u64(input.0)
         .u64(n)
@@ -273,16 +284,21 @@ pub(crate) fn decompress(
         0 => 132,
         c => c as u64,
     };
-    let tail = cuda.module_u32_opt(DECODE_TAIL_GLOBAL)?.unwrap_or(0) != 0;
-    let (ctas, tail_wave) = decode_grid(n, dtype, (sms * per_sm).min(1 << 20), waves, tail);
-    let flags = u32::from(output.0 % 16 == 0) | (u32::from(output.0 % 4 == 0) << 1) | ((tail_wave as u32) << 8);
+    // The grid's shape for the kernel (flags bits 8..23; its tail, bit 24, is of that wave).
+    let shape = (per_sm < 16 && sms < 4096).then(|| ((sms as u32) << 8) | ((per_sm as u32) << 20));
+    let tail = shape.is_some() && cuda.module_u32_opt(DECODE_TAIL_GLOBAL)?.unwrap_or(0) != 0;
+    let (ctas, tail_wave) = decode_grid(n, dtype, sms * per_sm, waves, tail);
+    let flags = u32::from(output.0 % 16 == 0)
+        | (u32::from(output.0 % 4 == 0) << 1)
+        | shape.unwrap_or(0)
+        | (u32::from(tail_wave != 0) << 24);
     let args = Args::new().u64(input.0).u64(input_len).u64(output.0).u64(n).u64(status.0).u32(flags);
     launch_smem(cuda, s, &name, ctas, threads, smem, args)
 }
 
 /// CTAs of the decoder's grid for `n` values, and the wave of its tail (0: none).
 /// DECODE_BLOCKS_PER_CTA blocks of the default size per CTA, at least one `wave` (CTAs
-/// resident at once, 1..=2^20) and at most `waves` of them (>= 1), and never more than one
+/// resident at once, >= 1) and at most `waves` of them (>= 1), and never more than one
 /// CTA per 2048 values (idle CTAs return at once).
 ///
 /// With `tail` and enough blocks (a wave of full ranges and three waves' worth more), the
