@@ -519,17 +519,19 @@ __device__ void planes2_words(EncSmem<CPT>& sm, uint32_t t, uint32_t nt) {
 template <class D>
 constexpr bool kInterleaveCompact = D::SIZE == 2 && D::NSYM == 256;
 
-template <class D, int CPT, bool N, int K1>
+
+template <class D, int CPT, bool N, int K1, bool ONE>
 __device__ __forceinline__ void compact(EncSmem<CPT>& sm, const Chunk<D>& ch, CodeT<N> code, int c, uint32_t k1,
                                         uint32_t k2) {
-    const uint32_t e8 = esc_mask<D, N, K1>(code, k1);
+    // one tier (ONE: k2 = 0): every escape is raw, the escape mask is the raw mask
+    const uint32_t e8 = ONE ? raw_mask<D, N>(code) : esc_mask<D, N, K1>(code, k1);
     uint2 ex;
     if constexpr (kInterleaveCompact<D>) ex = chunk_exps_again<D>(ch);
     if (e8) {  // escapes are common (k1 = 2: ~30 % of values): compacted with two permutes
         if constexpr (!kInterleaveCompact<D>) ex = chunk_exps_again<D>(ch);
         const uint32_t r8 = raw_mask<D, N>(code);
         const uint32_t o = sm.cnt[c] & 0xffffu, ro = sm.cnt[c] >> 16;
-        if (k2) put_compacted(sm.esc + o, ex, sm.cx[e8], __popc(e8));
+        if (!ONE && k2) put_compacted(sm.esc + o, ex, sm.cx[e8], __popc(e8));
         if (BFX_ENC_RAW1 && r8 && (r8 & (r8 - 1)) == 0)  // one raw (raws are rare: ~2 % of values)
             sm.rawb[ro] = (uint8_t)prmt(ex.x, ex.y, __popc(r8 - 1));
         else if (r8)
@@ -542,14 +544,14 @@ __device__ __forceinline__ void compact(EncSmem<CPT>& sm, const Chunk<D>& ch, Co
 // exponents' permutes are shared with the payload's; fp16 and fp32 before, which spills
 // less), and its output words. K1 (= sm.k1) is a template parameter
 // so the plane loop has no run-time width.
-template <class D, int CPT, bool N, int K1>
+template <class D, int CPT, bool N, int K1, bool ONE>
 __device__ __forceinline__ void coded_words(EncSmem<CPT>& sm, const Chunk<D> (&ch)[CPT], const CodeT<N> (&codes)[CPT],
                                             Out<D> (&o)[CPT], uint32_t k2, int nb) {
 #pragma unroll
     for (int i = 0; i < CPT; ++i) {
         const int c = i * ET + threadIdx.x, q = c & 3;
         const CodeT<N> code = codes[i];
-        if constexpr (kInterleaveCompact<D>) compact<D, CPT, N, K1>(sm, ch[i], code, c, K1, k2);
+        if constexpr (kInterleaveCompact<D>) compact<D, CPT, N, K1, ONE>(sm, ch[i], code, c, K1, k2);
         o[i].w[0] = quad_transpose(tier1_planes4<D, N, K1>(code), q);
         if constexpr (!kEarlyOut<D>) o[i].w[1] = 0;
         if constexpr (K1 == 5 && !N) {  // the fifth plane: OR of the quad's bytes
@@ -694,7 +696,7 @@ __device__ void store_raw(EncSmem<CPT>& sm, const Out<D> (&o)[CPT], int nb, uint
 // Phase 1 after choose, with narrow codes (N: k1 <= 3) or not: code every value and count
 // escapes, the exact size (on_size), then the lists and the output words (see
 // encode_block_begin).
-template <class D, int CPT, bool N, class OnSize>
+template <class D, int CPT, bool N, bool ONE, class OnSize>
 __device__ __forceinline__ uint32_t encode_codes(EncSmem<CPT>& sm, Out<D> (&o)[CPT], const Chunk<D> (&ch)[CPT], int nb,
                                                  OnSize on_size) {
     const int tid = threadIdx.x;
@@ -707,7 +709,7 @@ __device__ __forceinline__ uint32_t encode_codes(EncSmem<CPT>& sm, Out<D> (&o)[C
         codes[i] = chunk_codes<D, CPT, N>(sm, ch[i]);
         // the block's last chunk (a branch: the mask is rarely needed)
         if (!full && nb - 8 * c < 8) codes[i] = clear_past<D, N>(codes[i], nb - 8 * c);
-        const uint32_t esc = __popc(esc_mask<D, N, 0>(codes[i], k1)), raw = __popc(raw_mask<D, N>(codes[i]));
+        const uint32_t raw = __popc(raw_mask<D, N>(codes[i])), esc = ONE ? raw : __popc(esc_mask<D, N, 0>(codes[i], k1));
         sm.cnt[c] = esc | (raw << 16);
     }
     __syncthreads();
@@ -721,14 +723,14 @@ __device__ __forceinline__ uint32_t encode_codes(EncSmem<CPT>& sm, Out<D> (&o)[C
         const uint32_t k2 = sm.k2;
         if constexpr (!kInterleaveCompact<D>) {  // fp16 and fp32 spill when interleaved
 #pragma unroll
-            for (int i = 0; i < CPT; ++i) compact<D, CPT, N, 0>(sm, ch[i], codes[i], i * ET + tid, k1, k2);
+            for (int i = 0; i < CPT; ++i) compact<D, CPT, N, 0, ONE>(sm, ch[i], codes[i], i * ET + tid, k1, k2);
         }
         switch (k1) {
-            case 1: coded_words<D, CPT, N, 1>(sm, ch, codes, o, k2, nb); break;
-            case 2: coded_words<D, CPT, N, 2>(sm, ch, codes, o, k2, nb); break;
-            case 3: coded_words<D, CPT, N, 3>(sm, ch, codes, o, k2, nb); break;
-            case 4: if constexpr (!N) coded_words<D, CPT, N, 4>(sm, ch, codes, o, k2, nb); break;
-            default: if constexpr (!N) coded_words<D, CPT, N, 5>(sm, ch, codes, o, k2, nb); break;
+            case 1: coded_words<D, CPT, N, 1, ONE>(sm, ch, codes, o, k2, nb); break;
+            case 2: coded_words<D, CPT, N, 2, ONE>(sm, ch, codes, o, k2, nb); break;
+            case 3: coded_words<D, CPT, N, 3, ONE>(sm, ch, codes, o, k2, nb); break;
+            case 4: if constexpr (!N) coded_words<D, CPT, N, 4, ONE>(sm, ch, codes, o, k2, nb); break;
+            default: if constexpr (!N) coded_words<D, CPT, N, 5, ONE>(sm, ch, codes, o, k2, nb); break;
         }
     } else if constexpr (kEarlyOut<D>) {  // to store_raw's stage (the counts are read: block_scan ends in a barrier)
         static_assert(kRawRows<D, CPT> == CPT, "a 16-bit block fits the raw stage");
@@ -762,8 +764,11 @@ __device__ __forceinline__ uint32_t encode_codes(EncSmem<CPT>& sm, Out<D> (&o)[C
 // value and count escapes; call on_size(size) (every thread, as soon as the block's exact
 // size in bytes is known: the stream publishes it for the look-back); then compact the
 // escape and raw lists and compute every output word into `o`, so that phase 2 only
-// stores. Returns the size; `sm.raw` says whether the block is stored raw.
-template <class D, int CPT, class OnSize>
+// stores. Returns the size; `sm.raw` says whether the block is stored raw. T1: one tier
+// only (`tiers` is 1, so k2 = 0: every escape is raw, and the code has no escape masks nor
+// tier-2 paths; against one instance for both modes, where the same specialisation took
+// registers from the two-tier path: H200, one tier +1.5-2.5 %, two tiers -1..-2.8 %).
+template <class D, int CPT, bool T1, class OnSize>
 __device__ __forceinline__ uint32_t encode_block_begin(EncSmem<CPT>& sm, Out<D> (&o)[CPT], const uint8_t* src, int nb,
                                                        uint32_t tiers, bool aligned, OnSize on_size) {
     const int tid = threadIdx.x;
@@ -799,9 +804,9 @@ __device__ __forceinline__ uint32_t encode_block_begin(EncSmem<CPT>& sm, Out<D> 
     choose<D, CPT>(sm, nb, tiers);
     BFX_TL_MARK(sm, 2);
     if constexpr (kSpread<D> && BFX_ENC_NARROW) {
-        if (sm.k1 <= 3) return encode_codes<D, CPT, true>(sm, o, ch, nb, on_size);
+        if (sm.k1 <= 3) return encode_codes<D, CPT, true, T1>(sm, o, ch, nb, on_size);
     }
-    return encode_codes<D, CPT, false>(sm, o, ch, nb, on_size);
+    return encode_codes<D, CPT, false, T1>(sm, o, ch, nb, on_size);
 }
 
 // Phase 2, every thread, after a barrier that follows phase 1 (and, for a coded block with
@@ -840,7 +845,7 @@ __device__ __forceinline__ void stagger_start(uint64_t ticket, uint32_t flags) {
 // bits 8..23: the staggered start (stagger_start).
 // (Tried: a second instance for full blocks with nb a compile-time constant, which folds the
 // bounds checks away: it spilled more and ran 2-7 % slower.)
-template <class D, int CPT>
+template <class D, int CPT, bool T1>
 __device__ void compress_kernel(const uint8_t* in, uint64_t n, uint32_t B, uint32_t tiers, uint8_t* out,
                                 uint64_t* scratch, uint64_t* out_len, uint32_t flags) {
     pdl_enter();
@@ -860,12 +865,12 @@ __device__ void compress_kernel(const uint8_t* in, uint64_t n, uint32_t B, uint3
     BFX_TL_STAMP(hoccl_bfx_tl_enc, j, 0, tl0);
     const int nb = (int)(n - start < B ? n - start : B);
     Out<D> o[CPT];
-    const uint32_t size = encode_block_begin<D, CPT>(sm, o, in + start * D::SIZE, nb, tiers, flags & 1, [&](uint32_t sz) {
+    const uint32_t size = encode_block_begin<D, CPT, T1>(sm, o, in + start * D::SIZE, nb, T1 ? 1u : tiers, flags & 1, [&](uint32_t sz) {
         if (tid == 0) publish_size(scratch + 1, j, sz);
     });
     // a coded block with tier-2 planes (uniform: sm.k2 is published by choose, the size
     // is every thread's own): warps 1.. compute them during the look-back
-    if (sm.k2 && size < raw_block_size<D>((uint32_t)nb)) {
+    if (!T1 && sm.k2 && size < raw_block_size<D>((uint32_t)nb)) {
         __syncthreads();  // the escape list, sm.n_esc1 and sm.raw are complete
         if (warp != 0) planes2_words<CPT>(sm, (uint32_t)tid - 32, ET - 32);
     }
@@ -936,13 +941,20 @@ extern "C" __device__ uint32_t hoccl_bfx_compress_threads = bfx::ET;
 // The staggered start's step in ns (0: none; the launcher passes the grid's shape only when
 // it is nonzero; optional: older kernel files have none).
 extern "C" __device__ uint32_t hoccl_bfx_compress_stagger = BFX_ENC_STAGGER_NS;
-#define BFX_COMPRESS(NAME, D, CPT)                                                                  \
+// Each block size has two kernels: NAME for both tier modes, NAME_t1 for one tier only
+// (encode_block_begin's T1; the launcher takes it when `tiers` is 1).
+#define BFX_COMPRESS1(NAME, D, CPT, T1)                                                             \
     extern "C" __global__ void __launch_bounds__(bfx::ET, CPT * D::WORDS >= 32 ? BFX_ENC_MINB : 1024 / bfx::ET) \
         NAME(const uint8_t* in, uint64_t n, uint32_t B, uint32_t tiers, uint8_t* out, uint64_t* scratch, \
              uint64_t* out_len, uint32_t flags) {                                                   \
-        bfx::compress_kernel<D, (CPT * 256 / bfx::ET > 0 ? CPT * 256 / bfx::ET : 1)>(in, n, B, tiers, out, scratch, \
-                                                                                 out_len, flags);   \
+        bfx::compress_kernel<D, (CPT * 256 / bfx::ET > 0 ? CPT * 256 / bfx::ET : 1), T1>(in, n, B, tiers, out, scratch, \
+                                                                                     out_len, flags); \
     }
+#define BFX_COMPRESS(NAME, D, CPT) \
+    BFX_COMPRESS1(NAME, D, CPT, false) \
+    BFX_COMPRESS1(NAME##_t1, D, CPT, true)
+// 1: the one-tier kernels (NAME_t1) are here (read by the launcher; older files lack it).
+extern "C" __device__ uint32_t hoccl_bfx_compress_t1 = 1;
 BFX_COMPRESS(hoccl_bfx_compress_bf16_1, bfx::Bf16T, 1)
 BFX_COMPRESS(hoccl_bfx_compress_bf16_2, bfx::Bf16T, 2)
 BFX_COMPRESS(hoccl_bfx_compress_bf16_4, bfx::Bf16T, 4)

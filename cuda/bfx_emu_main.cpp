@@ -70,7 +70,8 @@ static int compress(const std::string& dt, uint32_t B, uint32_t tiers, const cha
     const uint32_t flags = (reinterpret_cast<uintptr_t>(src.p) % 16 == 0) ? 1u : 0u;
     auto body = [&] {
 #define BFX_CALL(DT, C, NAME) \
-    if (dt == DT && cpt2 == C) NAME(src.p, n, B, tiers, dst.p, scratch.data(), &out_len, flags);
+    if (dt == DT && cpt2 == C && tiers != 1) NAME(src.p, n, B, tiers, dst.p, scratch.data(), &out_len, flags); \
+    if (dt == DT && cpt2 == C && tiers == 1) NAME##_t1(src.p, n, B, tiers, dst.p, scratch.data(), &out_len, flags);
         BFX_CALL("bf16", 1, hoccl_bfx_compress_bf16_1)
         BFX_CALL("bf16", 2, hoccl_bfx_compress_bf16_2)
         BFX_CALL("bf16", 4, hoccl_bfx_compress_bf16_4)

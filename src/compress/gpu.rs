@@ -26,6 +26,8 @@ const DECODE_SMEM_GLOBAL: &str = "hoccl_bfx_decode_smem";
 const COMPRESS_THREADS_GLOBAL: &str = "hoccl_bfx_compress_threads";
 /// Module global: the compressor's staggered start, its step in ns (0 or absent: none).
 const COMPRESS_STAGGER_GLOBAL: &str = "hoccl_bfx_compress_stagger";
+/// Module global: 1 when every compressor has a one-tier instance (`<name>_t1`).
+const COMPRESS_T1_GLOBAL: &str = "hoccl_bfx_compress_t1";
 /// Module global: threads per decoder CTA (the kernel file's choice).
 const DECODE_THREADS_GLOBAL: &str = "hoccl_bfx_decode_threads";
 /// Module global: the most waves (CTAs that fit the SMs at once) in the decoder's grid.
@@ -220,20 +222,25 @@ pub(crate) fn compress(
     if nblocks == 0 {
         return Ok(());
     }
-    let name = format!("hoccl_bfx_compress_{}_{cpt}", kernel_suffix(dtype));
+    // One tier: the kernel instance without the tier-2 paths, when the kernel file has it.
+    let t1 = params.tiers == 1 && cuda.module_u32_opt(COMPRESS_T1_GLOBAL)?.unwrap_or(0) != 0;
+    let name = format!("hoccl_bfx_compress_{}_{cpt}{}", kernel_suffix(dtype), if t1 { "_t1" } else { "" });
     let threads = cuda.module_u32(COMPRESS_THREADS_GLOBAL)?;
     if threads != 256 && threads != 512 {
         return Err(Error::internal(OP, format!("the kernel module says {threads} threads per compressor CTA")));
     }
     let mut flags = u32::from(input.0 % 16 == 0);
+    let per_sm = cuda.ctas_per_sm(&name, threads, 0)?.max(1);
+    let sms = cuda.sm_count().max(1);
+    let wave = sms as u64 * u64::from(per_sm);
     // A staggered first wave (stagger_start in bfx.cu) when the kernel file has one and the
     // grid is at least two waves: the kernel needs the SMs and the CTAs per SM.
-    if cuda.module_u32_opt(COMPRESS_STAGGER_GLOBAL)?.unwrap_or(0) != 0 {
-        let per_sm = cuda.ctas_per_sm(&name, threads, 0)?;
-        let sms = cuda.sm_count();
-        if (2..16).contains(&per_sm) && (1..4096).contains(&sms) && u64::from(nblocks) >= 2 * sms as u64 * u64::from(per_sm) {
-            flags |= ((sms as u32) << 8) | (per_sm << 20);
-        }
+    if cuda.module_u32_opt(COMPRESS_STAGGER_GLOBAL)?.unwrap_or(0) != 0
+        && (2..16).contains(&per_sm)
+        && sms < 4096
+        && u64::from(nblocks) >= 2 * wave
+    {
+        flags |= ((sms as u32) << 8) | (per_sm << 20);
     }
     let args = Args::new()
         .u64(input.0)
