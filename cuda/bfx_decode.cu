@@ -764,10 +764,14 @@ extern "C" __device__ uint32_t hoccl_bfx_decode_threads = bfx::DT;
 #define BFX_DEC_WAVES 8
 #endif
 extern "C" __device__ uint32_t hoccl_bfx_decode_waves = BFX_DEC_WAVES;
-// 1: the launcher ends the grid in a tail of small CTAs (gpu.rs decode_grid, cta_start
-// above); 0: even ranges (an experiment knob).
+// Nonzero: the launcher ends the grid in a tail of small CTAs (gpu.rs decode_grid, cta_start
+// above) once the blocks fill a wave of CTAs of this many blocks (at most 8) and three waves
+// more; 0: even ranges (an experiment knob). 4: from 7 waves' worth of blocks (115 MiB of
+// bf16 on the H200); 8 took it from 11 (181 MiB): at 128 MiB the tail gained 8-10 % (H200,
+// both tier modes, same call), the head CTAs having 4-5 blocks. (A CTA of one or two
+// blocks has nothing to hide its first block's latency behind, so the head keeps at least 4.)
 #ifndef BFX_DEC_TAIL
-#define BFX_DEC_TAIL 1
+#define BFX_DEC_TAIL 4
 #endif
 extern "C" __device__ uint32_t hoccl_bfx_decode_tail = BFX_DEC_TAIL;
 

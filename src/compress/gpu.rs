@@ -37,8 +37,8 @@ const DECODE_WAVES_GLOBAL: &str = "hoccl_bfx_decode_waves";
 const PDL_GLOBAL: &str = "hoccl_bfx_pdl";
 /// Blocks per decoder CTA the grid aims at, beyond one wave (at the default block size).
 const DECODE_BLOCKS_PER_CTA: u64 = 8;
-/// Module global: 1 when the decoder places its CTAs' ranges with a tail (`decode_grid`;
-/// optional: a kernel file without it has none).
+/// Module global: nonzero when the decoder places its CTAs' ranges with a tail: the fewest
+/// blocks per CTA before it (`decode_grid`; optional: a kernel file without it has none).
 const DECODE_TAIL_GLOBAL: &str = "hoccl_bfx_decode_tail";
 
 /// Largest block the GPU encoder takes (values): 8 chunks per thread (4 for fp32).
@@ -293,7 +293,7 @@ pub(crate) fn decompress(
     };
     // The grid's shape for the kernel (flags bits 8..23; its tail, bit 24, is of that wave).
     let shape = (per_sm < 16 && sms < 4096).then(|| ((sms as u32) << 8) | ((per_sm as u32) << 20));
-    let tail = shape.is_some() && cuda.module_u32_opt(DECODE_TAIL_GLOBAL)?.unwrap_or(0) != 0;
+    let tail = if shape.is_some() { u64::from(cuda.module_u32_opt(DECODE_TAIL_GLOBAL)?.unwrap_or(0)) } else { 0 };
     let (ctas, tail_wave) = decode_grid(n, dtype, sms * per_sm, waves, tail);
     let flags = u32::from(output.0 % 16 == 0)
         | (u32::from(output.0 % 4 == 0) << 1)
@@ -308,15 +308,16 @@ pub(crate) fn decompress(
 /// resident at once, >= 1) and at most `waves` of them (>= 1), and never more than one
 /// CTA per 2048 values (idle CTAs return at once).
 ///
-/// With `tail` and enough blocks (a wave of full ranges and three waves' worth more), the
+/// With a `tail` (> 0) and enough blocks (a wave of CTAs of `tail` blocks, at most
+/// DECODE_BLOCKS_PER_CTA, and three waves' worth more), the
 /// last 3·wave blocks go to a tail of small CTAs instead: a wave of CTAs of two blocks, then
 /// a wave of one block each (`cta_start` in bfx_decode.cu places them, from the stream's
 /// block count, and leaves the tail out when a CTA of the head would get none). CTAs start in order as
 /// earlier ones end, so the CTAs that start last, as the SMs run out of work at unequal
 /// times, are short: the kernel's end is not held by a few late CTAs of eight blocks.
-fn decode_grid(n: u64, dtype: Dtype, wave: u64, waves: u64, tail: bool) -> (u32, u64) {
+fn decode_grid(n: u64, dtype: Dtype, wave: u64, waves: u64, tail: u64) -> (u32, u64) {
     let nblocks = n.div_ceil(u64::from(dtype.default_block()));
-    if tail && nblocks >= (DECODE_BLOCKS_PER_CTA + 3) * wave {
+    if tail > 0 && nblocks >= (tail.min(DECODE_BLOCKS_PER_CTA) + 3) * wave {
         let head = ((nblocks - 3 * wave) / DECODE_BLOCKS_PER_CTA).clamp(wave, wave * waves);
         if let Ok(ctas) = u32::try_from(head + 2 * wave) {
             if ctas <= i32::MAX as u32 {
@@ -387,27 +388,32 @@ mod tests {
     fn decode_grid_aims_at_eight_blocks_per_cta_between_one_and_max_waves_then_a_tail() {
         let wave = 132 * 4;
         // below one wave's worth: one wave, but at most one CTA per 2048 values
-        assert_eq!(decode_grid(0, Dtype::Bf16, wave, 8, false), (1, 0));
-        assert_eq!(decode_grid(5000, Dtype::Bf16, wave, 8, false), (3, 0));
-        assert_eq!(decode_grid(32 << 20, Dtype::Bf16, wave, 8, false), (528, 0));
+        assert_eq!(decode_grid(0, Dtype::Bf16, wave, 8, 0), (1, 0));
+        assert_eq!(decode_grid(5000, Dtype::Bf16, wave, 8, 0), (3, 0));
+        assert_eq!(decode_grid(32 << 20, Dtype::Bf16, wave, 8, 0), (528, 0));
         // 256 MiB and 1 GiB of bf16: 8192 and 32768 blocks of 16384 values
-        assert_eq!(decode_grid(128 << 20, Dtype::Bf16, wave, 8, false), (1024, 0));
-        assert_eq!(decode_grid(512 << 20, Dtype::Bf16, wave, 8, false), (4096, 0));
+        assert_eq!(decode_grid(128 << 20, Dtype::Bf16, wave, 8, 0), (1024, 0));
+        assert_eq!(decode_grid(512 << 20, Dtype::Bf16, wave, 8, 0), (4096, 0));
         // beyond: at most `waves` waves
-        assert_eq!(decode_grid(2048 << 20, Dtype::Bf16, wave, 8, false), (8 * 528, 0));
-        assert_eq!(decode_grid(512 << 20, Dtype::Bf16, wave, 1, false), (528, 0));
+        assert_eq!(decode_grid(2048 << 20, Dtype::Bf16, wave, 8, 0), (8 * 528, 0));
+        assert_eq!(decode_grid(512 << 20, Dtype::Bf16, wave, 1, 0), (528, 0));
         // fp32 blocks hold 8192 values: the same bytes, the same grid
-        assert_eq!(decode_grid(64 << 20, Dtype::F32, wave, 8, false), (1024, 0));
+        assert_eq!(decode_grid(64 << 20, Dtype::F32, wave, 8, 0), (1024, 0));
         // huge inputs stay a valid grid size
-        assert_eq!(decode_grid(u64::MAX / 4, Dtype::Bf16, 1 << 30, 8, false), (i32::MAX as u32, 0));
-        assert_eq!(decode_grid(u64::MAX / 4, Dtype::Bf16, 1 << 20, 8, true), (10 << 20, 1 << 20));
+        assert_eq!(decode_grid(u64::MAX / 4, Dtype::Bf16, 1 << 30, 8, 0), (i32::MAX as u32, 0));
+        assert_eq!(decode_grid(u64::MAX / 4, Dtype::Bf16, 1 << 20, 8, 8), (10 << 20, 1 << 20));
         // with a tail: 256 MiB, (8192 - 3 * 528) / 8 = 826 CTAs of 8 blocks, then 528 of 2
         // and 528 of 1; 1 GiB: 3898 + 1056; too few blocks for a tail: as without
-        assert_eq!(decode_grid(128 << 20, Dtype::Bf16, wave, 8, true), (826 + 2 * 528, 528));
-        assert_eq!(decode_grid(512 << 20, Dtype::Bf16, wave, 8, true), (3898 + 2 * 528, 528));
-        assert_eq!(decode_grid(32 << 20, Dtype::Bf16, wave, 8, true), (528, 0));
-        assert_eq!(decode_grid(11 * 528 * 16384, Dtype::Bf16, wave, 8, true), (528 + 2 * 528, 528));
-        assert_eq!(decode_grid((11 * 528 - 1) * 16384, Dtype::Bf16, wave, 8, true), (725, 0));
+        assert_eq!(decode_grid(128 << 20, Dtype::Bf16, wave, 8, 8), (826 + 2 * 528, 528));
+        assert_eq!(decode_grid(512 << 20, Dtype::Bf16, wave, 8, 8), (3898 + 2 * 528, 528));
+        assert_eq!(decode_grid(32 << 20, Dtype::Bf16, wave, 8, 8), (528, 0));
+        assert_eq!(decode_grid(11 * 528 * 16384, Dtype::Bf16, wave, 8, 8), (528 + 2 * 528, 528));
+        assert_eq!(decode_grid((11 * 528 - 1) * 16384, Dtype::Bf16, wave, 8, 8), (725, 0));
+        // a tail after CTAs of at least 4 blocks: from 7 waves' worth (128 MiB, 4096 blocks:
+        // 528 CTAs of 4-5 blocks, then the tail; 3695 blocks: none)
+        assert_eq!(decode_grid(64 << 20, Dtype::Bf16, wave, 8, 4), (3 * 528, 528));
+        assert_eq!(decode_grid(3695 * 16384, Dtype::Bf16, wave, 8, 4), (528, 0));
+        assert_eq!(decode_grid(3696 * 16384, Dtype::Bf16, wave, 8, 4), (3 * 528, 528));
     }
 
     #[test]
