@@ -519,7 +519,6 @@ __device__ void planes2_words(EncSmem<CPT>& sm, uint32_t t, uint32_t nt) {
 template <class D>
 constexpr bool kInterleaveCompact = D::SIZE == 2 && D::NSYM == 256;
 
-
 template <class D, int CPT, bool N, int K1, bool ONE>
 __device__ __forceinline__ void compact(EncSmem<CPT>& sm, const Chunk<D>& ch, CodeT<N> code, int c, uint32_t k1,
                                         uint32_t k2) {

@@ -309,12 +309,12 @@ pub(crate) fn decompress(
 /// CTA per 2048 values (idle CTAs return at once).
 ///
 /// With a `tail` (> 0) and enough blocks (a wave of CTAs of `tail` blocks, at most
-/// DECODE_BLOCKS_PER_CTA, and three waves' worth more), the
-/// last 3·wave blocks go to a tail of small CTAs instead: a wave of CTAs of two blocks, then
-/// a wave of one block each (`cta_start` in bfx_decode.cu places them, from the stream's
-/// block count, and leaves the tail out when a CTA of the head would get none). CTAs start in order as
-/// earlier ones end, so the CTAs that start last, as the SMs run out of work at unequal
-/// times, are short: the kernel's end is not held by a few late CTAs of eight blocks.
+/// DECODE_BLOCKS_PER_CTA, and three waves' worth more), the last 3·wave blocks go to a tail
+/// of small CTAs instead: a wave of CTAs of two blocks, then a wave of one block each
+/// (`cta_start` in bfx_decode.cu places them, from the stream's block count, and leaves the
+/// tail out when a CTA of the head would get none). CTAs start in order as earlier ones end,
+/// so the CTAs that start last, as the SMs run out of work at unequal times, are short: the
+/// kernel's end is not held by a few late CTAs of eight blocks.
 fn decode_grid(n: u64, dtype: Dtype, wave: u64, waves: u64, tail: u64) -> (u32, u64) {
     let nblocks = n.div_ceil(u64::from(dtype.default_block()));
     if tail > 0 && nblocks >= (tail.min(DECODE_BLOCKS_PER_CTA) + 3) * wave {
