@@ -235,12 +235,8 @@ pub(crate) fn compress(
     let wave = sms as u64 * u64::from(per_sm);
     // A staggered first wave (stagger_start in bfx.cu) when the kernel file has one and the
     // grid is at least two waves: the kernel needs the SMs and the CTAs per SM.
-    if cuda.module_u32_opt(COMPRESS_STAGGER_GLOBAL)?.unwrap_or(0) != 0
-        && (2..16).contains(&per_sm)
-        && sms < 4096
-        && u64::from(nblocks) >= 2 * wave
-    {
-        flags |= ((sms as u32) << 8) | (per_sm << 20);
+    if cuda.module_u32_opt(COMPRESS_STAGGER_GLOBAL)?.unwrap_or(0) != 0 && per_sm >= 2 && u64::from(nblocks) >= 2 * wave {
+        flags |= grid_shape(sms as u64, u64::from(per_sm)).unwrap_or(0);
     }
     let args = Args::new()
         .u64(input.0)
@@ -292,7 +288,7 @@ pub(crate) fn decompress(
         c => c as u64,
     };
     // The grid's shape for the kernel (flags bits 8..23; its tail, bit 24, is of that wave).
-    let shape = (per_sm < 16 && sms < 4096).then(|| ((sms as u32) << 8) | ((per_sm as u32) << 20));
+    let shape = grid_shape(sms, per_sm);
     let tail = if shape.is_some() { u64::from(cuda.module_u32_opt(DECODE_TAIL_GLOBAL)?.unwrap_or(0)) } else { 0 };
     let (ctas, tail_wave) = decode_grid(n, dtype, sms * per_sm, waves, tail);
     let flags = u32::from(output.0 % 16 == 0)
@@ -301,6 +297,12 @@ pub(crate) fn decompress(
         | (u32::from(tail_wave != 0) << 24);
     let args = Args::new().u64(input.0).u64(input_len).u64(output.0).u64(n).u64(status.0).u32(flags);
     launch_smem(cuda, s, &name, ctas, threads, smem, args)
+}
+
+/// The grid's shape as both codec kernels read it from their flags: SMs in bits 8..19, CTAs
+/// per SM in bits 20..23 (their product is a wave); None when either does not fit.
+fn grid_shape(sms: u64, per_sm: u64) -> Option<u32> {
+    (sms < 4096 && per_sm < 16).then_some(((sms as u32) << 8) | ((per_sm as u32) << 20))
 }
 
 /// CTAs of the decoder's grid for `n` values, and the wave of its tail (0: none).
@@ -414,6 +416,14 @@ mod tests {
         assert_eq!(decode_grid(64 << 20, Dtype::Bf16, wave, 8, 4), (3 * 528, 528));
         assert_eq!(decode_grid(3695 * 16384, Dtype::Bf16, wave, 8, 4), (528, 0));
         assert_eq!(decode_grid(3696 * 16384, Dtype::Bf16, wave, 8, 4), (3 * 528, 528));
+    }
+
+    #[test]
+    fn grid_shape_packs_sms_and_ctas_per_sm() {
+        assert_eq!(grid_shape(132, 4), Some((132 << 8) | (4 << 20)));
+        assert_eq!(grid_shape(4095, 15), Some((4095 << 8) | (15 << 20)));
+        assert_eq!(grid_shape(4096, 4), None);
+        assert_eq!(grid_shape(132, 16), None);
     }
 
     #[test]
