@@ -73,7 +73,7 @@ struct EncSmem {
     };
     uint2 cx[256];  // compaction selectors (kCx)
     alignas(16) uint32_t wtmp[EWARPS];
-    uint64_t ticket, offset;
+    uint64_t ticket, offset, nblocks;
     uint32_t k1, k2, n_esc1, n_raw, raw;
 #if defined(BFX_TIMELINE) && defined(BFX_TL_PHASE) && !defined(BFX_EMU)
     uint64_t tl_mark;  // BFX_TL_MARK
@@ -371,18 +371,21 @@ __device__ uint64_t lookback(uint64_t* st, uint64_t j, uint64_t agg, int lane) {
                 }
             }
         }
-        uint64_t part = 0;  // this lane's statuses up to the nearest inclusive prefix
+        // the aggregates before the nearest inclusive prefix, summed in 32 bits (a block is at
+        // most 8 + 4·2^24 bytes, so LBD·32 of them fit), and that prefix (64 bits) from its lane
+        uint32_t part = 0;
         bool found = false;
 #pragma unroll
         for (int k = 0; k < LBD; ++k) {
             if (!found) {  // uniform
                 const uint32_t inc = __ballot_sync(FULL, (s[k] >> 62) == 2);
-                const int first = inc ? __ffs(inc) - 1 : 31;
-                part += lane <= first ? (s[k] & LB_VAL) : 0ull;
+                const int first = inc ? __ffs(inc) - 1 : 32;
+                part += lane < first ? (uint32_t)(s[k] & LB_VAL) : 0u;
+                if (inc) excl += __shfl_sync(FULL, s[k] & LB_VAL, first);
                 found = inc != 0;
             }
         }
-        excl += warp_sum64(part);
+        excl += warp_sum32(part);
         if (found) break;
         end -= 32 * LBD;
     }
@@ -856,6 +859,9 @@ __device__ void compress_kernel(const uint8_t* in, uint64_t n, uint32_t B, uint3
 #endif
     if (tid == 0) {
         const uint64_t t = atomicAdd(reinterpret_cast<unsigned long long*>(scratch), 1ull);
+        // the stream header's size (a 64-bit division), computed while the ticket is in flight
+        // rather than on the path from the look-back to the stores
+        sm.nblocks = (n + B - 1) / B;
         stagger_start(t, flags);
         sm.ticket = t;
     }
@@ -876,7 +882,7 @@ __device__ void compress_kernel(const uint8_t* in, uint64_t n, uint32_t B, uint3
     if (warp == 0) {
         const uint64_t excl = lookback(scratch + 1, j, size, lane);
         if (lane == 0) {
-            const uint64_t nblocks = (n + B - 1) / B;  // one thread: a 64-bit division
+            const uint64_t nblocks = sm.nblocks;
             const uint64_t hdr = 24 + 4 * nblocks;
             sm.offset = hdr + excl;
             st32(out + 24 + 4 * j, size);

@@ -85,6 +85,18 @@ __device__ __forceinline__ uint32_t prmt(uint32_t x, uint32_t y, uint32_t s) {
 #endif
 }
 
+// (a & ~m) | (b & m): the bits of b where m is set, of a elsewhere, as one LOP3 (written
+// with & | ~ the compiler splits it around an immediate mask: two or three instructions).
+__device__ __forceinline__ uint32_t bitsel(uint32_t a, uint32_t b, uint32_t m) {
+#ifdef BFX_EMU
+    return (a & ~m) | (b & m);
+#else
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xca;" : "=r"(r) : "r"(m), "r"(b), "r"(a));  // m ? b : a (0xf0 & 0xcc | ~0xf0 & 0xaa)
+    return r;
+#endif
+}
+
 __device__ __forceinline__ uint32_t pad4(uint32_t x) { return (x + 3u) & ~3u; }
 __device__ __forceinline__ uint32_t tier(uint32_t k) { return (1u << k) - 1u; }
 __device__ __forceinline__ uint32_t lanemask_lt(int lane) { return (1u << lane) - 1u; }

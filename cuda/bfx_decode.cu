@@ -5,6 +5,8 @@
 // works). Every header field is validated; corrupt input stops the CTA and sets *status.
 #include "bfx.cuh"
 
+#include <type_traits>
+
 namespace bfx {
 
 // Threads per decoder CTA (gpu.rs reads it from hoccl_bfx_decode_threads, below; 64
@@ -18,6 +20,11 @@ namespace bfx {
 // two tiers +1-2 % unrolled).
 #ifndef BFX_DEC_P2UNROLL
 #define BFX_DEC_P2UNROLL 2
+#endif
+// A full block's chunks decoded without bounds checks (an instance of their loop of its own;
+// 0: every block through the checked loop, an experiment knob).
+#ifndef BFX_DEC_WHOLE
+#define BFX_DEC_WHOLE 1
 #endif
 constexpr int DT = BFX_DEC_THREADS;
 constexpr int DWARPS = DT / 32;
@@ -152,13 +159,14 @@ struct Payload {
     uint32_t top[D::NSYM == 32 ? 3 : 1];     // fp16: the chunk's byte of each top plane
 };  // (fp32's 4 words of low halves are loaded late: prefetching them spilled)
 
-template <class D>
+// WHOLE: the chunk is whole (a full block's), no bounds to check.
+template <class D, bool WHOLE = false>
 __device__ __forceinline__ Payload<D> load_payload(const BlockDesc& d, int c, int v0) {
     Payload<D> p;
     const uint32_t nb = (uint32_t)d.nb, G = (nb + 31) / 32;
     const uint8_t* bytes = D::NSYM == 32 ? d.pay + 12 * G : d.pay;
     p.b0 = ld32(bytes + v0);
-    p.b1 = v0 + 4 < d.nb ? ld32(bytes + v0 + 4) : 0u;
+    p.b1 = WHOLE || v0 + 4 < d.nb ? ld32(bytes + v0 + 4) : 0u;
     if constexpr (D::NSYM == 32) {
 #pragma unroll
         for (int b = 0; b < 3; ++b) p.top[b] = (ld32(d.pay + 4 * (3 * (v0 >> 5) + b)) >> (8 * (c & 3))) & 0xffu;
@@ -167,7 +175,7 @@ __device__ __forceinline__ Payload<D> load_payload(const BlockDesc& d, int c, in
 }
 
 // Values of one chunk from its exponents `ex` (packed) and its payload.
-template <class D>
+template <class D, bool WHOLE = false>
 __device__ __forceinline__ void put_values(const BlockDesc& d, int v0, int valid, uint2 ex, const Payload<D>& p,
                                            bool aligned) {
     uint32_t pair[4];
@@ -193,7 +201,7 @@ __device__ __forceinline__ void put_values(const BlockDesc& d, int v0, int valid
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const uint32_t b = h ? b1 : b0, x = h ? ex.y : ex.x;
-            const uint32_t lo = (b & ~C) | ((x << 7) & C), hi = ((x >> 1) & ~C) | (b & C);
+            const uint32_t lo = bitsel(b, x << 7, C), hi = bitsel(x >> 1, b, C);
             pair[2 * h] = __byte_perm(lo, hi, 0x5140);
             pair[2 * h + 1] = __byte_perm(lo, hi, 0x7362);
         }
@@ -204,7 +212,7 @@ __device__ __forceinline__ void put_values(const BlockDesc& d, int v0, int valid
         uint32_t f[8];
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-            const uint32_t l = v0 + 2 * k < d.nb ? ld32(lo + 4 * k) : 0u;
+            const uint32_t l = WHOLE || v0 + 2 * k < d.nb ? ld32(lo + 4 * k) : 0u;
             f[2 * k] = __byte_perm(l, pair[k], 0x5410);
             f[2 * k + 1] = __byte_perm(l, pair[k], 0x7632);
         }
@@ -302,15 +310,18 @@ __device__ __forceinline__ uint2 merge_spread(uint2 ex, uint2 w, uint2 mg) {
 // instructions per plane and 8 per lookup). H200, against the same call's build without it:
 // two tiers 1 GiB 1832 -> 1910 GB/s, 256 MiB 1695 -> 1791; one tier 2030 -> 2075, 1884 ->
 // 1934; fp16 1188 -> 1235.
+// The plane byte comes out of a permute (byte sh / 8 of the word, zeros above): one
+// instruction where shift and mask, then the index scaled, were three.
 template <int KMAX>
 __device__ __forceinline__ uint32_t sel_planes(const DecSmem& sm, const uint32_t* p, uint32_t k, uint32_t sh,
                                                uint32_t& all) {
+    const uint32_t bsel = 0x4440u | (sh >> 3);
     uint32_t sel = 0;
 #pragma unroll
     for (uint32_t b = 0; b < (uint32_t)KMAX; ++b) {
         if (b < k) {
             const uint32_t w = p[b];
-            sel += sm.nsp[(w >> sh) & 0xffu] << b;
+            sel += sm.nsp[prmt(w, 0, bsel)] << b;
             all &= w;
         }
     }
@@ -419,42 +430,49 @@ __device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& staged, bool ali
     BFX_TL_DMARK(sm, 3);
     const uint8_t* esc = k2 ? sm.esc : d.raw;  // one tier: every escape is raw, in order
     const uint2 tw = *reinterpret_cast<const uint2*>(sm.table);
-    for (int c = tid; 8 * c < d.nb; c += DT) {
-        const int v0 = 8 * c, valid = d.nb - v0 > 8 ? 8 : d.nb - v0;
-        const uint32_t g = (uint32_t)c >> 2, sh = 8 * ((uint32_t)c & 3);
-        const Payload<D> pl = load_payload<D>(d, c, v0);
-        uint32_t all = FULL;
-        uint2 ex;
-        if constexpr (K1 <= 3) {  // codes < 8
-            ex = lookup8(tw, sel_planes<K1>(sm, p1 + g * K1, K1, sh, all));
-        } else {
-            uint2 codes = make_uint2(0, 0);
+    // the chunks, with no bounds to check in a full block's (WHOLE, the common case: one
+    // instance each; the per-chunk checks were ~10 of a chunk's ~86 instructions)
+    auto values = [&](auto full) {
+        constexpr bool WHOLE = decltype(full)::value;
+        for (int c = tid; WHOLE ? c < (int)STAGED_MAX_NB / 8 : 8 * c < d.nb; c += DT) {
+            const int v0 = 8 * c, valid = WHOLE ? 8 : (d.nb - v0 > 8 ? 8 : d.nb - v0);
+            const uint32_t g = (uint32_t)c >> 2, sh = 8 * ((uint32_t)c & 3);
+            const Payload<D> pl = load_payload<D, WHOLE>(d, c, v0);
+            uint32_t all = FULL;
+            uint2 ex;
+            if constexpr (K1 <= 3) {  // codes < 8
+                ex = lookup8(tw, sel_planes<K1>(sm, p1 + g * K1, K1, sh, all));
+            } else {
+                uint2 codes = make_uint2(0, 0);
 #pragma unroll
-            for (int b = 0; b < K1; ++b) {
-                const uint32_t w = p1[g * K1 + b];
-                const uint2 sc = scatter_plane((w >> sh) & 0xffu);
-                codes.x |= sc.x << b;
-                codes.y |= sc.y << b;
-                all &= w;
-            }
-            ex = make_uint2(0, 0);
+                for (int b = 0; b < K1; ++b) {
+                    const uint32_t w = p1[g * K1 + b];
+                    const uint2 sc = scatter_plane((w >> sh) & 0xffu);
+                    codes.x |= sc.x << b;
+                    codes.y |= sc.y << b;
+                    all &= w;
+                }
+                ex = make_uint2(0, 0);
 #pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                ex.x |= (uint32_t)sm.table[byte_at(codes.x, k)] << (8 * k);  // code bytes < 2^K1
-                ex.y |= (uint32_t)sm.table[byte_at(codes.y, k)] << (8 * k);
+                for (int k = 0; k < 4; ++k) {
+                    ex.x |= (uint32_t)sm.table[byte_at(codes.x, k)] << (8 * k);  // code bytes < 2^K1
+                    ex.y |= (uint32_t)sm.table[byte_at(codes.y, k)] << (8 * k);
+                }
             }
+            const uint32_t e8 = (all >> sh) & (WHOLE ? 0xffu : (1u << valid) - 1u);
+            if (e8) {  // the chunk's escapes are ordinals ob.. ob+popc(e8)-1: spread them with two permutes
+                const uint32_t ob = (sm.pre[g] & 0xffffu) + __popc(all & ((1u << sh) - 1u));
+                ex = merge_spread(ex, bytes8_at(esc, ob), sm.mg[e8]);
+                // fp16: exponents from the stream (raw bytes, or via sm.esc) must be < 32. The
+                // table's bytes were checked and it is 0 past its end, so only a merged-in byte
+                // can fail: check the merged values
+                if (D::NSYM < 256 && ((ex.x | ex.y) & 0xe0e0e0e0u)) sm.err = ST_SYMBOL;
+            }
+            put_values<D, WHOLE>(d, v0, valid, ex, pl, aligned);
         }
-        const uint32_t e8 = (all >> sh) & ((1u << valid) - 1u);
-        if (e8) {  // the chunk's escapes are ordinals ob.. ob+popc(e8)-1: spread them with two permutes
-            const uint32_t ob = (sm.pre[g] & 0xffffu) + __popc(all & ((1u << sh) - 1u));
-            ex = merge_spread(ex, bytes8_at(esc, ob), sm.mg[e8]);
-            // fp16: exponents from the stream (raw bytes, or via sm.esc) must be < 32. The
-            // table's bytes were checked and it is 0 past its end, so only a merged-in byte can
-            // fail: check the merged values
-            if (D::NSYM < 256 && ((ex.x | ex.y) & 0xe0e0e0e0u)) sm.err = ST_SYMBOL;
-        }
-        put_values<D>(d, v0, valid, ex, pl, aligned);
-    }
+    };
+    if (BFX_DEC_WHOLE && nb == STAGED_MAX_NB) values(std::true_type{});
+    else values(std::false_type{});
     __syncthreads();  // sm.err, and the end of this block's reads of sm.stage
     BFX_TL_DMARK(sm, 4);
     return sm.err;

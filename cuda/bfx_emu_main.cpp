@@ -140,7 +140,7 @@ static int lookback_cases(unsigned cases, uint64_t seed) {
         std::vector<uint64_t> st(j + 1, 0), agg(j + 1), late;
         uint64_t incl = 0;
         for (uint64_t i = 0; i <= j; ++i) {
-            agg[i] = 8 + 4 * rnd(9000);
+            agg[i] = i == 0 ? 5000000008ull : 8 + 4 * rnd(9000);  // prefixes past 2^32
             incl += agg[i];
             if (i == j) break;
             const uint64_t kind = i == 0 ? 0 : rnd(10);  // block 0 always publishes its prefix
