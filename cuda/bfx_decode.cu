@@ -385,6 +385,12 @@ __device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& staged, bool ali
     const uint32_t tot = block_scan<GPT, DT>(sm.pre, sm.wtmp);
     if ((tot & 0xffffu) != n_esc1) return ST_ESCAPES;
     if (k2 && (tot >> 16) != d.n_raw) return ST_RAWS;
+    // A thread's chunks c = tid + DT·i (phase 3) and eight-ordinal units u = tid + DT·i (phase
+    // 2) are all at byte q = tid & 3 of their group's words (DT is a multiple of 4): the shift
+    // and the mask below it are the thread's own constants (computed from c in the loops,
+    // they were ~5 instructions per chunk)
+    static_assert(DT % 4 == 0, "a thread's chunks share their byte of the group's words");
+    const uint32_t sh = 8 * ((uint32_t)tid & 3u), below = (1u << sh) - 1u;
     if (k2) {  // eight consecutive ordinals per thread (one byte of each plane word)
         // tier-2 symbols: codes < 8 when k2 <= 3 pick from 8 bytes by byte permutes (the
         // bytes t1 .. t1 + 7 <= 31 of the table; bytes8_at's aligned loads may read up to
@@ -394,7 +400,7 @@ __device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& staged, bool ali
 #pragma unroll 2
 #endif
         for (uint32_t q8 = tid; 8 * q8 < n_esc1; q8 += DT) {
-            const uint32_t o = 8 * q8, gi = o >> 5, sh = o & 31, n = n_esc1 - o;
+            const uint32_t o = 8 * q8, gi = o >> 5, n = n_esc1 - o;  // o & 31 = sh
             uint32_t m = FULL;
             uint2 ex;
             if (k2 <= 3) {  // uniform; codes < 8
@@ -418,7 +424,7 @@ __device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& staged, bool ali
             }
             const uint32_t r8 = (m >> sh) & (n >= 8 ? 0xffu : (1u << n) - 1u);  // raw codes among the eight
             if (r8) {  // consecutive raw ordinals from rb: spread over the raw positions
-                const uint32_t rb = (sm.pre[gi] >> 16) + __popc(m & ((1u << sh) - 1u));
+                const uint32_t rb = (sm.pre[gi] >> 16) + __popc(m & below);
                 // (fp16: phase 3 checks these raw exponents, from sm.esc)
                 ex = merge_spread(ex, bytes8_at(d.raw, rb), sm.mg[r8]);
             }
@@ -430,13 +436,14 @@ __device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& staged, bool ali
     BFX_TL_DMARK(sm, 3);
     const uint8_t* esc = k2 ? sm.esc : d.raw;  // one tier: every escape is raw, in order
     const uint2 tw = *reinterpret_cast<const uint2*>(sm.table);
-    // the chunks, with no bounds to check in a full block's (WHOLE, the common case: one
-    // instance each; the per-chunk checks were ~10 of a chunk's ~86 instructions)
+    // the chunks, with no bounds to check in a full block's (WHOLE, the common case: a full
+    // block and a 16-byte aligned output, one instance each; the per-chunk checks were ~10
+    // of a chunk's ~86 instructions)
     auto values = [&](auto full) {
         constexpr bool WHOLE = decltype(full)::value;
         for (int c = tid; WHOLE ? c < (int)STAGED_MAX_NB / 8 : 8 * c < d.nb; c += DT) {
             const int v0 = 8 * c, valid = WHOLE ? 8 : (d.nb - v0 > 8 ? 8 : d.nb - v0);
-            const uint32_t g = (uint32_t)c >> 2, sh = 8 * ((uint32_t)c & 3);
+            const uint32_t g = (uint32_t)c >> 2;  // 8 (c & 3) = sh
             const Payload<D> pl = load_payload<D, WHOLE>(d, c, v0);
             uint32_t all = FULL;
             uint2 ex;
@@ -461,17 +468,17 @@ __device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& staged, bool ali
             }
             const uint32_t e8 = (all >> sh) & (WHOLE ? 0xffu : (1u << valid) - 1u);
             if (e8) {  // the chunk's escapes are ordinals ob.. ob+popc(e8)-1: spread them with two permutes
-                const uint32_t ob = (sm.pre[g] & 0xffffu) + __popc(all & ((1u << sh) - 1u));
+                const uint32_t ob = (sm.pre[g] & 0xffffu) + __popc(all & below);
                 ex = merge_spread(ex, bytes8_at(esc, ob), sm.mg[e8]);
                 // fp16: exponents from the stream (raw bytes, or via sm.esc) must be < 32. The
                 // table's bytes were checked and it is 0 past its end, so only a merged-in byte
                 // can fail: check the merged values
                 if (D::NSYM < 256 && ((ex.x | ex.y) & 0xe0e0e0e0u)) sm.err = ST_SYMBOL;
             }
-            put_values<D, WHOLE>(d, v0, valid, ex, pl, aligned);
+            put_values<D, WHOLE>(d, v0, valid, ex, pl, WHOLE || aligned);
         }
     };
-    if (BFX_DEC_WHOLE && nb == STAGED_MAX_NB) values(std::true_type{});
+    if (BFX_DEC_WHOLE && nb == STAGED_MAX_NB && aligned) values(std::true_type{});  // uniform
     else values(std::false_type{});
     __syncthreads();  // sm.err, and the end of this block's reads of sm.stage
     BFX_TL_DMARK(sm, 4);
