@@ -361,25 +361,32 @@ __device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& staged, bool ali
     const uint32_t* p1 = reinterpret_cast<const uint32_t*>(d.p1);
     const uint32_t* p2 = reinterpret_cast<const uint32_t*>(d.p2);
     constexpr int GPT = STAGED_MAX_NB / 32 / DT;  // groups per thread
+    // WHOLE: a full block's G groups are all whole (as in phase 3, an instance of its own)
+    auto counts = [&](auto full) {
+        constexpr bool WHOLE = decltype(full)::value;
 #pragma unroll
-    for (int h = 0; h < GPT; ++h) {
-        const uint32_t g = (uint32_t)(h * DT + tid);
-        uint32_t v = 0;
-        if (g < G) {
-            uint32_t m = FULL;
+        for (int h = 0; h < GPT; ++h) {
+            const uint32_t g = (uint32_t)(h * DT + tid);
+            uint32_t v = 0;
+            if (WHOLE || g < G) {
+                uint32_t m = FULL;
 #pragma unroll
-            for (int b = 0; b < K1; ++b) m &= p1[g * K1 + b];
-            if (g == G - 1 && (nb & 31)) m &= (1u << (nb & 31)) - 1u;
-            v = __popc(m);
+                for (int b = 0; b < K1; ++b) m &= p1[g * K1 + b];
+                if (!WHOLE && g == G - 1 && (nb & 31)) m &= (1u << (nb & 31)) - 1u;
+                v = __popc(m);
+            }
+            if (g < ng2) {
+                uint32_t m = FULL;
+                for (uint32_t b = 0; b < k2; ++b) m &= p2[g * k2 + b];
+                if (g == ng2 - 1 && (n_esc1 & 31)) m &= (1u << (n_esc1 & 31)) - 1u;
+                v |= (k2 ? (uint32_t)__popc(m) : 0u) << 16;
+            }
+            sm.pre[g] = v;
         }
-        if (g < ng2) {
-            uint32_t m = FULL;
-            for (uint32_t b = 0; b < k2; ++b) m &= p2[g * k2 + b];
-            if (g == ng2 - 1 && (n_esc1 & 31)) m &= (1u << (n_esc1 & 31)) - 1u;
-            v |= (k2 ? (uint32_t)__popc(m) : 0u) << 16;
-        }
-        sm.pre[g] = v;
-    }
+    };
+    const bool whole = BFX_DEC_WHOLE && nb == STAGED_MAX_NB && aligned;  // uniform
+    if (whole) counts(std::true_type{});
+    else counts(std::false_type{});
     __syncthreads();
     BFX_TL_DMARK(sm, 2);
     const uint32_t tot = block_scan<GPT, DT>(sm.pre, sm.wtmp);
@@ -400,7 +407,7 @@ __device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& staged, bool ali
 #pragma unroll 2
 #endif
         for (uint32_t q8 = tid; 8 * q8 < n_esc1; q8 += DT) {
-            const uint32_t o = 8 * q8, gi = o >> 5, n = n_esc1 - o;  // o & 31 = sh
+            const uint32_t o = 8 * q8, gi = o >> 5;  // o & 31 = sh
             uint32_t m = FULL;
             uint2 ex;
             if (k2 <= 3) {  // uniform; codes < 8
@@ -422,7 +429,11 @@ __device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& staged, bool ali
                     ex.y |= (uint32_t)sm.table[d.t1 + byte_at(c2.y, k)] << (8 * k);
                 }
             }
-            const uint32_t r8 = (m >> sh) & (n >= 8 ? 0xffu : (1u << n) - 1u);  // raw codes among the eight
+            // raw codes among the eight; those past n_esc1 (the last group's padding, which
+            // decoders ignore) are not masked: they come after every real one, so the raw bytes
+            // they take (from the stage, past the raw list) land past n_esc1, which phase 3
+            // never reads (the raw counts that were checked are masked)
+            const uint32_t r8 = (m >> sh) & 0xffu;
             if (r8) {  // consecutive raw ordinals from rb: spread over the raw positions
                 const uint32_t rb = (sm.pre[gi] >> 16) + __popc(m & below);
                 // (fp16: phase 3 checks these raw exponents, from sm.esc)
@@ -478,7 +489,7 @@ __device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& staged, bool ali
             put_values<D, WHOLE>(d, v0, valid, ex, pl, WHOLE || aligned);
         }
     };
-    if (BFX_DEC_WHOLE && nb == STAGED_MAX_NB && aligned) values(std::true_type{});  // uniform
+    if (whole) values(std::true_type{});
     else values(std::false_type{});
     __syncthreads();  // sm.err, and the end of this block's reads of sm.stage
     BFX_TL_DMARK(sm, 4);

@@ -56,6 +56,13 @@ fn cpu_real_data_ratios() {
     assert!(rows.iter().any(|r| r.1 == "gradients") && rows.iter().any(|r| r.1 == "activations"));
 }
 
+/// Codes past a group's end (planes1's last group, planes2's past n_esc1) are ignored.
+#[test]
+fn cpu_ignores_padding_codes() {
+    let bad = padding_codes_ignored(&Cpu);
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
 #[test]
 fn bf16_default_stream_layout() {
     // The stream header spelled out (format.rs): magic, version, n, B, nblocks, sizes.

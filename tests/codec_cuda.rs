@@ -147,6 +147,7 @@ fn cuda_rejects_bad_block_sizes_and_headers() {
     let mut bad = bad_block_sizes(&c);
     bad.extend(bad_block_headers(&c));
     bad.extend(bad_f16_exponents(&c));
+    bad.extend(padding_codes_ignored(&c));
     assert!(bad.is_empty(), "{GPU}: {}", bad.join("\n"));
     // no fault on the way: the device is still healthy
     let data = normal_values(Dtype::Bf16, 40_000, 0.02, 9);

@@ -215,6 +215,13 @@ fn emu_rejects_bad_f16_exponents() {
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
 
+/// Codes past a group's end (planes1's last group, planes2's past n_esc1) are ignored.
+#[test]
+fn emu_ignores_padding_codes() {
+    let bad = padding_codes_ignored(&EMU);
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
 /// Mutated streams (bit flips, truncations, random header words): the emulated decoder and
 /// the CPU reference agree on what is valid, and on the values when it is.
 #[test]

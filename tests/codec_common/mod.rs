@@ -482,3 +482,60 @@ pub fn bad_f16_exponents(c: &dyn Codec) -> Vec<String> {
     assert!(raws_seen > 0, "no fp16 block with raw exponents: the test corrupts nothing there");
     bad
 }
+
+/// Codes past the end of a group that decoders must ignore, set to ones: planes2's codes
+/// past `n_esc1` in its last group (every coded two-tier block with n_esc1 % 32 != 0) and
+/// planes1's codes past the last partial group's values (the last block). A decoder that
+/// reads them as raws or escapes decodes wrong values, or rejects the stream. Returns the
+/// blocks decoded wrong or rejected; panics if no block had such codes to set.
+pub fn padding_codes_ignored(c: &dyn Codec) -> Vec<String> {
+    let mut bad = Vec::new();
+    let (mut set2, mut set1) = (0, 0);
+    for (dt, n, block, tiers) in [(Dtype::Bf16, 40_017, 0u32, 2u8), (Dtype::Bf16, 5005, 1024, 2), (Dtype::Bf16, 40_017, 0, 1), (Dtype::F16, 40_017, 0, 2), (Dtype::F32, 20_009, 0, 2)] {
+        let data = normal_values(dt, n, if dt == Dtype::F16 { 0.5 } else { 0.02 }, 33);
+        let mut s = compress::compress(dt, &data, &Params { block, tiers }).unwrap();
+        let word = |s: &[u8], at: usize| u32::from_le_bytes(s[at..at + 4].try_into().unwrap());
+        let b = word(&s, 16) as usize;
+        let nblocks = word(&s, 20) as usize;
+        let mut at = 24 + 4 * nblocks;
+        for j in 0..nblocks {
+            let (w0, w1) = (word(&s, at), word(&s, at + 4));
+            let nb = b.min(n - j * b);
+            let (k1, k2, n_esc1) = ((w0 & 7) as usize, ((w0 >> 3) & 7) as usize, (w1 & 0xff_ffff) as usize);
+            if k1 > 0 {
+                let tt = ((1usize << k1) - 1) + if k2 > 0 { (1usize << k2) - 1 } else { 0 };
+                let p1 = at + 8 + ((tt + 3) & !3);
+                let p2 = p1 + 4 * nb.div_ceil(32) * k1;
+                let ones = |s: &mut Vec<u8>, word_at: usize, from_bit: usize| {
+                    let v = word(s, word_at) | (u32::MAX << from_bit);
+                    s[word_at..word_at + 4].copy_from_slice(&v.to_le_bytes());
+                };
+                if nb % 32 != 0 {
+                    let g = nb / 32;
+                    for p in 0..k1 {
+                        ones(&mut s, p1 + 4 * (g * k1 + p), nb % 32);
+                    }
+                    set1 += 1;
+                }
+                if k2 > 0 && n_esc1 % 32 != 0 {
+                    let g = n_esc1 / 32;
+                    for p in 0..k2 {
+                        ones(&mut s, p2 + 4 * (g * k2 + p), n_esc1 % 32);
+                    }
+                    set2 += 1;
+                }
+            }
+            at += word(&s, 24 + 4 * j) as usize;
+        }
+        match c.decompress(dt, &s, n) {
+            Ok(v) if v == data => {}
+            Ok(v) => {
+                let wrong = v.chunks(dt.size()).zip(data.chunks(dt.size())).filter(|(a, b)| a != b).count();
+                bad.push(format!("{} n={n} B={block} tiers {tiers}: {wrong} values wrong", dt.name()));
+            }
+            Err(e) => bad.push(format!("{} n={n} B={block} tiers {tiers}: rejected: {e}", dt.name())),
+        }
+    }
+    assert!(set1 > 0 && set2 > 0, "no padding codes set ({set1} planes1, {set2} planes2): the test checks nothing");
+    bad
+}
