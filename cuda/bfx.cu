@@ -238,9 +238,13 @@ __device__ __forceinline__ CodeT<N> chunk_codes(const EncSmem<CPT>& sm, const Ch
         uint32_t lo = 0, hi = 0;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            const uint32_t t = (top_pair<D>(ch, i) >> (D::ESHIFT - 2)) & (D::EMASK2 << 2);  // exponents times 4
-            const uint32_t a = *reinterpret_cast<const uint32_t*>(l + ((i & 1) ? 2048 : 0) + (t & 0xffffu));
-            const uint32_t b = *reinterpret_cast<const uint32_t*>(l + ((i & 1) ? 3072 : 1024) + (t >> 16));
+            // the two exponents times 4, each by its own shift and mask (before: one shift and
+            // mask for both, then a mask and a shift to split them; measured only together with
+            // bitsel and quad_transpose's prmt, see the sixteenth session in docs/codec.md)
+            const uint32_t w = top_pair<D>(ch, i), m = (D::EMASK2 & 0xffffu) << 2;
+            const uint32_t ta = (w >> (D::ESHIFT - 2)) & m, tb = (w >> (D::ESHIFT + 14)) & m;
+            const uint32_t a = *reinterpret_cast<const uint32_t*>(l + ((i & 1) ? 2048 : 0) + ta);
+            const uint32_t b = *reinterpret_cast<const uint32_t*>(l + ((i & 1) ? 3072 : 1024) + tb);
             (i < 2 ? lo : hi) |= a | b;
         }
         return lo | (hi << 4);

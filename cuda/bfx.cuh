@@ -161,7 +161,7 @@ __device__ __forceinline__ uint2 chunk_exps_again(const Chunk<D>& c) {
         const uint32_t a = top_pair<D>(c, 2 * h), b = top_pair<D>(c, 2 * h + 1);
         const uint32_t hi = __byte_perm(a, b, 0x7531), lo = __byte_perm(a, b, 0x6420);
         if constexpr (D::NSYM == 32) r[h] = (hi >> 2) & 0x1f1f1f1fu;
-        else r[h] = ((hi << 1) & 0xfefefefeu) | ((lo >> 7) & 0x01010101u);
+        else r[h] = bitsel(lo >> 7, hi << 1, 0xfefefefeu);  // exponent bits 7-1 from hi, bit 0 from lo
     }
     return make_uint2(r[0], r[1]);
 }
@@ -171,7 +171,7 @@ __device__ __forceinline__ uint2 chunk_exps_again(const Chunk<D>& c) {
 // the compiler shares when both run on one chunk).
 __device__ __forceinline__ uint32_t sm_bytes(uint32_t p0, uint32_t p1) {
     const uint32_t hi = __byte_perm(p0, p1, 0x7531), lo = __byte_perm(p0, p1, 0x6420);
-    return (hi & 0x80808080u) | (lo & 0x7f7f7f7fu);
+    return bitsel(lo, hi, 0x80808080u);
 }
 
 // fp16: (sign << 2) | (mantissa >> 8) of 4 values from two pair words.
@@ -199,9 +199,9 @@ __device__ __forceinline__ uint2 scatter_plane(uint32_t byte) {
 // quad's group (byte i = lane i's byte). Every lane of the warp must call it.
 __device__ __forceinline__ uint32_t quad_transpose(uint32_t x, int q) {
     uint32_t y = __shfl_xor_sync(FULL, x, 1);
-    uint32_t a = __byte_perm(x, y, (q & 1) ? 0x3715 : 0x6240);
+    uint32_t a = prmt(x, y, (q & 1) ? 0x3715 : 0x6240);  // run-time selectors: prmt, not __byte_perm
     uint32_t z = __shfl_xor_sync(FULL, a, 2);
-    return __byte_perm(a, z, (q & 2) ? 0x3276 : 0x5410);
+    return prmt(a, z, (q & 2) ? 0x3276 : 0x5410);
 }
 
 // Bytes of planes 0..min(K,4)-1 of a chunk's codes packed into one word (byte b = plane b).
