@@ -441,6 +441,44 @@ pub fn bad_block_headers(c: &dyn Codec) -> Vec<String> {
     bad
 }
 
+/// A block of a stream as the test bodies that corrupt sections need it: where it starts,
+/// its values, its header fields and (coded blocks, k1 > 0) where its sections start.
+pub struct BlockAt {
+    pub j: usize,
+    pub at: usize,
+    pub nb: usize,
+    pub k1: usize,
+    pub k2: usize,
+    pub n_raw: usize,
+    pub n_esc1: usize,
+    /// table entries (T1 + T2)
+    pub tt: usize,
+    pub p1: usize,
+    pub p2: usize,
+    pub raw: usize,
+}
+
+/// Every block of the valid stream `s` (of `n` values), in order.
+pub fn blocks_of(s: &[u8], n: usize) -> Vec<BlockAt> {
+    let word = |at: usize| u32::from_le_bytes(s[at..at + 4].try_into().unwrap());
+    let (b, nblocks) = (word(16) as usize, word(20) as usize);
+    let mut at = 24 + 4 * nblocks;
+    let mut out = Vec::with_capacity(nblocks);
+    for j in 0..nblocks {
+        let (w0, w1) = (word(at), word(at + 4));
+        let nb = b.min(n - j * b);
+        let (k1, k2) = ((w0 & 7) as usize, ((w0 >> 3) & 7) as usize);
+        let (n_raw, n_esc1) = ((w0 >> 8) as usize, (w1 & 0xff_ffff) as usize);
+        let tt = if k1 > 0 { ((1usize << k1) - 1) + if k2 > 0 { (1usize << k2) - 1 } else { 0 } } else { 0 };
+        let p1 = at + 8 + ((tt + 3) & !3);
+        let p2 = p1 + 4 * nb.div_ceil(32) * k1;
+        let raw = p2 + 4 * n_esc1.div_ceil(32) * k2;
+        out.push(BlockAt { j, at, nb, k1, k2, n_raw, n_esc1, tt, p1, p2, raw });
+        at += word(24 + 4 * j) as usize;
+    }
+    out
+}
+
 /// fp16 exponents are 5 bits: a table byte or a raw exponent byte >= 32 in a coded block is
 /// corrupt. Every block of tier-1 and tier-2 fp16 streams gets such a byte in turn (its first,
 /// middle and last raw byte and table byte): the decoder must agree with the CPU reference
@@ -451,32 +489,19 @@ pub fn bad_f16_exponents(c: &dyn Codec) -> Vec<String> {
     for (n, block, tiers) in [(20_000, 0u32, 1u8), (20_000, 0, 2), (3000, 512, 2), (3000, 512, 1)] {
         let data = normal_values(Dtype::F16, n, 0.5, 21);
         let good = compress::compress(Dtype::F16, &data, &Params { block, tiers }).unwrap();
-        let word = |s: &[u8], at: usize| u32::from_le_bytes(s[at..at + 4].try_into().unwrap());
-        let b = word(&good, 16) as usize;
-        let nblocks = word(&good, 20) as usize;
-        let mut at = 24 + 4 * nblocks;
-        for j in 0..nblocks {
-            let (w0, w1) = (word(&good, at), word(&good, at + 4));
-            let nb = b.min(n - j * b);
-            let (k1, k2, n_raw, n_esc1) = (w0 & 7, (w0 >> 3) & 7, (w0 >> 8) as usize, (w1 & 0xff_ffff) as usize);
-            if k1 > 0 {
-                let tt = ((1usize << k1) - 1) + if k2 > 0 { (1usize << k2) - 1 } else { 0 };
-                let pad4 = |x: usize| (x + 3) & !3;
-                let raw = at + 8 + pad4(tt) + 4 * nb.div_ceil(32) * k1 as usize + 4 * n_esc1.div_ceil(32) * k2 as usize;
-                let mut spots = vec![(at + 8, "table[0]"), (at + 8 + tt - 1, "table[last]")];
-                if n_raw > 0 {
-                    raws_seen += 1;
-                    spots.extend([(raw, "raw[0]"), (raw + n_raw / 2, "raw[mid]"), (raw + n_raw - 1, "raw[last]")]);
-                }
-                for (pos, what) in spots {
-                    for v in [32u8, 0xff] {
-                        let mut s = good.clone();
-                        s[pos] = v;
-                        check_corrupt(c, Dtype::F16, n, &s, &format!("tiers {tiers} block {j} {what} = {v:#x}"), &mut bad);
-                    }
+        for k in blocks_of(&good, n).iter().filter(|k| k.k1 > 0) {
+            let mut spots = vec![(k.at + 8, "table[0]"), (k.at + 8 + k.tt - 1, "table[last]")];
+            if k.n_raw > 0 {
+                raws_seen += 1;
+                spots.extend([(k.raw, "raw[0]"), (k.raw + k.n_raw / 2, "raw[mid]"), (k.raw + k.n_raw - 1, "raw[last]")]);
+            }
+            for (pos, what) in spots {
+                for v in [32u8, 0xff] {
+                    let mut s = good.clone();
+                    s[pos] = v;
+                    check_corrupt(c, Dtype::F16, n, &s, &format!("tiers {tiers} block {} {what} = {v:#x}", k.j), &mut bad);
                 }
             }
-            at += word(&good, 24 + 4 * j) as usize;
         }
     }
     assert!(raws_seen > 0, "no fp16 block with raw exponents: the test corrupts nothing there");
@@ -494,38 +519,21 @@ pub fn padding_codes_ignored(c: &dyn Codec) -> Vec<String> {
     for (dt, n, block, tiers) in [(Dtype::Bf16, 40_017, 0u32, 2u8), (Dtype::Bf16, 5005, 1024, 2), (Dtype::Bf16, 40_017, 0, 1), (Dtype::F16, 40_017, 0, 2), (Dtype::F32, 20_009, 0, 2)] {
         let data = normal_values(dt, n, if dt == Dtype::F16 { 0.5 } else { 0.02 }, 33);
         let mut s = compress::compress(dt, &data, &Params { block, tiers }).unwrap();
-        let word = |s: &[u8], at: usize| u32::from_le_bytes(s[at..at + 4].try_into().unwrap());
-        let b = word(&s, 16) as usize;
-        let nblocks = word(&s, 20) as usize;
-        let mut at = 24 + 4 * nblocks;
-        for j in 0..nblocks {
-            let (w0, w1) = (word(&s, at), word(&s, at + 4));
-            let nb = b.min(n - j * b);
-            let (k1, k2, n_esc1) = ((w0 & 7) as usize, ((w0 >> 3) & 7) as usize, (w1 & 0xff_ffff) as usize);
-            if k1 > 0 {
-                let tt = ((1usize << k1) - 1) + if k2 > 0 { (1usize << k2) - 1 } else { 0 };
-                let p1 = at + 8 + ((tt + 3) & !3);
-                let p2 = p1 + 4 * nb.div_ceil(32) * k1;
-                let ones = |s: &mut Vec<u8>, word_at: usize, from_bit: usize| {
-                    let v = word(s, word_at) | (u32::MAX << from_bit);
-                    s[word_at..word_at + 4].copy_from_slice(&v.to_le_bytes());
-                };
-                if nb % 32 != 0 {
-                    let g = nb / 32;
-                    for p in 0..k1 {
-                        ones(&mut s, p1 + 4 * (g * k1 + p), nb % 32);
-                    }
-                    set1 += 1;
-                }
-                if k2 > 0 && n_esc1 % 32 != 0 {
-                    let g = n_esc1 / 32;
-                    for p in 0..k2 {
-                        ones(&mut s, p2 + 4 * (g * k2 + p), n_esc1 % 32);
-                    }
-                    set2 += 1;
-                }
+        let ones = |s: &mut Vec<u8>, at: usize, from_bit: usize| {
+            let v = u32::from_le_bytes(s[at..at + 4].try_into().unwrap()) | (u32::MAX << from_bit);
+            s[at..at + 4].copy_from_slice(&v.to_le_bytes());
+        };
+        for k in blocks_of(&s, n).iter().filter(|k| k.k1 > 0) {
+            if k.nb % 32 != 0 {
+                let g = k.nb / 32;
+                (0..k.k1).for_each(|p| ones(&mut s, k.p1 + 4 * (g * k.k1 + p), k.nb % 32));
+                set1 += 1;
             }
-            at += word(&s, 24 + 4 * j) as usize;
+            if k.k2 > 0 && k.n_esc1 % 32 != 0 {
+                let g = k.n_esc1 / 32;
+                (0..k.k2).for_each(|p| ones(&mut s, k.p2 + 4 * (g * k.k2 + p), k.n_esc1 % 32));
+                set2 += 1;
+            }
         }
         match c.decompress(dt, &s, n) {
             Ok(v) if v == data => {}
