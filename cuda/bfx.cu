@@ -375,8 +375,9 @@ __device__ uint64_t lookback(uint64_t* st, uint64_t j, uint64_t agg, int lane) {
                 }
             }
         }
-        // the aggregates before the nearest inclusive prefix, summed in 32 bits (a block is at
-        // most 8 + 4·2^24 bytes, so LBD·32 of them fit), and that prefix (64 bits) from its lane
+        // the aggregates before the nearest inclusive prefix, summed in 32 bits (a compressor
+        // block is at most 8 + 32768 bytes: B <= 16384 16-bit or 8192 fp32 values, so LBD·32 of
+        // them fit), and that prefix (64 bits) from its lane
         uint32_t part = 0;
         bool found = false;
 #pragma unroll

@@ -21,8 +21,8 @@ namespace bfx {
 #ifndef BFX_DEC_P2UNROLL
 #define BFX_DEC_P2UNROLL 2
 #endif
-// A full block's chunks decoded without bounds checks (an instance of their loop of its own;
-// 0: every block through the checked loop, an experiment knob).
+// A full block with a 16-byte aligned output decoded by instances of phases 1 and 3 of its
+// own, without bounds checks (0: every block through the checked code, an experiment knob).
 #ifndef BFX_DEC_WHOLE
 #define BFX_DEC_WHOLE 1
 #endif
