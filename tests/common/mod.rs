@@ -80,6 +80,7 @@ pub fn quiesce(c: &Communicator) {
 
 #[path = "rng.rs"]
 mod rng;
+#[allow(unused_imports)] // not every test binary that includes this module draws numbers
 pub use rng::Rng;
 
 /// A device buffer with guard bands: `ptr` is `off` bytes into an allocation of
