@@ -411,9 +411,7 @@ pub fn bad_block_headers(c: &dyn Codec) -> Vec<String> {
         let data = normal_values(dt, n, 0.02, 5);
         let good = compress::compress(dt, &data, &Params { block, tiers }).unwrap();
         let word = |s: &[u8], at: usize| u32::from_le_bytes(s[at..at + 4].try_into().unwrap());
-        let nblocks = word(&good, 20) as usize;
-        let mut at = 24 + 4 * nblocks;
-        for j in 0..nblocks {
+        for BlockAt { j, at, .. } in blocks_of(&good, n) {
             let (w0, w1) = (word(&good, at), word(&good, at + 4));
             let cases = [
                 (0, 0),
@@ -435,7 +433,6 @@ pub fn bad_block_headers(c: &dyn Codec) -> Vec<String> {
                 let what = format!("block {j} header {w0:#x} {w1:#x} -> {x0:#x} {x1:#x}");
                 check_corrupt(c, dt, n, &s, &what, &mut bad);
             }
-            at += word(&good, 24 + 4 * j) as usize;
         }
     }
     bad
