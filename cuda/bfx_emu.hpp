@@ -91,6 +91,7 @@ struct Cta {
     Thread* cur = nullptr;
     unsigned alive = 0, arrived = 0;
     uint64_t gen = 0, progress = 0;
+    uint64_t serial = 0;  // one per CTA run (BFX_EMU_POISON)
     Warp warps[32];
     std::function<void()> body;
 };
@@ -232,6 +233,7 @@ inline void launch(unsigned grid, unsigned block, std::function<void()> body) {
     for (unsigned bi = 0; bi < grid; ++bi) {
         const unsigned b = ctas[bi];
         block_idx().x = b;
+        ++c.serial;
         c.alive = block;
         c.arrived = 0;
         for (auto& w : c.warps) w.arrived = 0;
@@ -313,9 +315,16 @@ inline T unbits(uint64_t b) {
 #define __forceinline__ inline
 #define __shared__ static
 #define __launch_bounds__(...)
-#define BFX_EMU_POISON(smem)                                     \
-    do {                                                         \
-        if (threadIdx.x == 0) std::memset(&(smem), 0xA5, sizeof(smem)); \
+// Shared memory poisoned once per CTA, by whichever thread gets there first (a shuffled
+// schedule may run any thread's first phase, shared-memory writes included, before thread
+// 0 starts: poisoning by thread 0 would erase them).
+#define BFX_EMU_POISON(smem)                                           \
+    do {                                                               \
+        static uint64_t bfx_emu_poisoned = 0;                          \
+        if (bfx_emu_poisoned != ::emu::cta().serial) {                 \
+            std::memset(&(smem), 0xA5, sizeof(smem));                  \
+            bfx_emu_poisoned = ::emu::cta().serial;                    \
+        }                                                              \
     } while (0)
 
 inline void emu_yield() { ::emu::yield(); }
