@@ -278,17 +278,33 @@ __device__ __forceinline__ void warp_totals(const uint32_t* tmp, int warp, uint3
     }
 }
 
-// Exclusive scan of `a[0 .. NT*per)` (u32, in shared memory) in place; returns the
-// total. `tmp` holds NT/32 words (16-byte aligned). Every thread of the CTA (NT threads) must call it.
+// Exclusive scan of `a[0 .. NT*per)` (u32, in shared memory; 16-byte aligned when PER is a
+// multiple of 4) in place; returns the total. `tmp` holds NT/32 words (16-byte aligned).
+// Every thread of the CTA (NT threads) must call it.
 template <int PER, int NT = THREADS>
 __device__ uint32_t block_scan(uint32_t* a, uint32_t* tmp) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     uint32_t loc[PER];
     uint32_t sum = 0;
+    uint32_t v[PER];
+    if constexpr (PER % 4 == 0) {  // a thread's PER words by 16-byte loads (a is 16-byte aligned):
+                                   // 4-byte loads at a PER-word stride conflict PER-way in the banks
+#pragma unroll
+        for (int k = 0; k < PER / 4; ++k) {
+            const uint4 t = reinterpret_cast<const uint4*>(a + tid * PER)[k];
+            v[4 * k] = t.x;
+            v[4 * k + 1] = t.y;
+            v[4 * k + 2] = t.z;
+            v[4 * k + 3] = t.w;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < PER; ++i) v[i] = a[tid * PER + i];
+    }
 #pragma unroll
     for (int i = 0; i < PER; ++i) {
         loc[i] = sum;
-        sum += a[tid * PER + i];
+        sum += v[i];
     }
     uint32_t incl = warp_incl_scan(sum, lane);
     if (lane == 31) tmp[warp] = incl;
@@ -296,8 +312,15 @@ __device__ uint32_t block_scan(uint32_t* a, uint32_t* tmp) {
     uint32_t base, total;
     warp_totals<NT / 32>(tmp, warp, base, total);
     base += incl - sum;
+    if constexpr (PER % 4 == 0) {
 #pragma unroll
-    for (int i = 0; i < PER; ++i) a[tid * PER + i] = base + loc[i];
+        for (int k = 0; k < PER / 4; ++k)
+            reinterpret_cast<uint4*>(a + tid * PER)[k] =
+                make_uint4(base + loc[4 * k], base + loc[4 * k + 1], base + loc[4 * k + 2], base + loc[4 * k + 3]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < PER; ++i) a[tid * PER + i] = base + loc[i];
+    }
     __syncthreads();
     return total;
 }
