@@ -339,6 +339,22 @@ __device__ __forceinline__ uint64_t block_sum64(uint64_t v, uint64_t* tmp) {
     return s;
 }
 
+// A 16-byte global load of data read once (the compressor's input), with a cache hint:
+// BFX_LD_ONCE_OP is the PTX instruction (by default no L1 allocation, the read-only path,
+// and L2 fetching 256-byte sectors; sm_80 and up). The emulator loads plainly.
+#ifndef BFX_LD_ONCE_OP
+#define BFX_LD_ONCE_OP "ld.global.nc.L1::no_allocate.L2::256B.v4.u32"
+#endif
+__device__ __forceinline__ uint4 ld128_once(const uint4* p) {
+#ifdef BFX_EMU
+    return *p;
+#else
+    uint4 a;
+    asm(BFX_LD_ONCE_OP " {%0, %1, %2, %3}, [%4];" : "=r"(a.x), "=r"(a.y), "=r"(a.z), "=r"(a.w) : "l"(p));
+    return a;
+#endif
+}
+
 #ifdef BFX_EMU
 // The emulator checks what the GPU would fault on.
 __device__ __forceinline__ uint32_t ld32(const uint8_t* p) {
