@@ -770,7 +770,7 @@ __device__ __forceinline__ uint32_t encode_codes(EncSmem<CPT>& sm, Out<D> (&o)[C
 // path, 256-byte L2 fetches). BFX_ENC_LDHINT: 1 (default) the two-tier 16-bit kernels, 0
 // none, 2 every kernel, 3 the two-tier bf16 kernel only. H200, seventeenth session, against
 // the same calls' builds without it: bf16 two tiers +0.5-1 % at 256 MiB, +1.5 % at 512 MiB
-// and 1 GiB, fp16 +0.5-1.5 %; on every kernel, one tier -1 % and fp32 -4 %.
+// and 1 GiB, fp16 +0.5-1 %; on every kernel, one tier -1 % and fp32 -4 %.
 #ifndef BFX_ENC_LDHINT
 #define BFX_ENC_LDHINT 1
 #endif
