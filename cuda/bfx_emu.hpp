@@ -221,8 +221,9 @@ inline void sched_order(std::vector<unsigned>& order, unsigned n) {
     for (unsigned i = n; i > 1; --i) std::swap(order[i - 1], order[sched_next() % i]);
 }
 
-// Run `body` as `grid.x` CTAs of `block.x` threads, CTA after CTA.
-inline void launch(unsigned grid, unsigned block, std::function<void()> body) {
+// Run `body` as `grid.x` CTAs of `block.x` threads, CTA after CTA (in index order when
+// `in_order`, as the GPU starts them: a kernel may rely on it, even under BFX_EMU_SCHED).
+inline void launch(unsigned grid, unsigned block, std::function<void()> body, bool in_order = false) {
     Cta& c = cta();
     grid_dim().x = grid;
     block_dim().x = block;
@@ -230,6 +231,8 @@ inline void launch(unsigned grid, unsigned block, std::function<void()> body) {
     if (c.threads.size() < block) c.threads.resize(block);
     std::vector<unsigned> ctas, order;
     sched_order(ctas, grid);
+    if (in_order)
+        for (unsigned i = 0; i < grid; ++i) ctas[i] = i;
     for (unsigned bi = 0; bi < grid; ++bi) {
         const unsigned b = ctas[bi];
         block_idx().x = b;

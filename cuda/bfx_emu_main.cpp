@@ -67,7 +67,11 @@ static int compress(const std::string& dt, uint32_t B, uint32_t tiers, const cha
     emu::launch(1, 256, [&] {
         hoccl_bfx_compress_begin(dst.p, n, B, (uint32_t)nblocks, magic_of(dt), scratch.data(), nblocks + 1, &out_len);
     });
-    const uint32_t flags = (reinterpret_cast<uintptr_t>(src.p) % 16 == 0) ? 1u : 0u;
+    // BFX_EMU_TICKETS=1: blocks by atomic tickets (kEncTickets), CTAs in any order; else by
+    // CTA index, CTAs in index order (as the GPU starts them)
+    const char* tk = std::getenv("BFX_EMU_TICKETS");
+    const bool tickets = tk && std::string(tk) == "1";
+    const uint32_t flags = ((reinterpret_cast<uintptr_t>(src.p) % 16 == 0) ? 1u : 0u) | (tickets ? bfx::kEncTickets : 0u);
     auto body = [&] {
 #define BFX_CALL(DT, C, NAME) \
     if (dt == DT && cpt2 == C && tiers != 1) NAME(src.p, n, B, tiers, dst.p, scratch.data(), &out_len, flags); \
@@ -85,7 +89,7 @@ static int compress(const std::string& dt, uint32_t B, uint32_t tiers, const cha
         BFX_CALL("f32", 4, hoccl_bfx_compress_f32_4)
 #undef BFX_CALL
     };
-    if (nblocks > 0) emu::launch((unsigned)nblocks, bfx::ET, body);
+    if (nblocks > 0) emu::launch((unsigned)nblocks, bfx::ET, body, !tickets);
     if (out_len == 0 || out_len > cap) {
         std::fprintf(stderr, "bad out_len %llu\n", (unsigned long long)out_len);
         return 1;

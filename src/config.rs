@@ -51,6 +51,11 @@ pub struct Config {
     /// try a kernel build on a GPU machine without rebuilding the Rust binaries). It must
     /// define every kernel the embedded one does.
     pub kernels: Option<std::path::PathBuf>,
+    /// `HOCCL_CODEC_TICKETS` = 0 | 1: the GPU compressor takes each block's index from an
+    /// atomic ticket (1) instead of its CTA index (0, the default: faster, and correct
+    /// because the GPU starts CTAs in index order, which CUDA does not promise; 1 needs no
+    /// such assumption).
+    pub codec_tickets: bool,
 }
 
 impl Default for Config {
@@ -67,6 +72,7 @@ impl Default for Config {
             timeout: Duration::from_secs(120),
             log: None,
             kernels: None,
+            codec_tickets: false,
         }
     }
 }
@@ -159,6 +165,13 @@ impl Config {
             }
             self.kernels = Some(v.into());
         }
+        if let Some(v) = get("HOCCL_CODEC_TICKETS") {
+            self.codec_tickets = match v.trim() {
+                "0" => false,
+                "1" => true,
+                _ => return Err(Error::invalid_arg(OP, format!("HOCCL_CODEC_TICKETS={v}: want 0|1"))),
+            };
+        }
         self.validate()?;
         Ok(self)
     }
@@ -215,8 +228,11 @@ mod tests {
                 ("HOCCL_FORWARDING_PEERS", "1,0,3,2"),
                 ("HOCCL_TIMEOUT_MS", "1500"),
                 ("HOCCL_KERNELS", "/tmp/k.fatbin"),
+                ("HOCCL_CODEC_TICKETS", "1"),
             ]))
             .unwrap();
+        assert!(c.codec_tickets);
+        assert!(!Config::default().codec_tickets);
         assert_eq!(c.kernels.as_deref(), Some(std::path::Path::new("/tmp/k.fatbin")));
         assert_eq!(c.chunk_bytes, 8 << 20);
         assert_eq!(c.engine, EngineChoice::CopyEngine);
@@ -235,6 +251,7 @@ mod tests {
             ("HOCCL_VIRTUAL_NODES", "x"),
             ("HOCCL_TIMEOUT_MS", "0"),
             ("HOCCL_KERNELS", " "),
+            ("HOCCL_CODEC_TICKETS", "yes"),
         ] {
             let e = Config::default().with_env(env(&[(k, v)])).unwrap_err();
             assert_eq!(e.code(), crate::error::ErrorCode::InvalidArgument, "{k}={v}");

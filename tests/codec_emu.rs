@@ -44,6 +44,9 @@ struct Emu {
     wave: u32,
     /// Nonzero: BFX_EMU_SCHED, a shuffled order of CTAs and of threads between collectives.
     sched: u64,
+    /// The compressor takes blocks by atomic tickets (HOCCL_CODEC_TICKETS=1; BFX_EMU_TICKETS),
+    /// its CTAs then in any order; else by CTA index, its CTAs in index order.
+    tickets: bool,
 }
 
 fn tmp(tag: &str) -> PathBuf {
@@ -53,13 +56,16 @@ fn tmp(tag: &str) -> PathBuf {
 }
 
 fn run(args: &[String]) -> Result<String, String> {
-    run_sched(args, 0)
+    run_sched(args, 0, false)
 }
 
-fn run_sched(args: &[String], sched: u64) -> Result<String, String> {
+fn run_sched(args: &[String], sched: u64, tickets: bool) -> Result<String, String> {
     let mut cmd = Command::new(emulator());
     if sched != 0 {
         cmd.env("BFX_EMU_SCHED", sched.to_string());
+    }
+    if tickets {
+        cmd.env("BFX_EMU_TICKETS", "1");
     }
     let out = cmd.args(args).output().map_err(|e| e.to_string())?;
     if !out.status.success() {
@@ -70,7 +76,10 @@ fn run_sched(args: &[String], sched: u64) -> Result<String, String> {
 
 impl Codec for Emu {
     fn name(&self) -> String {
-        format!("emulated kernels (shift {}, {} CTAs, tail wave {}, schedule {})", self.shift, self.ctas, self.wave, self.sched)
+        format!(
+            "emulated kernels (shift {}, {} CTAs, tail wave {}, schedule {}, tickets {})",
+            self.shift, self.ctas, self.wave, self.sched, self.tickets
+        )
     }
 
     fn compress(&self, dt: Dtype, data: &[u8], p: &Params) -> Result<Vec<u8>, String> {
@@ -87,7 +96,7 @@ impl Codec for Emu {
             &o.to_string_lossy(),
             &shift,
         ];
-        let r = run_sched(&a.map(String::from), self.sched).and_then(|_| std::fs::read(&o).map_err(|e| e.to_string()));
+        let r = run_sched(&a.map(String::from), self.sched, self.tickets).and_then(|_| std::fs::read(&o).map_err(|e| e.to_string()));
         let _ = (std::fs::remove_file(&i), std::fs::remove_file(&o));
         r
     }
@@ -106,7 +115,7 @@ impl Codec for Emu {
             &shift,
             &self.wave.to_string(),
         ];
-        let r = run_sched(&a.map(String::from), self.sched).and_then(|out| {
+        let r = run_sched(&a.map(String::from), self.sched, false).and_then(|out| {
             let w: u32 =
                 out.trim().strip_prefix("status ").and_then(|s| s.parse().ok()).ok_or(format!("bad output {out}"))?;
             compress::status_result(w).map_err(|e| e.to_string())?;
@@ -125,12 +134,12 @@ impl Codec for Emu {
     }
 }
 
-const EMU: Emu = Emu { shift: 0, ctas: 3, wave: 0, sched: 0 };
+const EMU: Emu = Emu { shift: 0, ctas: 3, wave: 0, sched: 0, tickets: false };
 
 #[test]
 fn emu_same_bytes_as_cpu() {
     same_bytes_as_cpu(&EMU);
-    same_bytes_as_cpu(&Emu { shift: 1, ctas: 1, wave: 0, sched: 0 });
+    same_bytes_as_cpu(&Emu { shift: 1, ctas: 1, wave: 0, sched: 0, tickets: false });
 }
 
 #[test]
@@ -140,13 +149,13 @@ fn emu_all_16bit_patterns() {
 
 #[test]
 fn emu_f32_specials() {
-    f32_specials(&Emu { shift: 1, ctas: 2, wave: 0, sched: 0 });
+    f32_specials(&Emu { shift: 1, ctas: 2, wave: 0, sched: 0, tickets: false });
 }
 
 #[test]
 fn emu_sizes() {
     sizes(&EMU);
-    sizes(&Emu { shift: 1, ctas: 64, wave: 0, sched: 0 });
+    sizes(&Emu { shift: 1, ctas: 64, wave: 0, sched: 0, tickets: false });
 }
 
 #[test]
@@ -163,7 +172,7 @@ fn emu_real_data() {
 
 #[test]
 fn emu_decodes_cpu_streams() {
-    decodes_cpu_streams(&Emu { shift: 0, ctas: 5, wave: 0, sched: 0 });
+    decodes_cpu_streams(&Emu { shift: 0, ctas: 5, wave: 0, sched: 0, tickets: false });
 }
 
 /// The kernels with CTAs and threads resumed in shuffled orders (BFX_EMU_SCHED): a thread
@@ -173,11 +182,23 @@ fn emu_decodes_cpu_streams() {
 #[test]
 fn emu_shuffled_schedules() {
     for (sched, ctas) in [(1u64, 192u32), (2, 3), (3, 1)] {
-        let c = Emu { shift: 0, ctas, wave: 0, sched };
+        let c = Emu { shift: 0, ctas, wave: 0, sched, tickets: false };
         real_data(&c);
         distributions(&c);
     }
-    decodes_cpu_streams(&Emu { shift: 1, ctas: 5, wave: 0, sched: 4 });
+    decodes_cpu_streams(&Emu { shift: 1, ctas: 5, wave: 0, sched: 4, tickets: false });
+}
+
+/// The compressor taking blocks by atomic tickets (HOCCL_CODEC_TICKETS=1), with its CTAs
+/// run in shuffled orders: a CTA's predecessors are always the CTAs that took earlier
+/// tickets, whatever order the CTAs start in.
+#[test]
+fn emu_compressor_tickets() {
+    for sched in [0u64, 7, 8] {
+        let c = Emu { shift: 0, ctas: 3, wave: 0, sched, tickets: true };
+        real_data(&c);
+        distributions(&c);
+    }
 }
 
 /// The decoder's grid with a tail of small CTAs (gpu.rs decode_grid): waves of 2 and 3 CTAs,
@@ -186,7 +207,7 @@ fn emu_shuffled_schedules() {
 #[test]
 fn emu_decoder_grid_tail() {
     for (wave, head, sched) in [(2u32, 3u32, 0u64), (3, 4, 5), (2, 1, 6)] {
-        let c = Emu { shift: 0, ctas: head + 2 * wave, wave, sched };
+        let c = Emu { shift: 0, ctas: head + 2 * wave, wave, sched, tickets: false };
         sizes(&c);
         real_data(&c);
         distributions(&c);

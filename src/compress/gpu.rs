@@ -26,6 +26,8 @@ const DECODE_SMEM_GLOBAL: &str = "hoccl_bfx_decode_smem";
 const COMPRESS_THREADS_GLOBAL: &str = "hoccl_bfx_compress_threads";
 /// Module global: the compressor's staggered start, its step in ns (0 or absent: none).
 const COMPRESS_STAGGER_GLOBAL: &str = "hoccl_bfx_compress_stagger";
+/// Compressor flag: take blocks by atomic tickets (`kEncTickets` in bfx.cu).
+const ENC_TICKETS: u32 = 1 << 25;
 /// Module global: 1 when every compressor has a one-tier instance (`<name>_t1`).
 const COMPRESS_T1_GLOBAL: &str = "hoccl_bfx_compress_t1";
 /// Module global: threads per decoder CTA (the kernel file's choice).
@@ -230,6 +232,11 @@ pub(crate) fn compress(
         return Err(Error::internal(OP, format!("the kernel module says {threads} threads per compressor CTA")));
     }
     let mut flags = u32::from(input.0 % 16 == 0);
+    // HOCCL_CODEC_TICKETS=1: blocks by atomic tickets, not by CTA index (kEncTickets in bfx.cu)
+    let only_tickets = |k: &str| if k == "HOCCL_CODEC_TICKETS" { std::env::var(k).ok() } else { None };
+    if crate::config::Config::default().with_env(only_tickets)?.codec_tickets {
+        flags |= ENC_TICKETS;
+    }
     let per_sm = cuda.ctas_per_sm(&name, threads, 0)?.max(1);
     let sms = cuda.sm_count().max(1);
     let wave = sms as u64 * u64::from(per_sm);
