@@ -232,9 +232,7 @@ pub(crate) fn compress(
         return Err(Error::internal(OP, format!("the kernel module says {threads} threads per compressor CTA")));
     }
     let mut flags = u32::from(input.0 % 16 == 0);
-    // HOCCL_CODEC_TICKETS=1: blocks by atomic tickets, not by CTA index (kEncTickets in bfx.cu)
-    let only_tickets = |k: &str| if k == "HOCCL_CODEC_TICKETS" { std::env::var(k).ok() } else { None };
-    if crate::config::Config::default().with_env(only_tickets)?.codec_tickets {
+    if codec_tickets()? {
         flags |= ENC_TICKETS;
     }
     let per_sm = cuda.ctas_per_sm(&name, threads, 0)?.max(1);
@@ -255,6 +253,19 @@ pub(crate) fn compress(
         .u64(out_len.0)
         .u32(flags);
     launch_smem(cuda, s, &name, nblocks, threads, 0, args)
+}
+
+/// `HOCCL_CODEC_TICKETS` (Config::codec_tickets): blocks by atomic tickets, not by CTA
+/// index. Read from the environment once per process, not on every launch.
+fn codec_tickets() -> Result<bool> {
+    static TICKETS: std::sync::OnceLock<std::result::Result<bool, String>> = std::sync::OnceLock::new();
+    let only_tickets = |k: &str| if k == "HOCCL_CODEC_TICKETS" { std::env::var(k).ok() } else { None };
+    TICKETS
+        .get_or_init(|| {
+            crate::config::Config::default().with_env(only_tickets).map(|c| c.codec_tickets).map_err(|e| e.to_string())
+        })
+        .clone()
+        .map_err(|e| Error::invalid_arg("compress_async", e))
 }
 
 /// Enqueue the decompressor (arguments already checked by `decompress_async`).
