@@ -258,14 +258,11 @@ pub(crate) fn compress(
 /// `HOCCL_CODEC_TICKETS` (Config::codec_tickets): blocks by atomic tickets, not by CTA
 /// index. Read from the environment once per process, not on every launch.
 fn codec_tickets() -> Result<bool> {
-    static TICKETS: std::sync::OnceLock<std::result::Result<bool, String>> = std::sync::OnceLock::new();
+    static TICKETS: std::sync::OnceLock<Result<bool>> = std::sync::OnceLock::new();
     let only_tickets = |k: &str| if k == "HOCCL_CODEC_TICKETS" { std::env::var(k).ok() } else { None };
     TICKETS
-        .get_or_init(|| {
-            crate::config::Config::default().with_env(only_tickets).map(|c| c.codec_tickets).map_err(|e| e.to_string())
-        })
+        .get_or_init(|| crate::config::Config::default().with_env(only_tickets).map(|c| c.codec_tickets))
         .clone()
-        .map_err(|e| Error::invalid_arg("compress_async", e))
 }
 
 /// Enqueue the decompressor (arguments already checked by `decompress_async`).
