@@ -879,12 +879,12 @@ constexpr uint32_t kEncTickets = 1u << 25;
 // (bits 8..23: only from two waves of blocks up) and sm_90; not with tickets (the next CTA's
 // block is unknown then). Timing only: the bytes do not depend on it. H200, nineteenth
 // session, bf16 N(0, 0.02), against the same calls' builds without it, two rounds each:
-// one tier 256 MiB 1812-1830 -> 1888 GB/s, 1 GiB 1921 -> 2014-2018; two tiers +0.5-0.7 %.
-// Of the one-tier gain about half is the prefetch and half the kernel's new register
-// allocation (the same code with a distance past every block: 256 MiB 1843-1865, 1 GiB
-// 1961-1963). Distance 6: 1 GiB 1984; 8: 1643 (L2 thrashes). Issued at the CTA's start
-// instead (its own loads then wait behind it), or by every thread with prefetch.global.L2:
-// 5-15 % slower. fp16 and fp32 (one tier, per-thread prefetch): 0 to -2 %, so not there.
+// one tier 256 MiB 1794-1830 -> 1871-1894 GB/s, 1 GiB 1912-1927 -> 2002-2018; two tiers
+// +0.1-0.8 %. About half of the one-tier gain is the kernel's new register allocation (the
+// same code with a distance past every block: 256 MiB 1843-1865, 1 GiB 1961-1963).
+// Distance 6: 1-2 % under 4; 8: -15 % (L2 thrashes). Issued at the CTA's start instead
+// (its own loads then queue behind it), by one thread or by every thread with
+// prefetch.global.L2: 4-19 % slower. fp16 and fp32: 0 to -2.5 %, so not there.
 #ifndef BFX_ENC_L2PF
 #define BFX_ENC_L2PF 4
 #endif
@@ -897,8 +897,8 @@ template <class D>
 __device__ __forceinline__ void prefetch_ahead(const uint8_t* in, uint64_t n, uint32_t B, uint32_t flags) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(BFX_EMU)
     if (threadIdx.x != 0 || (flags & kEncTickets)) return;
-    const uint32_t sms = (flags >> 8) & 0xfffu, per_sm = (flags >> 20) & 0xfu;
-    const uint64_t pj = (uint64_t)blockIdx.x + (uint64_t)sms * per_sm * BFX_ENC_L2PF / 4;
+    const uint32_t sms = shape_sms(flags);
+    const uint64_t pj = (uint64_t)blockIdx.x + (uint64_t)sms * shape_per_sm(flags) * BFX_ENC_L2PF / 4;
     if (sms == 0 || pj * B >= n) return;
     const uint64_t vals = n - pj * B < B ? n - pj * B : B;
     const uint8_t* p = in + pj * B * D::SIZE;

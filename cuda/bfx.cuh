@@ -514,13 +514,17 @@ __device__ __forceinline__ uint64_t clock_ns() {
     return t;
 #endif
 }
+// The grid's shape in a kernel's flags, as the launcher packs it (gpu.rs grid_shape): bits
+// 8..19 the SMs, 20..23 the CTAs per SM; 0 when not given.
+__device__ __forceinline__ uint32_t shape_sms(uint32_t flags) { return (flags >> 8) & 0xfffu; }
+__device__ __forceinline__ uint32_t shape_per_sm(uint32_t flags) { return (flags >> 20) & 0xfu; }
 // A staggered first wave (bfx.cu stagger_start): CTA `i` in start order of a grid whose
 // shape flags bits 8..19 (SMs) and 20..23 (CTAs per SM) give waits (i / SMs) steps of
 // `step` ns from now when it is in the first wave. Timing only (the emulator skips it).
 // (Tried for the decoder too, its first wave by blockIdx, 2 us steps: -1..-5 %.)
 __device__ __forceinline__ void wait_slot(uint64_t i, uint32_t flags, uint32_t step) {
 #ifndef BFX_EMU
-    const uint32_t sms = (flags >> 8) & 0xfffu, per_sm = (flags >> 20) & 0xfu;
+    const uint32_t sms = shape_sms(flags), per_sm = shape_per_sm(flags);
     if (step == 0 || sms == 0 || i >= (uint64_t)sms * per_sm) return;
     const uint64_t until = clock_ns() + (i / sms) * (uint64_t)step;
     while (clock_ns() < until) __nanosleep(500);

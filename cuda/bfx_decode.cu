@@ -677,7 +677,7 @@ __device__ void decompress_kernel(const uint8_t* in, uint64_t in_len, uint8_t* o
         if (blockIdx.x == 0 && tid == 0) report(status, st, 0);
         return;
     }
-    const uint32_t wave = ((flags >> 24) & 1u) ? ((flags >> 8) & 0xfffu) * ((flags >> 20) & 0xfu) : 0u;
+    const uint32_t wave = ((flags >> 24) & 1u) ? shape_sms(flags) * shape_per_sm(flags) : 0u;
     const uint64_t b0 = cta_start(nblocks, wave, blockIdx.x), b1 = cta_start(nblocks, wave, blockIdx.x + 1);
     if (b0 == b1) return;
     // Bytes before block b0: the sizes in 16-byte loads (the table is 4-byte aligned: up to
