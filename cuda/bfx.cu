@@ -63,14 +63,6 @@ struct EncSmem {
     uint32_t cnt_by_rank[32];
     uint8_t code2[256];
     uint8_t table[32];
-    alignas(16) uint32_t cnt[ET * CPT];  // per chunk: escapes | raws << 16, then exclusive prefix
-    alignas(8) uint8_t esc[ETILE * CPT];  // exponent of each escape, by escape ordinal (k2 > 0)
-    union {  // the tables while coding, then the raw list
-        alignas(8) uint8_t rawb[ETILE * CPT];  // raw exponents by raw ordinal
-        uint2 lut[4][256];      // per symbol: its code byte's bits spread to bit 0 of each byte,
-                                // shifted by 0-3 bits (or, bytes: lut[0] as its code byte)
-        uint32_t lutn[4][256];  // narrow: code bits 0-2 and the raw flag spread, shifted by 0-3
-    };
     uint2 cx[256];  // compaction selectors (kCx)
     alignas(16) uint32_t wtmp[EWARPS];
     uint64_t ticket, offset, nblocks;
@@ -78,7 +70,33 @@ struct EncSmem {
 #if defined(BFX_TIMELINE) && defined(BFX_TL_PHASE) && !defined(BFX_EMU)
     uint64_t tl_mark;  // BFX_TL_MARK
 #endif
+    // The large arrays last, from cnt to the end: a raw block's stage (raw_stage_bytes); the
+    // escape list the very last: a kernel without it (kNoEsc) allocates up to it only.
+    alignas(16) uint32_t cnt[ET * CPT];  // per chunk: escapes | raws << 16, then exclusive prefix
+    union {  // the tables while coding, then the raw list
+        alignas(8) uint8_t rawb[ETILE * CPT];  // raw exponents by raw ordinal
+        uint2 lut[4][256];      // per symbol: its code byte's bits spread to bit 0 of each byte,
+                                // shifted by 0-3 bits (or, bytes: lut[0] as its code byte)
+        uint32_t lutn[4][256];  // narrow: code bits 0-2 and the raw flag spread, shifted by 0-3
+    };
+    alignas(8) uint8_t esc[ETILE * CPT];  // exponent of each escape, by escape ordinal (k2 > 0)
 };
+
+// The bf16 one-tier kernels have no escape list (k2 = 0: every escape is raw) and allocate
+// EncSmem only up to it (BFX_ENC_NOESC; 0: the whole struct): 29 KB of shared memory per
+// CTA instead of 45, so the four CTAs of an SM leave ~124 KB of L1 (for the spills and the
+// block's loads) instead of ~60, and a raw block is staged in two passes. H200, twentieth
+// session, against the same calls' builds of the whole struct (two calls, two rounds): one
+// tier 128 MiB +1.5-3 %, 256 MiB +0-1.2 %, 512 MiB +0.5-2 %, 1 GiB +0.7-1.3 %; the new
+// layout alone (BFX_ENC_NOESC=0) measured as the old one. At 5 CTAs per SM (48 registers,
+// 456 bytes of spills; BFX_ENC_MINB_T1=5) -20 %, at 3 (80 registers) -6 %.
+#ifndef BFX_ENC_NOESC
+#define BFX_ENC_NOESC 1
+#endif
+template <class D, bool T1>
+constexpr bool kNoEsc = BFX_ENC_NOESC && T1 && D::SIZE == 2 && D::NSYM == 256;
+template <int CPT, bool NOESC>
+constexpr uint32_t kEncSmemBytes = NOESC ? (uint32_t)offsetof(EncSmem<CPT>, esc) : (uint32_t)sizeof(EncSmem<CPT>);
 
 // cx[m]: nibble i of .x (.y) is the position of set bit i (4 + i) of m (unused nibbles 0).
 struct SelTable {
@@ -638,28 +656,29 @@ __device__ __forceinline__ void copy_out16(const uint4* stage, uint32_t n, uint8
     }
 }
 
-// A raw block's values go out through shared memory: the bytes of EncSmem from `cnt` up to
-// `cx` (the counts, the lists and the tables: only the coded path reads them, and a raw
-// block is known to be raw before phase 2) hold the block's words at 16-byte aligned
-// chunk slots, and the CTA copies them to the block's place with 16-byte stores (the block
-// is only 4-byte aligned: two 16-byte shared loads give each aligned unit's words). Stored
+// A raw block's values go out through shared memory: the bytes of EncSmem from `cnt` to
+// its end or, without the escape list, to `esc` (the counts, the lists and the tables:
+// only the coded path reads them, and a raw block is known to be raw before phase 2) hold
+// the block's words at 16-byte aligned chunk slots, and the CTA copies them to the block's
+// place with 16-byte stores (the block is only 4-byte aligned: two 16-byte shared loads
+// give each aligned unit's words). Stored
 // straight from registers, a thread's chunk is D::WORDS 4-byte stores 16 or 32 bytes
 // apart, four or eight 128-byte lines per warp store; on the H200 that ran a raw-only
 // compressor at ~950 GB/s against ~1990 with 16-byte stores (ablations, eleventh session).
 // fp16 stages its raw blocks already in phase 1 (kEarlyOut), the others in store_raw.
-template <int CPT>
+template <int CPT, bool NOESC>
 constexpr uint32_t raw_stage_bytes() {
-    return (uint32_t)(offsetof(EncSmem<CPT>, cx) - offsetof(EncSmem<CPT>, cnt));
+    return kEncSmemBytes<CPT, NOESC> - (uint32_t)offsetof(EncSmem<CPT>, cnt);
 }
 // Chunk rows (i of i * ET + tid) staged per pass: all of them for the 16-bit types, half
-// for fp32 at its default block (two passes); 0: no staging (the stores straight from
-// registers).
-template <class D, int CPT>
-constexpr int kRawRows = raw_stage_bytes<CPT>() >= (uint32_t)(D::SIZE * ETILE * CPT + 16)       ? CPT
-                         : raw_stage_bytes<CPT>() >= (uint32_t)(D::SIZE * ETILE * (CPT / 2) + 16) ? CPT / 2
+// for fp32 at its default block and for bf16 without the escape list (two passes); 0: no
+// staging (the stores straight from registers).
+template <class D, int CPT, bool NOESC>
+constexpr int kRawRows = raw_stage_bytes<CPT, NOESC>() >= (uint32_t)(D::SIZE * ETILE * CPT + 16)       ? CPT
+                         : raw_stage_bytes<CPT, NOESC>() >= (uint32_t)(D::SIZE * ETILE * (CPT / 2) + 16) ? CPT / 2
                                                                                                  : 0;
 
-template <class D, int CPT>
+template <class D, int CPT, bool NOESC>
 __device__ void store_raw(EncSmem<CPT>& sm, const Out<D> (&o)[CPT], int nb, uint8_t* dst) {
     const int tid = threadIdx.x;
     if (tid == 0) {
@@ -668,7 +687,7 @@ __device__ void store_raw(EncSmem<CPT>& sm, const Out<D> (&o)[CPT], int nb, uint
     }
     const uint32_t bytes = pad4((uint32_t)(D::SIZE * nb));
     const bool full = nb == ETILE * CPT;  // uniform: no chunk bounds to check
-    constexpr int R = kRawRows<D, CPT>;
+    constexpr int R = kRawRows<D, CPT, NOESC>;
     if constexpr (kEarlyOut<D>) {  // staged by encode_codes
         copy_out16(reinterpret_cast<const uint4*>(sm.cnt), bytes, dst + 8);
     } else if constexpr (R > 0) {
@@ -740,7 +759,7 @@ __device__ __forceinline__ uint32_t encode_codes(EncSmem<CPT>& sm, Out<D> (&o)[C
             default: if constexpr (!N) coded_words<D, CPT, N, 5, ONE>(sm, ch, codes, o, k2, nb); break;
         }
     } else if constexpr (kEarlyOut<D>) {  // to store_raw's stage (the counts are read: block_scan ends in a barrier)
-        static_assert(kRawRows<D, CPT> == CPT, "a 16-bit block fits the raw stage");
+        static_assert(kRawRows<D, CPT, false> == CPT, "a 16-bit block fits the raw stage");
         uint4* stage = reinterpret_cast<uint4*>(sm.cnt);
 #pragma unroll
         for (int i = 0; i < CPT; ++i)
@@ -770,7 +789,8 @@ __device__ __forceinline__ uint32_t encode_codes(EncSmem<CPT>& sm, Out<D> (&o)[C
 // path, 256-byte L2 fetches). BFX_ENC_LDHINT: 1 (default) the two-tier 16-bit kernels, 0
 // none, 2 every kernel, 3 the two-tier bf16 kernel only. H200, seventeenth session, against
 // the same calls' builds without it: bf16 two tiers +0.5-1 % at 256 MiB, +1.5 % at 512 MiB
-// and 1 GiB, fp16 +0.5-1 %; on every kernel, one tier -1 % and fp32 -4 %.
+// and 1 GiB, fp16 +0.5-1 %; on every kernel, one tier -1 % and fp32 -4 %. The bf16 one-tier
+// kernel with it again, once its shared memory left a larger L1 (twentieth session): -3 %.
 #ifndef BFX_ENC_LDHINT
 #define BFX_ENC_LDHINT 1
 #endif
@@ -832,9 +852,9 @@ __device__ __forceinline__ uint32_t encode_block_begin(EncSmem<CPT>& sm, Out<D> 
 // Phase 2, every thread, after a barrier that follows phase 1 (and, for a coded block with
 // k2 > 0, planes2_words): write the block to `dst` (4-byte aligned; the size phase 1
 // returned).
-template <class D, int CPT>
+template <class D, int CPT, bool NOESC = false>
 __device__ __forceinline__ void encode_block_end(EncSmem<CPT>& sm, const Out<D> (&o)[CPT], int nb, uint8_t* dst) {
-    if (sm.raw) store_raw<D, CPT>(sm, o, nb, dst);
+    if (sm.raw) store_raw<D, CPT, NOESC>(sm, o, nb, dst);
     else store_coded<D, CPT>(sm, o, nb, dst);
 }
 
@@ -917,8 +937,9 @@ template <class D, int CPT, bool T1>
 __device__ void compress_kernel(const uint8_t* in, uint64_t n, uint32_t B, uint32_t tiers, uint8_t* out,
                                 uint64_t* scratch, uint64_t* out_len, uint32_t flags) {
     pdl_enter();
-    __shared__ EncSmem<CPT> sm;
-    BFX_EMU_POISON(sm);
+    alignas(alignof(EncSmem<CPT>)) __shared__ uint8_t sm_bytes[kEncSmemBytes<CPT, kNoEsc<D, T1>>];
+    BFX_EMU_POISON(sm_bytes);
+    EncSmem<CPT>& sm = *reinterpret_cast<EncSmem<CPT>*>(sm_bytes);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 #if defined(BFX_TIMELINE) && !defined(BFX_EMU)
     const uint64_t tl0 = tl_now();
@@ -972,7 +993,7 @@ __device__ void compress_kernel(const uint8_t* in, uint64_t n, uint32_t B, uint3
     BFX_TL_STAMP(hoccl_bfx_tl_enc, j, 1, tl_now());
 #endif
     if constexpr (kL2Prefetch<D>) prefetch_ahead<D>(in, n, B, flags);
-    encode_block_end<D, CPT>(sm, o, nb, out + sm.offset);
+    encode_block_end<D, CPT, kNoEsc<D, T1>>(sm, o, nb, out + sm.offset);
 #if defined(BFX_TIMELINE) && !defined(BFX_EMU)
     __syncthreads();
     BFX_TL_STAMP(hoccl_bfx_tl_enc, j, 2, tl_now());
@@ -1019,6 +1040,9 @@ extern "C" __global__ void __launch_bounds__(256) hoccl_bfx_compress_begin(uint8
 #ifndef BFX_ENC_MINB
 #define BFX_ENC_MINB 4
 #endif
+#ifndef BFX_ENC_MINB_T1  // the one-tier kernels' (experiments)
+#define BFX_ENC_MINB_T1 BFX_ENC_MINB
+#endif
 extern "C" __device__ uint32_t hoccl_bfx_compress_threads = bfx::ET;
 // The staggered start's step in ns (0: none; the launcher passes the grid's shape only when
 // it is nonzero; optional: older kernel files have none).
@@ -1026,7 +1050,7 @@ extern "C" __device__ uint32_t hoccl_bfx_compress_stagger = BFX_ENC_STAGGER_NS;
 // Each block size has two kernels: NAME for both tier modes, NAME_t1 for one tier only
 // (encode_block_begin's T1; the launcher takes it when `tiers` is 1).
 #define BFX_COMPRESS1(NAME, D, CPT, T1)                                                             \
-    extern "C" __global__ void __launch_bounds__(bfx::ET, CPT * D::WORDS >= 32 ? BFX_ENC_MINB : 1024 / bfx::ET) \
+    extern "C" __global__ void __launch_bounds__(bfx::ET, CPT * D::WORDS >= 32 ? (T1 ? BFX_ENC_MINB_T1 : BFX_ENC_MINB) : 1024 / bfx::ET) \
         NAME(const uint8_t* in, uint64_t n, uint32_t B, uint32_t tiers, uint8_t* out, uint64_t* scratch, \
              uint64_t* out_len, uint32_t flags) {                                                   \
         bfx::compress_kernel<D, (CPT * 256 / bfx::ET > 0 ? CPT * 256 / bfx::ET : 1), T1>(in, n, B, tiers, out, scratch, \
