@@ -869,13 +869,19 @@ extern "C" __device__ uint64_t hoccl_bfx_tl_enc[4 * TL_CTAS];
 // (the load and histogram 6-7 us against 2), the second wave's 14.5, the third's 11.8. The
 // steady state has the CTAs of an SM spread over a block's life, so the first wave starts
 // that way: ticket t < sms * per_sm (flags bits 8..19: SMs, bits 20..23: CTAs per SM; 0: no
-// stagger, the launcher's choice from two waves of blocks up) waits (t / sms) steps from the
-// CTA's start. H200, same call, against no stagger (two rounds): 64 MiB two tiers +7 %, one
-// tier +9 %; 128 MiB +2-4 %; 256 MiB and up within +-1 % (1.5 us steps; 2.5 us lost 1-2 %
-// from 512 MiB). Timing only: the bytes do not depend on it.
+// stagger, the launcher's choice from two waves of blocks up) waits t * step / sms ns from
+// the CTA's start (wait_slot; 700 ns steps: the 528 CTAs of an H200's first wave start over
+// 2.8 us, one every 5.3 ns). H200, eighteenth session, against no stagger: 64 MiB two tiers
+// +7 %, one tier +9 %; 128 MiB +2-4 %; 256 MiB and up within +-1 % (then (t / sms) steps of
+// 1.5 us: 132 CTAs at once per step). Twentieth session, the linear start against those
+// steps (same calls, two rounds): one tier 64 MiB +2.5 %, 128 MiB +2-3.5 %, 256 MiB +1-2 %,
+// 512 MiB +0.5-1 %, 1 GiB +0.2-0.5 %; two tiers within +-0.7 %. Linear steps of 500, 1000,
+// 1500, 2000 and 2500 ns: 500 as 700, 1000 a little under, 2000 and 2500 1-5 % under.
+// Timing only: the bytes do not depend on it.
 #ifndef BFX_ENC_STAGGER_NS
-#define BFX_ENC_STAGGER_NS 1500
+#define BFX_ENC_STAGGER_NS 700
 #endif
+static_assert(BFX_ENC_STAGGER_NS < 65536, "wait_slot computes in 32 bits");
 __device__ __forceinline__ void stagger_start(uint64_t ticket, uint32_t flags) {
     wait_slot(ticket, flags, BFX_ENC_STAGGER_NS);
 }

@@ -519,15 +519,28 @@ __device__ __forceinline__ uint64_t clock_ns() {
 __device__ __forceinline__ uint32_t shape_sms(uint32_t flags) { return (flags >> 8) & 0xfffu; }
 __device__ __forceinline__ uint32_t shape_per_sm(uint32_t flags) { return (flags >> 20) & 0xfu; }
 // A staggered first wave (bfx.cu stagger_start): CTA `i` in start order of a grid whose
-// shape flags bits 8..19 (SMs) and 20..23 (CTAs per SM) give waits (i / SMs) steps of
-// `step` ns from now when it is in the first wave. Timing only (the emulator skips it).
+// shape flags bits 8..19 (SMs) and 20..23 (CTAs per SM) give waits, when it is in the
+// first wave, i * step / SMs ns from now (BFX_STAGGER_LINEAR, the default: one SM's worth
+// of CTAs per `step`, a start every step / SMs ns) or (i / SMs) steps (0: 132 CTAs at once
+// per step, before the twentieth session). Timing only (the emulator skips it).
 // (Tried for the decoder too, its first wave by blockIdx, 2 us steps: -1..-5 %.)
+#ifndef BFX_STAGGER_LINEAR
+#define BFX_STAGGER_LINEAR 1
+#endif
 __device__ __forceinline__ void wait_slot(uint64_t i, uint32_t flags, uint32_t step) {
 #ifndef BFX_EMU
     const uint32_t sms = shape_sms(flags), per_sm = shape_per_sm(flags);
     if (step == 0 || sms == 0 || i >= (uint64_t)sms * per_sm) return;
+#if BFX_STAGGER_LINEAR
+    // 32-bit: i < sms * per_sm < 2^16 (gpu.rs grid_shape), step < 2^16 (the callers assert it)
+    const uint32_t wait = (uint32_t)i * step / sms;
+    if (wait == 0) return;
+    const uint64_t until = clock_ns() + wait;
+    while (clock_ns() < until) __nanosleep(100);
+#else
     const uint64_t until = clock_ns() + (i / sms) * (uint64_t)step;
     while (clock_ns() < until) __nanosleep(500);
+#endif
 #endif
 }
 __device__ __forceinline__ void spin_pause() {
