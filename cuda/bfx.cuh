@@ -521,7 +521,7 @@ __device__ __forceinline__ uint32_t shape_per_sm(uint32_t flags) { return (flags
 // A staggered first wave (bfx.cu stagger_start): CTA `i` in start order of a grid whose
 // shape flags bits 8..19 (SMs) and 20..23 (CTAs per SM) give waits, when it is in the
 // first wave, i * step / SMs ns from now (BFX_STAGGER_LINEAR, the default: one SM's worth
-// of CTAs per `step`, a start every step / SMs ns) or (i / SMs) steps (0: 132 CTAs at once
+// of CTAs per `step`, a start every step / SMs ns) or (i / SMs) steps (0: SMs CTAs at once
 // per step, before the twentieth session). Timing only (the emulator skips it).
 // (Tried for the decoder too, its first wave by blockIdx, 2 us steps: -1..-5 %.)
 #ifndef BFX_STAGGER_LINEAR
