@@ -57,8 +57,8 @@ using CodeT = std::conditional_t<N, uint32_t, uint2>;
 // instructions per chunk, where chunk_exps' whole byte packing took seven). BFX_ENC_CNT1:
 // the one-tier kernels count raws only (their escapes are their raws), no second half.
 // Together (a Nsight Compute source profile, 256 MiB, one tier: ~4 % of the instructions):
-// one tier +1.0-1.8 % at 256 MiB, +1.0-1.4 % at 512 MiB, +1.5 % at 1 GiB; two tiers
-// +1.0-1.2 %. HISTX alone: one tier +0.5-1.1 %, two tiers +0.5-1.6 %; CNT1 alone +0.1-0.5 %.
+// one tier +0.9-1.9 % at 256 MiB, +0.9-1.3 % at 512 MiB, +1.4-1.7 % at 1 GiB; two tiers
+// +1.0-1.3 %. HISTX alone: one tier +0.4-1.2 %, two tiers +0.5-1.6 %; CNT1 alone +0.1-0.5 %.
 #ifndef BFX_ENC_HISTX
 #define BFX_ENC_HISTX 1
 #endif
