@@ -65,6 +65,9 @@ using CodeT = std::conditional_t<N, uint32_t, uint2>;
 #ifndef BFX_ENC_CNT1
 #define BFX_ENC_CNT1 1
 #endif
+// A chunk's count word: raws only (one-tier kernels, BFX_ENC_CNT1), else escapes | raws << 16.
+template <bool ONE>
+constexpr bool kRawCounts = ONE && BFX_ENC_CNT1;
 
 template <int CPT>
 struct EncSmem {
@@ -570,7 +573,7 @@ __device__ __forceinline__ void compact(EncSmem<CPT>& sm, const Chunk<D>& ch, Co
     if (e8) {  // escapes are common (k1 = 2: ~30 % of values): compacted with two permutes
         if constexpr (!kInterleaveCompact<D>) ex = chunk_exps_again<D>(ch);
         const uint32_t r8 = raw_mask<D, N>(code);
-        const uint32_t o = sm.cnt[c] & 0xffffu, ro = (ONE && BFX_ENC_CNT1) ? sm.cnt[c] : sm.cnt[c] >> 16;
+        const uint32_t o = sm.cnt[c] & 0xffffu, ro = kRawCounts<ONE> ? sm.cnt[c] : sm.cnt[c] >> 16;
         if (!ONE && k2) put_compacted(sm.esc + o, ex, sm.cx[e8], __popc(e8));
         if (BFX_ENC_RAW1 && r8 && (r8 & (r8 - 1)) == 0)  // one raw (raws are rare: ~2 % of values)
             sm.rawb[ro] = (uint8_t)prmt(ex.x, ex.y, __popc(r8 - 1));
@@ -751,12 +754,12 @@ __device__ __forceinline__ uint32_t encode_codes(EncSmem<CPT>& sm, Out<D> (&o)[C
         // the block's last chunk (a branch: the mask is rarely needed)
         if (!full && nb - 8 * c < 8) codes[i] = clear_past<D, N>(codes[i], nb - 8 * c);
         const uint32_t raw = __popc(raw_mask<D, N>(codes[i])), esc = ONE ? raw : __popc(esc_mask<D, N, 0>(codes[i], k1));
-        sm.cnt[c] = (ONE && BFX_ENC_CNT1) ? raw : esc | (raw << 16);
+        sm.cnt[c] = kRawCounts<ONE> ? raw : esc | (raw << 16);
     }
     __syncthreads();
     const uint32_t tot = block_scan<CPT, ET>(sm.cnt, sm.wtmp);
     BFX_TL_MARK(sm, 3);
-    const uint32_t n_esc1 = (ONE && BFX_ENC_CNT1) ? tot : tot & 0xffffu, n_raw = (ONE && BFX_ENC_CNT1) ? tot : tot >> 16;
+    const uint32_t n_esc1 = kRawCounts<ONE> ? tot : tot & 0xffffu, n_raw = kRawCounts<ONE> ? tot : tot >> 16;
     const uint32_t raw_size = raw_block_size<D>((uint32_t)nb);
     const uint32_t size = coded_size<D>(nb, sm.k1, sm.k2, n_esc1, n_raw);
     on_size(size >= raw_size ? raw_size : size);
