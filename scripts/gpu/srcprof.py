@@ -5,7 +5,8 @@
 `-lineinfo` build: `scripts/gpu/variants.sh build NAME "-lineinfo"`) writes one CSV row per
 SASS instruction (address, executed warp instructions, stall samples by reason). This maps
 the rows back to source lines with the disassembly of the same fatbin (`nvdisasm -g`) and
-prints the lines and opcodes with the most instructions, and the stall reasons.
+prints the lines and opcodes with the most instructions, the stall reasons and the shared
+memory's bank-conflict wavefronts; --sass FILE writes the whole annotated listing.
 
     scripts/gpu/srcprof.py carry/kernels/NAME.fatbin hoccl_bfx_compress_bf16_8 \\
         OUT/src-compress_bf16_8-2tier.csv [--src cuda] [--top 40]
@@ -63,6 +64,9 @@ def main():
     ap.add_argument("--src", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "cuda"))
     ap.add_argument("--bin", default=os.environ.get("HOCCL_CUDA_TOOLS", ""))
     ap.add_argument("--top", type=int, default=40)
+    ap.add_argument("--sass", metavar="FILE", help="also write every SASS instruction (offset, source line, text, "
+                    "executed warp instructions, stall samples and their two main reasons, shared-memory "
+                    "wavefronts / ideal) to FILE, in program order: sum a phase by its offset range")
     args = ap.parse_args()
 
     sass = sass_lines(args.fatbin, args.kernel, args.bin)
@@ -74,6 +78,10 @@ def main():
     reasons = [(i, h[len("stall_"):]) for i, h in enumerate(hdr) if h.startswith("stall_") and "Not Issued" not in h]
     num = lambda v: int(v.replace(",", "") or 0)
     base = int(data[0][ia], 16)
+    col = lambda name: hdr.index(name) if name in hdr else None
+    iwf, iwi = col("L1 Wavefronts Shared"), col("L1 Wavefronts Shared Ideal")
+    wf_total = wf_excess = 0
+    listing = []
     by_line = collections.defaultdict(lambda: [0, 0])
     by_op = collections.defaultdict(lambda: [0, 0])
     stalls = collections.Counter()
@@ -85,8 +93,17 @@ def main():
         for acc in (by_line[where], by_op[op], total):
             acc[0] += ex
             acc[1] += st
-        for i, name in reasons:
-            stalls[name] += num(r[i])
+        row_stalls = [(num(r[i]), name) for i, name in reasons]
+        for n, name in row_stalls:
+            stalls[name] += n
+        wf = num(r[iwf]) if iwf is not None else 0
+        wi = num(r[iwi]) if iwi is not None else 0
+        wf_total += wf
+        wf_excess += max(0, wf - wi)
+        if args.sass:
+            top2 = ",".join("%s %d" % (name, n) for n, name in sorted(row_stalls, reverse=True)[:2] if n)
+            listing.append("%05x %s:%-5d %-58s ex %9d  st %5d  wf %d/%d  %s" % (
+                int(r[ia], 16) - base, where[0], where[1], ins[:58], ex, st, wf, wi, top2))
 
     cache = {}
 
@@ -107,6 +124,11 @@ def main():
         print("%5.1f %5.1f  %s" % (pct(ex, total[0]), pct(st, total[1]), op))
     print("--- stall reasons (samples)")
     print("  " + "  ".join("%s %d" % kv for kv in stalls.most_common(14)))
+    if iwf is not None:
+        print("--- shared-memory wavefronts: %d, of which %d past the ideal (bank conflicts)" % (wf_total, wf_excess))
+    if args.sass:
+        with open(args.sass, "w") as f:
+            f.write("\n".join(listing) + "\n")
 
 
 if __name__ == "__main__":
