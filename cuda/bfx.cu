@@ -903,12 +903,22 @@ extern "C" __device__ uint64_t hoccl_bfx_tl_enc[4 * TL_CTAS];
 // 512 MiB +0.5-1 %, 1 GiB +0.2-0.5 %; two tiers within +-0.7 %. Linear steps of 500, 1000,
 // 1500, 2000 and 2500 ns: 500 as 700, 1000 a little under, 2000 and 2500 1-5 % under.
 // Timing only: the bytes do not depend on it.
+// The one-tier kernels step 500 ns (BFX_ENC_STAGGER_NS_T1; twenty-second and twenty-third
+// sessions, against 700: one tier +0.3-0.7 % at 128 and 256 MiB, within 0.3 % from 512 MiB;
+// two tiers -0.7 to +0.1 %, so they keep 700).
+#ifndef BFX_ENC_NBGRID
+#define BFX_ENC_NBGRID 1
+#endif
 #ifndef BFX_ENC_STAGGER_NS
 #define BFX_ENC_STAGGER_NS 700
 #endif
-static_assert(BFX_ENC_STAGGER_NS < 65536, "wait_slot computes in 32 bits");
+#ifndef BFX_ENC_STAGGER_NS_T1
+#define BFX_ENC_STAGGER_NS_T1 500
+#endif
+static_assert(BFX_ENC_STAGGER_NS < 65536 && BFX_ENC_STAGGER_NS_T1 < 65536, "wait_slot computes in 32 bits");
+template <bool T1>
 __device__ __forceinline__ void stagger_start(uint64_t ticket, uint32_t flags) {
-    wait_slot(ticket, flags, BFX_ENC_STAGGER_NS);
+    wait_slot(ticket, flags, T1 ? BFX_ENC_STAGGER_NS_T1 : BFX_ENC_STAGGER_NS);
 }
 
 // Which block a CTA codes. By default block blockIdx.x: the look-back then waits only on
@@ -939,15 +949,25 @@ constexpr uint32_t kEncTickets = 1u << 25;
 #ifndef BFX_ENC_L2PF
 #define BFX_ENC_L2PF 4
 #endif
+// Who issues it (BFX_ENC_PFW1): in the one-tier kernels, whose warps 1-7 only wait at the
+// barrier while warp 0 runs the look-back, thread 32 issues it then (1, the default), not
+// thread 0 after the look-back (0), so it leaves the path from the offset to the stores and
+// starts ~1 us sooner. H200, twenty-third session, against thread 0 (four calls, two rounds
+// each): one tier +0.3-0.8 % at every size from 128 MiB. The two-tier kernels' warps 1-7
+// compute the tier-2 planes then, and lost 0.5-0.8 % with it, so they keep thread 0. Issued
+// as soon as the block's size is known instead: one tier -1 %, 12 bytes more of spills.
+#ifndef BFX_ENC_PFW1
+#define BFX_ENC_PFW1 1
+#endif
 #ifndef BFX_ENC_L2PF_ALL  // 1: every dtype (experiments)
 #define BFX_ENC_L2PF_ALL 0
 #endif
 template <class D>
 constexpr bool kL2Prefetch = BFX_ENC_L2PF > 0 && (BFX_ENC_L2PF_ALL || (D::SIZE == 2 && D::NSYM == 256));
 template <class D>
-__device__ __forceinline__ void prefetch_ahead(const uint8_t* in, uint64_t n, uint32_t B, uint32_t flags) {
+__device__ __forceinline__ void prefetch_ahead(const uint8_t* in, uint64_t n, uint32_t B, uint32_t flags, uint32_t by) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(BFX_EMU)
-    if (threadIdx.x != 0 || (flags & kEncTickets)) return;
+    if (threadIdx.x != by || (flags & kEncTickets)) return;
     const uint32_t sms = shape_sms(flags);
     const uint64_t pj = (uint64_t)blockIdx.x + (uint64_t)sms * shape_per_sm(flags) * BFX_ENC_L2PF / 4;
     if (sms == 0 || pj * B >= n) return;
@@ -984,13 +1004,16 @@ __device__ void compress_kernel(const uint8_t* in, uint64_t n, uint32_t B, uint3
             // the stream header's size (a 64-bit division), computed while the ticket is in
             // flight rather than on the path from the look-back to the stores
             sm.nblocks = (n + B - 1) / B;
-            stagger_start(t, flags);
+            stagger_start<T1>(t, flags);
             sm.ticket = t;
         }
         __syncthreads();
     } else {
-        if (tid == 0) sm.nblocks = (n + B - 1) / B;  // read after phase 1's barriers
-        stagger_start(blockIdx.x, flags);
+        // read after phase 1's barriers. The grid is one CTA per block, so its size is the
+        // block count: no 64-bit division by thread 0 before its loads (BFX_ENC_NBGRID; H200,
+        // twenty-third session, against the division: two tiers +0.7-1.3 %, one tier +0-0.5 %)
+        if (tid == 0) sm.nblocks = BFX_ENC_NBGRID ? (uint64_t)gridDim.x : (n + B - 1) / B;
+        stagger_start<T1>(blockIdx.x, flags);
     }
     const uint64_t j = block_j();
     const uint64_t start = j * B;
@@ -1017,13 +1040,17 @@ __device__ void compress_kernel(const uint8_t* in, uint64_t n, uint32_t B, uint3
             if (j + 1 == nblocks && out_len) *out_len = hdr + excl + size;
         }
     }
+    constexpr bool pf_w1 = T1 && BFX_ENC_PFW1;  // the prefetch by warp 1 during the look-back
+    if (pf_w1 && warp == 1)
+        if constexpr (kL2Prefetch<D>) prefetch_ahead<D>(in, n, B, flags, 32);
     __syncthreads();
 #ifdef BFX_TL_PHASE
     BFX_TL_STAMP(hoccl_bfx_tl_enc, j, 1, sm.tl_mark);
 #else
     BFX_TL_STAMP(hoccl_bfx_tl_enc, j, 1, tl_now());
 #endif
-    if constexpr (kL2Prefetch<D>) prefetch_ahead<D>(in, n, B, flags);
+    if (!pf_w1)
+        if constexpr (kL2Prefetch<D>) prefetch_ahead<D>(in, n, B, flags, 0);
     encode_block_end<D, CPT, kNoEsc<D, T1>>(sm, o, nb, out + sm.offset);
 #if defined(BFX_TIMELINE) && !defined(BFX_EMU)
     __syncthreads();
