@@ -906,9 +906,6 @@ extern "C" __device__ uint64_t hoccl_bfx_tl_enc[4 * TL_CTAS];
 // The one-tier kernels step 500 ns (BFX_ENC_STAGGER_NS_T1; twenty-second and twenty-third
 // sessions, against 700: one tier +0.3-0.7 % at 128 and 256 MiB, within 0.3 % from 512 MiB;
 // two tiers -0.7 to +0.1 %, so they keep 700).
-#ifndef BFX_ENC_NBGRID
-#define BFX_ENC_NBGRID 1
-#endif
 #ifndef BFX_ENC_STAGGER_NS
 #define BFX_ENC_STAGGER_NS 700
 #endif
@@ -920,6 +917,12 @@ template <bool T1>
 __device__ __forceinline__ void stagger_start(uint64_t ticket, uint32_t flags) {
     wait_slot(ticket, flags, T1 ? BFX_ENC_STAGGER_NS_T1 : BFX_ENC_STAGGER_NS);
 }
+
+// The block count (the stream header's) from the grid's size, which is one CTA per block
+// (BFX_ENC_NBGRID, 1), or by a 64-bit division in thread 0 before its loads (0).
+#ifndef BFX_ENC_NBGRID
+#define BFX_ENC_NBGRID 1
+#endif
 
 // Which block a CTA codes. By default block blockIdx.x: the look-back then waits only on
 // CTAs of lower index, which the hardware dispatches first (CTAs start in index order, as
@@ -1011,7 +1014,7 @@ __device__ void compress_kernel(const uint8_t* in, uint64_t n, uint32_t B, uint3
     } else {
         // read after phase 1's barriers. The grid is one CTA per block, so its size is the
         // block count: no 64-bit division by thread 0 before its loads (BFX_ENC_NBGRID; H200,
-        // twenty-third session, against the division: two tiers +0.7-1.3 %, one tier +0-0.5 %)
+        // twenty-third session, against the division: two tiers +0-1.3 %, one tier +0-0.5 %)
         if (tid == 0) sm.nblocks = BFX_ENC_NBGRID ? (uint64_t)gridDim.x : (n + B - 1) / B;
         stagger_start<T1>(blockIdx.x, flags);
     }
