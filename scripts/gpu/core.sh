@@ -19,7 +19,7 @@ for t in carry/tests/*; do
   n=$(basename "$t")
   case "$n" in
     codec_*) continue ;;   # scripts/gpu/codec.sh runs those
-    plan_cli) continue ;;  # execs the build machine's target/ path; CPU-only anyway
+    plan_cli|zip_cli) continue ;;  # exec the build machine's target/ paths; CPU-only anyway
   esac
   case " ${CORE_SKIP:-} " in *" $n "*) echo "test $n: skipped (CORE_SKIP)"; continue ;; esac
   # Host-backend and plain tests first, then the same bodies on CUDA (the ignored ones).
