@@ -1,5 +1,6 @@
 //! Kernel launches from the embedded fatbin: the module is loaded on the first launch, once
-//! per device, and functions are looked up once by name.
+//! per CUDA context (every `CudaDevice` of that context shares it), with all its functions,
+//! and functions are looked up once per device by name.
 use super::driver::{check, error_name};
 use super::fatbin;
 use super::{cu_stream, lock, CudaDevice};
@@ -7,6 +8,7 @@ use crate::device::{kernels, DevPtr, StreamHandle};
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use std::collections::HashMap;
+use std::sync::Mutex;
 use std::ffi::{c_void, CString};
 
 /// The loaded module and the functions found in it. Raw driver handles, valid while the
@@ -14,6 +16,8 @@ use std::ffi::{c_void, CString};
 #[derive(Default)]
 pub(super) struct KernelCache {
     module: Option<sys::CUmodule>,
+    /// The context the module was loaded into (the key of SHARED_MODULES).
+    ctx: usize,
     funcs: HashMap<String, sys::CUfunction>,
     /// Dynamic shared memory allowed per function (only those above STATIC_SMEM_LIMIT).
     smem_allowed: HashMap<String, u32>,
@@ -32,17 +36,40 @@ unsafe impl Send for KernelCache {}
 
 const OP: &str = "CudaDevice::launch";
 
+/// The module of each context (by its CUcontext), with the number of devices using it.
+/// Ranks that are threads of one process open one `CudaDevice` each on the same GPU, hence
+/// in the same (primary) context. Loading a module, or lazily one of its functions, may wait
+/// for the context's streams (H200, driver 580: a second rank's `cuModuleLoadData` never
+/// returned while the first rank's stream waited in an AllGather for that second rank), so
+/// the module is loaded once per context, with every function, and later users only take it.
+static SHARED_MODULES: Mutex<Vec<(usize, usize, usize)>> = Mutex::new(Vec::new());
+
 impl CudaDevice {
-    /// The module, loaded first if needed. The context must be current.
+    /// The module, loaded first if needed (or taken from another device of the same
+    /// context). The context must be current.
     fn module(cache: &mut KernelCache) -> Result<sys::CUmodule> {
-        match cache.module {
-            Some(m) => Ok(m),
+        if let Some(m) = cache.module {
+            return Ok(m);
+        }
+        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; the caller made this device's context current.
+        check(OP, "cuCtxGetCurrent", unsafe { sys::cuCtxGetCurrent(&mut ctx) })?;
+        let key = ctx as usize;
+        let mut shared = lock(&SHARED_MODULES);
+        let m = match shared.iter_mut().find(|e| e.0 == key) {
+            Some(e) => {
+                e.2 += 1;
+                e.1 as sys::CUmodule
+            }
             None => {
                 let m = load_module()?;
-                cache.module = Some(m);
-                Ok(m)
+                shared.push((key, m as usize, 1));
+                m
             }
-        }
+        };
+        cache.module = Some(m);
+        cache.ctx = key;
+        Ok(m)
     }
 
     /// The function `name`, loading the module first if needed. The context must be current.
@@ -267,11 +294,23 @@ impl CudaDevice {
     }
 
     /// Unload the module (device drop; the context is current or being torn down).
+    /// Give this device's use of the module back; the last device of the context unloads it.
     pub(super) fn unload_module(&self) {
         let mut cache = lock(&self.kernels);
         cache.funcs.clear();
         if let Some(m) = cache.module.take() {
-            // SAFETY: m was loaded by cuModuleLoadData and is unloaded once.
+            let mut shared = lock(&SHARED_MODULES);
+            let Some(i) = shared.iter().position(|e| e.0 == cache.ctx && e.1 == m as usize) else {
+                log::warn!("hoccl: the kernel module of this device is not in the shared table");
+                return;
+            };
+            shared[i].2 -= 1;
+            if shared[i].2 > 0 {
+                return;
+            }
+            shared.swap_remove(i);
+            // SAFETY: m was loaded by cuModuleLoadData, and no other device of its context
+            // uses it any more; it is unloaded once.
             let r = unsafe { sys::cuModuleUnload(m) };
             if r != sys::CUresult::CUDA_SUCCESS {
                 log::warn!("hoccl: cuModuleUnload failed: {}", error_name(r));
@@ -322,6 +361,46 @@ fn load_module() -> Result<sys::CUmodule> {
     // cuModuleLoadData returns (the driver copies it); valid out-pointer.
     check(OP, "cuModuleLoadData", unsafe { sys::cuModuleLoadData(&mut m, image) })?;
     kernels::note_module_loaded();
+    load_functions(m);
     log::debug!("kernel module loaded");
     Ok(m)
+}
+
+/// Under lazy loading (the driver's default), load every function of `m` now rather than at
+/// its first use, which may come while another rank's stream in this context waits for the
+/// thread that uses it (see SHARED_MODULES). Best effort: drivers before CUDA 12.4 lack
+/// these calls (and load eagerly by default), and a failure here resurfaces at the launch.
+fn load_functions(m: sys::CUmodule) {
+    const CALLS: [&str; 4] = ["cuModuleGetLoadingMode", "cuModuleGetFunctionCount", "cuModuleEnumerateFunctions", "cuFuncLoad"];
+    if !super::driver::has_symbols(&CALLS) {
+        return;
+    }
+    let mut mode = sys::CUmoduleLoadingMode::CU_MODULE_EAGER_LOADING;
+    // SAFETY: valid out-pointer; the symbol is present (checked above).
+    if unsafe { sys::cuModuleGetLoadingMode(&mut mode) } != sys::CUresult::CUDA_SUCCESS
+        || mode != sys::CUmoduleLoadingMode::CU_MODULE_LAZY_LOADING
+    {
+        return;
+    }
+    let mut n: std::ffi::c_uint = 0;
+    // SAFETY: m is a module loaded in the current context; valid out-pointer.
+    let r = unsafe { sys::cuModuleGetFunctionCount(&mut n, m) };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        log::warn!("hoccl: cuModuleGetFunctionCount failed: {}", error_name(r));
+        return;
+    }
+    let mut funcs: Vec<sys::CUfunction> = vec![std::ptr::null_mut(); n as usize];
+    // SAFETY: funcs holds n slots, as the driver is told.
+    let r = unsafe { sys::cuModuleEnumerateFunctions(funcs.as_mut_ptr(), n, m) };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        log::warn!("hoccl: cuModuleEnumerateFunctions failed: {}", error_name(r));
+        return;
+    }
+    for f in funcs {
+        // SAFETY: f is a function of m, enumerated by the driver just above.
+        let r = unsafe { sys::cuFuncLoad(f) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            log::warn!("hoccl: cuFuncLoad failed: {}", error_name(r));
+        }
+    }
 }
