@@ -42,7 +42,39 @@ const OP: &str = "CudaDevice::launch";
 /// for the context's streams (H200, driver 580: a second rank's `cuModuleLoadData` never
 /// returned while the first rank's stream waited in an AllGather for that second rank), so
 /// the module is loaded once per context, with every function, and later users only take it.
-static SHARED_MODULES: Mutex<Vec<(usize, usize, usize)>> = Mutex::new(Vec::new());
+static SHARED_MODULES: Mutex<ModuleTable> = Mutex::new(ModuleTable { entries: Vec::new() });
+
+/// Modules by context (raw handles as integers), each with the number of devices using it.
+pub(super) struct ModuleTable {
+    /// (context, module, users)
+    entries: Vec<(usize, usize, usize)>,
+}
+
+impl ModuleTable {
+    /// The module of `ctx`, one more user; `load` makes it when the context has none (its
+    /// error is returned and nothing is recorded).
+    pub(super) fn acquire(&mut self, ctx: usize, load: impl FnOnce() -> Result<usize>) -> Result<usize> {
+        if let Some(e) = self.entries.iter_mut().find(|e| e.0 == ctx) {
+            e.2 += 1;
+            return Ok(e.1);
+        }
+        let m = load()?;
+        self.entries.push((ctx, m, 1));
+        Ok(m)
+    }
+
+    /// One user of `ctx`'s module `m` fewer: Some(m) when it was the last, to unload; None
+    /// while others use it, or when `m` is not the module recorded for `ctx`.
+    pub(super) fn release(&mut self, ctx: usize, m: usize) -> Option<usize> {
+        let i = self.entries.iter().position(|e| e.0 == ctx && e.1 == m)?;
+        self.entries[i].2 -= 1;
+        if self.entries[i].2 > 0 {
+            return None;
+        }
+        self.entries.swap_remove(i);
+        Some(m)
+    }
+}
 
 impl CudaDevice {
     /// The module, loaded first if needed (or taken from another device of the same
@@ -55,18 +87,7 @@ impl CudaDevice {
         // SAFETY: valid out-pointer; the caller made this device's context current.
         check(OP, "cuCtxGetCurrent", unsafe { sys::cuCtxGetCurrent(&mut ctx) })?;
         let key = ctx as usize;
-        let mut shared = lock(&SHARED_MODULES);
-        let m = match shared.iter_mut().find(|e| e.0 == key) {
-            Some(e) => {
-                e.2 += 1;
-                e.1 as sys::CUmodule
-            }
-            None => {
-                let m = load_module()?;
-                shared.push((key, m as usize, 1));
-                m
-            }
-        };
+        let m = lock(&SHARED_MODULES).acquire(key, || load_module().map(|m| m as usize))? as sys::CUmodule;
         cache.module = Some(m);
         cache.ctx = key;
         Ok(m)
@@ -299,16 +320,9 @@ impl CudaDevice {
         let mut cache = lock(&self.kernels);
         cache.funcs.clear();
         if let Some(m) = cache.module.take() {
-            let mut shared = lock(&SHARED_MODULES);
-            let Some(i) = shared.iter().position(|e| e.0 == cache.ctx && e.1 == m as usize) else {
-                log::warn!("hoccl: the kernel module of this device is not in the shared table");
-                return;
-            };
-            shared[i].2 -= 1;
-            if shared[i].2 > 0 {
-                return;
+            if lock(&SHARED_MODULES).release(cache.ctx, m as usize).is_none() {
+                return;  // other devices of the context still use it
             }
-            shared.swap_remove(i);
             // SAFETY: m was loaded by cuModuleLoadData, and no other device of its context
             // uses it any more; it is unloaded once.
             let r = unsafe { sys::cuModuleUnload(m) };
@@ -402,5 +416,44 @@ fn load_functions(m: sys::CUmodule) {
         if r != sys::CUresult::CUDA_SUCCESS {
             log::warn!("hoccl: cuFuncLoad failed: {}", error_name(r));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ModuleTable;
+    use crate::error::Error;
+
+    #[test]
+    fn one_module_per_context_unloaded_by_its_last_user() {
+        let mut t = ModuleTable { entries: Vec::new() };
+        let loads = std::cell::Cell::new(0);
+        let load = |m: usize| {
+            let loads = &loads;
+            move || {
+                loads.set(loads.get() + 1);
+                Ok(m)
+            }
+        };
+        assert_eq!(t.acquire(1, load(10)).unwrap(), 10);
+        assert_eq!(t.acquire(1, load(11)).unwrap(), 10, "the second device of context 1 takes its module");
+        assert_eq!(t.acquire(2, load(20)).unwrap(), 20, "another context loads its own");
+        assert_eq!(loads.get(), 2, "one load per context");
+        assert_eq!(t.release(1, 10), None, "one user of context 1 left");
+        assert_eq!(t.release(2, 20), Some(20));
+        assert_eq!(t.release(1, 99), None, "not context 1's module");
+        assert_eq!(t.release(1, 10), Some(10));
+        assert_eq!(t.release(1, 10), None, "already unloaded");
+        assert!(t.entries.is_empty());
+        assert_eq!(t.acquire(1, load(12)).unwrap(), 12, "loaded again after the last user left");
+        assert_eq!(loads.get(), 3);
+    }
+
+    #[test]
+    fn a_failed_load_records_nothing() {
+        let mut t = ModuleTable { entries: Vec::new() };
+        assert!(t.acquire(1, || Err(Error::invalid_arg("test", "no module"))).is_err());
+        assert!(t.entries.is_empty());
+        assert_eq!(t.acquire(1, || Ok(7)).unwrap(), 7);
     }
 }
