@@ -314,8 +314,8 @@ impl CudaDevice {
             .map_err(|e| e.with_op("Device::fill_pattern_async"))
     }
 
-    /// Unload the module (device drop; the context is current or being torn down).
-    /// Give this device's use of the module back; the last device of the context unloads it.
+    /// Give this device's use of the module back; the last device of the context unloads it
+    /// (device drop; the context is current or being torn down).
     pub(super) fn unload_module(&self) {
         let mut cache = lock(&self.kernels);
         cache.funcs.clear();
