@@ -444,13 +444,17 @@ fn load_functions(m: sys::CUmodule) {
         log::warn!("hoccl: cuModuleEnumerateFunctions failed: {}", error_name(r));
         return;
     }
+    let mut loaded = 0;
     for f in funcs {
         // SAFETY: f is a function of m, enumerated by the driver just above.
         let r = unsafe { sys::cuFuncLoad(f) };
-        if r != sys::CUresult::CUDA_SUCCESS {
+        if r == sys::CUresult::CUDA_SUCCESS {
+            loaded += 1;
+        } else {
             log::warn!("hoccl: cuFuncLoad failed: {}", error_name(r));
         }
     }
+    log::debug!("lazy module loading: {loaded} of {n} functions loaded with the module");
 }
 
 #[cfg(test)]
