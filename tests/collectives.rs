@@ -257,7 +257,9 @@ fn gather_scatter(b: Backend) {
                         "non-root receive buffer untouched"
                     );
                 }
-                // scatter
+                // scatter: another rank may already wait in it for this one, and allocation
+                // can wait for its stream (one context; see `quiesce`)
+                quiesce(c);
                 let send = Buf::new(&dev, len * n, 3, 3);
                 let recv = Buf::new(&dev, len, 4, 4);
                 if r == sh.root {
@@ -373,7 +375,8 @@ fn back_to_back(b: Backend) {
         for p in 0..n {
             assert_eq!(wrong(&got, p * len, len, seed_of(1, p, 0)), 0, "slot {p}");
         }
-        // Three streams interleaved, independent buffers.
+        // Three streams interleaved, independent buffers (allocated once no rank waits).
+        quiesce(c);
         let streams: Vec<_> = (0..3).map(|_| dev.create_stream().unwrap()).collect();
         let bufs: Vec<_> = (0..3)
             .map(|k| Buf::new(&dev, len * n, k, 10 + k as u64))
@@ -500,6 +503,8 @@ fn two_communicators_rank(
             0,
             "last broadcast came from root 0"
         );
+        // The buffers are freed (and the device closed) only once every rank is idle.
+        quiesce(&c2);
     }
 }
 

@@ -54,8 +54,13 @@ where
                     let comm = Communicator::with_bootstrap(Box::new(b), Some(dev), cfg)
                         .expect("communicator");
                     f(&comm);
-                    comm.wait_idle().ok();
-                    free_deferred();
+                    // Free only once no rank of the group has a collective pending: cuMemFree
+                    // waits for every stream of the context while holding a driver lock that
+                    // the other ranks' proxies need to issue their copies (H200: a rank that
+                    // freed as soon as its own ops were done hung the group for good).
+                    if comm.wait_idle().is_ok() && comm.bootstrap().barrier().is_ok() {
+                        free_deferred();
+                    }
                 })
                 .unwrap()
         })

@@ -93,6 +93,18 @@ fn load_library() -> Result<()> {
     Ok(())
 }
 
+/// Whether libcuda has every one of `names` (optional calls of newer drivers). False when
+/// the library is not loaded yet.
+pub(crate) fn has_symbols(names: &[&str]) -> bool {
+    if !LIB_READY.load(Ordering::Acquire) {
+        return false;
+    }
+    // SAFETY: the library is loaded (LIB_READY); a symbol is only looked up, never called.
+    let lib = unsafe { sys::culib() };
+    // SAFETY: as above.
+    names.iter().all(|name| unsafe { lib.get::<usize>(*name) }.is_ok())
+}
+
 /// Load libcuda and run `cuInit(0)`, once per process. Never panics: no driver, an old
 /// driver or a failing `cuInit` (e.g. `CUDA_ERROR_NO_DEVICE`) is `Error::NoDevice` with the
 /// reason.

@@ -1,5 +1,6 @@
-//! Kernel launches from the embedded fatbin: the module is loaded on the first launch, once
-//! per device, and functions are looked up once by name.
+//! Kernel launches from the embedded fatbin: the module is loaded when the first device of a
+//! CUDA context opens, once per context (every `CudaDevice` of that context shares it), with
+//! all its functions, and functions are looked up once per device by name.
 use super::driver::{check, error_name};
 use super::fatbin;
 use super::{cu_stream, lock, CudaDevice};
@@ -7,12 +8,14 @@ use crate::device::{kernels, DevPtr, StreamHandle};
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use std::collections::HashMap;
+use std::sync::Mutex;
 use std::ffi::{c_void, CString};
 
 /// The loaded module and the functions found in it. Raw driver handles, valid while the
 /// device's context lives; only touched under the device's mutex.
 #[derive(Default)]
 pub(super) struct KernelCache {
+    /// The context's module (SHARED_MODULES), once this device has asked for it.
     module: Option<sys::CUmodule>,
     funcs: HashMap<String, sys::CUfunction>,
     /// Dynamic shared memory allowed per function (only those above STATIC_SMEM_LIMIT).
@@ -32,17 +35,98 @@ unsafe impl Send for KernelCache {}
 
 const OP: &str = "CudaDevice::launch";
 
-impl CudaDevice {
-    /// The module, loaded first if needed. The context must be current.
-    fn module(cache: &mut KernelCache) -> Result<sys::CUmodule> {
-        match cache.module {
-            Some(m) => Ok(m),
+/// The open devices and the module of each context (by its CUcontext). Ranks that are
+/// threads of one process open one `CudaDevice` each on the same GPU, hence in the same
+/// (primary) context. Loading a module, or lazily one of its functions, may wait for the
+/// context's streams (H200, driver 580: a rank's `cuModuleLoadData` never returned while
+/// another rank's stream waited in a collective for it). So a context has one module, with
+/// every function loaded, and when a second device opens in a context the module is loaded
+/// there and then (`open_device`), before any communicator of these devices can have a
+/// collective pending. Loading it at the first launch instead blocked the root of a
+/// Broadcast, filling its send buffer, while the other ranks' streams already waited for it
+/// (H200, 2 thread ranks: until the 10 s timeout). A context with one device (one rank per
+/// process, the usual case) loads the module only if a kernel is launched.
+static SHARED_MODULES: Mutex<ModuleTable> = Mutex::new(ModuleTable { entries: Vec::new() });
+
+/// Per context (raw handles as integers): the devices open in it and its module, if loaded.
+pub(super) struct ModuleTable {
+    entries: Vec<CtxModule>,
+}
+
+struct CtxModule {
+    ctx: usize,
+    devices: usize,
+    module: Option<usize>,
+}
+
+impl ModuleTable {
+    /// One more device open in `ctx`; returns how many are open there now.
+    pub(super) fn open_device(&mut self, ctx: usize) -> usize {
+        match self.entries.iter_mut().find(|e| e.ctx == ctx) {
+            Some(e) => {
+                e.devices += 1;
+                e.devices
+            }
             None => {
-                let m = load_module()?;
-                cache.module = Some(m);
-                Ok(m)
+                self.entries.push(CtxModule { ctx, devices: 1, module: None });
+                1
             }
         }
+    }
+
+    /// The module of `ctx`; `load` makes it when the context has none yet (its error is
+    /// returned and nothing is recorded). An error too when no device is open in `ctx`.
+    pub(super) fn module(&mut self, ctx: usize, load: impl FnOnce() -> Result<usize>) -> Result<usize> {
+        let e = self
+            .entries
+            .iter_mut()
+            .find(|e| e.ctx == ctx)
+            .ok_or_else(|| Error::invalid_arg(OP, "kernel module asked for in a context with no open device"))?;
+        if let Some(m) = e.module {
+            return Ok(m);
+        }
+        let m = load()?;
+        e.module = Some(m);
+        Ok(m)
+    }
+
+    /// One device of `ctx` fewer: its module to unload when that was the last device and a
+    /// module was loaded; None otherwise (and for a context not in the table).
+    pub(super) fn close_device(&mut self, ctx: usize) -> Option<usize> {
+        let i = self.entries.iter().position(|e| e.ctx == ctx)?;
+        self.entries[i].devices -= 1;
+        if self.entries[i].devices > 0 {
+            return None;
+        }
+        self.entries.swap_remove(i).module
+    }
+}
+
+impl CudaDevice {
+    /// Register this newly opened device in its context's entry of SHARED_MODULES, and
+    /// when another device already shares the context, take the module now. A load failure
+    /// (a GPU the fatbin has no code for) is not fatal here: copy-engine collectives need no
+    /// kernel, and the error returns at the first launch.
+    pub(super) fn register_module_user(&self) {
+        let key = self.ctx.ctx as usize;
+        if lock(&SHARED_MODULES).open_device(key) < 2 {
+            return;
+        }
+        let r = self.enter("CudaDevice::open").and_then(|_g| Self::module(key, &mut lock(&self.kernels)).map(|_| ()));
+        if let Err(e) = r {
+            log::info!("hoccl: GPU {}: kernel module not loaded at open ({e}); kernels will fail", self.info.ordinal);
+        }
+    }
+
+    /// The module of context `key` (this device's), loaded first if the context has none.
+    /// The context must be current.
+    fn module(key: usize, cache: &mut KernelCache) -> Result<sys::CUmodule> {
+        if let Some(m) = cache.module {
+            return Ok(m);
+        }
+        let m = lock(&SHARED_MODULES).module(key, || load_module().map(|m| m as usize))? as sys::CUmodule;
+        cache.module = Some(m);
+        Ok(m)
     }
 
     /// The function `name`, loading the module first if needed. The context must be current.
@@ -51,7 +135,7 @@ impl CudaDevice {
         if let Some(&f) = cache.funcs.get(name) {
             return Ok(f);
         }
-        let module = Self::module(&mut cache)?;
+        let module = Self::module(self.ctx.ctx as usize, &mut cache)?;
         let cname = CString::new(name).map_err(|_| Error::invalid_arg(OP, format!("kernel name {name:?} contains NUL")))?;
         let mut f: sys::CUfunction = std::ptr::null_mut();
         // SAFETY: module is loaded in the current context; valid out-pointer and C string.
@@ -64,8 +148,8 @@ impl CudaDevice {
         Ok(f)
     }
 
-    /// Launch kernel `name` from the embedded fatbin on stream `s` (module loaded lazily,
-    /// once per device; every launch counted by `kernels::note_launch`). `dependent`:
+    /// Launch kernel `name` from the embedded fatbin on stream `s` (module taken when the
+    /// device opened, or here if that failed; every launch counted by `kernels::note_launch`). `dependent`:
     /// programmatic dependent launch allowed, so the kernel may start before the stream's
     /// previous kernel has finished, once every CTA of that kernel has started and executed
     /// `griddepcontrol.launch_dependents` (or exited).
@@ -142,8 +226,8 @@ impl CudaDevice {
 
     /// The address and size of the module's global `name`, None when the module has none.
     /// The context must be current.
-    fn global_ptr(cache: &mut KernelCache, name: &str) -> Result<Option<(sys::CUdeviceptr, usize)>> {
-        let module = Self::module(cache)?;
+    fn global_ptr(key: usize, cache: &mut KernelCache, name: &str) -> Result<Option<(sys::CUdeviceptr, usize)>> {
+        let module = Self::module(key, cache)?;
         let cname = CString::new(name).map_err(|_| Error::invalid_arg(OP, format!("global name {name:?} contains NUL")))?;
         let (mut dptr, mut bytes): (sys::CUdeviceptr, usize) = (0, 0);
         // SAFETY: module is loaded in the current context; valid out-pointers and C string.
@@ -170,7 +254,7 @@ impl CudaDevice {
         }
         let _g = self.enter(OP)?;
         let mut cache = lock(&self.kernels);
-        let Some((dptr, bytes)) = Self::global_ptr(&mut cache, name)? else {
+        let Some((dptr, bytes)) = Self::global_ptr(self.ctx.ctx as usize, &mut cache, name)? else {
             cache.globals.insert(name.to_string(), None);
             return Ok(None);
         };
@@ -191,7 +275,7 @@ impl CudaDevice {
         // The kernel cache's lock only for the lookup, not across the copy, which waits for
         // the device (launches on other threads take that lock); the module stays loaded
         // until the device drops.
-        let Some((dptr, bytes)) = Self::global_ptr(&mut lock(&self.kernels), name)? else {
+        let Some((dptr, bytes)) = Self::global_ptr(self.ctx.ctx as usize, &mut lock(&self.kernels), name)? else {
             return Ok(None);
         };
         let mut v = vec![0u8; bytes];
@@ -266,13 +350,16 @@ impl CudaDevice {
             .map_err(|e| e.with_op("Device::fill_pattern_async"))
     }
 
-    /// Unload the module (device drop; the context is current or being torn down).
+    /// Leave the context's entry of SHARED_MODULES; the last device of the context unloads
+    /// the module (device drop; the context is current or being torn down).
     pub(super) fn unload_module(&self) {
         let mut cache = lock(&self.kernels);
         cache.funcs.clear();
-        if let Some(m) = cache.module.take() {
-            // SAFETY: m was loaded by cuModuleLoadData and is unloaded once.
-            let r = unsafe { sys::cuModuleUnload(m) };
+        cache.module = None;
+        if let Some(m) = lock(&SHARED_MODULES).close_device(self.ctx.ctx as usize) {
+            // SAFETY: m was loaded by cuModuleLoadData into this context, whose devices have
+            // all closed; it is unloaded once (the table forgot it).
+            let r = unsafe { sys::cuModuleUnload(m as sys::CUmodule) };
             if r != sys::CUresult::CUDA_SUCCESS {
                 log::warn!("hoccl: cuModuleUnload failed: {}", error_name(r));
             }
@@ -322,6 +409,96 @@ fn load_module() -> Result<sys::CUmodule> {
     // cuModuleLoadData returns (the driver copies it); valid out-pointer.
     check(OP, "cuModuleLoadData", unsafe { sys::cuModuleLoadData(&mut m, image) })?;
     kernels::note_module_loaded();
+    load_functions(m);
     log::debug!("kernel module loaded");
     Ok(m)
+}
+
+/// Under lazy loading (the driver's default), load every function of `m` now rather than at
+/// its first use, which may come while another rank's stream in this context waits for the
+/// thread that uses it (see SHARED_MODULES). Best effort: drivers before CUDA 12.4 lack
+/// these calls (and load eagerly by default), and a failure here resurfaces at the launch.
+fn load_functions(m: sys::CUmodule) {
+    const CALLS: [&str; 4] = ["cuModuleGetLoadingMode", "cuModuleGetFunctionCount", "cuModuleEnumerateFunctions", "cuFuncLoad"];
+    if !super::driver::has_symbols(&CALLS) {
+        return;
+    }
+    let mut mode = sys::CUmoduleLoadingMode::CU_MODULE_EAGER_LOADING;
+    // SAFETY: valid out-pointer; the symbol is present (checked above).
+    if unsafe { sys::cuModuleGetLoadingMode(&mut mode) } != sys::CUresult::CUDA_SUCCESS
+        || mode != sys::CUmoduleLoadingMode::CU_MODULE_LAZY_LOADING
+    {
+        return;
+    }
+    let mut n: std::ffi::c_uint = 0;
+    // SAFETY: m is a module loaded in the current context; valid out-pointer.
+    let r = unsafe { sys::cuModuleGetFunctionCount(&mut n, m) };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        log::warn!("hoccl: cuModuleGetFunctionCount failed: {}", error_name(r));
+        return;
+    }
+    let mut funcs: Vec<sys::CUfunction> = vec![std::ptr::null_mut(); n as usize];
+    // SAFETY: funcs holds n slots, as the driver is told.
+    let r = unsafe { sys::cuModuleEnumerateFunctions(funcs.as_mut_ptr(), n, m) };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        log::warn!("hoccl: cuModuleEnumerateFunctions failed: {}", error_name(r));
+        return;
+    }
+    let mut loaded = 0;
+    for f in funcs {
+        // SAFETY: f is a function of m, enumerated by the driver just above.
+        let r = unsafe { sys::cuFuncLoad(f) };
+        if r == sys::CUresult::CUDA_SUCCESS {
+            loaded += 1;
+        } else {
+            log::warn!("hoccl: cuFuncLoad failed: {}", error_name(r));
+        }
+    }
+    log::debug!("lazy module loading: {loaded} of {n} functions loaded with the module");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ModuleTable;
+    use crate::error::Error;
+
+    #[test]
+    fn one_module_per_context_unloaded_with_its_last_device() {
+        let mut t = ModuleTable { entries: Vec::new() };
+        let loads = std::cell::Cell::new(0);
+        let load = |m: usize| {
+            let loads = &loads;
+            move || {
+                loads.set(loads.get() + 1);
+                Ok(m)
+            }
+        };
+        assert_eq!(t.open_device(1), 1);
+        assert_eq!(t.open_device(1), 2, "a second device in context 1 (the caller loads now)");
+        assert_eq!(t.open_device(2), 1, "another context counts its own devices");
+        assert_eq!(t.module(1, load(10)).unwrap(), 10);
+        assert_eq!(t.module(1, load(11)).unwrap(), 10, "context 1's other device takes its module");
+        assert_eq!(t.module(2, load(20)).unwrap(), 20, "another context loads its own");
+        assert_eq!(loads.get(), 2, "one load per context");
+        assert_eq!(t.close_device(1), None, "one device of context 1 still open");
+        assert_eq!(t.close_device(2), Some(20), "context 2's last device unloads");
+        assert_eq!(t.close_device(1), Some(10));
+        assert_eq!(t.close_device(1), None, "context 1 is gone");
+        assert!(t.entries.is_empty());
+        assert!(t.module(1, load(12)).is_err(), "no device open in context 1");
+        assert_eq!(t.open_device(1), 1);
+        assert_eq!(t.close_device(1), None, "no module was loaded: nothing to unload");
+        assert_eq!(t.open_device(1), 1);
+        assert_eq!(t.module(1, load(13)).unwrap(), 13, "loaded again after the last device left");
+        assert_eq!(loads.get(), 3);
+    }
+
+    #[test]
+    fn a_failed_load_records_nothing() {
+        let mut t = ModuleTable { entries: Vec::new() };
+        t.open_device(1);
+        assert!(t.module(1, || Err(Error::invalid_arg("test", "no module"))).is_err());
+        assert_eq!(t.module(1, || Ok(7)).unwrap(), 7, "the next use tries again");
+        assert_eq!(t.close_device(1), Some(7));
+    }
 }

@@ -102,7 +102,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl CudaDevice {
-    /// Open GPU `ordinal`: load the driver if needed and retain its primary context.
+    /// Open GPU `ordinal`: load the driver if needed, retain its primary context; when
+    /// another device of this process shares that context, load its kernel module now (see
+    /// `kernel::SHARED_MODULES`).
     /// `NoDevice` without a driver or when `ordinal` is not a GPU of this host.
     pub fn open(ordinal: usize) -> Result<CudaDevice> {
         const OP: &str = "CudaDevice::open";
@@ -121,13 +123,15 @@ impl CudaDevice {
         if !info.stream_mem_ops_64 {
             log::info!("hoccl: GPU {ordinal} has no 64-bit stream memory operations; using the 32-bit fallback");
         }
-        Ok(CudaDevice {
+        let d = CudaDevice {
             ctx,
             info,
             streams: Mutex::new(HashSet::new()),
             imports: Mutex::new(HashMap::new()),
             kernels: Mutex::new(kernel::KernelCache::default()),
-        })
+        };
+        d.register_module_user();
+        Ok(d)
     }
 
     /// What the driver reports about this GPU.
