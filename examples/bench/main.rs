@@ -118,8 +118,8 @@ fn launch_accounting(ctx: &Ctx) -> Res<(Json, bool)> {
     s += &format!("# hoccl kernel module (fatbin) loaded on {loaded} of {} ranks", ctx.n);
     if !ctx.cuda {
         s += " (host backend: there are no kernels)";
-    } else if loaded == 0 {
-        s += ": the collectives never even loaded hoccl's kernels";
+    } else {
+        s += " (at device open, before any collective; loading runs no kernel)";
     }
     say(ctx, &(s + "\n"));
     let j = Json::obj(vec![

@@ -35,17 +35,16 @@ unsafe impl Send for KernelCache {}
 
 const OP: &str = "CudaDevice::launch";
 
-/// The open devices and the module of each context (by its CUcontext). Ranks that are
-/// threads of one process open one `CudaDevice` each on the same GPU, hence in the same
-/// (primary) context. Loading a module, or lazily one of its functions, may wait for the
-/// context's streams (H200, driver 580: a rank's `cuModuleLoadData` never returned while
-/// another rank's stream waited in a collective for it). So a context has one module, with
-/// every function loaded, and when a second device opens in a context the module is loaded
-/// there and then (`open_device`), before any communicator of these devices can have a
-/// collective pending. Loading it at the first launch instead blocked the root of a
-/// Broadcast, filling its send buffer, while the other ranks' streams already waited for it
-/// (H200, 2 thread ranks: until the 10 s timeout). A context with one device (one rank per
-/// process, the usual case) loads the module only if a kernel is launched.
+/// The open devices and the module of each context (by its CUcontext). Loading a module, or
+/// lazily one of its functions, may wait for the context's streams: on the H200 (driver
+/// 580) a thread rank's `cuModuleLoadData` at its first launch (the root of a Broadcast
+/// filling its send buffer) never returned while another rank's stream waited in the
+/// collective for it, until the 10 s timeout. So a context has one module, with every
+/// function loaded, loaded when the context's first device opens (`register_module_user`),
+/// when no collective of hoccl can be pending in it yet; later devices of the context (ranks
+/// that are threads on one GPU, further communicators, the codec's devices) share it, and
+/// the last device to close unloads it. Loading runs no kernel: the copy-engine
+/// collectives still launch none (`kernels::launch_count`).
 static SHARED_MODULES: Mutex<ModuleTable> = Mutex::new(ModuleTable { entries: Vec::new() });
 
 /// Per context (raw handles as integers): the devices open in it and its module, if loaded.
@@ -103,15 +102,13 @@ impl ModuleTable {
 }
 
 impl CudaDevice {
-    /// Register this newly opened device in its context's entry of SHARED_MODULES, and
-    /// when another device already shares the context, take the module now. A load failure
-    /// (a GPU the fatbin has no code for) is not fatal here: copy-engine collectives need no
-    /// kernel, and the error returns at the first launch.
+    /// Register this newly opened device in its context's entry of SHARED_MODULES and take
+    /// the context's module, loading it if this is the context's first device. A load
+    /// failure (a GPU the fatbin has no code for) is not fatal here: copy-engine collectives
+    /// need no kernel, and the error returns at the first launch.
     pub(super) fn register_module_user(&self) {
         let key = self.ctx.ctx as usize;
-        if lock(&SHARED_MODULES).open_device(key) < 2 {
-            return;
-        }
+        lock(&SHARED_MODULES).open_device(key);
         let r = self.enter("CudaDevice::open").and_then(|_g| Self::module(key, &mut lock(&self.kernels)).map(|_| ()));
         if let Err(e) = r {
             log::info!("hoccl: GPU {}: kernel module not loaded at open ({e}); kernels will fail", self.info.ordinal);
@@ -474,7 +471,7 @@ mod tests {
             }
         };
         assert_eq!(t.open_device(1), 1);
-        assert_eq!(t.open_device(1), 2, "a second device in context 1 (the caller loads now)");
+        assert_eq!(t.open_device(1), 2, "a second device in context 1");
         assert_eq!(t.open_device(2), 1, "another context counts its own devices");
         assert_eq!(t.module(1, load(10)).unwrap(), 10);
         assert_eq!(t.module(1, load(11)).unwrap(), 10, "context 1's other device takes its module");

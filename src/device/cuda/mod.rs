@@ -102,8 +102,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl CudaDevice {
-    /// Open GPU `ordinal`: load the driver if needed, retain its primary context; when
-    /// another device of this process shares that context, load its kernel module now (see
+    /// Open GPU `ordinal`: load the driver if needed, retain its primary context and
+    /// take the context's kernel module, loaded by the context's first device (see
     /// `kernel::SHARED_MODULES`).
     /// `NoDevice` without a driver or when `ordinal` is not a GPU of this host.
     pub fn open(ordinal: usize) -> Result<CudaDevice> {
