@@ -59,6 +59,7 @@ fn all_gather(b: Backend) {
                 let sendbuf =
                     (!sh.in_place).then(|| Buf::new(&dev, len, mine.below(64) as usize, 5));
                 let send = sendbuf.as_ref().map_or(own, |b| b.ptr);
+                allocated(c);
                 dev.fill_pattern_async(s, send, len, seed_of(it, r, 0))
                     .unwrap();
                 c.all_gather(send, recv.ptr, sh.count, sh.dtype, s).unwrap();
@@ -92,6 +93,7 @@ fn all_to_all(b: Backend) {
                 let len = sh.count * sh.dtype.size();
                 let send = Buf::new(&dev, len * n, mine.below(64) as usize, 3);
                 let recv = Buf::new(&dev, len * n, mine.below(64) as usize, 4);
+                allocated(c);
                 for j in 0..n {
                     dev.fill_pattern_async(s, send.ptr.add(j * len), len, seed_of(it, r, j))
                         .unwrap();
@@ -150,6 +152,7 @@ fn all_to_allv(b: Backend) {
                 let rtotal = acc;
                 let send = Buf::new(&dev, stotal * es, 5, 1);
                 let recv = Buf::new(&dev, rtotal * es, 9, 2);
+                allocated(c);
                 for j in 0..n {
                     dev.fill_pattern_async(
                         s,
@@ -202,6 +205,7 @@ fn broadcast(b: Backend) {
                 let recv = Buf::new(&dev, len, mine.below(64) as usize, 8);
                 let sendbuf = (r == sh.root && !sh.in_place).then(|| Buf::new(&dev, len, 3, 9));
                 let send = sendbuf.as_ref().map_or(recv.ptr, |b| b.ptr);
+                allocated(c);
                 if r == sh.root {
                     dev.fill_pattern_async(s, send, len, seed_of(it, 99, 0))
                         .unwrap();
@@ -235,6 +239,7 @@ fn gather_scatter(b: Backend) {
                 // gather
                 let send = Buf::new(&dev, len, 1, 1);
                 let recv = Buf::new(&dev, len * n, 2, 2);
+                allocated(c);
                 dev.fill_pattern_async(s, send.ptr, len, seed_of(it, r, 5))
                     .unwrap();
                 c.gather(send.ptr, recv.ptr, sh.count, sh.dtype, sh.root, s)
@@ -262,6 +267,7 @@ fn gather_scatter(b: Backend) {
                 quiesce(c);
                 let send = Buf::new(&dev, len * n, 3, 3);
                 let recv = Buf::new(&dev, len, 4, 4);
+                allocated(c);
                 if r == sh.root {
                     for j in 0..n {
                         dev.fill_pattern_async(s, send.ptr.add(j * len), len, seed_of(it, j, 6))
@@ -308,9 +314,6 @@ fn send_recv_groups(b: Backend) {
                     .enumerate()
                     .filter(|(_, m)| m.0 == r || m.1 == r)
                     .collect();
-                if mine.is_empty() {
-                    continue; // not involved: point-to-point needs no call from this rank
-                }
                 let bufs: Vec<(usize, Buf, Option<Buf>)> = mine
                     .iter()
                     .map(|(i, m)| {
@@ -318,6 +321,10 @@ fn send_recv_groups(b: Backend) {
                         (*i, Buf::new(&dev, m.2, *i % 5, 2), sb)
                     })
                     .collect();
+                allocated(c);
+                if mine.is_empty() {
+                    continue; // not involved: point-to-point needs no call from this rank
+                }
                 c.group(|c| {
                     for (i, rb, sb) in &bufs {
                         let (src, dst, len) = msgs[*i];
@@ -360,6 +367,7 @@ fn back_to_back(b: Backend) {
         let a = Buf::new(&dev, len * n, 0, 1);
         let bb = Buf::new(&dev, len * n, 0, 2);
         let s = dev.create_stream().unwrap();
+        allocated(c);
         dev.fill_pattern_async(s, a.ptr.add(r * len), len, seed_of(1, r, 0))
             .unwrap();
         // AllGather then AlltoAll-identity shuffles: a -> b -> a ... 1000 times. An AllGather
@@ -381,6 +389,7 @@ fn back_to_back(b: Backend) {
         let bufs: Vec<_> = (0..3)
             .map(|k| Buf::new(&dev, len * n, k, 10 + k as u64))
             .collect();
+        allocated(c);
         for round in 0..30u64 {
             for (k, st) in streams.iter().enumerate() {
                 dev.fill_pattern_async(*st, bufs[k].ptr.add(r * len), len, seed_of(round, r, k))
@@ -420,6 +429,7 @@ fn stream_ordering(b: Backend) {
         let recv = Buf::new(&dev, len * n, 1, 2);
         let out = Buf::new(&dev, len * n, 0, 3);
         let s = dev.create_stream().unwrap();
+        allocated(c);
         for it in 0..20u64 {
             dev.fill_pattern_async(s, send.ptr, len, seed_of(it, r, 7))
                 .unwrap();
@@ -473,6 +483,7 @@ fn two_communicators_rank(
         let x = Buf::new(&dev, len * 3, 0, 1);
         let y = Buf::new(&dev, len * 3, 0, 2);
         let s = dev.create_stream().unwrap();
+        allocated(&c1);
         for it in 0..10u64 {
             dev.fill_pattern_async(s, x.ptr.add(r * len), len, seed_of(it, r, 1))
                 .unwrap();
@@ -517,6 +528,7 @@ fn stream_destroyed_first(b: Backend) {
             let (r, dev) = (c.rank(), c.device().clone());
             let buf = Buf::new(&dev, 2000, 0, 1);
             let s = dev.create_stream().unwrap();
+            allocated(c);
             dev.fill_pattern_async(s, buf.ptr.add(r * 1000), 1000, seed_of(round, r, 0)).unwrap();
             c.all_gather(buf.ptr.add(r * 1000), buf.ptr, 1000, DataType::U8, s).unwrap();
             sync(&dev, s);

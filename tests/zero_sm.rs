@@ -17,6 +17,7 @@ fn every_collective_without_kernels(b: Backend) {
         let recv = Buf::new(&dev, len * n, 0, 12);
         let data: Vec<u8> = (0..(len * n) as u64).map(|i| pattern_byte(seed_of(7, r, 0), i)).collect();
         dev.copy_from_host(send.ptr, &data).unwrap();
+        allocated(c);
         for _ in 0..3 {
             c.all_gather(send.ptr, recv.ptr, len, DataType::U8, s).unwrap();
             c.all_to_all(send.ptr, recv.ptr, len, DataType::U8, s).unwrap();

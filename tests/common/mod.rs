@@ -83,6 +83,14 @@ pub fn quiesce(c: &Communicator) {
     c.bootstrap().barrier().expect("barrier");
 }
 
+/// After this rank's allocations (which follow a `quiesce`): wait until every rank has made
+/// its own, so that no rank enqueues a collective, whose stream then waits for the others,
+/// while another rank still allocates (H200: a Broadcast's root, still allocating, timed
+/// out the other ranks once in ten runs).
+pub fn allocated(c: &Communicator) {
+    c.bootstrap().barrier().expect("barrier");
+}
+
 #[path = "rng.rs"]
 mod rng;
 #[allow(unused_imports)] // not every test binary that includes this module draws numbers
