@@ -18,6 +18,7 @@ use std::time::Duration;
 mod ce;
 mod proxy;
 pub mod streams;
+mod watchdog;
 
 /// One byte range of a transfer. `alloc` is the allocation holding `ptr` (None iff len 0).
 #[derive(Clone, Copy, Debug)]
@@ -56,6 +57,9 @@ pub struct Shared {
     /// Ops submitted / finished (succeeded or failed).
     pub submitted: AtomicU64,
     pub finished: AtomicU64,
+    /// Iterations of the proxy loop (it turns at least every 20 ms unless a call blocks it);
+    /// read by the watchdog.
+    pub heartbeat: AtomicU64,
 }
 
 impl Shared {
@@ -111,6 +115,7 @@ impl Engine {
         let (tx, rx) = channel();
         let (ready_tx, ready_rx) = sync_channel(1);
         let sh = shared.clone();
+        let (rank, timeout) = (links.rank, cfg.timeout);
         let thread = std::thread::Builder::new()
             .name(format!("hoccl-proxy-r{}", links.rank))
             .spawn(move || match proxy::Proxy::new(dev, links, cfg, rx, sh) {
@@ -124,6 +129,7 @@ impl Engine {
             })
             .map_err(|e| Error::io(OP, "thread spawn", e))?;
         ready_rx.recv().map_err(|_| Error::internal(OP, "proxy thread died during start"))??;
+        watchdog::watch(&shared, rank, timeout);
         Ok(Engine { tx: Mutex::new(Some(tx)), thread: Mutex::new(Some(thread)), shared })
     }
 

@@ -162,6 +162,7 @@ impl Proxy {
     pub(super) fn run(mut self) {
         let mut idle = 0u32;
         loop {
+            self.shared.heartbeat.fetch_add(1, Ordering::Relaxed);
             let mut progressed = self.drain_commands();
             progressed |= self.poll_inbox();
             progressed |= self.progress_ops();
