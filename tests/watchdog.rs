@@ -1,9 +1,10 @@
 //! A proxy thread blocked inside a device call (as a CUDA proxy is behind another thread's
-//! cuMemFree) is reported by the watchdog: an error naming the likely cause once it has been
-//! stuck for the communicator's timeout with an operation pending, a warning when it moves
-//! again; and the collective still ends (done or failed), never hangs. Host backend, with a
-//! device whose first copy-engine copy blocks for a while. Its own test binary: it installs
-//! the process's logger.
+//! cuMemFree) never hangs its caller: the watchdog reports it (an error naming the likely
+//! cause once it has been stuck for the communicator's timeout with an operation pending, a
+//! warning when it moves again), the collective still ends (done or failed), and abort and
+//! destroy return within their bounds with the stream released. Host backend, with a device
+//! whose first copy-engine copy blocks for a while. Its own test binary: it installs the
+//! process's logger, and its parts run in sequence in one test.
 use hoccl::bootstrap::thread::ThreadBootstrap;
 use hoccl::comm::Communicator;
 use hoccl::config::BackendChoice;
@@ -28,15 +29,17 @@ impl log::Log for Capture {
     fn flush(&self) {}
 }
 
-/// Set when the next copy must block (once).
-static BLOCK_NEXT_COPY: AtomicBool = AtomicBool::new(false);
-const BLOCK_FOR: Duration = Duration::from_millis(2500);
+/// A copy queue whose next copy blocks for `Gate::dur` once `Gate::armed` is set.
+struct Gate {
+    armed: AtomicBool,
+    dur: Duration,
+}
 
-struct SlowQueue(Box<dyn CopyQueue>);
+struct SlowQueue(Box<dyn CopyQueue>, Arc<Gate>);
 impl CopyQueue for SlowQueue {
     fn copy(&mut self, dst: DevPtr, src: DevPtr, len: usize) -> Result<()> {
-        if BLOCK_NEXT_COPY.swap(false, Ordering::AcqRel) {
-            std::thread::sleep(BLOCK_FOR);
+        if self.1.armed.swap(false, Ordering::AcqRel) {
+            std::thread::sleep(self.1.dur);
         }
         self.0.copy(dst, src, len)
     }
@@ -49,7 +52,7 @@ impl CopyQueue for SlowQueue {
 }
 
 /// The host device, with copy queues that can block.
-struct SlowDevice(Arc<dyn Device>);
+struct SlowDevice(Arc<dyn Device>, Arc<Gate>);
 impl Device for SlowDevice {
     fn backend(&self) -> Backend {
         self.0.backend()
@@ -121,49 +124,133 @@ impl Device for SlowDevice {
         self.0.copy_engine_count()
     }
     fn create_copy_queue(&self) -> Result<Box<dyn CopyQueue>> {
-        Ok(Box::new(SlowQueue(self.0.create_copy_queue()?)))
+        Ok(Box::new(SlowQueue(self.0.create_copy_queue()?, self.1.clone())))
     }
 }
 
-#[test]
-fn a_blocked_proxy_is_reported_and_the_collective_still_ends() {
-    log::set_logger(&Capture).expect("the first logger of this binary");
-    log::set_max_level(log::LevelFilter::Warn);
-    let dev: Arc<dyn Device> = Arc::new(SlowDevice(device::open(BackendChoice::Host, 0).expect("host backend")));
-    let cfg = Config { timeout: Duration::from_secs(1), ..Config::default() };
+/// A one-rank communicator on a host device whose copies block for `block` once armed,
+/// with its buffers, stream and the data to gather.
+struct Setup {
+    dev: Arc<dyn Device>,
+    gate: Arc<Gate>,
+    c: Option<Communicator>,
+    send: DevPtr,
+    recv: DevPtr,
+    s: StreamHandle,
+    data: Vec<u8>,
+}
+
+const LEN: usize = 4096;
+
+fn setup(timeout: Duration, block: Duration) -> Setup {
+    let gate = Arc::new(Gate { armed: AtomicBool::new(false), dur: block });
+    let dev: Arc<dyn Device> = Arc::new(SlowDevice(device::open(BackendChoice::Host, 0).expect("host backend"), gate.clone()));
+    let cfg = Config { timeout, ..Config::default() };
     let boot = ThreadBootstrap::group(1).pop().unwrap();
     let c = Communicator::with_bootstrap(Box::new(boot), Some(dev.clone()), cfg).expect("communicator");
-    let len = 4096;
-    let send = dev.alloc(len).unwrap();
-    let recv = dev.alloc(len).unwrap();
-    let data: Vec<u8> = (0..len as u64).map(|i| device::pattern_byte(5, i)).collect();
+    let send = dev.alloc(LEN).unwrap();
+    let recv = dev.alloc(LEN).unwrap();
+    let data: Vec<u8> = (0..LEN as u64).map(|i| device::pattern_byte(5, i)).collect();
     dev.copy_from_host(send, &data).unwrap();
     let s = dev.create_stream().unwrap();
+    Setup { dev, gate, c: Some(c), send, recv, s, data }
+}
 
-    BLOCK_NEXT_COPY.store(true, Ordering::Release);
+impl Setup {
+    fn comm(&self) -> &Communicator {
+        self.c.as_ref().unwrap()
+    }
+    /// An AllGather whose first copy blocks the proxy.
+    fn stuck_all_gather(&self) {
+        self.gate.armed.store(true, Ordering::Release);
+        self.comm().all_gather(self.send, self.recv, LEN, DataType::U8, self.s).unwrap();
+    }
+    fn free(self) {
+        drop(self.c);
+        self.dev.free(self.send).unwrap();
+        self.dev.free(self.recv).unwrap();
+    }
+}
+
+fn logs_with(what: &str) -> Vec<String> {
+    LOGS.lock().unwrap().iter().filter(|l| l.contains(what)).cloned().collect()
+}
+
+#[test]
+fn a_stuck_proxy_never_hangs_its_caller() {
+    log::set_logger(&Capture).expect("the first logger of this binary");
+    log::set_max_level(log::LevelFilter::Warn);
+    reported_and_the_collective_still_ends();
+    LOGS.lock().unwrap().clear();
+    abort_returns_and_releases_the_stream();
+    LOGS.lock().unwrap().clear();
+    destroy_returns_and_releases_the_stream();
+}
+
+fn reported_and_the_collective_still_ends() {
+    let block = Duration::from_millis(2500);
+    let t = setup(Duration::from_secs(1), block);
     let t0 = Instant::now();
-    c.all_gather(send, recv, len, DataType::U8, s).unwrap();
+    t.stuck_all_gather();
     // The stream is released either way: the op completes or fails (its 1 s timeout ran
     // out while the proxy was blocked), and the communicator reports which.
-    dev.synchronize(s).unwrap();
-    let outcome = c.wait_idle();
+    t.dev.synchronize(t.s).unwrap();
+    let outcome = t.comm().wait_idle();
     let took = t0.elapsed();
-    assert!(!BLOCK_NEXT_COPY.load(Ordering::Acquire), "the collective went through the blocking copy");
-    assert!(took >= BLOCK_FOR, "the proxy was blocked for {BLOCK_FOR:?}, the call took {took:?}");
-    assert!(took < BLOCK_FOR + Duration::from_secs(5), "no hang: {took:?}");
+    assert!(!t.gate.armed.load(Ordering::Acquire), "the collective went through the blocking copy");
+    assert!(took >= block, "the proxy was blocked for {block:?}, the call took {took:?}");
+    assert!(took < block + Duration::from_secs(5), "no hang: {took:?}");
     if outcome.is_ok() {
-        let mut got = vec![0u8; len];
-        dev.copy_to_host(&mut got, recv).unwrap();
-        assert_eq!(got, data, "a collective that reports success delivered the data");
+        let mut got = vec![0u8; LEN];
+        t.dev.copy_to_host(&mut got, t.recv).unwrap();
+        assert_eq!(got, t.data, "a collective that reports success delivered the data");
     }
     // The watchdog looks every 0.5 s: give it one more look after the proxy moved again.
     std::thread::sleep(Duration::from_millis(1200));
     let logs = LOGS.lock().unwrap().clone();
-    let stuck: Vec<_> = logs.iter().filter(|l| l.contains("the proxy thread has made no progress")).collect();
+    let stuck = logs_with("the proxy thread has made no progress");
     assert_eq!(stuck.len(), 1, "one stall report: {logs:#?}");
     assert!(stuck[0].starts_with("ERROR") && stuck[0].contains("rank 0") && stuck[0].contains("cudaFree"), "{}", stuck[0]);
     assert!(logs.iter().any(|l| l.starts_with("WARN") && l.contains("rank 0: the proxy thread moves again")), "{logs:#?}");
+    t.free();
+}
+
+/// Abort while the proxy is stuck (a 30 s timeout: no op times out meanwhile) returns after
+/// its ~1 s wait, with the stream released and the failure reported.
+fn abort_returns_and_releases_the_stream() {
+    let block = Duration::from_secs(4);
+    let t = setup(Duration::from_secs(30), block);
+    let t0 = Instant::now();
+    t.stuck_all_gather();
+    std::thread::sleep(Duration::from_millis(300));
+    t.comm().abort();
+    let took = t0.elapsed();
+    assert!(took < Duration::from_millis(2500), "abort waited for the stuck proxy: {took:?}");
+    t.dev.synchronize(t.s).unwrap();
+    assert!(t0.elapsed() < Duration::from_millis(2600), "the stream was not released");
+    let e = t.comm().async_error().expect("the abort's failure is reported");
+    assert!(e.to_string().contains("did not stop"), "{e}");
+    assert_eq!(t.comm().pending(), 0);
+    assert_eq!(logs_with("did not stop").len(), 1, "{:#?}", LOGS.lock().unwrap());
+    // The proxy gets out of its call later and exits on its own: nothing breaks.
+    std::thread::sleep(block);
+    t.free();
+}
+
+/// Destroy while the proxy is stuck returns after the timeout and the stop margin.
+fn destroy_returns_and_releases_the_stream() {
+    let block = Duration::from_secs(6);
+    let t = setup(Duration::from_secs(1), block);
+    let t0 = Instant::now();
+    t.stuck_all_gather();
+    std::thread::sleep(Duration::from_millis(300));
+    let Setup { dev, c, send, recv, s, .. } = t;
     drop(c);
+    let took = t0.elapsed();
+    assert!(took < Duration::from_millis(4500), "destroy waited for the stuck proxy: {took:?}");
+    dev.synchronize(s).unwrap();
+    assert!(logs_with("did not stop").iter().any(|l| l.contains("Communicator::destroy")), "{:#?}", LOGS.lock().unwrap());
+    std::thread::sleep(block);
     dev.free(send).unwrap();
     dev.free(recv).unwrap();
 }

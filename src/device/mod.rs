@@ -103,6 +103,11 @@ impl FlagSlab {
     pub fn store(&self, i: usize, v: u64) {
         self.word(i).store(v, Ordering::Release)
     }
+    /// Raise word `i` to `v` unless it already holds more (flags that only count up, when
+    /// two writers may race: a proxy and a forced teardown releasing the same streams).
+    pub fn raise(&self, i: usize, v: u64) {
+        self.word(i).fetch_max(v, Ordering::AcqRel);
+    }
     /// The device address of word `i`, for stream write/wait operations.
     pub fn dev_addr(&self, i: usize) -> DevPtr {
         assert!(i < self.len);

@@ -9,6 +9,7 @@
 use crate::device::{Allocation, DevPtr, Device, FlagSlab};
 use crate::error::{Error, Result};
 use crate::transport::mailbox::Segment;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, sync_channel, Sender};
 use std::sync::{Arc, Mutex};
@@ -60,6 +61,10 @@ pub struct Shared {
     /// Iterations of the proxy loop (it turns at least every 20 ms unless a call blocks it);
     /// read by the watchdog.
     pub heartbeat: AtomicU64,
+    /// How to release the stream of every op submitted and not finished, by op seq: its
+    /// flags, finish flag and stream seq. Whoever removes an entry (the proxy finishing the
+    /// op, or a teardown forced past a stuck proxy) counts the op as finished.
+    releases: Mutex<BTreeMap<u64, (Arc<FlagSlab>, usize, u64)>>,
 }
 
 impl Shared {
@@ -73,6 +78,30 @@ impl Shared {
     }
     pub fn error(&self) -> Option<Error> {
         self.error.lock().ok().and_then(|g| g.clone())
+    }
+
+    fn releases(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, (Arc<FlagSlab>, usize, u64)>> {
+        self.releases.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Release op `seq`'s stream (raise its finish flag) and count it finished, unless that
+    /// was done already.
+    pub(crate) fn release_op(&self, seq: u64) {
+        if let Some((flags, finish, v)) = self.releases().remove(&seq) {
+            flags.raise(finish, v);
+            self.finished.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Release the streams of every op not finished (a teardown that cannot wait for the
+    /// proxy); returns how many.
+    fn release_all(&self) -> usize {
+        let all = std::mem::take(&mut *self.releases());
+        for (flags, finish, v) in all.values() {
+            flags.raise(*finish, *v);
+            self.finished.fetch_add(1, Ordering::AcqRel);
+        }
+        all.len()
     }
 }
 
@@ -105,7 +134,13 @@ pub struct Engine {
     tx: Mutex<Option<Sender<Cmd>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     pub shared: Arc<Shared>,
+    timeout: Duration,
 }
+
+/// How long an abort waits for the proxy to stop before it releases the streams itself.
+const ABORT_WAIT: Duration = Duration::from_secs(1);
+/// What a graceful stop allows beyond the timeout that bounds the pending ops.
+const STOP_MARGIN: Duration = Duration::from_secs(2);
 
 impl Engine {
     /// Start the proxy thread; returns once it has bound the device and made its queues.
@@ -130,34 +165,65 @@ impl Engine {
             .map_err(|e| Error::io(OP, "thread spawn", e))?;
         ready_rx.recv().map_err(|_| Error::internal(OP, "proxy thread died during start"))??;
         watchdog::watch(&shared, rank, timeout);
-        Ok(Engine { tx: Mutex::new(Some(tx)), thread: Mutex::new(Some(thread)), shared })
+        Ok(Engine { tx: Mutex::new(Some(tx)), thread: Mutex::new(Some(thread)), shared, timeout })
     }
 
     pub fn submit(&self, op: Op) -> Result<()> {
         let g = self.tx.lock().map_err(|_| Error::internal("Engine::submit", "poisoned"))?;
         let tx = g.as_ref().ok_or_else(|| Error::invalid_usage(op.name, "communicator was destroyed"))?;
+        let seq = op.seq;
+        self.shared.releases().insert(seq, (op.flags.clone(), op.finish_flag, op.stream_seq));
         self.shared.submitted.fetch_add(1, Ordering::AcqRel);
-        tx.send(Cmd::Submit(op)).map_err(|_| Error::internal("Engine::submit", "proxy thread is gone"))
+        tx.send(Cmd::Submit(op)).map_err(|_| {
+            // Never enqueued on the proxy: release its stream here.
+            self.shared.release_op(seq);
+            Error::internal("Engine::submit", "proxy thread is gone")
+        })
     }
 
     /// Stop the proxy. Graceful: pending ops finish first (each bounded by the timeout);
-    /// otherwise they fail now and their streams are released.
+    /// otherwise they fail now and their streams are released. Bounded either way: a proxy
+    /// stuck in a device call (behind another thread's cuMemFree, say) that has not stopped
+    /// after `ABORT_WAIT` (abort) or the timeout and `STOP_MARGIN` (graceful) is left to
+    /// exit on its own once it can; the pending ops' streams are released here and the ops
+    /// fail. A copy that the stuck proxy was issuing at that moment may still land in that
+    /// op's buffers afterwards.
     pub fn shutdown(&self, graceful: bool) {
         if let Ok(mut g) = self.tx.lock() {
             if let Some(tx) = g.take() {
                 let _ = tx.send(Cmd::Shutdown { graceful });
             }
         }
-        if let Some(h) = self.thread.lock().ok().and_then(|mut g| g.take()) {
+        let Some(h) = self.thread.lock().ok().and_then(|mut g| g.take()) else { return };
+        let bound = if graceful { self.timeout + STOP_MARGIN } else { ABORT_WAIT };
+        let t0 = std::time::Instant::now();
+        while !h.is_finished() && t0.elapsed() < bound {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if h.is_finished() {
             if h.join().is_err() {
                 log::error!("hoccl: proxy thread panicked");
             }
+            // A proxy that panicked released nothing.
+            self.shared.release_all();
+            return;
         }
+        let n = self.shared.release_all();
+        let e = Error::Timeout {
+            op: if graceful { "Communicator::destroy" } else { "Communicator::abort" },
+            after: bound,
+            what: format!("the proxy thread did not stop (stuck in a device call); {n} pending operation(s) failed and their streams were released without it"),
+        };
+        if self.shared.error().is_some() {
+            log::error!("hoccl: {e}"); // set_error logs only the first error
+        }
+        self.shared.set_error(e);
+        // `h` is dropped: the thread detaches and exits once its call returns.
     }
 
     /// Ops submitted but not finished.
     pub fn pending(&self) -> u64 {
-        self.shared.submitted.load(Ordering::Acquire) - self.shared.finished.load(Ordering::Acquire)
+        self.shared.submitted.load(Ordering::Acquire).saturating_sub(self.shared.finished.load(Ordering::Acquire))
     }
 }
 

@@ -518,8 +518,7 @@ impl Proxy {
             }
         }
         log::debug!("rank {}: op {seq} {} finished{}", self.links.rank, st.op.name, if err.is_some() { " (failed)" } else { "" });
-        st.op.flags.store(st.op.finish_flag, st.op.stream_seq);
-        self.shared.finished.fetch_add(1, Ordering::AcqRel);
+        self.shared.release_op(st.op.seq);
     }
 
     fn fail_op(&mut self, seq: u64, e: Error) {
