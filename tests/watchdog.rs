@@ -172,6 +172,16 @@ impl Setup {
     }
 }
 
+/// A setup whose proxy has been stuck in its AllGather's first copy for 0.3 s, and when
+/// that AllGather was called.
+fn stuck(timeout: Duration, block: Duration) -> (Setup, Instant) {
+    let t = setup(timeout, block);
+    let t0 = Instant::now();
+    t.stuck_all_gather();
+    std::thread::sleep(Duration::from_millis(300));
+    (t, t0)
+}
+
 fn logs_with(what: &str) -> Vec<String> {
     LOGS.lock().unwrap().iter().filter(|l| l.contains(what)).cloned().collect()
 }
@@ -219,10 +229,7 @@ fn reported_and_the_collective_still_ends() {
 /// its ~1 s wait, with the stream released and the failure reported.
 fn abort_returns_and_releases_the_stream() {
     let block = Duration::from_secs(4);
-    let t = setup(Duration::from_secs(30), block);
-    let t0 = Instant::now();
-    t.stuck_all_gather();
-    std::thread::sleep(Duration::from_millis(300));
+    let (t, t0) = stuck(Duration::from_secs(30), block);
     t.comm().abort();
     let took = t0.elapsed();
     assert!(took < Duration::from_millis(2500), "abort waited for the stuck proxy: {took:?}");
@@ -240,10 +247,7 @@ fn abort_returns_and_releases_the_stream() {
 /// Destroy while the proxy is stuck returns after the timeout and the stop margin.
 fn destroy_returns_and_releases_the_stream() {
     let block = Duration::from_secs(6);
-    let t = setup(Duration::from_secs(1), block);
-    let t0 = Instant::now();
-    t.stuck_all_gather();
-    std::thread::sleep(Duration::from_millis(300));
+    let (t, t0) = stuck(Duration::from_secs(1), block);
     let Setup { dev, c, send, recv, s, .. } = t;
     drop(c);
     let took = t0.elapsed();
