@@ -1,7 +1,7 @@
 //! A proxy thread blocked inside a device call (as a CUDA proxy is behind another thread's
-//! cuMemFree) never hangs its caller: the watchdog reports it (an error naming the likely
-//! cause once it has been stuck for the communicator's timeout with an operation pending, a
-//! warning when it moves again), the collective still ends (done or failed), and abort and
+//! cuMemFree) never hangs its caller: the watchdog reports it (the async error, logged,
+//! naming the likely cause once it has been stuck for the communicator's timeout with an
+//! operation pending; a warning when it moves again), the collective still ends (done or failed), and abort and
 //! destroy return within their bounds with the stream released. Host backend, with a device
 //! whose first copy-engine copy blocks for a while. Its own test binary: it installs the
 //! process's logger, and its parts run in sequence in one test.
@@ -222,6 +222,9 @@ fn reported_and_the_collective_still_ends() {
     assert_eq!(stuck.len(), 1, "one stall report: {logs:#?}");
     assert!(stuck[0].starts_with("ERROR") && stuck[0].contains("rank 0") && stuck[0].contains("cudaFree"), "{}", stuck[0]);
     assert!(logs.iter().any(|l| l.starts_with("WARN") && l.contains("rank 0: the proxy thread moves again")), "{logs:#?}");
+    let e = t.comm().async_error().expect("the stall is the communicator's async error");
+    assert_eq!(e.code(), hoccl::ErrorCode::Timeout);
+    assert!(e.to_string().contains("made no progress"), "{e}");
     t.free();
 }
 

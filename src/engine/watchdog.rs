@@ -6,10 +6,12 @@
 //! collective that only this proxy can finish (seen on the H200: the group hung for good).
 //! A proxy stuck like that cannot time its operations out, so the user saw a silent hang.
 //! One process-wide thread watches every engine's heartbeat (the proxy loop's iteration
-//! count) and logs an error naming the likely cause once a proxy has been stuck for the
-//! communicator's timeout with operations pending, and a note when it moves again. It only
-//! reads atomics and makes no device call.
+//! count). Once a proxy has been stuck for the communicator's timeout with operations
+//! pending, it sets the communicator's async error (a `Timeout` naming the likely cause;
+//! those operations would time out anyway) and logs it, and it logs a note when the proxy
+//! moves again. It makes no device call.
 use super::Shared;
+use crate::error::Error;
 use std::sync::atomic::Ordering;
 use std::sync::{Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -96,13 +98,25 @@ fn start_thread() {
             let Some(sh) = x.shared.upgrade() else { return false };
             let pending = sh.submitted.load(Ordering::Acquire).saturating_sub(sh.finished.load(Ordering::Acquire));
             match x.check.observe(sh.heartbeat.load(Ordering::Relaxed), pending, now) {
-                Some(Stall::Stuck { after }) => log::error!(
-                    "hoccl: rank {}: the proxy thread has made no progress for {:.1} s with {pending} operation(s) pending: it is blocked, most likely in a CUDA driver call. \
-                     The usual cause is another thread of this process in cudaFree/cuMemFree (or another call that waits for the whole device) while a collective is pending; \
-                     that call waits for the collective's stream while holding the lock the proxy needs (see the README, \"Freeing while a collective is pending\")",
-                    x.rank,
-                    after.as_secs_f64()
-                ),
+                Some(Stall::Stuck { after }) => {
+                    let e = Error::Timeout {
+                        op: "hoccl proxy",
+                        after,
+                        what: format!(
+                            "rank {}: the proxy thread has made no progress with {pending} operation(s) pending: it is blocked, most likely in a CUDA driver call. \
+                             The usual cause is another thread of this process in cudaFree/cuMemFree (or another call that waits for the whole device) while a collective is pending; \
+                             that call waits for the collective's stream while holding the lock the proxy needs (see the README, \"Freeing while a collective is pending\"). \
+                             abort() releases the streams",
+                            x.rank
+                        ),
+                    };
+                    // The communicator's async error (a monitor thread can abort it), logged
+                    // by set_error when it is the first; these operations time out anyway.
+                    if sh.error().is_some() {
+                        log::error!("hoccl: {e}");
+                    }
+                    sh.set_error(e);
+                }
                 Some(Stall::Resumed { after }) => {
                     log::warn!("hoccl: rank {}: the proxy thread moves again after {:.1} s", x.rank, after.as_secs_f64())
                 }
