@@ -75,15 +75,11 @@ const TICK: Duration = Duration::from_millis(500);
 /// Watch the proxy of `shared` (rank `rank`), reporting stalls of `limit` or more.
 pub(super) fn watch(shared: &std::sync::Arc<Shared>, rank: usize, limit: Duration) {
     let check = StallCheck::new(limit, shared.heartbeat.load(Ordering::Relaxed), Instant::now());
-    let mut w = WATCHED.lock().unwrap_or_else(|e| e.into_inner());
-    let start = w.is_empty();
-    w.push(Watched { shared: std::sync::Arc::downgrade(shared), rank, check });
-    drop(w);
-    if start {
-        start_thread();
-    }
+    WATCHED.lock().unwrap_or_else(|e| e.into_inner()).push(Watched { shared: std::sync::Arc::downgrade(shared), rank, check });
+    start_thread();
 }
 
+/// Start the watchdog thread unless it runs (a failed start is tried again at the next watch).
 fn start_thread() {
     use std::sync::atomic::AtomicBool;
     static RUNNING: AtomicBool = AtomicBool::new(false);
