@@ -32,6 +32,12 @@ if [ -d build/cmake/ctest ]; then
 fi
 rm -f carry/tests/codec_* carry/cpp/version_check   # codec.sh runs the codec tests from carry/
 find carry -type f -perm -u+x ! -name "*.sh" -exec strip --strip-debug {} +
+# Hang diagnostics (scripts/gpu/catch-hang.sh): a backtrace-on-SIGUSR2 preload and tgkill.
+if command -v gcc > /dev/null; then
+  mkdir -p carry/stacks
+  gcc -O1 -g -shared -fPIC -o carry/stacks/libbt.so scripts/gpu/stacks/bt.c
+  gcc -O1 -static -o carry/stacks/tgk scripts/gpu/stacks/tgk.c
+fi
 # The device tool carries at most 64 MiB: ship one compressed bundle; all.sh unpacks it.
 tar cf - -C carry . | xz -T2 -6 > /tmp/hoccl-bundle.txz
 find carry -mindepth 1 -delete
