@@ -80,6 +80,20 @@ impl Shared {
         self.error.lock().ok().and_then(|g| g.clone())
     }
 
+    /// `e` as the async error if none is set yet, logged either way (`set_error` logs only
+    /// the first).
+    fn report(&self, e: Error) {
+        if self.error().is_some() {
+            log::error!("hoccl: {e}");
+        }
+        self.set_error(e);
+    }
+
+    /// Ops submitted but not finished.
+    fn pending(&self) -> u64 {
+        self.submitted.load(Ordering::Acquire).saturating_sub(self.finished.load(Ordering::Acquire))
+    }
+
     fn releases(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, (Arc<FlagSlab>, usize, u64)>> {
         self.releases.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -87,9 +101,9 @@ impl Shared {
     /// Release op `seq`'s stream (raise its finish flag) and count it finished, unless that
     /// was done already.
     pub(crate) fn release_op(&self, seq: u64) {
-        if let Some((flags, finish, v)) = self.releases().remove(&seq) {
-            flags.raise(finish, v);
-            self.finished.fetch_add(1, Ordering::AcqRel);
+        let entry = self.releases().remove(&seq);
+        if let Some(r) = entry {
+            self.release(r);
         }
     }
 
@@ -97,11 +111,15 @@ impl Shared {
     /// proxy); returns how many.
     fn release_all(&self) -> usize {
         let all = std::mem::take(&mut *self.releases());
-        for (flags, finish, v) in all.values() {
-            flags.raise(*finish, *v);
-            self.finished.fetch_add(1, Ordering::AcqRel);
-        }
-        all.len()
+        let n = all.len();
+        all.into_values().for_each(|r| self.release(r));
+        n
+    }
+
+    /// Raise a removed entry's finish flag and count its op finished.
+    fn release(&self, (flags, finish, v): (Arc<FlagSlab>, usize, u64)) {
+        flags.raise(finish, v);
+        self.finished.fetch_add(1, Ordering::AcqRel);
     }
 }
 
@@ -214,16 +232,13 @@ impl Engine {
             after: bound,
             what: format!("the proxy thread did not stop (stuck in a device call); {n} pending operation(s) failed and their streams were released without it"),
         };
-        if self.shared.error().is_some() {
-            log::error!("hoccl: {e}"); // set_error logs only the first error
-        }
-        self.shared.set_error(e);
+        self.shared.report(e);
         // `h` is dropped: the thread detaches and exits once its call returns.
     }
 
     /// Ops submitted but not finished.
     pub fn pending(&self) -> u64 {
-        self.shared.submitted.load(Ordering::Acquire).saturating_sub(self.shared.finished.load(Ordering::Acquire))
+        self.shared.pending()
     }
 }
 

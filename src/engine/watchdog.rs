@@ -92,7 +92,7 @@ fn start_thread() {
         let mut w = WATCHED.lock().unwrap_or_else(|e| e.into_inner());
         w.retain_mut(|x| {
             let Some(sh) = x.shared.upgrade() else { return false };
-            let pending = sh.submitted.load(Ordering::Acquire).saturating_sub(sh.finished.load(Ordering::Acquire));
+            let pending = sh.pending();
             match x.check.observe(sh.heartbeat.load(Ordering::Relaxed), pending, now) {
                 Some(Stall::Stuck { after }) => {
                     let e = Error::Timeout {
@@ -106,12 +106,9 @@ fn start_thread() {
                             x.rank
                         ),
                     };
-                    // The communicator's async error (a monitor thread can abort it), logged
-                    // by set_error when it is the first; these operations time out anyway.
-                    if sh.error().is_some() {
-                        log::error!("hoccl: {e}");
-                    }
-                    sh.set_error(e);
+                    // The communicator's async error (a monitor thread can abort it); these
+                    // operations time out anyway.
+                    sh.report(e);
                 }
                 Some(Stall::Resumed { after }) => {
                     log::warn!("hoccl: rank {}: the proxy thread moves again after {:.1} s", x.rank, after.as_secs_f64())
