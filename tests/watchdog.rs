@@ -2,8 +2,10 @@
 //! cuMemFree) never hangs its caller: the watchdog reports it (the async error, logged,
 //! naming the likely cause once it has been stuck for the communicator's timeout with an
 //! operation pending; a warning when it moves again), the collective still ends (done or failed), and abort and
-//! destroy return within their bounds with the stream released. Host backend, with a device
-//! whose first copy-engine copy blocks for a while. Its own test binary: it installs the
+//! destroy return within their bounds with the stream released. And copies that the device
+//! does not run (the proxy itself moving on) time out with the state behind them logged.
+//! Host backend, with a device whose first copy-engine copy blocks for a while, or whose
+//! copies stall. Its own test binary: it installs the
 //! process's logger, and its parts run in sequence in one test.
 use hoccl::bootstrap::thread::ThreadBootstrap;
 use hoccl::comm::Communicator;
@@ -29,13 +31,17 @@ impl log::Log for Capture {
     fn flush(&self) {}
 }
 
-/// A copy queue whose next copy blocks for `Gate::dur` once `Gate::armed` is set.
+/// A copy queue whose next copy blocks for `Gate::dur` once `Gate::armed` is set, and
+/// whose fences complete no further while `Gate::stall` holds a time to come (copies that
+/// the device does not run, as on the H200 when its scheduler holds a queue back).
 struct Gate {
     armed: AtomicBool,
     dur: Duration,
+    stall: Mutex<Option<Instant>>,
 }
 
-struct SlowQueue(Box<dyn CopyQueue>, Arc<Gate>);
+/// The inner queue, the gate, and the fence ticket reported last.
+struct SlowQueue(Box<dyn CopyQueue>, Arc<Gate>, u64);
 impl CopyQueue for SlowQueue {
     fn copy(&mut self, dst: DevPtr, src: DevPtr, len: usize) -> Result<()> {
         if self.1.armed.swap(false, Ordering::AcqRel) {
@@ -47,7 +53,11 @@ impl CopyQueue for SlowQueue {
         self.0.fence()
     }
     fn completed(&mut self) -> Result<u64> {
-        self.0.completed()
+        if self.1.stall.lock().unwrap().is_some_and(|until| Instant::now() < until) {
+            return Ok(self.2);
+        }
+        self.2 = self.0.completed()?;
+        Ok(self.2)
     }
 }
 
@@ -124,7 +134,7 @@ impl Device for SlowDevice {
         self.0.copy_engine_count()
     }
     fn create_copy_queue(&self) -> Result<Box<dyn CopyQueue>> {
-        Ok(Box::new(SlowQueue(self.0.create_copy_queue()?, self.1.clone())))
+        Ok(Box::new(SlowQueue(self.0.create_copy_queue()?, self.1.clone(), 0)))
     }
 }
 
@@ -143,7 +153,7 @@ struct Setup {
 const LEN: usize = 4096;
 
 fn setup(timeout: Duration, block: Duration) -> Setup {
-    let gate = Arc::new(Gate { armed: AtomicBool::new(false), dur: block });
+    let gate = Arc::new(Gate { armed: AtomicBool::new(false), dur: block, stall: Mutex::new(None) });
     let dev: Arc<dyn Device> = Arc::new(SlowDevice(device::open(BackendChoice::Host, 0).expect("host backend"), gate.clone()));
     let cfg = Config { timeout, ..Config::default() };
     let boot = ThreadBootstrap::group(1).pop().unwrap();
@@ -195,6 +205,8 @@ fn a_stuck_proxy_never_hangs_its_caller() {
     abort_returns_and_releases_the_stream();
     LOGS.lock().unwrap().clear();
     destroy_returns_and_releases_the_stream();
+    LOGS.lock().unwrap().clear();
+    a_stalled_copy_times_out_with_the_state_logged();
 }
 
 fn reported_and_the_collective_still_ends() {
@@ -260,4 +272,32 @@ fn destroy_returns_and_releases_the_stream() {
     std::thread::sleep(block);
     dev.free(send).unwrap();
     dev.free(recv).unwrap();
+}
+
+/// Copies that never complete (the proxy itself runs on): the op times out after the
+/// communicator's timeout, and the log shows the state behind it: the op, its stream's
+/// flags, and the copy still in flight.
+fn a_stalled_copy_times_out_with_the_state_logged() {
+    let stall = Duration::from_secs(3);
+    let t = setup(Duration::from_secs(1), Duration::ZERO);
+    *t.gate.stall.lock().unwrap() = Some(Instant::now() + stall);
+    let t0 = Instant::now();
+    t.comm().all_gather(t.send, t.recv, LEN, DataType::U8, t.s).unwrap();
+    t.dev.synchronize(t.s).unwrap();
+    let took = t0.elapsed();
+    assert!(took >= Duration::from_secs(1) && took < stall, "the stream is released by the timeout: {took:?}");
+    let e = t.comm().wait_idle().expect_err("the collective timed out");
+    assert_eq!(e.code(), hoccl::ErrorCode::Timeout);
+    assert!(e.to_string().contains("copies to rank 0"), "{e}");
+    let state = logs_with("state at the first failure");
+    assert_eq!(state.len(), 1, "{:#?}", LOGS.lock().unwrap());
+    for want in ["rank 0:", "all_gather: stream seq ", "started", "sends [0:Copying]", "1 in flight"] {
+        assert!(state[0].contains(want), "{want:?} not in {}", state[0]);
+    }
+    // The stream reached the op (start = its seq) and was not yet released (finish below).
+    let seq = state[0].split("stream seq ").nth(1).and_then(|r| r.split(' ').next()).and_then(|v| v.parse::<u64>().ok()).expect("seq");
+    assert!(state[0].contains(&format!("(stream flags start {seq} finish {})", seq - 1)), "{}", state[0]);
+    // Once the device runs the copy the mapping is released; free after that.
+    std::thread::sleep(stall.saturating_sub(t0.elapsed()) + Duration::from_millis(200));
+    t.free();
 }

@@ -65,6 +65,18 @@ impl CeScheduler {
         }
     }
 
+    /// One line for failure reports: active flows and chunks in flight per queue.
+    pub fn describe(&self) -> String {
+        let flows: Vec<String> = self
+            .flows
+            .iter()
+            .flatten()
+            .map(|f| format!("op {}#{} {}/{}B issued, {} in flight{}", f.id.seq, f.id.idx, f.issued, f.len, f.outstanding, if f.cancelled { " (cancelled)" } else { "" }))
+            .collect();
+        let queues: Vec<usize> = self.queues.iter().map(|q| q.inflight.len()).collect();
+        format!("copy queues in flight {queues:?}; flows [{}]", flows.join("; "))
+    }
+
     pub fn is_idle(&self) -> bool {
         self.flows.iter().all(Option::is_none)
     }

@@ -85,6 +85,24 @@ impl OpState {
         self.started && self.sends.iter().all(|s| s.phase == SendPhase::Done) && self.recvs.iter().all(|r| r.landed)
     }
 
+    /// The op's state for failure reports: where its stream is (the flags) and each
+    /// transfer's phase.
+    fn describe(&self) -> String {
+        let (start, finish) = (self.op.flags.load(self.op.start_flag), self.op.flags.load(self.op.finish_flag));
+        let sends: Vec<String> = self.sends.iter().map(|s| format!("{}:{:?}", s.x.peer, s.phase)).collect();
+        let recvs: Vec<String> = self.recvs.iter().map(|r| format!("{}:{}", r.x.peer, if r.landed { "landed" } else { "waiting" })).collect();
+        format!(
+            "op {} {}: stream seq {} (stream flags start {start} finish {finish}), {}, idle {:.1?}, sends [{}], recvs [{}]",
+            self.op.seq,
+            self.op.name,
+            self.op.stream_seq,
+            if self.started { "started" } else { "not started" },
+            self.last_progress.elapsed(),
+            sends.join(" "),
+            recvs.join(" ")
+        )
+    }
+
     /// What the op still waits for (for timeout messages).
     fn waiting_for(&self) -> String {
         if !self.started {
@@ -123,6 +141,8 @@ pub(super) struct Proxy {
     /// Mappings of failed ops whose chunks are still draining.
     orphans: HashMap<(u64, usize), Mapped>,
     stopping: Option<(bool, Instant)>,
+    /// Whether the state was logged at a failure (once per communicator).
+    reported: bool,
     last_check: Instant,
     scratch: Vec<u64>,
 }
@@ -154,6 +174,7 @@ impl Proxy {
             exports: ExportCache::default(),
             orphans: HashMap::new(),
             stopping: None,
+            reported: false,
             last_check: Instant::now(),
             scratch: Vec::new(),
         })
@@ -533,7 +554,23 @@ impl Proxy {
             self.send_msg(p, m);
         }
         self.shared.set_error(e.clone());
+        if !self.reported && !matches!(e, Error::Aborted { .. }) {
+            self.reported = true;
+            self.log_state(&e);
+        }
         self.finish_op(seq, Some(&e));
+    }
+
+    /// Log what every pending op waits for, at the communicator's first failure: which
+    /// rank's stream or proxy held things up is then visible from any rank's log.
+    fn log_state(&self, e: &Error) {
+        let mut lines = vec![format!("rank {}: state at the first failure ({e}):", self.links.rank)];
+        lines.extend(self.ops.values().take(8).map(|st| format!("  {}", st.describe())));
+        if self.ops.len() > 8 {
+            lines.push(format!("  ... {} more pending ops", self.ops.len() - 8));
+        }
+        lines.push(format!("  {}; {} messages queued out, {} early", self.sched.describe(), self.outbox.len(), self.early.len()));
+        log::error!("hoccl: {}", lines.join("\n"));
     }
 
     // ---------------------------------------------------------------- health -------------
