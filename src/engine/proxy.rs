@@ -402,7 +402,11 @@ impl Proxy {
             let mut msgs = Vec::new();
             for r in &st.recvs {
                 if r.x.peer != me {
-                    msgs.push((r.x.peer, ready_msg(dev.as_ref(), &mut self.exports, seq, r)?));
+                    // A sender in this process writes to the buffer's own address: no
+                    // IPC export (a driver call on the allocation) is needed for it.
+                    let pid = self.links.peers.get(r.x.peer).and_then(|p| p.as_ref()).map(|p| p.owner_pid());
+                    let export = pid != Some(std::process::id());
+                    msgs.push((r.x.peer, ready_msg(dev.as_ref(), &mut self.exports, seq, r, export)?));
                 }
             }
             for (to, m) in msgs {
@@ -614,11 +618,13 @@ fn since_too_long(since: Instant, timeout: Duration) -> bool {
     since.elapsed() > timeout + Duration::from_secs(5)
 }
 
-fn ready_msg(dev: &dyn Device, exports: &mut ExportCache, seq: u64, r: &RecvSt) -> Result<Msg> {
+fn ready_msg(dev: &dyn Device, exports: &mut ExportCache, seq: u64, r: &RecvSt, export: bool) -> Result<Msg> {
     let mut m = Msg::new(MsgKind::Ready, seq, r.k);
     m.len = r.x.len as u64;
     if let Some(a) = r.x.alloc {
-        m.handle = exports.get(dev, &a)?.0;
+        if export {
+            m.handle = exports.get(dev, &a)?.0;
+        }
         m.alloc_id = a.id;
         m.alloc_len = a.len as u64;
         m.base = a.base.0;
