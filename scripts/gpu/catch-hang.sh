@@ -21,6 +21,13 @@ for i in $(seq 1 "${RUNS:-4}"); do
   done
   if [ $caught = 1 ]; then
     sleep 3
+    if ! kill -0 $P 2>/dev/null; then
+      # It ended by itself (a timeout is an error now, not a hang): the log, with each
+      # rank's state at its first failure, is what there is.
+      wait $P; echo "run $i: failed and exited (rc=$?): $(grep -m1 "${PATTERN:-ERROR}" "$L" | cut -c1-150)"
+      gzip -f "$L"
+      continue
+    fi
     for d in /proc/$P/task/*; do
       echo "$(basename "$d") $(cat "$d/comm") state=$(awk '{print $3}' "$d/stat") wchan=$(cat "$d/wchan")"
     done > "$O/tasks-$i.txt"

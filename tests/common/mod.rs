@@ -27,11 +27,13 @@ pub fn open_device(backend: Backend, rank: usize) -> Arc<dyn Device> {
     }
 }
 
+/// The tests' settings: short timeout, small chunks; the rest from `HOCCL_*` (so a device
+/// run can vary the copy streams, say).
 pub fn test_config() -> Config {
     Config {
         timeout: Duration::from_secs(10),
         chunk_bytes: 64 << 10,
-        ..Config::default()
+        ..Config::from_env().expect("HOCCL_* settings")
     }
 }
 
