@@ -96,6 +96,13 @@ impl Communicator {
             Some(d) => d,
             None => device::open(config.backend, me.gpu)?,
         };
+        let sharers = topo.context_sharers(rank);
+        if dev.backend() == device::Backend::Cuda && sharers.len() > 1 && sharers[0] == rank {
+            log::warn!(
+                "hoccl: ranks {sharers:?} drive {} from one process (one CUDA context): collectives there can time out at the first one on new streams or buffers (README, Known limits); use one rank per process",
+                dev.pci_bus_id()
+            );
+        }
         let comm_id = setup::agree_comm_id(bootstrap.as_ref())?;
         let local: Vec<usize> = topo.local_peers(rank).to_vec();
         let links = setup::connect_mailboxes(bootstrap.as_ref(), &topo, comm_id, &local)?;

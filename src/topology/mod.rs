@@ -223,6 +223,12 @@ impl Topology {
     pub fn gpu_sharers(&self, rank: usize) -> &[usize] {
         self.sharers.get(rank).map_or(&[], Vec::as_slice)
     }
+    /// The ranks that drive `rank`'s GPU from the same process (itself included), so share
+    /// its CUDA context; ascending, empty for a bad rank.
+    pub fn context_sharers(&self, rank: usize) -> Vec<usize> {
+        let Some(me) = self.rank(rank) else { return Vec::new() };
+        self.gpu_sharers(rank).iter().copied().filter(|&r| self.rank(r).is_some_and(|p| p.host == me.host && p.pid == me.pid)).collect()
+    }
     pub fn shares_gpu(&self, a: usize, b: usize) -> bool {
         self.gpu_sharers(a).binary_search(&b).is_ok()
     }

@@ -139,6 +139,22 @@ fn no_gpu_means_the_one_host_device() {
 }
 
 #[test]
+fn context_sharers_are_same_process_same_gpu() {
+    // Host a: ranks 0-3 in pid 7 (two GPUs: 0,2 on GPU 0, 1,3 on GPU 1), rank 4 in pid 8
+    // (GPU 0); host b: rank 5, pid 7 as well.
+    let mut records = vec![rec("a", 2); 5];
+    records[4].pid = 8;
+    records.push(rec("b", 2));
+    let t = Topology::build(&records, &Config::default(), all).unwrap();
+    assert_eq!(t.gpu_sharers(0), &[0, 2, 4]);
+    assert_eq!(t.context_sharers(0), [0, 2]);
+    assert_eq!(t.context_sharers(3), [1, 3]);
+    assert_eq!(t.context_sharers(4), [4]);
+    assert_eq!(t.context_sharers(5), [5]);
+    assert!(t.context_sharers(6).is_empty());
+}
+
+#[test]
 fn gpus_wrap_by_host_local_rank() {
     let records = vec![rec("a", 2); 5];
     let t = Topology::build(&records, &Config::default(), all).unwrap();
