@@ -141,6 +141,8 @@ pub(super) struct Proxy {
     /// Mappings of failed ops whose chunks are still draining.
     orphans: HashMap<(u64, usize), Mapped>,
     stopping: Option<(bool, Instant)>,
+    /// By global rank: whether that rank lives in this process (from its mailbox).
+    in_process: Vec<bool>,
     /// Whether the state was logged at a failure (once per communicator).
     reported: bool,
     last_check: Instant,
@@ -157,6 +159,8 @@ impl Proxy {
                 global_of_local[*l] = g;
             }
         }
+        let pid = std::process::id();
+        let in_process = links.peers.iter().map(|p| p.as_ref().is_some_and(|seg| seg.owner_pid() == pid)).collect();
         Ok(Proxy {
             dev,
             links,
@@ -174,6 +178,7 @@ impl Proxy {
             exports: ExportCache::default(),
             orphans: HashMap::new(),
             stopping: None,
+            in_process,
             reported: false,
             last_check: Instant::now(),
             scratch: Vec::new(),
@@ -404,8 +409,7 @@ impl Proxy {
                 if r.x.peer != me {
                     // A sender in this process writes to the buffer's own address: no
                     // IPC export (a driver call on the allocation) is needed for it.
-                    let pid = self.links.peers.get(r.x.peer).and_then(|p| p.as_ref()).map(|p| p.owner_pid());
-                    let export = pid != Some(std::process::id());
+                    let export = !self.in_process.get(r.x.peer).copied().unwrap_or(false);
                     msgs.push((r.x.peer, ready_msg(dev.as_ref(), &mut self.exports, seq, r, export)?));
                 }
             }
