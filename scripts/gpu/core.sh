@@ -39,6 +39,12 @@ for t in carry/cpp/*_check carry/cpp/allgather_demo; do
     echo "c++ $(basename "$t") np=$np: rc=$rc"
   done
 done
+# Many streams waiting on collectives at once, one rank per process (README "Hardware queues").
+for np in 2 4; do
+  timeout 150 mpirun --oversubscribe -np $np carry/streams_check --streams 1,4,16,32,64 > "$OUT/streams-np$np.log" 2>&1
+  rc=$?; [ $rc = 0 ] || status=1
+  echo "streams_check np=$np: rc=$rc"; tail -6 "$OUT/streams-np$np.log"
+done
 timeout 200 mpirun --oversubscribe -np 4 carry/demo ${DEMO_ARGS:-} > "$OUT/demo.log" 2>&1; rc=$?
 [ $rc = 0 ] || status=1
 echo "demo: rc=$rc"; cat "$OUT/demo.log" | tail -30
