@@ -1,16 +1,21 @@
 //! Which streams share a hardware work queue with a blocked stream (CUDA only).
 //!
-//! `cargo run --release --example queue_probe [BEFORE AFTER USERS]`
+//! `cargo run --release --example queue_probe [BEFORE AFTER USERS [CHURN]]`
+//!
+//! With CHURN, it first creates and destroys CHURN streams and CHURN copy queues in rounds
+//! of 16 (as test binaries do with each communicator), so that the queues handed out
+//! afterwards are ones the driver recycled.
 //!
 //! Creates BEFORE copy queues, then a stream B blocked in a wait on a host flag (as a user
 //! stream is while a collective runs), then AFTER copy queues and USERS plain streams. Each
-//! copy queue gets a 4-byte copy and a fence, each plain stream a flag write. After 300 ms
-//! it prints, in creation order, which of them have not run: those share B's hardware queue
+//! copy queue gets a 4-byte copy and a fence, each plain stream a 64-byte fill kernel and a
+//! flag write. After 300 ms it prints, in creation order, which of them have not run: those share B's hardware queue
 //! (the driver spreads streams over `CUDA_DEVICE_MAX_CONNECTIONS` queues). Then it releases
 //! B and checks that everything ran. A driver call that itself waits for B would hang the
 //! probe: a guard releases B after 3 s and says which call was stuck.
 //!
-//! H200, driver 580, 32 queues (docs/results/h200-1gpu/queues-twentysixth.txt): nothing
+//! H200, driver 580, 32 queues (docs/results/h200-1gpu/queues-twentysixth.txt; plain
+//! streams without the fill then, no CHURN): nothing
 //! ran behind B with 3+3+3, 12+4+16, 40+40+40 or (8 queues) 10+10+10; but with 40 before,
 //! creating the 38th copy queue after B (the 79th stream of the context) blocked in the
 //! driver until B was released.
@@ -29,8 +34,18 @@ fn step(phase: usize, i: usize) {
 fn main() -> hoccl::Result<()> {
     let args: Vec<usize> = std::env::args().skip(1).map(|a| a.parse().expect("counts")).collect();
     let (before, after, users) = (*args.first().unwrap_or(&40), *args.get(1).unwrap_or(&40), *args.get(2).unwrap_or(&40));
+    let churn = *args.get(3).unwrap_or(&0);
     let dev = hoccl::device::open(BackendChoice::Cuda, 0)?;
     dev.bind_thread()?;
+    for round in 0..churn.div_ceil(16) {
+        let k = 16.min(churn - round * 16);
+        let streams = (0..k).map(|_| dev.create_stream()).collect::<hoccl::Result<Vec<_>>>()?;
+        let queues = (0..k).map(|_| dev.create_copy_queue()).collect::<hoccl::Result<Vec<_>>>()?;
+        drop(queues);
+        for s in streams {
+            dev.destroy_stream(s)?;
+        }
+    }
     let buf = dev.alloc(1 << 12)?;
     let flags = Arc::new(dev.alloc_flags(1 + users)?);
     // A driver call that waits for B would hang the probe: after 3 s the guard reports
@@ -59,6 +74,7 @@ fn main() -> hoccl::Result<()> {
     for j in 0..users {
         step(3, j);
         let s = dev.create_stream()?;
+        dev.fill_pattern_async(s, buf.add(3072), 64, j as u64)?;
         dev.write_value(s, flags.dev_addr(1 + j), 1)?;
         plain.push(s);
     }
@@ -84,7 +100,7 @@ fn main() -> hoccl::Result<()> {
         }
     }
     println!(
-        "queue_probe: CUDA_DEVICE_MAX_CONNECTIONS={:?}; {before} copy queues, B at position {before}, {after} copy queues, {users} streams",
+        "queue_probe: CUDA_DEVICE_MAX_CONNECTIONS={:?}; {churn} streams and queues made and destroyed first; {before} copy queues, B at position {before}, {after} copy queues, {users} streams",
         std::env::var("CUDA_DEVICE_MAX_CONNECTIONS").ok()
     );
     println!("queue_probe: behind B after 300 ms (creation positions): {stuck:?}");
