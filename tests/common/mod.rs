@@ -85,12 +85,17 @@ pub fn quiesce(c: &Communicator) {
     c.bootstrap().barrier().expect("barrier");
 }
 
-/// After this rank's allocations (which follow a `quiesce`): wait until every rank has made
-/// its own, so that no rank enqueues a collective, whose stream then waits for the others,
-/// while another rank still allocates (H200: a Broadcast's root, still allocating, timed
-/// out the other ranks once in ten runs).
+/// After this rank's allocations (which follow a `quiesce`), before its first collective.
+/// With `HOCCL_TEST_ALLOC_BARRIER=1`, wait there until every rank has made its own (so that
+/// no rank enqueues a collective while another still allocates). Off by default: on the
+/// H200 the CUDA thread-rank tests failed (a 10 s timeout at the first collective on new
+/// streams or buffers) in 1 of 16 runs without this barrier (twenty-fifth session) and in
+/// 34 of 77 with it (twenty-sixth): ranks that start together have more streams waiting on
+/// host flags at once, which is what those failures need (README, Known limits).
 pub fn allocated(c: &Communicator) {
-    c.bootstrap().barrier().expect("barrier");
+    if std::env::var("HOCCL_TEST_ALLOC_BARRIER").is_ok_and(|v| v == "1") {
+        c.bootstrap().barrier().expect("barrier");
+    }
 }
 
 #[path = "rng.rs"]
