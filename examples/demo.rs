@@ -6,22 +6,13 @@
 //!   mpirun -np 4 target/release/examples/demo [--sizes 64K,1M,16M] [--iters N]
 //!
 //! Exits non-zero if any element is wrong or any call fails.
+mod common;
+use common::{arg, parse_size};
 use hoccl::comm::Communicator;
 use hoccl::device::{pattern_byte, Backend, DevPtr, Device, StreamHandle};
-use hoccl::{Config, DataType};
+use hoccl::DataType;
 use std::sync::Arc;
 use std::time::Instant;
-
-fn parse_size(s: &str) -> Option<usize> {
-    let s = s.trim();
-    let (n, m) = match s.chars().last()? {
-        'K' | 'k' => (&s[..s.len() - 1], 1 << 10),
-        'M' | 'm' => (&s[..s.len() - 1], 1 << 20),
-        'G' | 'g' => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    n.parse::<usize>().ok().map(|n| n * m)
-}
 
 fn human(b: usize) -> String {
     match b {
@@ -113,22 +104,7 @@ fn verify(x: &Ctx, op: &str, recv: DevPtr, block: usize, seed: impl Fn(usize, us
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let arg = |k: &str| args.iter().position(|a| a == k).and_then(|i| args.get(i + 1)).cloned();
-    let cfg = match Config::from_env() {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("demo: {e}");
-            std::process::exit(2);
-        }
-    };
-    let c = match Communicator::world(cfg) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("demo: creating the communicator failed: {e}");
-            std::process::exit(1);
-        }
-    };
+    let c = common::world_or_exit("demo");
     let dev = c.device().clone();
     let gpu = dev.backend() == Backend::Cuda;
     let default_sizes = if gpu { "2M,32M,256M" } else { "64K,1M,8M" };

@@ -10,21 +10,13 @@
 //! Prints, per stream count, the time per round (slowest rank), the bytes gathered per
 //! second over all streams, wrong bytes and failed calls. Exits non-zero if any byte is
 //! wrong or any call fails (a timeout included: the communicator's timeout bounds a hang).
+mod common;
+use common::{arg, parse_size};
 use hoccl::comm::Communicator;
 use hoccl::device::{pattern_byte, Backend, DevPtr, Device, StreamHandle};
-use hoccl::{Config, DataType};
+use hoccl::DataType;
 use std::sync::Arc;
 use std::time::Instant;
-
-fn parse_size(s: &str) -> Option<usize> {
-    let s = s.trim();
-    let (n, m) = match s.chars().last()? {
-        'K' | 'k' => (&s[..s.len() - 1], 1 << 10),
-        'M' | 'm' => (&s[..s.len() - 1], 1 << 20),
-        _ => (s, 1),
-    };
-    n.parse::<usize>().ok().map(|n| n * m)
-}
 
 fn seed(round: usize, rank: usize, k: usize) -> u64 {
     ((round as u64) << 40) ^ ((rank as u64) << 20) ^ (k as u64) ^ 0x5EED
@@ -66,22 +58,7 @@ fn run(c: &Communicator, dev: &Arc<dyn Device>, lanes: &[Lane], block: usize, ro
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let arg = |k: &str| args.iter().position(|a| a == k).and_then(|i| args.get(i + 1)).cloned();
-    let cfg = match Config::from_env() {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("streams_check: {e}");
-            std::process::exit(2);
-        }
-    };
-    let c = match Communicator::world(cfg) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("streams_check: creating the communicator failed: {e}");
-            std::process::exit(1);
-        }
-    };
+    let c = common::world_or_exit("streams_check");
     let (n, r, dev) = (c.size(), c.rank(), c.device().clone());
     let gpu = dev.backend() == Backend::Cuda;
     let counts: Vec<usize> = arg("--streams").unwrap_or_else(|| if gpu { "1,4,16,32" } else { "1,4,8" }.into()).split(',').filter_map(|v| v.trim().parse().ok()).filter(|&k| k > 0).collect();
