@@ -15,8 +15,8 @@
 //! probe: a guard releases B after 3 s and says which call was stuck.
 //!
 //! H200, driver 580, 32 queues (docs/results/h200-1gpu/queues-twentysixth.txt; plain
-//! streams without the fill then, no CHURN): nothing
-//! ran behind B with 3+3+3, 12+4+16, 40+40+40 or (8 queues) 10+10+10; but with 40 before,
+//! streams without the fill then, no CHURN): nothing ran behind B with 3+3+3, 12+4+16
+//! or (8 queues) 10+10+10; with 40 before,
 //! creating the 38th copy queue after B (the 79th stream of the context) blocked in the
 //! driver until B was released.
 use hoccl::config::BackendChoice;
