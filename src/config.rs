@@ -56,6 +56,14 @@ pub struct Config {
     /// because the GPU starts CTAs in index order, which CUDA does not promise; 1 needs no
     /// such assumption).
     pub codec_tickets: bool,
+    /// `HOCCL_MAX_WAITING_STREAMS`: how many streams of this process may wait for collectives
+    /// on one GPU at once; a collective on one more stream blocks the calling thread (up to
+    /// `timeout`) until one of them is released. `None` (the default): half the context's
+    /// hardware queues on CUDA (`CUDA_DEVICE_MAX_CONNECTIONS`, 16 of hoccl's 32), no limit
+    /// on the host backend; `0` in the variable: no limit. A waiting stream holds a hardware
+    /// queue; when they all hold one, the copies that would release them cannot run
+    /// (README, Known limits).
+    pub max_waiting_streams: Option<usize>,
 }
 
 impl Default for Config {
@@ -73,6 +81,7 @@ impl Default for Config {
             log: None,
             kernels: None,
             codec_tickets: false,
+            max_waiting_streams: None,
         }
     }
 }
@@ -172,6 +181,12 @@ impl Config {
                 _ => return Err(Error::invalid_arg(OP, format!("HOCCL_CODEC_TICKETS={v}: want 0|1"))),
             };
         }
+        if let Some(v) = get("HOCCL_MAX_WAITING_STREAMS") {
+            self.max_waiting_streams = match parse_num("HOCCL_MAX_WAITING_STREAMS", &v)? {
+                0 => Some(usize::MAX),
+                n => Some(n),
+            };
+        }
         self.validate()?;
         Ok(self)
     }
@@ -190,6 +205,9 @@ impl Config {
         }
         if self.virtual_nodes == 0 {
             return bad("virtual_nodes must be >= 1".into());
+        }
+        if self.max_waiting_streams == Some(0) {
+            return bad("max_waiting_streams must be >= 1 (usize::MAX: no limit)".into());
         }
         if self.timeout.is_zero() {
             return bad("timeout must be > 0".into());
@@ -239,6 +257,10 @@ mod tests {
         assert_eq!(c.virtual_nodes, 2);
         assert_eq!(c.forwarding_peers, vec![1, 0, 3, 2]);
         assert_eq!(c.timeout, Duration::from_millis(1500));
+        assert_eq!(Config::default().max_waiting_streams, None);
+        let w = |v: &str| Config::default().with_env(env(&[("HOCCL_MAX_WAITING_STREAMS", v)])).unwrap().max_waiting_streams;
+        assert_eq!(w("6"), Some(6));
+        assert_eq!(w("0"), Some(usize::MAX));
     }
 
     #[test]
@@ -252,6 +274,7 @@ mod tests {
             ("HOCCL_TIMEOUT_MS", "0"),
             ("HOCCL_KERNELS", " "),
             ("HOCCL_CODEC_TICKETS", "yes"),
+            ("HOCCL_MAX_WAITING_STREAMS", "-1"),
         ] {
             let e = Config::default().with_env(env(&[(k, v)])).unwrap_err();
             assert_eq!(e.code(), crate::error::ErrorCode::InvalidArgument, "{k}={v}");

@@ -85,4 +85,49 @@ fn peer_never_calls(b: Backend) {
     });
 }
 
-backend_tests!(bad_arguments, mismatched_counts, peer_aborts, peer_never_calls);
+/// More streams with collectives pending than `max_waiting_streams`: a call on one more
+/// stream waits until one of them is released (instead of holding another of the GPU's
+/// hardware queues), a call on a stream that already waits does not, and every result is
+/// right. Thread ranks on one GPU share one CUDA context and so one limit (rank 1's stream
+/// counts against rank 0's): there the limit leaves room for it and the wait is not asserted.
+fn waiting_streams_limit(b: Backend) {
+    let shared = b == Backend::Cuda && hoccl::device::cuda::probe().map_or(true, |p| p.count < 2);
+    let cfg = Config { max_waiting_streams: Some(if shared { 4 } else { 2 }), ..test_config() };
+    run_ranks(b, 2, cfg, move |c| {
+        let dev = c.device().clone();
+        let (n, me) = (500usize, c.rank());
+        let streams: Vec<_> = (0..3).map(|_| dev.create_stream().unwrap()).collect();
+        let bufs: Vec<Buf> = (0..4).map(|i| Buf::new(&dev, 2 * n, 0, 90 + i as u64)).collect();
+        for (i, buf) in bufs.iter().enumerate() {
+            let mine: Vec<u8> = (0..n as u64).map(|j| hoccl::device::pattern_byte(seed_of(9, me, i), j)).collect();
+            dev.copy_from_host(buf.ptr.add(me * n), &mine).unwrap();
+        }
+        c.bootstrap().barrier().unwrap();
+        let on = [0, 1, 0, 2]; // rank 0's stream for op i
+        let gather = |i: usize, s| c.all_gather(bufs[i].ptr.add(me * n), bufs[i].ptr, n, DataType::U8, s).unwrap();
+        if me == 0 {
+            let t = Instant::now();
+            (0..3).for_each(|i| gather(i, streams[on[i]]));
+            assert!(t.elapsed() < Duration::from_millis(400), "two waiting streams are within the limit");
+            let t = Instant::now();
+            gather(3, streams[on[3]]);
+            if !shared {
+                assert!(t.elapsed() >= Duration::from_millis(250), "a third waiting stream must wait for rank 1's first call");
+            }
+        } else {
+            std::thread::sleep(Duration::from_millis(500));
+            (0..4).for_each(|i| gather(i, streams[0]));
+        }
+        quiesce(c);
+        for (i, buf) in bufs.iter().enumerate() {
+            let got = buf.read_all();
+            for r in 0..2 {
+                assert_eq!(wrong(&got, r * n, n, seed_of(9, r, i)), 0, "op {i}, block of rank {r}");
+            }
+            assert_eq!(buf.guard_damage(&got), 0);
+        }
+        assert!(c.async_error().is_none());
+    });
+}
+
+backend_tests!(bad_arguments, mismatched_counts, peer_aborts, peer_never_calls, waiting_streams_limit);

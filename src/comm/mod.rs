@@ -5,7 +5,7 @@
 use crate::bootstrap::Bootstrap;
 use crate::config::{init_logging, Config};
 use crate::device::{self, DevPtr, Device, StreamHandle};
-use crate::engine::streams::StreamManager;
+use crate::engine::streams::{Admission, StreamManager};
 use crate::engine::{Engine, EngineConfig, Op, Xfer};
 use crate::error::{Error, Result};
 use crate::types::DataType;
@@ -43,6 +43,9 @@ pub struct Communicator {
     bootstrap: Box<dyn Bootstrap>,
     topo: Topology,
     config: Config,
+    /// Streams of this process that may wait for collectives on this GPU at once
+    /// (`Config::max_waiting_streams`, resolved for the backend).
+    wait_limit: usize,
     state: Mutex<State>,
 }
 
@@ -103,6 +106,11 @@ impl Communicator {
                 dev.pci_bus_id()
             );
         }
+        let wait_limit = match (config.max_waiting_streams, dev.backend()) {
+            (Some(n), _) => n,
+            (None, device::Backend::Cuda) => (device::cuda::hardware_queues() / 2).max(1),
+            (None, device::Backend::Host) => usize::MAX,
+        };
         let comm_id = setup::agree_comm_id(bootstrap.as_ref())?;
         let local: Vec<usize> = topo.local_peers(rank).to_vec();
         let links = setup::connect_mailboxes(bootstrap.as_ref(), &topo, comm_id, &local)?;
@@ -121,6 +129,7 @@ impl Communicator {
             bootstrap,
             topo,
             config,
+            wait_limit,
             state: Mutex::new(State {
                 next_seq: 1,
                 pair_counts: vec![0; size],
@@ -168,10 +177,12 @@ impl Communicator {
     /// Tear down from any state: pending operations fail now and their streams are
     /// released; later calls fail with `Aborted`. Never blocks on the GPU.
     pub fn abort(&self) {
+        // First, so that a call blocked for a waiting-stream slot (holding the state lock)
+        // sees it and returns.
+        self.engine.shared.aborted.store(true, Ordering::Release);
         if let Ok(mut st) = self.state.lock() {
             st.destroyed = true;
         }
-        self.engine.shared.aborted.store(true, Ordering::Release);
         self.engine.shutdown(false);
     }
 
@@ -290,7 +301,14 @@ impl Communicator {
         let mut peers: Vec<usize> = sends.iter().chain(recvs.iter()).map(|x| x.peer).filter(|p| *p != self.rank).collect();
         peers.sort_unstable();
         peers.dedup();
-        let hs = st.streams.enqueue(self.dev.as_ref(), stream, name)?;
+        let stop = || {
+            if self.engine.shared.aborted.load(Ordering::Acquire) {
+                return Some(Error::Aborted { op: name });
+            }
+            self.engine.shared.error()
+        };
+        let adm = Admission { max: self.wait_limit, timeout: self.config.timeout, stop: &stop };
+        let hs = st.streams.enqueue(self.dev.as_ref(), stream, name, &adm)?;
         let pair_seqs = peers
             .into_iter()
             .map(|p| {

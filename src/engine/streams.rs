@@ -12,7 +12,9 @@
 use crate::device::{Backend, Device, FlagSlab, StreamHandle};
 use crate::error::{Error, Result};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// Flags per slab (two per stream).
 const SLAB_FLAGS: usize = 64;
@@ -46,6 +48,109 @@ pub struct StreamManager {
     slabs: Vec<Arc<FlagSlab>>,
 }
 
+/// How many streams may wait at once (see [`Admission`]), process-wide: one entry per flag
+/// pair whose stream has a wait enqueued that its finish flag has not released yet.
+struct Waiter {
+    key: (Backend, usize),
+    stream: StreamHandle,
+    slab: Arc<FlagSlab>,
+    finish: usize,
+    target: u64,
+}
+
+static WAITERS: Mutex<Vec<Waiter>> = Mutex::new(Vec::new());
+static WARNED: AtomicBool = AtomicBool::new(false);
+
+/// The limit on streams that wait for collectives at once, per GPU, in this process. A
+/// stream blocked in a wait holds one of the context's hardware queues; when every queue is
+/// held, the driver blocks further enqueues and the copies that would release the waits do
+/// not run (H200: with 32 queues, 32 streams waiting on host flags stopped the driver, and
+/// 32 streams each with a pending collective, one rank per process, stopped the copies;
+/// with 8 queues, 8 waiting streams stopped them). A collective on a stream that is not
+/// already waiting, when `max` others are, blocks the calling thread until one is released.
+pub struct Admission<'a> {
+    pub max: usize,
+    pub timeout: Duration,
+    /// Checked while blocked: the communicator's abort or asynchronous error ends the wait.
+    pub stop: &'a dyn Fn() -> Option<Error>,
+}
+
+/// What shares hardware queues: a CUDA context (one per GPU in a process: the primary
+/// context); each host-backend device has its own.
+fn context_key(dev: &dyn Device) -> (Backend, usize) {
+    match dev.backend() {
+        Backend::Cuda => (Backend::Cuda, dev.ordinal()),
+        Backend::Host => (Backend::Host, dev as *const dyn Device as *const u8 as usize),
+    }
+}
+
+/// Streams of `key` that wait (targets not reached), after dropping released entries.
+fn waiting_streams(w: &mut Vec<Waiter>, key: (Backend, usize)) -> Vec<StreamHandle> {
+    w.retain(|e| e.slab.load(e.finish) < e.target);
+    let mut v: Vec<StreamHandle> = w.iter().filter(|e| e.key == key).map(|e| e.stream).collect();
+    v.sort_unstable_by_key(|s| s.0);
+    v.dedup();
+    v
+}
+
+/// Record that `stream` waits until flag `finish` of `slab` reaches `target` (a target the
+/// flag has reached withdraws the entry).
+fn record(w: &mut Vec<Waiter>, key: (Backend, usize), stream: StreamHandle, slab: &Arc<FlagSlab>, finish: usize, target: u64) {
+    match w.iter_mut().find(|e| Arc::ptr_eq(&e.slab, slab) && e.finish == finish) {
+        Some(e) => e.target = target,
+        None => w.push(Waiter { key, stream, slab: slab.clone(), finish, target }),
+    }
+}
+
+/// With a limit, wait until `stream` is already waiting or fewer than the limit of other
+/// streams are, then record its new wait (see [`record`]).
+fn admit(key: (Backend, usize), stream: StreamHandle, slab: &Arc<FlagSlab>, finish: usize, target: u64, op: &'static str, adm: &Admission) -> Result<()> {
+    if adm.max == usize::MAX {
+        return Ok(());
+    }
+    let deadline = Instant::now() + adm.timeout;
+    loop {
+        let others = {
+            let mut w = WAITERS.lock().map_err(|_| Error::internal(op, "waiting-stream registry poisoned"))?;
+            let waiting = waiting_streams(&mut w, key);
+            if waiting.contains(&stream) || waiting.len() < adm.max {
+                record(&mut w, key, stream, slab, finish, target);
+                return Ok(());
+            }
+            waiting.len()
+        };
+        if let Some(e) = (adm.stop)() {
+            return Err(e);
+        }
+        if Instant::now() >= deadline {
+            return Err(Error::Timeout {
+                op,
+                after: adm.timeout,
+                what: format!(
+                    "{others} other streams of this process already wait for collectives on this GPU, the most allowed at once \
+                     (HOCCL_MAX_WAITING_STREAMS = {}; each holds one of the context's hardware queues), and none was released",
+                    adm.max
+                ),
+            });
+        }
+        if !WARNED.swap(true, Ordering::Relaxed) {
+            log::warn!(
+                "hoccl: {op}: {others} streams already wait for collectives on this GPU (HOCCL_MAX_WAITING_STREAMS = {}): \
+                 the call waits until one is released (use fewer streams for collectives; logged once)",
+                adm.max
+            );
+        }
+        std::thread::sleep(Duration::from_micros(50));
+    }
+}
+
+/// Withdraw this process's waiting-stream entries on `slabs` (a communicator's teardown).
+fn forget_waiters(slabs: &[Arc<FlagSlab>]) {
+    if let Ok(mut w) = WAITERS.lock() {
+        w.retain(|e| !slabs.iter().any(|s| Arc::ptr_eq(s, &e.slab)));
+    }
+}
+
 /// The handshake enqueued for one op.
 pub struct Handshake {
     pub flags: Arc<FlagSlab>,
@@ -56,15 +161,28 @@ pub struct Handshake {
 
 impl StreamManager {
     /// Enqueue `write start := s; wait finish >= s` on `stream` and return the flags.
-    pub fn enqueue(&mut self, dev: &dyn Device, stream: StreamHandle, op: &'static str) -> Result<Handshake> {
+    /// With `adm`'s limit reached by other streams, first blocks until one is released.
+    pub fn enqueue(&mut self, dev: &dyn Device, stream: StreamHandle, op: &'static str, adm: &Admission) -> Result<Handshake> {
         if !self.slots.contains_key(&stream) {
             let (slab, idx, seq) = self.take_pair(dev)?;
             self.slots.insert(stream, Slot { slab, start: idx, seq });
         }
+        let key = context_key(dev);
         let slot = self.slots.get_mut(&stream).ok_or_else(|| Error::internal(op, "stream slot vanished"))?;
         let s = slot.seq + 1;
-        dev.write_value(stream, slot.slab.dev_addr(slot.start), s).map_err(|e| e.with_op(op))?;
-        dev.wait_value_geq(stream, slot.slab.dev_addr(slot.start + 1), s).map_err(|e| e.with_op(op))?;
+        admit(key, stream, &slot.slab, slot.start + 1, s, op, adm)?;
+        let enqueued = dev
+            .write_value(stream, slot.slab.dev_addr(slot.start), s)
+            .and_then(|_| dev.wait_value_geq(stream, slot.slab.dev_addr(slot.start + 1), s));
+        if let Err(e) = enqueued {
+            // Not submitted: the stream waits for no more than before.
+            if adm.max != usize::MAX {
+                if let Ok(mut w) = WAITERS.lock() {
+                    record(&mut w, key, stream, &slot.slab, slot.start + 1, slot.seq);
+                }
+            }
+            return Err(e.with_op(op));
+        }
         slot.seq = s;
         Ok(Handshake { flags: slot.slab.clone(), start_flag: slot.start, finish_flag: slot.start + 1, stream_seq: s })
     }
@@ -102,6 +220,7 @@ impl StreamManager {
     /// value) can still be queued on any stream: the pairs are recycled. Otherwise a start
     /// write may still be queued; the pairs are kept out of use forever.
     pub fn release(&mut self, dev: &dyn Device, clean: bool) {
+        forget_waiters(&self.slabs);
         let key = (dev.backend(), dev.ordinal());
         let mut back: Vec<PooledPair> = Vec::new();
         if clean {
@@ -120,5 +239,79 @@ impl StreamManager {
         }
         self.slots.clear();
         self.current = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::host::HostDevice;
+
+    fn adm(max: usize, ms: u64) -> Admission<'static> {
+        Admission { max, timeout: Duration::from_millis(ms), stop: &|| None }
+    }
+
+    /// Streams past the limit wait for a release, a stream that already waits does not, a
+    /// wait that no release ends is a Timeout that names the setting, and a refused call
+    /// leaves nothing enqueued.
+    #[test]
+    fn waiting_stream_limit() {
+        let dev = HostDevice::new().unwrap();
+        let mut m = StreamManager::default();
+        let s: Vec<StreamHandle> = (0..3).map(|_| dev.create_stream().unwrap()).collect();
+        m.enqueue(&dev, s[0], "t", &adm(2, 5000)).unwrap();
+        let h1 = m.enqueue(&dev, s[1], "t", &adm(2, 5000)).unwrap();
+        let t = Instant::now();
+        let h0b = m.enqueue(&dev, s[0], "t", &adm(2, 5000)).unwrap(); // s[0] already waits: no new queue
+        assert!(t.elapsed() < Duration::from_millis(500));
+        let t = Instant::now();
+        let e = m.enqueue(&dev, s[2], "t", &adm(2, 300)).err().expect("timeout");
+        assert_eq!(e.code(), crate::error::ErrorCode::Timeout, "{e}");
+        assert!(e.to_string().contains("HOCCL_MAX_WAITING_STREAMS = 2"), "{e}");
+        assert!(t.elapsed() >= Duration::from_millis(300));
+        assert!(dev.stream_query(s[2]).unwrap(), "a refused call enqueues nothing");
+        // Releasing s[1] from another thread lets a blocked call through.
+        // (Targets are the pairs' sequence numbers: a pair may come from the pool.)
+        let (flags, finish, target) = (h1.flags.clone(), h1.finish_flag, h1.stream_seq);
+        let releaser = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            flags.store(finish, target);
+        });
+        let t = Instant::now();
+        let h2 = m.enqueue(&dev, s[2], "t", &adm(2, 5000)).unwrap();
+        assert!(t.elapsed() >= Duration::from_millis(150), "admitted before the release");
+        releaser.join().unwrap();
+        // Unlimited: never waits.
+        let s3 = dev.create_stream().unwrap();
+        let h3 = m.enqueue(&dev, s3, "t", &adm(usize::MAX, 1)).unwrap();
+        for h in [&h0b, &h2, &h3] {
+            h.flags.store(h.finish_flag, h.stream_seq);
+        }
+        for st in s.into_iter().chain([s3]) {
+            dev.synchronize(st).unwrap();
+            dev.destroy_stream(st).unwrap();
+        }
+        m.release(&dev, true);
+    }
+
+    /// The communicator's stop condition (abort, async error) ends a blocked call at once.
+    #[test]
+    fn waiting_stream_stop() {
+        let dev = HostDevice::new().unwrap();
+        let mut m = StreamManager::default();
+        let s0 = dev.create_stream().unwrap();
+        let s1 = dev.create_stream().unwrap();
+        let h0 = m.enqueue(&dev, s0, "t", &adm(1, 5000)).unwrap();
+        let stop = || Some(Error::Aborted { op: "t" });
+        let t = Instant::now();
+        let e = m.enqueue(&dev, s1, "t", &Admission { max: 1, timeout: Duration::from_secs(5), stop: &stop }).err().expect("stopped");
+        assert_eq!(e.code(), crate::error::ErrorCode::Aborted);
+        assert!(t.elapsed() < Duration::from_secs(1));
+        h0.flags.store(h0.finish_flag, h0.stream_seq);
+        for st in [s0, s1] {
+            dev.synchronize(st).unwrap();
+            dev.destroy_stream(st).unwrap();
+        }
+        m.release(&dev, true);
     }
 }

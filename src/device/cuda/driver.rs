@@ -123,6 +123,13 @@ pub(crate) fn init() -> Result<()> {
 /// Hardware work queues per context that hoccl asks for (`CUDA_DEVICE_MAX_CONNECTIONS`).
 pub const WANT_CONNECTIONS: u32 = 32;
 
+/// The hardware work queues a context of this process has (or will have):
+/// `CUDA_DEVICE_MAX_CONNECTIONS` as the driver reads it (hoccl sets 32 when unset before CUDA
+/// starts), or the driver's default of 8.
+pub fn hardware_queues() -> usize {
+    std::env::var("CUDA_DEVICE_MAX_CONNECTIONS").ok().and_then(|v| v.trim().parse().ok()).filter(|n| *n > 0).unwrap_or(8)
+}
+
 /// Streams are spread over a context's hardware work queues (8 by default). A stream
 /// blocked in `cuStreamWaitValue` (a user stream waiting for a collective to finish) blocks
 /// every stream that shares its queue, so a copy-engine queue sharing it could never run

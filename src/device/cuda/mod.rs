@@ -38,6 +38,7 @@ mod probe;
 mod queue;
 mod stream;
 
+pub use driver::hardware_queues;
 pub use probe::{probe, GpuInfo, Probe};
 pub use queue::CudaCopyQueue;
 

@@ -1,0 +1,128 @@
+//! How many streams may wait for a collective at once before hoccl's copies stop running,
+//! and whether waiting on an event instead of a host flag changes that (CUDA only).
+//!
+//! `cargo run --release --example wait_probe [flag|event] [WAITERS] [first|last]`
+//!
+//! Makes 3 copy queues (as a communicator does; `last`: after the waiters), then WAITERS
+//! streams that wait, the way user streams wait for pending collectives:
+//! - `flag`: each stream waits on a host flag (`cuStreamWaitValue64`, what hoccl does today);
+//! - `event`: one gate stream waits on the host flag and records an event, and every
+//!   other stream waits on that event (`cuStreamWaitEvent`).
+//!
+//! Then each copy queue gets a 4-byte copy and a fence, as the proxy issues a collective's
+//! copies after the streams reached it. After 300 ms it prints how many copies have not
+//! run, releases the flag and checks that everything ran. A driver call that itself waits
+//! for the flag would hang the probe: a guard releases the flag after 3 s and says where.
+use cudarc::driver::sys;
+use hoccl::config::BackendChoice;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+static STEP: AtomicUsize = AtomicUsize::new(0);
+
+fn cu(what: &str, r: sys::CUresult) {
+    assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "wait_probe: {what} failed");
+}
+
+fn main() -> hoccl::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let event_mode = match args.first().map(String::as_str).unwrap_or("flag") {
+        "flag" => false,
+        "event" => true,
+        m => panic!("wait_probe: mode {m}: flag or event"),
+    };
+    let waiters: usize = args.get(1).map_or(64, |s| s.parse().expect("WAITERS"));
+    let queues_last = args.get(2).is_some_and(|s| s == "last");
+    let dev = hoccl::device::open(BackendChoice::Cuda, 0)?;
+    dev.bind_thread()?;
+    let buf = dev.alloc(1 << 12)?;
+    let flags = Arc::new(dev.alloc_flags(1)?);
+    let guard_flags = flags.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(3));
+        let s = STEP.load(Ordering::Acquire);
+        if s != usize::MAX {
+            eprintln!("wait_probe: enqueue stuck after 3 s at step {s} (1000 + waiter, 2000 + queue copy): releasing the flag");
+            guard_flags.store(0, 1);
+        }
+    });
+    let t0 = Instant::now();
+    let mut queues = Vec::new();
+    if !queues_last {
+        for _ in 0..3 {
+            queues.push(dev.create_copy_queue()?);
+        }
+    }
+    let gate = dev.create_stream()?;
+    let mut event: sys::CUevent = std::ptr::null_mut();
+    if event_mode {
+        dev.wait_value_geq(gate, flags.dev_addr(0), 1)?;
+        // SAFETY: valid out-pointer; bind_thread made the device's context current.
+        cu("cuEventCreate", unsafe { sys::cuEventCreate(&mut event, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) });
+        // SAFETY: the event and the stream belong to the current context.
+        cu("cuEventRecord", unsafe { sys::cuEventRecord(event, gate.0 as sys::CUstream) });
+    }
+    let mut streams = Vec::new();
+    for j in 0..waiters {
+        STEP.store(1000 + j, Ordering::Release);
+        let s = dev.create_stream()?;
+        if event_mode {
+            // SAFETY: the event was recorded above; both belong to the current context.
+            cu("cuStreamWaitEvent", unsafe { sys::cuStreamWaitEvent(s.0 as sys::CUstream, event, 0) });
+        } else {
+            dev.wait_value_geq(s, flags.dev_addr(0), 1)?;
+        }
+        streams.push(s);
+    }
+    if queues_last {
+        for _ in 0..3 {
+            queues.push(dev.create_copy_queue()?);
+        }
+    }
+    let mut tickets = Vec::new();
+    for (i, q) in queues.iter_mut().enumerate() {
+        STEP.store(2000 + i, Ordering::Release);
+        q.copy(buf.add(2048), buf, 4)?;
+        tickets.push(q.fence()?);
+    }
+    STEP.store(usize::MAX, Ordering::Release);
+    let enq = t0.elapsed();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut stuck = 0;
+    for (i, q) in queues.iter_mut().enumerate() {
+        if q.completed()? < tickets[i] {
+            stuck += 1;
+        }
+    }
+    println!(
+        "wait_probe: {} mode, {waiters} waiting streams, copy queues made {}, CUDA_DEVICE_MAX_CONNECTIONS={:?}: enqueued in {enq:?}; copies not run after 300 ms: {stuck} of {}",
+        if event_mode { "event" } else { "flag" },
+        if queues_last { "last" } else { "first" },
+        std::env::var("CUDA_DEVICE_MAX_CONNECTIONS").ok(),
+        queues.len()
+    );
+    flags.store(0, 1);
+    let t1 = Instant::now();
+    for (i, q) in queues.iter_mut().enumerate() {
+        while q.completed()? < tickets[i] {
+            if t1.elapsed() > Duration::from_secs(5) {
+                println!("wait_probe: copies still not run 5 s after the release");
+                std::process::exit(3);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    for s in streams.into_iter().chain([gate]) {
+        dev.synchronize(s)?;
+        dev.destroy_stream(s)?;
+    }
+    if event_mode {
+        // SAFETY: the event's streams are synchronized; it is not used again.
+        cu("cuEventDestroy", unsafe { sys::cuEventDestroy_v2(event) });
+    }
+    drop(queues);
+    dev.free(buf)?;
+    println!("wait_probe: all ran once the flag was released");
+    Ok(())
+}
