@@ -1,9 +1,11 @@
 //! hoccl-example: self-checking
 //! Many streams with collectives pending at once, one rank per process: K user streams per
 //! rank each run an AllGather every round (filled afresh before it, on the same stream), so
-//! K streams of every process wait on hoccl at the same time. The README's "Hardware queues"
-//! limit is about such waits; this measures whether one rank per process meets it as the
-//! streams multiply, and checks every byte.
+//! K streams of every process wait on hoccl at the same time, up to the limit of waiting
+//! streams (`HOCCL_MAX_WAITING_STREAMS`, 16 on CUDA by default; past it the calls take
+//! turns). The README's "Hardware queues" limit is about such waits: on one H200, two
+//! processes with 32 waiting streams each stopped for good without the limit, and pass with
+//! it (twenty-seventh session). This checks every byte.
 //!
 //!   mpirun -np 2 target/release/examples/streams_check [--streams 1,4,16,32] [--rounds N] [--bytes 1M]
 //!

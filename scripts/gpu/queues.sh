@@ -4,7 +4,8 @@
 #   1. the thread-rank CUDA collectives binary RUNS times each: without the tests'
 #      allocation barrier (the default) and with it (HOCCL_TEST_ALLOC_BARRIER=1);
 #   2. examples/queue_probe: a blocked stream, then fresh and recycled (CHURN) queues and
-#      streams with a copy / a fill kernel each: what runs behind it.
+#      streams with a copy / a fill kernel each: what runs behind it;
+#   3. examples/wait_probe: 16-64 streams waiting on a host flag or an event, then copies.
 # Each failing run's log (every rank's state at its first failure) is kept in $OUT/fails.
 # Up to ~5 min with RUNS=10 (a failing run takes ~11 s):
 #   LIMIT_queues=400 bash scripts/gpu/all.sh queues     (or: OUT=dir bash scripts/gpu/queues.sh)
@@ -31,4 +32,13 @@ for args in "3 3 3" "16 16 16" "16 16 16 200" "40 40 40"; do
   echo "queue_probe $args:"
   timeout 30 carry/queue_probe $args 2>&1 | sed 's/^/  /'
 done
+# How many waiting streams stop the driver or the copies (twenty-seventh session: with 32
+# queues 30 were fine and the 32nd blocked its enqueue, flag or event alike; with 8 queues
+# 8 stopped the copies).
+for args in "flag 16" "flag 30" "flag 32" "event 32" "event 64"; do
+  echo "wait_probe $args:"
+  timeout 20 carry/wait_probe $args 2>&1 | sed 's/^/  /'
+done
+echo "wait_probe flag 8, 8 queues:"
+CUDA_DEVICE_MAX_CONNECTIONS=8 timeout 20 carry/wait_probe flag 8 2>&1 | sed 's/^/  /'
 exit $status
