@@ -11,7 +11,11 @@
 // after the work before it on that stream and completes before the work after it. A Stream is
 // CUDA's CUstream / cudaStream_t (the same type, declared here without the CUDA headers); on
 // the host backend (no GPU) it comes from Device::createStream(). nullptr is the default
-// stream. Every rank calls collectives in the same order. Counts are in elements.
+// stream. Every rank calls collectives in the same order. Counts are in elements. One
+// exception to "returns at once": when HOCCL_MAX_WAITING_STREAMS other streams of this process
+// (default 16 on CUDA) already wait for collectives on the GPU, a call on one more stream
+// blocks until one of them is released (at most HOCCL_TIMEOUT_MS, then ErrorCode::Timeout):
+// every waiting stream holds one of the GPU's hardware queues (README, Known limits).
 #pragma once
 
 #include <mpi.h>
