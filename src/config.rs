@@ -191,6 +191,17 @@ impl Config {
         Ok(self)
     }
 
+    /// How many streams of this process may wait for collectives on one GPU of `backend` at
+    /// once: `max_waiting_streams`, else half the CUDA context's hardware queues (at least
+    /// 1), no limit (`usize::MAX`) on the host backend.
+    pub fn waiting_stream_limit(&self, backend: crate::device::Backend) -> usize {
+        match (self.max_waiting_streams, backend) {
+            (Some(n), _) => n,
+            (None, crate::device::Backend::Cuda) => (crate::device::cuda::hardware_queues() / 2).max(1),
+            (None, crate::device::Backend::Host) => usize::MAX,
+        }
+    }
+
     /// Reject values no engine can run with.
     pub fn validate(&self) -> Result<()> {
         let bad = |what: String| Err(Error::invalid_arg("Config::validate", what));
@@ -261,6 +272,12 @@ mod tests {
         let w = |v: &str| Config::default().with_env(env(&[("HOCCL_MAX_WAITING_STREAMS", v)])).unwrap().max_waiting_streams;
         assert_eq!(w("6"), Some(6));
         assert_eq!(w("0"), Some(usize::MAX));
+        use crate::device::Backend;
+        assert_eq!(Config::default().waiting_stream_limit(Backend::Host), usize::MAX);
+        assert!(Config::default().waiting_stream_limit(Backend::Cuda) >= 1);
+        let six = Config { max_waiting_streams: Some(6), ..Config::default() };
+        assert_eq!(six.waiting_stream_limit(Backend::Cuda), 6);
+        assert_eq!(six.waiting_stream_limit(Backend::Host), 6);
     }
 
     #[test]

@@ -86,6 +86,17 @@ fn version(v: i32) -> String {
     format!("{}.{}", v / 1000, (v % 1000) / 10)
 }
 
+/// `HOCCL_MAX_WAITING_STREAMS` as a communicator on a GPU would resolve it (text).
+fn waiting_limit() -> String {
+    match hoccl::Config::from_env() {
+        Ok(c) => match c.waiting_stream_limit(hoccl::device::Backend::Cuda) {
+            usize::MAX => "unlimited (HOCCL_MAX_WAITING_STREAMS=0)".into(),
+            n => format!("{n} (HOCCL_MAX_WAITING_STREAMS)"),
+        },
+        Err(e) => format!("? ({e})"),
+    }
+}
+
 fn text_gpus(s: &mut String, p: &Probe) {
     let _ = writeln!(s, "CUDA: driver {}, {} GPU(s)", version(p.driver_version), p.count);
     for g in &p.gpus {
@@ -103,6 +114,12 @@ fn text_gpus(s: &mut String, p: &Probe) {
             if g.stream_mem_ops_64 { "yes" } else { "no" }
         );
     }
+    let _ = writeln!(
+        s,
+        "  hardware queues per context {} (CUDA_DEVICE_MAX_CONNECTIONS); streams that may wait for collectives at once {}",
+        cuda::hardware_queues(),
+        waiting_limit()
+    );
     let _ = writeln!(s, "  peer access (row can access column):");
     let _ = writeln!(s, "      {}", (0..p.count).map(|j| format!("{j:>3}")).collect::<String>());
     for (i, row) in p.peer_access.iter().enumerate() {
@@ -169,7 +186,18 @@ fn to_json(r: &Report) -> String {
                 )
             });
             let peers = list(&p.peer_access, |row| list(row, |b| b.to_string()));
-            format!("{{\"ok\":true,\"driver_version\":{},\"count\":{},\"gpus\":{gpus},\"peer_access\":{peers}}}", p.driver_version, p.count)
+            let limit = hoccl::Config::from_env().map(|c| c.waiting_stream_limit(hoccl::device::Backend::Cuda)).ok();
+            format!(
+                "{{\"ok\":true,\"driver_version\":{},\"count\":{},\"gpus\":{gpus},\"peer_access\":{peers},\"hardware_queues\":{},\"max_waiting_streams\":{}}}",
+                p.driver_version,
+                p.count,
+                cuda::hardware_queues(),
+                match limit {
+                    Some(usize::MAX) => "\"unlimited\"".to_string(),
+                    Some(n) => n.to_string(),
+                    None => "null".to_string(),
+                }
+            )
         }
     };
     let rdma = match &r.rdma {

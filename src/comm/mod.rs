@@ -106,11 +106,7 @@ impl Communicator {
                 dev.pci_bus_id()
             );
         }
-        let wait_limit = match (config.max_waiting_streams, dev.backend()) {
-            (Some(n), _) => n,
-            (None, device::Backend::Cuda) => (device::cuda::hardware_queues() / 2).max(1),
-            (None, device::Backend::Host) => usize::MAX,
-        };
+        let wait_limit = config.waiting_stream_limit(dev.backend());
         let comm_id = setup::agree_comm_id(bootstrap.as_ref())?;
         let local: Vec<usize> = topo.local_peers(rank).to_vec();
         let links = setup::connect_mailboxes(bootstrap.as_ref(), &topo, comm_id, &local)?;
