@@ -10,8 +10,10 @@
 //!   other stream waits on that event (`cuStreamWaitEvent`).
 //!
 //! Then each copy queue gets a 4-byte copy and a fence, as the proxy issues a collective's
-//! copies after the streams reached it. After 300 ms it prints how many copies have not
-//! run, releases the flag and checks that everything ran. A driver call that itself waits
+//! copies after the streams reached it, and a fresh stream gets a fill kernel and a flag
+//! write (as a rank's stream runs its own work before its collective). After 300 ms it
+//! prints how many copies have not run and whether the kernel has, releases the flag and
+//! checks that everything ran. A driver call that itself waits
 //! for the flag would hang the probe: a guard releases the flag after 3 s and says where.
 use cudarc::driver::sys;
 use hoccl::config::BackendChoice;
@@ -37,13 +39,13 @@ fn main() -> hoccl::Result<()> {
     let dev = hoccl::device::open(BackendChoice::Cuda, 0)?;
     dev.bind_thread()?;
     let buf = dev.alloc(1 << 12)?;
-    let flags = Arc::new(dev.alloc_flags(1)?);
+    let flags = Arc::new(dev.alloc_flags(2)?);
     let guard_flags = flags.clone();
     std::thread::spawn(move || {
         std::thread::sleep(Duration::from_secs(3));
         let s = STEP.load(Ordering::Acquire);
         if s != usize::MAX {
-            eprintln!("wait_probe: enqueue stuck after 3 s at step {s} (1000 + waiter, 2000 + queue copy): releasing the flag");
+            eprintln!("wait_probe: enqueue stuck after 3 s at step {s} (1000 + waiter, 2000 + queue copy, 3000 kernel): releasing the flag");
             guard_flags.store(0, 1);
         }
     });
@@ -86,6 +88,10 @@ fn main() -> hoccl::Result<()> {
         q.copy(buf.add(2048), buf, 4)?;
         tickets.push(q.fence()?);
     }
+    STEP.store(3000, Ordering::Release);
+    let k = dev.create_stream()?;
+    dev.fill_pattern_async(k, buf.add(1024), 64, 7)?;
+    dev.write_value(k, flags.dev_addr(1), 1)?;
     STEP.store(usize::MAX, Ordering::Release);
     let enq = t0.elapsed();
     std::thread::sleep(Duration::from_millis(300));
@@ -95,12 +101,14 @@ fn main() -> hoccl::Result<()> {
             stuck += 1;
         }
     }
+    let kernel_ran = flags.load(1) == 1;
     println!(
-        "wait_probe: {} mode, {waiters} waiting streams, copy queues made {}, CUDA_DEVICE_MAX_CONNECTIONS={:?}: enqueued in {enq:?}; copies not run after 300 ms: {stuck} of {}",
+        "wait_probe: {} mode, {waiters} waiting streams, copy queues made {}, CUDA_DEVICE_MAX_CONNECTIONS={:?}: enqueued in {enq:?}; copies not run after 300 ms: {stuck} of {}; kernel on a fresh stream {}",
         if event_mode { "event" } else { "flag" },
         if queues_last { "last" } else { "first" },
         std::env::var("CUDA_DEVICE_MAX_CONNECTIONS").ok(),
-        queues.len()
+        queues.len(),
+        if kernel_ran { "ran" } else { "NOT run" }
     );
     flags.store(0, 1);
     let t1 = Instant::now();
@@ -113,7 +121,7 @@ fn main() -> hoccl::Result<()> {
             std::thread::sleep(Duration::from_millis(1));
         }
     }
-    for s in streams.into_iter().chain([gate]) {
+    for s in streams.into_iter().chain([gate, k]) {
         dev.synchronize(s)?;
         dev.destroy_stream(s)?;
     }

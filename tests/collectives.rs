@@ -44,7 +44,7 @@ fn all_gather(b: Backend) {
             let (r, n, dev) = (c.rank(), c.size(), c.device().clone());
             let mut rng = Rng(100 + n as u64);
             let mut mine = Rng(1000 + r as u64);
-            let s = dev.create_stream().unwrap();
+            let s = new_stream(&dev);
             for it in 0..6 {
                 quiesce(c);
                 let sh = shape(&mut rng, n, 20_000);
@@ -86,7 +86,7 @@ fn all_to_all(b: Backend) {
             let (r, n, dev) = (c.rank(), c.size(), c.device().clone());
             let mut rng = Rng(200 + n as u64);
             let mut mine = Rng(2000 + r as u64);
-            let s = dev.create_stream().unwrap();
+            let s = new_stream(&dev);
             for it in 0..6 {
                 quiesce(c);
                 let sh = shape(&mut rng, n, 10_000);
@@ -128,7 +128,7 @@ fn all_to_allv(b: Backend) {
     for n in [2, 3, 4] {
         run_ranks(b, n, test_config(), move |c| {
             let (r, n, dev) = (c.rank(), c.size(), c.device().clone());
-            let s = dev.create_stream().unwrap();
+            let s = new_stream(&dev);
             let dtype = DataType::BF16;
             let es = dtype.size();
             for it in 0..5u64 {
@@ -197,7 +197,7 @@ fn broadcast(b: Backend) {
             let (r, n, dev) = (c.rank(), c.size(), c.device().clone());
             let mut rng = Rng(300 + n as u64);
             let mut mine = Rng(3000 + r as u64);
-            let s = dev.create_stream().unwrap();
+            let s = new_stream(&dev);
             for it in 0..6 {
                 quiesce(c);
                 let sh = shape(&mut rng, n, 50_000);
@@ -231,7 +231,7 @@ fn gather_scatter(b: Backend) {
         run_ranks(b, n, test_config(), move |c| {
             let (r, n, dev) = (c.rank(), c.size(), c.device().clone());
             let mut rng = Rng(400 + n as u64);
-            let s = dev.create_stream().unwrap();
+            let s = new_stream(&dev);
             for it in 0..5 {
                 quiesce(c);
                 let sh = shape(&mut rng, n, 8_000);
@@ -295,7 +295,7 @@ fn send_recv_groups(b: Backend) {
     for n in 1..=4 {
         run_ranks(b, n, test_config(), move |c| {
             let (r, n, dev) = (c.rank(), c.size(), c.device().clone());
-            let s = dev.create_stream().unwrap();
+            let s = new_stream(&dev);
             for it in 0..8u64 {
                 quiesce(c);
                 // Every rank derives the same list of (src, dst, bytes) messages.
@@ -366,7 +366,7 @@ fn back_to_back(b: Backend) {
         let len = 1000;
         let a = Buf::new(&dev, len * n, 0, 1);
         let bb = Buf::new(&dev, len * n, 0, 2);
-        let s = dev.create_stream().unwrap();
+        let s = new_stream(&dev);
         allocated(c);
         dev.fill_pattern_async(s, a.ptr.add(r * len), len, seed_of(1, r, 0))
             .unwrap();
@@ -385,7 +385,7 @@ fn back_to_back(b: Backend) {
         }
         // Three streams interleaved, independent buffers (allocated once no rank waits).
         quiesce(c);
-        let streams: Vec<_> = (0..3).map(|_| dev.create_stream().unwrap()).collect();
+        let streams: Vec<_> = (0..3).map(|_| new_stream(&dev)).collect();
         let bufs: Vec<_> = (0..3)
             .map(|k| Buf::new(&dev, len * n, k, 10 + k as u64))
             .collect();
@@ -428,7 +428,7 @@ fn stream_ordering(b: Backend) {
         let send = Buf::new(&dev, len, 3, 1);
         let recv = Buf::new(&dev, len * n, 1, 2);
         let out = Buf::new(&dev, len * n, 0, 3);
-        let s = dev.create_stream().unwrap();
+        let s = new_stream(&dev);
         allocated(c);
         for it in 0..20u64 {
             dev.fill_pattern_async(s, send.ptr, len, seed_of(it, r, 7))
@@ -482,7 +482,7 @@ fn two_communicators_rank(
         let len = 4099;
         let x = Buf::new(&dev, len * 3, 0, 1);
         let y = Buf::new(&dev, len * 3, 0, 2);
-        let s = dev.create_stream().unwrap();
+        let s = new_stream(&dev);
         allocated(&c1);
         for it in 0..10u64 {
             dev.fill_pattern_async(s, x.ptr.add(r * len), len, seed_of(it, r, 1))
@@ -527,7 +527,7 @@ fn stream_destroyed_first(b: Backend) {
         run_ranks(b, 2, test_config(), move |c| {
             let (r, dev) = (c.rank(), c.device().clone());
             let buf = Buf::new(&dev, 2000, 0, 1);
-            let s = dev.create_stream().unwrap();
+            let s = new_stream(&dev);
             allocated(c);
             dev.fill_pattern_async(s, buf.ptr.add(r * 1000), 1000, seed_of(round, r, 0)).unwrap();
             c.all_gather(buf.ptr.add(r * 1000), buf.ptr, 1000, DataType::U8, s).unwrap();

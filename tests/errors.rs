@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 fn bad_arguments(b: Backend) {
     run_ranks(b, 2, test_config(), |c| {
         let dev = c.device().clone();
-        let s = dev.create_stream().unwrap();
+        let s = new_stream(&dev);
         let buf = Buf::new(&dev, 1000, 0, 1);
         let code = |r: hoccl::Result<()>| r.unwrap_err().code();
         assert_eq!(code(c.all_gather(DevPtr::NULL, buf.ptr, 10, DataType::U8, s)), ErrorCode::InvalidArgument, "null");
@@ -32,7 +32,7 @@ fn bad_arguments(b: Backend) {
 fn mismatched_counts(b: Backend) {
     run_ranks(b, 2, test_config(), |c| {
         let dev = c.device().clone();
-        let s = dev.create_stream().unwrap();
+        let s = new_stream(&dev);
         let buf = Buf::new(&dev, 4000, 0, 1);
         let count = if c.rank() == 0 { 100 } else { 120 };
         c.all_gather(buf.ptr.add(c.rank() * count), buf.ptr, count, DataType::U8, s).unwrap();
@@ -49,7 +49,7 @@ fn peer_aborts(b: Backend) {
     let cfg = Config { timeout: Duration::from_secs(30), ..test_config() };
     run_ranks(b, 3, cfg, |c| {
         let dev = c.device().clone();
-        let s = dev.create_stream().unwrap();
+        let s = new_stream(&dev);
         let buf = Buf::new(&dev, 3000, 0, 1);
         if c.rank() == 2 {
             std::thread::sleep(Duration::from_millis(100));
@@ -71,7 +71,7 @@ fn peer_never_calls(b: Backend) {
     let cfg = Config { timeout: Duration::from_millis(700), ..test_config() };
     run_ranks(b, 2, cfg, |c| {
         let dev = c.device().clone();
-        let s = dev.create_stream().unwrap();
+        let s = new_stream(&dev);
         let buf = Buf::new(&dev, 100, 0, 1);
         if c.rank() == 0 {
             c.send(buf.ptr, 100, DataType::U8, 1, s).unwrap();
@@ -96,7 +96,7 @@ fn waiting_streams_limit(b: Backend) {
     run_ranks(b, 2, cfg, move |c| {
         let dev = c.device().clone();
         let (n, me) = (500usize, c.rank());
-        let streams: Vec<_> = (0..3).map(|_| dev.create_stream().unwrap()).collect();
+        let streams: Vec<_> = (0..3).map(|_| new_stream(&dev)).collect();
         let bufs: Vec<Buf> = (0..4).map(|i| Buf::new(&dev, 2 * n, 0, 90 + i as u64)).collect();
         for (i, buf) in bufs.iter().enumerate() {
             let mine: Vec<u8> = (0..n as u64).map(|j| hoccl::device::pattern_byte(seed_of(9, me, i), j)).collect();
