@@ -84,13 +84,18 @@ fn context_key(dev: &dyn Device) -> (Backend, usize) {
     }
 }
 
-/// Streams of `key` that wait (targets not reached), after dropping released entries.
-fn waiting_streams(w: &mut Vec<Waiter>, key: (Backend, usize)) -> Vec<StreamHandle> {
+/// After dropping released entries: how many distinct streams of `key` wait (targets not
+/// reached), and whether `stream` is one of them. (A few entries: no allocation per call.)
+fn waiting_streams(w: &mut Vec<Waiter>, key: (Backend, usize), stream: StreamHandle) -> (usize, bool) {
     w.retain(|e| e.slab.load(e.finish) < e.target);
-    let mut v: Vec<StreamHandle> = w.iter().filter(|e| e.key == key).map(|e| e.stream).collect();
-    v.sort_unstable_by_key(|s| s.0);
-    v.dedup();
-    v
+    let (mut n, mut this) = (0, false);
+    for (i, e) in w.iter().enumerate() {
+        if e.key == key && !w[..i].iter().any(|p| p.key == key && p.stream == e.stream) {
+            n += 1;
+            this |= e.stream == stream;
+        }
+    }
+    (n, this)
 }
 
 /// Record that `stream` waits until flag `finish` of `slab` reaches `target` (a target the
@@ -112,12 +117,12 @@ fn admit(key: (Backend, usize), stream: StreamHandle, slab: &Arc<FlagSlab>, fini
     loop {
         let others = {
             let mut w = WAITERS.lock().map_err(|_| Error::internal(op, "waiting-stream registry poisoned"))?;
-            let waiting = waiting_streams(&mut w, key);
-            if waiting.contains(&stream) || waiting.len() < adm.max {
+            let (waiting, this) = waiting_streams(&mut w, key, stream);
+            if this || waiting < adm.max {
                 record(&mut w, key, stream, slab, finish, target);
                 return Ok(());
             }
-            waiting.len()
+            waiting
         };
         if let Some(e) = (adm.stop)() {
             return Err(e);
