@@ -2,6 +2,7 @@
 //! and whether waiting on an event instead of a host flag changes that (CUDA only).
 //!
 //! `cargo run --release --example wait_probe [flag|event] [WAITERS] [first|last]`
+//! `cargo run --release --example wait_probe race [ROUNDS] [WAITERS] [OPEN]`
 //!
 //! Makes 3 copy queues (as a communicator does; `last`: after the waiters), then WAITERS
 //! streams that wait, the way user streams wait for pending collectives:
@@ -15,7 +16,16 @@
 //! prints how many copies have not run and whether the kernel has, releases the flag and
 //! checks that everything ran. A driver call that itself waits
 //! for the flag would hang the probe: a guard releases the flag after 3 s and says where.
+//! `race`: the thread-rank tests' failing pattern, many times. Each round makes WAITERS + 1
+//! fresh streams; WAITERS threads (one device each, as ranks) enqueue a flag write and a
+//! wait on a host flag while, at the same moment (a barrier), the main thread enqueues a
+//! fill kernel and a flag write on its stream (as a Broadcast's root fills its data). It
+//! counts the rounds whose kernel and write had not run 1 s later, then releases the
+//! waits. OPEN = 1: each thread opens its own device object (like the tests' ranks); 0: the
+//! threads share one; 2: no threads, the main thread enqueues the waits, then the kernel;
+//! 3: threads sharing one device, their streams made by the main thread beforehand.
 use cudarc::driver::sys;
+use std::sync::Barrier;
 use hoccl::config::BackendChoice;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -29,6 +39,10 @@ fn cu(what: &str, r: sys::CUresult) {
 
 fn main() -> hoccl::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().is_some_and(|a| a == "race") {
+        let num = |i: usize, d: usize| args.get(i).map_or(d, |s| s.parse().expect("a number"));
+        return race(num(1, 100), num(2, 3), num(3, 1));
+    }
     let event_mode = match args.first().map(String::as_str).unwrap_or("flag") {
         "flag" => false,
         "event" => true,
@@ -132,5 +146,83 @@ fn main() -> hoccl::Result<()> {
     drop(queues);
     dev.free(buf)?;
     println!("wait_probe: all ran once the flag was released");
+    Ok(())
+}
+
+/// See the `race` mode above.
+fn race(rounds: usize, waiters: usize, open: usize) -> hoccl::Result<()> {
+    let (open_each, serial, premade) = (open == 1, open == 2, open == 3);
+    let dev = hoccl::device::open(BackendChoice::Cuda, 0)?;
+    dev.bind_thread()?;
+    let buf = dev.alloc(1 << 16)?;
+    let flags = Arc::new(dev.alloc_flags(2 * rounds + 2)?);
+    // The kernel fills a flag word of its own (host memory), so a stuck round tells whether
+    // the kernel did not run or only the stream-memory write after it.
+    let kflags = Arc::new(dev.alloc_flags(rounds)?);
+    let mut stuck = Vec::new();
+    let mut kernel_ran_in_stuck = 0;
+    let t0 = Instant::now();
+    for r in 0..rounds {
+        let (release, done) = (2 * r, 2 * r + 1);
+        let barrier = Arc::new(Barrier::new(if serial { 1 } else { waiters + 1 }));
+        let mut made = Vec::new();
+        if serial {
+            for w in 0..waiters {
+                let s = dev.create_stream()?;
+                dev.write_value(s, flags.dev_addr(2 * rounds + (w & 1)), r as u64)?;
+                dev.wait_value_geq(s, flags.dev_addr(release), 1)?;
+                made.push((dev.clone(), s));
+            }
+        }
+        let pre: Vec<Option<hoccl::device::StreamHandle>> =
+            (0..waiters).map(|_| if premade { dev.create_stream().map(Some) } else { Ok(None) }).collect::<hoccl::Result<_>>()?;
+        let threads: Vec<_> = (0..if serial { 0 } else { waiters })
+            .map(|w| {
+                let (dev, flags, barrier, pre) = (dev.clone(), flags.clone(), barrier.clone(), pre[w]);
+                std::thread::spawn(move || -> hoccl::Result<(Arc<dyn hoccl::device::Device>, hoccl::device::StreamHandle)> {
+                    let d = if open_each { hoccl::device::open(BackendChoice::Cuda, 0)? } else { dev };
+                    d.bind_thread()?;
+                    let s = match pre {
+                        Some(s) => s,
+                        None => d.create_stream()?,
+                    };
+                    barrier.wait();
+                    d.write_value(s, flags.dev_addr(2 * rounds + (w & 1)), r as u64)?;
+                    d.wait_value_geq(s, flags.dev_addr(release), 1)?;
+                    Ok((d, s))
+                })
+            })
+            .collect();
+        let k = dev.create_stream()?;
+        barrier.wait();
+        dev.fill_pattern_async(k, buf, 1 << 16, r as u64)?;
+        dev.fill_pattern_async(k, kflags.dev_addr(r), 8, 1 + r as u64)?;
+        dev.write_value(k, flags.dev_addr(done), 1)?;
+        let t = Instant::now();
+        while flags.load(done) == 0 && t.elapsed() < Duration::from_secs(1) {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        if flags.load(done) == 0 {
+            stuck.push(r);
+            kernel_ran_in_stuck += usize::from(kflags.load(r) != 0);
+        }
+        flags.store(release, 1);
+        made.push((dev.clone(), k));
+        for t in threads {
+            made.push(t.join().expect("waiter thread")?);
+        }
+        for (d, s) in made {
+            d.synchronize(s)?;
+            d.destroy_stream(s)?;
+        }
+    }
+    println!(
+        "wait_probe race: {rounds} rounds, {waiters} waiting threads ({}), {:?}: the fill kernels and their flag write had not run 1 s after enqueue in {} rounds {:?} (in {kernel_ran_in_stuck} of them the kernels had run)",
+        if serial { "no threads: waits enqueued first" } else if premade { "one device, streams made first" } else if open_each { "a device each" } else { "one device" },
+        t0.elapsed(),
+        stuck.len(),
+        &stuck[..stuck.len().min(20)]
+    );
+    dev.free(buf)?;
     Ok(())
 }
