@@ -23,9 +23,11 @@
 //! counts the rounds whose kernel and write had not run 1 s later, then releases the
 //! waits. OPEN = 1: each thread opens its own device object (like the tests' ranks); 0: the
 //! threads share one; 2: no threads, the main thread enqueues the waits, then the kernel;
-//! 3: threads sharing one device, their streams made by the main thread beforehand.
+//! 3: threads sharing one device, their streams made by the main thread beforehand; 4: as
+//! 0, each thread's enqueue calls (and the main thread's) under one lock, so they never
+//! overlap (is it the overlap, or the threads?).
 use cudarc::driver::sys;
-use std::sync::Barrier;
+use std::sync::{Barrier, Mutex};
 use hoccl::config::BackendChoice;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -151,7 +153,8 @@ fn main() -> hoccl::Result<()> {
 
 /// See the `race` mode above.
 fn race(rounds: usize, waiters: usize, open: usize) -> hoccl::Result<()> {
-    let (open_each, serial, premade) = (open == 1, open == 2, open == 3);
+    let (open_each, serial, premade, locked) = (open == 1, open == 2, open == 3, open == 4);
+    let enqueue = Arc::new(Mutex::new(()));
     let dev = hoccl::device::open(BackendChoice::Cuda, 0)?;
     dev.bind_thread()?;
     let buf = dev.alloc(1 << 16)?;
@@ -178,7 +181,7 @@ fn race(rounds: usize, waiters: usize, open: usize) -> hoccl::Result<()> {
             (0..waiters).map(|_| if premade { dev.create_stream().map(Some) } else { Ok(None) }).collect::<hoccl::Result<_>>()?;
         let threads: Vec<_> = (0..if serial { 0 } else { waiters })
             .map(|w| {
-                let (dev, flags, barrier, pre) = (dev.clone(), flags.clone(), barrier.clone(), pre[w]);
+                let (dev, flags, barrier, pre, enqueue) = (dev.clone(), flags.clone(), barrier.clone(), pre[w], enqueue.clone());
                 std::thread::spawn(move || -> hoccl::Result<(Arc<dyn hoccl::device::Device>, hoccl::device::StreamHandle)> {
                     let d = if open_each { hoccl::device::open(BackendChoice::Cuda, 0)? } else { dev };
                     d.bind_thread()?;
@@ -187,6 +190,7 @@ fn race(rounds: usize, waiters: usize, open: usize) -> hoccl::Result<()> {
                         None => d.create_stream()?,
                     };
                     barrier.wait();
+                    let _g = locked.then(|| enqueue.lock().unwrap_or_else(|e| e.into_inner()));
                     d.write_value(s, flags.dev_addr(2 * rounds + (w & 1)), r as u64)?;
                     d.wait_value_geq(s, flags.dev_addr(release), 1)?;
                     Ok((d, s))
@@ -195,9 +199,12 @@ fn race(rounds: usize, waiters: usize, open: usize) -> hoccl::Result<()> {
             .collect();
         let k = dev.create_stream()?;
         barrier.wait();
-        dev.fill_pattern_async(k, buf, 1 << 16, r as u64)?;
-        dev.fill_pattern_async(k, kflags.dev_addr(r), 8, 1 + r as u64)?;
-        dev.write_value(k, flags.dev_addr(done), 1)?;
+        {
+            let _g = locked.then(|| enqueue.lock().unwrap_or_else(|e| e.into_inner()));
+            dev.fill_pattern_async(k, buf, 1 << 16, r as u64)?;
+            dev.fill_pattern_async(k, kflags.dev_addr(r), 8, 1 + r as u64)?;
+            dev.write_value(k, flags.dev_addr(done), 1)?;
+        }
         let t = Instant::now();
         while flags.load(done) == 0 && t.elapsed() < Duration::from_secs(1) {
             std::thread::sleep(Duration::from_micros(100));
@@ -218,7 +225,7 @@ fn race(rounds: usize, waiters: usize, open: usize) -> hoccl::Result<()> {
     }
     println!(
         "wait_probe race: {rounds} rounds, {waiters} waiting threads ({}), {:?}: the fill kernels and their flag write had not run 1 s after enqueue in {} rounds {:?} (in {kernel_ran_in_stuck} of them the kernels had run)",
-        if serial { "no threads: waits enqueued first" } else if premade { "one device, streams made first" } else if open_each { "a device each" } else { "one device" },
+        if serial { "no threads: waits enqueued first" } else if locked { "one device, enqueues under one lock" } else if premade { "one device, streams made first" } else if open_each { "a device each" } else { "one device" },
         t0.elapsed(),
         stuck.len(),
         &stuck[..stuck.len().min(20)]
