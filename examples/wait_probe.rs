@@ -1,12 +1,14 @@
 //! How many streams may wait for a collective at once before hoccl's copies stop running,
-//! and whether waiting on an event instead of a host flag changes that (CUDA only).
+//! whether waiting on an event instead of a host flag changes that, and how a kernel fares
+//! when other threads enqueue such waits at the same moment (CUDA only, not self-checking).
 //!
 //! `cargo run --release --example wait_probe [flag|event] [WAITERS] [first|last]`
 //! `cargo run --release --example wait_probe race [ROUNDS] [WAITERS] [OPEN]`
 //!
-//! Makes 3 copy queues (as a communicator does; `last`: after the waiters), then WAITERS
-//! streams that wait, the way user streams wait for pending collectives:
-//! - `flag`: each stream waits on a host flag (`cuStreamWaitValue64`, what hoccl does today);
+//! `flag` / `event`: makes 3 copy queues (as a communicator does; `last`: after the
+//! waiters), then WAITERS streams that wait, the way user streams wait for pending
+//! collectives:
+//! - `flag`: each stream waits on a host flag (`cuStreamWaitValue64`, what hoccl does);
 //! - `event`: one gate stream waits on the host flag and records an event, and every
 //!   other stream waits on that event (`cuStreamWaitEvent`).
 //!
@@ -14,23 +16,24 @@
 //! copies after the streams reached it, and a fresh stream gets a fill kernel and a flag
 //! write (as a rank's stream runs its own work before its collective). After 300 ms it
 //! prints how many copies have not run and whether the kernel has, releases the flag and
-//! checks that everything ran. A driver call that itself waits
-//! for the flag would hang the probe: a guard releases the flag after 3 s and says where.
-//! `race`: the thread-rank tests' failing pattern, many times. Each round makes WAITERS + 1
-//! fresh streams; WAITERS threads (one device each, as ranks) enqueue a flag write and a
-//! wait on a host flag while, at the same moment (a barrier), the main thread enqueues a
-//! fill kernel and a flag write on its stream (as a Broadcast's root fills its data). It
-//! counts the rounds whose kernel and write had not run 1 s later, then releases the
-//! waits. OPEN = 1: each thread opens its own device object (like the tests' ranks); 0: the
-//! threads share one; 2: no threads, the main thread enqueues the waits, then the kernel;
-//! 3: threads sharing one device, their streams made by the main thread beforehand; 4: as
-//! 0, each thread's enqueue calls (and the main thread's) under one lock, so they never
-//! overlap (is it the overlap, or the threads?).
+//! checks that everything ran. A driver call that itself waits for the flag would hang the
+//! probe: a guard releases the flag after 3 s and says where.
+//!
+//! `race`: the thread-rank tests' failing pattern, ROUNDS times. Each round makes WAITERS +
+//! 1 fresh streams; WAITERS threads enqueue a flag write and a wait on a host flag while,
+//! released by the same barrier, the main thread enqueues a fill kernel and a flag write on
+//! its stream (as a Broadcast's root fills its data). It counts the rounds whose kernel and
+//! write had not run 1 s later, then releases the waits. OPEN:
+//! - 1: each thread opens its own device object (as the tests' ranks do);
+//! - 0: the threads share one;
+//! - 2: no threads: the main thread enqueues the waits, then the kernel;
+//! - 3: as 0, the threads' streams made by the main thread beforehand;
+//! - 4: as 0, every enqueue call (the threads' and the main thread's) under one lock, so
+//!   that none overlap (is it the overlap, or the threads?).
 use cudarc::driver::sys;
-use std::sync::{Barrier, Mutex};
 use hoccl::config::BackendChoice;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 static STEP: AtomicUsize = AtomicUsize::new(0);
