@@ -527,7 +527,7 @@ fn stream_destroyed_first(b: Backend) {
         run_ranks(b, 2, test_config(), move |c| {
             let (r, dev) = (c.rank(), c.device().clone());
             let buf = Buf::new(&dev, 2000, 0, 1);
-            let s = new_stream(&dev);
+            let s = dev.create_stream().unwrap(); // destroyed below, by the test itself
             allocated(c);
             dev.fill_pattern_async(s, buf.ptr.add(r * 1000), 1000, seed_of(round, r, 0)).unwrap();
             c.all_gather(buf.ptr.add(r * 1000), buf.ptr, 1000, DataType::U8, s).unwrap();

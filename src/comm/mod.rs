@@ -201,13 +201,20 @@ impl Communicator {
         self.async_error().map_or(Ok(()), Err)
     }
 
+    /// Why no call may proceed now: aborted, or the (sticky, as NCCL's) asynchronous error.
+    fn stopped(&self, op: &'static str) -> Option<Error> {
+        if self.engine.shared.aborted.load(Ordering::Acquire) {
+            return Some(Error::Aborted { op });
+        }
+        self.engine.shared.error()
+    }
+
     fn lock(&self, op: &'static str) -> Result<MutexGuard<'_, State>> {
         let st = self.state.lock().map_err(|_| Error::internal(op, "communicator lock poisoned"))?;
-        if st.destroyed || self.engine.shared.aborted.load(Ordering::Acquire) {
+        if st.destroyed {
             return Err(Error::Aborted { op });
         }
-        if let Some(e) = self.engine.shared.error() {
-            // Sticky, as NCCL: the communicator must be aborted or destroyed.
+        if let Some(e) = self.stopped(op) {
             return Err(e);
         }
         Ok(st)
@@ -297,12 +304,7 @@ impl Communicator {
         let mut peers: Vec<usize> = sends.iter().chain(recvs.iter()).map(|x| x.peer).filter(|p| *p != self.rank).collect();
         peers.sort_unstable();
         peers.dedup();
-        let stop = || {
-            if self.engine.shared.aborted.load(Ordering::Acquire) {
-                return Some(Error::Aborted { op: name });
-            }
-            self.engine.shared.error()
-        };
+        let stop = || self.stopped(name);
         let adm = Admission { max: self.wait_limit, timeout: self.config.timeout, stop: &stop };
         let hs = st.streams.enqueue(self.dev.as_ref(), stream, name, &adm)?;
         let pair_seqs = peers

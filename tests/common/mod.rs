@@ -171,7 +171,8 @@ thread_local! {
     static STREAMS: std::cell::RefCell<Vec<(Arc<dyn Device>, StreamHandle)>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// A stream for this rank's test body, destroyed with its buffers (`free_deferred`), so that
+/// A stream for this rank's test body, destroyed with its buffers (`free_deferred`; the
+/// body must not destroy it itself), so that
 /// a test binary's CUDA context does not pile up streams test after test (each rank of each
 /// test made its own and none was destroyed before the twenty-seventh session).
 pub fn new_stream(dev: &Arc<dyn Device>) -> StreamHandle {
@@ -186,8 +187,6 @@ pub fn free_deferred() {
     for (dev, p) in DEFERRED.with(|d| std::mem::take(&mut *d.borrow_mut())) {
         let _ = dev.free(p);
     }
-    // (A body may have destroyed one itself: the device refuses a second destroy. No
-    // synchronize: that on a destroyed handle is undefined in CUDA.)
     for (dev, s) in STREAMS.with(|v| std::mem::take(&mut *v.borrow_mut())) {
         let _ = dev.destroy_stream(s);
     }
