@@ -64,6 +64,13 @@ pub struct Config {
     /// queue; when they all hold one, the copies that would release them cannot run
     /// (README, Known limits).
     pub max_waiting_streams: Option<usize>,
+    /// `HOCCL_SERIAL_ENQUEUE` = auto | 1 | 0: whether the CUDA backend makes one enqueueing
+    /// driver call at a time per GPU of this process, because concurrent enqueues from
+    /// several threads can leave a stream stalled behind other streams' waits
+    /// (`src/device/cuda/gate.rs`). `None` (auto, the default): while two or more hoccl
+    /// devices are open on the GPU (several ranks in one process); `Some(true)`: always;
+    /// `Some(false)`: never.
+    pub serial_enqueue: Option<bool>,
 }
 
 impl Default for Config {
@@ -82,6 +89,7 @@ impl Default for Config {
             kernels: None,
             codec_tickets: false,
             max_waiting_streams: None,
+            serial_enqueue: None,
         }
     }
 }
@@ -181,6 +189,14 @@ impl Config {
                 _ => return Err(Error::invalid_arg(OP, format!("HOCCL_CODEC_TICKETS={v}: want 0|1"))),
             };
         }
+        if let Some(v) = get("HOCCL_SERIAL_ENQUEUE") {
+            self.serial_enqueue = match v.trim() {
+                "auto" => None,
+                "1" => Some(true),
+                "0" => Some(false),
+                _ => return Err(Error::invalid_arg(OP, format!("HOCCL_SERIAL_ENQUEUE={v}: want auto|1|0"))),
+            };
+        }
         if let Some(v) = get("HOCCL_MAX_WAITING_STREAMS") {
             self.max_waiting_streams = match parse_num("HOCCL_MAX_WAITING_STREAMS", &v)? {
                 0 => Some(usize::MAX),
@@ -278,6 +294,11 @@ mod tests {
         let six = Config { max_waiting_streams: Some(6), ..Config::default() };
         assert_eq!(six.waiting_stream_limit(Backend::Cuda), 6);
         assert_eq!(six.waiting_stream_limit(Backend::Host), 6);
+        assert_eq!(Config::default().serial_enqueue, None);
+        let serial = |v: &str| Config::default().with_env(env(&[("HOCCL_SERIAL_ENQUEUE", v)])).unwrap().serial_enqueue;
+        assert_eq!(serial("0"), Some(false));
+        assert_eq!(serial("1"), Some(true));
+        assert_eq!(serial("auto"), None);
     }
 
     #[test]
@@ -292,6 +313,7 @@ mod tests {
             ("HOCCL_KERNELS", " "),
             ("HOCCL_CODEC_TICKETS", "yes"),
             ("HOCCL_MAX_WAITING_STREAMS", "-1"),
+            ("HOCCL_SERIAL_ENQUEUE", "on"),
         ] {
             let e = Config::default().with_env(env(&[(k, v)])).unwrap_err();
             assert_eq!(e.code(), crate::error::ErrorCode::InvalidArgument, "{k}={v}");

@@ -5,7 +5,10 @@
 #      allocation barrier (the default) and with it (HOCCL_TEST_ALLOC_BARRIER=1);
 #   2. examples/queue_probe: a blocked stream, then fresh and recycled (CHURN) queues and
 #      streams with a copy / a fill kernel each: what runs behind it;
-#   3. examples/wait_probe: 16-64 streams waiting on a host flag or an event, then copies.
+#   3. examples/wait_probe: 16-64 streams waiting on a host flag or an event, then copies;
+#   4. wait_probe race, a kernel enqueued while other threads enqueue waits: a device per
+#      thread (the enqueue gate closes by itself) and one shared device (it stays open
+#      unless HOCCL_SERIAL_ENQUEUE=1), each with and without the gate.
 # Each failing run's log (every rank's state at its first failure) is kept in $OUT/fails.
 # Up to ~5 min with RUNS=10 (a failing run takes ~11 s):
 #   LIMIT_queues=400 bash scripts/gpu/all.sh queues     (or: OUT=dir bash scripts/gpu/queues.sh)
@@ -41,4 +44,10 @@ for args in "flag 16" "flag 30" "flag 32" "event 32" "event 64"; do
 done
 echo "wait_probe flag 8, 8 queues:"
 CUDA_DEVICE_MAX_CONNECTIONS=8 timeout 20 carry/wait_probe flag 8 2>&1 | sed 's/^/  /'
+# Twenty-eighth session: without the gate ~1 round in 10 stalls; with it none should.
+for run in "auto 1" "0 1" "auto 0" "1 0"; do
+  set -- $run
+  echo "wait_probe race 200 3 $2, HOCCL_SERIAL_ENQUEUE=$1:"
+  HOCCL_SERIAL_ENQUEUE=$1 timeout 150 carry/wait_probe race 200 3 $2 2>&1 | tail -n 2 | sed 's/^/  /'
+done
 exit $status

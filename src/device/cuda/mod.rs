@@ -32,6 +32,7 @@ use std::sync::Mutex;
 
 mod driver;
 pub mod fatbin;
+mod gate;
 mod kernel;
 mod memory;
 mod probe;
@@ -50,6 +51,9 @@ pub(crate) struct Context {
     dev: sys::CUdevice,
     ctx: sys::CUcontext,
     ordinal: usize,
+    /// One enqueueing call at a time in this context (`gate.rs`); None when
+    /// `HOCCL_SERIAL_ENQUEUE=0`.
+    gate: Option<Arc<gate::Gate>>,
 }
 
 // SAFETY: a CUcontext is a driver handle that may be used (made current) on any thread; the
@@ -63,6 +67,22 @@ impl Context {
     pub(crate) fn enter(&self, op: &'static str) -> Result<CtxGuard> {
         CtxGuard::push(op, self.ctx)
     }
+
+    /// Hold the context's gate across one enqueueing driver call (see `gate.rs`).
+    pub(crate) fn gate(&self, op: &'static str) -> gate::GateGuard<'_> {
+        match &self.gate {
+            Some(g) => g.enter(op),
+            None => gate::GateGuard::none(),
+        }
+    }
+}
+
+/// `HOCCL_SERIAL_ENQUEUE` (Config::serial_enqueue), read from the environment once per
+/// process.
+fn serial_enqueue() -> Result<Option<bool>> {
+    static SERIAL: std::sync::OnceLock<Result<Option<bool>>> = std::sync::OnceLock::new();
+    let only = |k: &str| if k == "HOCCL_SERIAL_ENQUEUE" { std::env::var(k).ok() } else { None };
+    SERIAL.get_or_init(|| crate::config::Config::default().with_env(only).map(|c| c.serial_enqueue)).clone()
 }
 
 impl Drop for Context {
@@ -116,11 +136,12 @@ impl CudaDevice {
         }
         let dev = probe::device_handle(OP, ordinal)?;
         let info = probe::gpu_info(OP, ordinal, dev)?;
+        let gate = gate::for_ordinal(ordinal, serial_enqueue()?);
         let mut ctx: sys::CUcontext = std::ptr::null_mut();
         // SAFETY: dev is a valid device; ctx is a valid out-pointer. Paired with the release
         // in `Context::drop`.
         check(OP, "cuDevicePrimaryCtxRetain", unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, dev) })?;
-        let ctx = Arc::new(Context { dev, ctx, ordinal });
+        let ctx = Arc::new(Context { dev, ctx, ordinal, gate });
         if !info.stream_mem_ops_64 {
             log::info!("hoccl: GPU {ordinal} has no 64-bit stream memory operations; using the 32-bit fallback");
         }
@@ -132,6 +153,9 @@ impl CudaDevice {
             kernels: Mutex::new(kernel::KernelCache::default()),
         };
         d.register_module_user();
+        if let Some(g) = &d.ctx.gate {
+            g.user(true);
+        }
         Ok(d)
     }
 
@@ -177,6 +201,9 @@ impl Drop for CudaDevice {
             }
         }
         self.unload_module();
+        if let Some(g) = &self.ctx.gate {
+            g.user(false);
+        }
     }
 }
 

@@ -67,6 +67,7 @@ impl CopyQueue for CudaCopyQueue {
             return Ok(());
         }
         let _g = self.ctx.enter(OP)?;
+        let _gate = self.ctx.gate(OP);
         // SAFETY: the driver validates both ranges (unified addressing); keeping them alive
         // until a later fence completes is the caller's contract.
         check(OP, "cuMemcpyAsync", unsafe { sys::cuMemcpyAsync(dst.0, src.0, len, self.stream) })
@@ -76,8 +77,11 @@ impl CopyQueue for CudaCopyQueue {
         const OP: &str = "CopyQueue::fence";
         let _g = self.ctx.enter(OP)?;
         let e = self.event(OP)?;
+        let gate = self.ctx.gate(OP);
         // SAFETY: e is an event of this context, not pending elsewhere; the stream is ours.
-        if let Err(err) = check(OP, "cuEventRecord", unsafe { sys::cuEventRecord(e, self.stream) }) {
+        let r = unsafe { sys::cuEventRecord(e, self.stream) };
+        drop(gate);
+        if let Err(err) = check(OP, "cuEventRecord", r) {
             self.free.push(e);
             return Err(err);
         }
