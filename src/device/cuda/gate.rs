@@ -5,8 +5,9 @@
 //! threads of the process enqueue `cuStreamWaitValue64` waits on their own streams of the
 //! same context, the first thread's stream sometimes does not run until those waits are
 //! released (`examples/wait_probe.rs race`, 3 waiting threads: 17-31 of 200 rounds in each
-//! of eight runs; 0 of 1400 with every enqueue under one lock or from one thread). Several ranks in one process hit exactly that:
-//! a Broadcast root's fill waits for the other ranks' collective, which waits for the fill.
+//! of eight runs; 0 of 1400 with every enqueue under one lock or from one thread). Several
+//! ranks in one process hit exactly that: a Broadcast root's fill waits for the other
+//! ranks' collective, which waits for the fill.
 //! So while two or more hoccl device objects are open on one GPU in this process (several
 //! ranks, one per thread), every enqueueing call of the CUDA backend (stream writes and
 //! waits, async copies, event records, kernel launches) holds its context's gate for the
@@ -16,8 +17,8 @@
 //! at a time cost the launch-cost benchmark 1.5-7 us per collective (twenty-eighth session).
 //!
 //! A driver call that blocks (a stream whose command queue is full, a driver lock held by a
-//! free) must not stop the others: a caller that has waited [`GATE_WAIT`] for the gate goes ahead
-//! without it, and so does every caller after it until the slow call returns. That keeps
+//! free) must not stop the others: a caller that has waited [`GATE_WAIT`] for the gate goes
+//! ahead without it, and so does every caller after it until the slow call returns. That keeps
 //! the gate from ever turning a delay into a deadlock; while it is bypassed, enqueues may
 //! overlap again.
 use std::collections::HashMap;
@@ -53,7 +54,7 @@ pub(crate) struct Gate {
     /// Callers asleep on `freed` (the holder wakes one only when there are any).
     sleepers: Mutex<usize>,
     freed: Condvar,
-    /// What the warning names (the GPU's ordinal).
+    /// What the log line names (the GPU's ordinal).
     ordinal: usize,
 }
 
@@ -82,7 +83,7 @@ impl Gate {
         if opened {
             self.users.fetch_add(1, SeqCst);
         } else {
-            self.users.fetch_sub(1, SeqCst);
+            let _ = self.users.fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1));
         }
     }
 
@@ -96,7 +97,7 @@ impl Gate {
     }
 
     /// Wait for the gate (at most `wait`) and hold it until the guard drops; `op` names the
-    /// call in the warning when the holder is bypassed.
+    /// call in the log line (info, once per process) when the holder is bypassed.
     pub(crate) fn enter_within(&self, op: &'static str, wait: Duration) -> GateGuard<'_> {
         if !self.closed() {
             return GateGuard { gate: None };

@@ -152,10 +152,10 @@ impl CudaDevice {
             imports: Mutex::new(HashMap::new()),
             kernels: Mutex::new(kernel::KernelCache::default()),
         };
-        d.register_module_user();
         if let Some(g) = &d.ctx.gate {
             g.user(true);
         }
+        d.register_module_user();
         Ok(d)
     }
 
