@@ -32,8 +32,8 @@ pub struct Config {
     /// `HOCCL_CHUNK_BYTES`: the unit of copy-engine work and of pipelining (bytes; accepts
     /// K/M/G suffixes). A flow larger than this is split into chunks interleaved across queues.
     pub chunk_bytes: usize,
-    /// `HOCCL_COPY_STREAMS`: copy-engine queues per rank (H200 has 3 async engines).
-    pub copy_streams: usize,
+    /// `HOCCL_COPY_QUEUES`: copy-engine queues per rank (H200 has 3 async engines).
+    pub copy_queues: usize,
     /// `HOCCL_QPS_PER_PEER`: queue pairs (or sockets) per remote peer.
     pub qps_per_peer: usize,
     /// `HOCCL_VIRTUAL_NODES`: split each host's ranks into this many nodes (testing).
@@ -79,7 +79,7 @@ impl Default for Config {
             engine: EngineChoice::Auto,
             backend: BackendChoice::Auto,
             chunk_bytes: 4 << 20,
-            copy_streams: 3,
+            copy_queues: 3,
             qps_per_peer: 4,
             virtual_nodes: 1,
             forwarding_peers: Vec::new(),
@@ -151,8 +151,12 @@ impl Config {
         if let Some(v) = get("HOCCL_CHUNK_BYTES") {
             self.chunk_bytes = parse_bytes("HOCCL_CHUNK_BYTES", &v)?;
         }
+        // The earlier name of HOCCL_COPY_QUEUES, still read.
         if let Some(v) = get("HOCCL_COPY_STREAMS") {
-            self.copy_streams = parse_num("HOCCL_COPY_STREAMS", &v)?;
+            self.copy_queues = parse_num("HOCCL_COPY_STREAMS", &v)?;
+        }
+        if let Some(v) = get("HOCCL_COPY_QUEUES") {
+            self.copy_queues = parse_num("HOCCL_COPY_QUEUES", &v)?;
         }
         if let Some(v) = get("HOCCL_QPS_PER_PEER") {
             self.qps_per_peer = parse_num("HOCCL_QPS_PER_PEER", &v)?;
@@ -224,8 +228,8 @@ impl Config {
         if self.chunk_bytes < 4096 || !self.chunk_bytes.is_power_of_two() {
             return bad(format!("chunk_bytes {} must be a power of two >= 4096", self.chunk_bytes));
         }
-        if self.copy_streams == 0 || self.copy_streams > 16 {
-            return bad(format!("copy_streams {} must be in 1..=16", self.copy_streams));
+        if self.copy_queues == 0 || self.copy_queues > 16 {
+            return bad(format!("copy_queues {} must be in 1..=16", self.copy_queues));
         }
         if self.qps_per_peer == 0 || self.qps_per_peer > 64 {
             return bad(format!("qps_per_peer {} must be in 1..=64", self.qps_per_peer));
@@ -307,7 +311,7 @@ mod tests {
             ("HOCCL_CHUNK_BYTES", "12345"),
             ("HOCCL_CHUNK_BYTES", "4Q"),
             ("HOCCL_ENGINE", "warp"),
-            ("HOCCL_COPY_STREAMS", "0"),
+            ("HOCCL_COPY_QUEUES", "0"),
             ("HOCCL_VIRTUAL_NODES", "x"),
             ("HOCCL_TIMEOUT_MS", "0"),
             ("HOCCL_KERNELS", " "),

@@ -6,7 +6,7 @@ use crate::bootstrap::Bootstrap;
 use crate::config::{init_logging, Config};
 use crate::device::{self, DevPtr, Device, StreamHandle};
 use crate::engine::streams::{Admission, StreamManager};
-use crate::engine::{Engine, EngineConfig, Op, Xfer};
+use crate::engine::{Engine, EngineConfig, Op, Transfer};
 use crate::error::{Error, Result};
 use crate::types::DataType;
 use std::sync::atomic::Ordering;
@@ -22,8 +22,8 @@ pub use crate::topology::{RankPlacement, Topology};
 struct Group {
     depth: usize,
     stream: Option<StreamHandle>,
-    sends: Vec<Xfer>,
-    recvs: Vec<Xfer>,
+    sends: Vec<Transfer>,
+    recvs: Vec<Transfer>,
 }
 
 struct State {
@@ -113,7 +113,7 @@ impl Communicator {
         let engine = Engine::start(
             dev.clone(),
             links,
-            EngineConfig { chunk_bytes: config.chunk_bytes, copy_queues: config.copy_streams, timeout: config.timeout },
+            EngineConfig { chunk_bytes: config.chunk_bytes, copy_queues: config.copy_queues, timeout: config.timeout },
         )?;
         bootstrap.barrier().map_err(|e| e.with_op(OP))?;
         log::info!("rank {rank}/{size}: communicator {comm_id:016x} on {} ({})", dev.name(), dev.pci_bus_id());
@@ -286,7 +286,7 @@ impl Communicator {
     }
 
     /// Queue one op (or add it to the open group).
-    fn submit(&self, name: &'static str, stream: StreamHandle, sends: Vec<Xfer>, recvs: Vec<Xfer>) -> Result<()> {
+    fn submit(&self, name: &'static str, stream: StreamHandle, sends: Vec<Transfer>, recvs: Vec<Transfer>) -> Result<()> {
         let mut st = self.lock(name)?;
         if st.group.depth > 0 {
             if st.group.stream.is_some_and(|s| s != stream) {
@@ -300,7 +300,7 @@ impl Communicator {
         self.launch(&mut st, name, stream, sends, recvs)
     }
 
-    fn launch(&self, st: &mut State, name: &'static str, stream: StreamHandle, sends: Vec<Xfer>, recvs: Vec<Xfer>) -> Result<()> {
+    fn launch(&self, st: &mut State, name: &'static str, stream: StreamHandle, sends: Vec<Transfer>, recvs: Vec<Transfer>) -> Result<()> {
         let mut peers: Vec<usize> = sends.iter().chain(recvs.iter()).map(|x| x.peer).filter(|p| *p != self.rank).collect();
         peers.sort_unstable();
         peers.dedup();
@@ -345,16 +345,16 @@ struct Region {
 
 impl Region {
     /// The transfer of `len` bytes at `off` within this buffer, to or from `peer`.
-    fn part(&self, off: usize, len: usize, peer: usize) -> Result<Xfer> {
+    fn part(&self, off: usize, len: usize, peer: usize) -> Result<Transfer> {
         if len == 0 {
-            return Ok(Xfer { peer, ptr: self.ptr.add(off), len: 0, alloc: None });
+            return Ok(Transfer { peer, ptr: self.ptr.add(off), len: 0, alloc: None });
         }
         match off.checked_add(len) {
-            Some(end) if end <= self.len => Ok(Xfer { peer, ptr: self.ptr.add(off), len, alloc: self.alloc }),
+            Some(end) if end <= self.len => Ok(Transfer { peer, ptr: self.ptr.add(off), len, alloc: self.alloc }),
             _ => Err(Error::invalid_arg(self.op, format!("{} range {off}+{len} exceeds the {}-byte buffer", self.what, self.len))),
         }
     }
-    fn whole(&self, peer: usize) -> Result<Xfer> {
+    fn whole(&self, peer: usize) -> Result<Transfer> {
         self.part(0, self.len, peer)
     }
     /// A validated sub-buffer (same allocation).

@@ -23,7 +23,7 @@ mod watchdog;
 
 /// One byte range of a transfer. `alloc` is the allocation holding `ptr` (None iff len 0).
 #[derive(Clone, Copy, Debug)]
-pub struct Xfer {
+pub struct Transfer {
     pub peer: usize,
     pub ptr: DevPtr,
     pub len: usize,
@@ -41,8 +41,8 @@ pub struct Op {
     /// Value the stream writes to `start_flag` when it reaches the op, and waits for in
     /// `finish_flag` before it moves on.
     pub stream_seq: u64,
-    pub sends: Vec<Xfer>,
-    pub recvs: Vec<Xfer>,
+    pub sends: Vec<Transfer>,
+    pub recvs: Vec<Transfer>,
     /// For every peer this op talks to: the number of ops so far (this one included) that
     /// involve this rank and that peer. Both sides count the same calls, so this matches
     /// the peer's op even when other ranks take no part (point-to-point).

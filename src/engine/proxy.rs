@@ -11,7 +11,7 @@
 //! Any failure writes `finish` too (the stream never hangs), tells the peers, and parks the
 //! error in `Shared` for `async_error()`.
 use super::ce::{CeScheduler, FlowId};
-use super::{Cmd, EngineConfig, Links, Op, Shared, Xfer};
+use super::{Cmd, EngineConfig, Links, Op, Shared, Transfer};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::transport::ipc::{ExportCache, ImportCache, Mapped};
@@ -30,7 +30,7 @@ enum SendPhase {
 }
 
 struct SendSt {
-    x: Xfer,
+    x: Transfer,
     k: u32,
     /// The receiver's "ready" record (its allocation and our region in it).
     remote: Option<Msg>,
@@ -39,7 +39,7 @@ struct SendSt {
 }
 
 struct RecvSt {
-    x: Xfer,
+    x: Transfer,
     k: u32,
     landed: bool,
 }
@@ -54,7 +54,7 @@ struct OpState {
 
 impl OpState {
     fn new(op: Op) -> Self {
-        let number = |xs: &[Xfer]| -> Vec<u32> {
+        let number = |xs: &[Transfer]| -> Vec<u32> {
             let mut per_peer: HashMap<usize, u32> = HashMap::new();
             xs.iter()
                 .map(|x| {
