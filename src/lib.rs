@@ -1,7 +1,7 @@
 //! hoccl: GPU collectives that take no SMs (copy engines driven by a CPU proxy) and, where
 //! bandwidth is the bottleneck, lossless compression fused into the transfer.
 //!
-//! Layers (each only calls those below it; see DESIGN.md): `bootstrap`, `topology`, `plan`,
+//! Layers (each only calls those below it; see `docs/design.md`): `bootstrap`, `topology`, `plan`,
 //! `sim`, `engine`, `device`, `transport`, `compress`, `comm`, `ffi`.
 pub mod bootstrap;
 pub mod comm;

@@ -26,7 +26,7 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// Defaults after the paper's testbed and the H200 measurements in DESIGN.md: one
+    /// Defaults after the paper's testbed and the H200 measurements in `docs/design.md`: one
     /// 400 Gb/s NIC per GPU (50 GB/s), 400 GB/s NVLink per direction, copy engines of
     /// 397 GB/s, 3 per GPU, and the paper's forwarding pairs 0↔1, 2↔3, … (identity when the
     /// node has an odd number of GPUs).

@@ -5,7 +5,7 @@
 //! at most one outgoing and one incoming NIC flow per NIC, NVLink work packed into its slack)
 //! → per-copy-engine queues of chunk copies and per-NIC queues of chunk transfers
 //! ([`Plan::queues`]), the only interface the engine needs. Deterministic: the same inputs
-//! give the same plan on every rank. See DESIGN.md (layer `plan`). Pure: no FFI, no I/O.
+//! give the same plan on every rank. See `docs/design.md` (Planner and simulator). Pure: no FFI, no I/O.
 #![forbid(unsafe_code)]
 
 pub mod cluster;

@@ -13,7 +13,7 @@
 //!   engine in proportion to their size, which over more than a few chunks is weighted
 //!   sharing of the engine: the engine is a resource shared by weight = flow size, and each
 //!   copy consumes `1 + ce_bw · ce_latency / chunk` of engine capacity per byte (the
-//!   per-chunk start-up, DESIGN.md: 2 MiB copies reach 273 of 397 GB/s).
+//!   per-chunk start-up, `docs/design.md`: 2 MiB copies reach 273 of 397 GB/s).
 //! - NIC transfers are posted ahead: a transfer's start-up latency (`nic_latency_s`) runs
 //!   while the previous transfer of the same NIC is still moving bytes; a transfer starts when
 //!   both its NICs have finished their previous stage's transfer (the receiver grants the

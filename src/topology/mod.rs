@@ -14,7 +14,7 @@
 //!   **host-local rank**: its index among the ranks of its host.
 //! - **GPU**: `Config.device` if the rank set it (carried in its record), else host-local rank
 //!   modulo the GPUs it sees. Several ranks may share a GPU.
-//! - **forwarding peer** (DESIGN.md, paper §3.3): the rank whose staging buffer and NIC carry
+//! - **forwarding peer** (`docs/design.md`, paper §3.3): the rank whose staging buffer and NIC carry
 //!   a rank's inter-node traffic. `HOCCL_FORWARDING_PEERS` lists, for local rank i of every
 //!   node, its forwarding local rank (with one rank per GPU that is "GPU i forwards through
 //!   GPU map[i]"); it must be an involution (pairs and fixed points). Default: identity.
