@@ -53,6 +53,9 @@ pub struct Op {
     pub pair_seqs: Vec<(usize, u64)>,
 }
 
+/// How to release one op's stream: its flags, finish flag and stream seq.
+type Release = (Arc<FlagSlab>, usize, u64);
+
 /// State shared between the communicator and its proxy.
 #[derive(Default)]
 pub struct Shared {
@@ -68,7 +71,7 @@ pub struct Shared {
     /// How to release the stream of every op submitted and not finished, by op seq: its
     /// flags, finish flag and stream seq. Whoever removes an entry (the proxy finishing the
     /// op, or a teardown forced past a stuck proxy) counts the op as finished.
-    releases: Mutex<BTreeMap<u64, (Arc<FlagSlab>, usize, u64)>>,
+    releases: Mutex<BTreeMap<u64, Release>>,
 }
 
 impl Shared {
@@ -98,7 +101,7 @@ impl Shared {
         self.submitted.load(Ordering::Acquire).saturating_sub(self.finished.load(Ordering::Acquire))
     }
 
-    fn releases(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, (Arc<FlagSlab>, usize, u64)>> {
+    fn releases(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Release>> {
         self.releases.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -121,7 +124,7 @@ impl Shared {
     }
 
     /// Raise a removed entry's finish flag and count its op finished.
-    fn release(&self, (flags, finish, v): (Arc<FlagSlab>, usize, u64)) {
+    fn release(&self, (flags, finish, v): Release) {
         flags.raise(finish, v);
         self.finished.fetch_add(1, Ordering::AcqRel);
     }

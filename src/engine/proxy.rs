@@ -7,6 +7,7 @@
 //! 3. for every send whose receiver said "ready": start the write; the transport tells the
 //!    receiver "landed" once every byte has landed, and reports the flow done here;
 //! 4. when every send is done and every receive has landed: write `finish := stream_seq`.
+//!
 //! Any failure writes `finish` too (the stream never hangs), tells the peers, and parks the
 //! error in `Shared` for `async_error()`.
 //!
@@ -129,7 +130,7 @@ pub(super) struct Proxy {
     ops: BTreeMap<u64, OpState>,
     /// (peer, pair seq) -> op seq, for the ops in `ops`.
     index: HashMap<(usize, u64), u64>,
-    /// Highest pair seq submitted per peer: messages beyond it are early.
+    /// Highest pair seq submitted per peer: signals beyond it are early.
     max_pair: HashMap<usize, u64>,
     early: HashMap<(usize, u64), Vec<Signal>>,
     stopping: Option<(bool, Instant)>,
@@ -353,12 +354,15 @@ impl Proxy {
             st.last_progress = Instant::now();
             log::debug!("rank {me}: op {seq} {} started (stream seq {})", st.op.name, st.op.stream_seq);
             progressed = true;
-            for r in &st.recvs {
-                if r.x.peer != me {
-                    let remote = self.transport.expose(r.x.peer, Region { ptr: r.x.ptr, len: r.x.len, alloc: r.x.alloc })?;
-                    let tag = Tag { pair_seq: pair_seq(&st.op, r.x.peer), k: r.k };
-                    self.transport.post_ready(r.x.peer, tag, remote);
-                }
+            // Every receive is exposed before any is announced: a failure then leaves the
+            // peers with the op's failure only.
+            let mut ready = Vec::with_capacity(st.recvs.len());
+            for r in st.recvs.iter().filter(|r| r.x.peer != me) {
+                let remote = self.transport.expose(r.x.peer, Region { ptr: r.x.ptr, len: r.x.len, alloc: r.x.alloc })?;
+                ready.push((r.x.peer, Tag { pair_seq: pair_seq(&st.op, r.x.peer), k: r.k }, remote));
+            }
+            for (peer, tag, remote) in ready {
+                self.transport.post_ready(peer, tag, remote);
             }
             self.match_self_sends(seq)?;
         }

@@ -245,3 +245,93 @@ impl Transport for SameHost {
         self.links.inbox.mark_closed();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::host::HostDevice;
+    use crate::device::pattern_byte;
+    use std::time::{Duration, Instant};
+
+    /// Two ranks of one process, each with its transport, joined by mailboxes.
+    fn pair(comm: u64) -> (Arc<dyn Device>, SameHost, SameHost) {
+        let dev: Arc<dyn Device> = Arc::new(HostDevice::new().unwrap());
+        let pid = std::process::id();
+        let name = |r| Segment::name(pid, comm, r);
+        let (in0, in1) = (Segment::create(&name(0), 2).unwrap(), Segment::create(&name(1), 2).unwrap());
+        let local_of = vec![Some(0), Some(1)];
+        let l0 = Links { rank: 0, inbox: in0, peers: vec![None, Some(Segment::open(&name(1), 2).unwrap())], local_index: 0, local_of: local_of.clone() };
+        let l1 = Links { rank: 1, inbox: in1, peers: vec![Some(Segment::open(&name(0), 2).unwrap()), None], local_index: 1, local_of };
+        let t0 = SameHost::connect(dev.clone(), l0, 2, 4096).unwrap();
+        let t1 = SameHost::connect(dev.clone(), l1, 2, 4096).unwrap();
+        (dev, t0, t1)
+    }
+
+    /// Drive `t` until `until` holds (or fail after a while); returns the flows it reported.
+    fn drive(t: &mut SameHost, until: impl Fn(&SameHost, &[FlowId]) -> bool) -> Vec<FlowId> {
+        let mut done = Vec::new();
+        let t0 = Instant::now();
+        while !until(t, &done) {
+            t.progress(&mut done).unwrap();
+            assert!(t0.elapsed() < Duration::from_secs(10), "no progress: {}", t.describe());
+            std::thread::yield_now();
+        }
+        done
+    }
+
+    fn signals(t: &mut SameHost) -> Vec<Incoming> {
+        let mut v = Vec::new();
+        t.poll_signals(&mut v);
+        v
+    }
+
+    /// Ready from the receiver, a chunked write, Landed from the sender's transport; an
+    /// empty write lands too; a cancelled write is never reported and signals nothing.
+    #[test]
+    fn write_lands_and_cancel_is_silent() {
+        let (dev, mut t0, mut t1) = pair(0x7e57_0001);
+        let len = 3 * 4096 + 5;
+        let (src, dst) = (dev.alloc(len).unwrap(), dev.alloc(len).unwrap());
+        let data: Vec<u8> = (0..len as u64).map(|i| pattern_byte(3, i)).collect();
+        dev.copy_from_host(src, &data).unwrap();
+        let region = Region { ptr: dst, len, alloc: Some(dev.allocation(dst).unwrap()) };
+        let tag = Tag { pair_seq: 1, k: 0 };
+        let remote = t1.expose(0, region).unwrap();
+        t1.post_ready(0, tag, remote);
+        drive(&mut t1, |t, _| !t.signals_queued());
+        let got = signals(&mut t0);
+        let [Incoming { from: 1, pair_seq: 1, signal: Signal::Ready { k: 0, remote } }] = got[..] else { panic!("{got:?}") };
+        assert_eq!(remote.len, len as u64);
+
+        let id = FlowId { seq: 9, idx: 0 };
+        t0.start_write(id, 1, tag, src, &remote, len).unwrap();
+        assert_eq!(drive(&mut t0, |t, d| !d.is_empty() && !t.signals_queued()), vec![id]);
+        let got = signals(&mut t1);
+        assert!(matches!(got[..], [Incoming { from: 0, pair_seq: 1, signal: Signal::Landed { k: 0, len: l } }] if l == len as u64), "{got:?}");
+        let mut back = vec![0u8; len];
+        dev.copy_to_host(&mut back, dst).unwrap();
+        assert!(back == data, "the bytes landed wrong");
+
+        let empty = FlowId { seq: 10, idx: 0 };
+        let none = RemoteBuffer { len: 0, wire: Wire::empty(std::process::id()) };
+        t0.start_write(empty, 1, Tag { pair_seq: 2, k: 0 }, DevPtr(0), &none, 0).unwrap();
+        assert_eq!(drive(&mut t0, |t, d| !d.is_empty() && !t.signals_queued()), vec![empty]);
+        let got = signals(&mut t1);
+        assert!(matches!(got[..], [Incoming { pair_seq: 2, signal: Signal::Landed { k: 0, len: 0 }, .. }]), "{got:?}");
+
+        t0.start_write(FlowId { seq: 11, idx: 0 }, 1, Tag { pair_seq: 3, k: 0 }, src, &remote, len).unwrap();
+        t0.cancel(11);
+        assert!(drive(&mut t0, |t, _| !t.data_in_flight() && !t.signals_queued()).is_empty());
+        t0.signal_failure(1, 3, 7);
+        drive(&mut t0, |t, _| !t.signals_queued());
+        let got = signals(&mut t1);
+        assert!(matches!(got[..], [Incoming { pair_seq: 3, signal: Signal::Failed { code: 7 }, .. }]), "{got:?}");
+
+        assert_eq!(t0.peer_health(1), None);
+        t1.close();
+        assert!(t0.peer_health(1).is_some_and(|why| why.contains("aborted or destroyed")));
+        t0.close();
+        dev.free(src).unwrap();
+        dev.free(dst).unwrap();
+    }
+}

@@ -4,9 +4,9 @@
 //! On the H200 (driver 580), when one thread enqueues a kernel or a stream write while other
 //! threads of the process enqueue `cuStreamWaitValue64` waits on their own streams of the
 //! same context, the first thread's stream sometimes does not run until those waits are
-//! released (`examples/wait_probe.rs race`, 3 waiting threads: 17-31 of 200 rounds in each
-//! of eight runs; 0 of 1400 with every enqueue under one lock or from one thread). Several
-//! ranks in one process hit exactly that: a Broadcast root's fill waits for the other
+//! released; with every enqueue under one lock, or from one thread, it always runs
+//! (`examples/wait_probe.rs race` shows it; figures in `docs/results/`). Several ranks in
+//! one process hit exactly that: a Broadcast root's fill waits for the other
 //! ranks' collective, which waits for the fill.
 //! So while two or more hoccl device objects are open on one GPU in this process (several
 //! ranks, one per thread), every enqueueing call of the CUDA backend (stream writes and
@@ -30,8 +30,8 @@ use std::time::{Duration, Instant};
 /// an enqueue's few microseconds, and short, because a holder blocked in the driver is
 /// common under back-pressure: an enqueue on a stream whose command queue is full waits
 /// in the driver until the stream's earlier collectives complete, which needs the other
-/// ranks' enqueues (`tests/collectives.rs` `back_to_back`, 4 thread ranks: with 100 ms
-/// here each run took ~45 s, every stall costing the full wait).
+/// ranks' enqueues, and every such stall costs the full wait (`tests/collectives.rs`
+/// `back_to_back` with 4 thread ranks stalls like that many times per run).
 pub(crate) const GATE_WAIT: Duration = Duration::from_millis(2);
 /// How long a caller spins before it sleeps (an enqueue takes a few microseconds; a wake-up
 /// from a futex costs tens).
