@@ -6,7 +6,13 @@
 //! how two ranks are connected: making a receive buffer writable by the peer, moving the
 //! bytes of a flow (chunking and queueing them as it sees fit), telling the peer that its
 //! buffer is ready or that data landed, and watching the peer's health. The engine never
-//! asks which transport it holds; a transport never looks inside an operation.
+//! asks which transport it holds; a transport never looks inside an operation. (NCCL draws
+//! the same line with `struct ncclTransport`, setup/connect plus a proxy progress function
+//! per transport; MSCCL++ with its connections' `write`, `updateAndSync` and `flush`.)
+//!
+//! The unit of work a transport takes is a whole flow, and it signals the landing itself:
+//! how it cuts a flow into chunks, and whether the CPU or the device watches the chunks and
+//! raises the flags, is its own affair.
 //!
 //! - [`same_host`]: ranks of one host. Copies straight into the peer's buffer on the
 //!   device's copy-engine queues ([`chunk_scheduler`]), through mappings of the peer's
