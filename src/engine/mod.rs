@@ -5,7 +5,9 @@
 //! Every collective reaches the engine as one [`Op`]: the byte ranges this rank sends to
 //! each peer and receives from each peer (several per peer allowed, matched in order), plus
 //! the stream handshake that orders it on the caller's stream. The engine knows nothing of
-//! collectives, of which device backend it drives, or of how a transport reaches a peer.
+//! collectives, of which device backend it drives, or of how a transport reaches a peer;
+//! [`Engine::start`] is the one place that names a transport (the same-host one, which
+//! reaches every peer while all ranks share a host).
 //!
 //! - `proxy`: the proxy thread and the op state machine.
 //! - [`streams`]: the per-stream flag pairs and the handshake enqueued on the user's stream.
