@@ -31,7 +31,7 @@
 //! - 4: as 0, every enqueue call (the threads' and the main thread's) under one lock, so
 //!   that none overlap (is it the overlap, or the threads?).
 //!
-//! hoccl's own enqueue gate (`HOCCL_SERIAL_ENQUEUE`, `src/device/cuda/gate.rs`) applies to
+//! hoccl's own enqueue gate (`HOCCL_SERIAL_ENQUEUE`, `src/device/cuda/enqueue_gate.rs`) applies to
 //! these calls too: in `auto` it is closed in mode 1 (several devices on the GPU) and open
 //! in the others; `HOCCL_SERIAL_ENQUEUE=0` measures the race itself in every mode.
 use cudarc::driver::sys;

@@ -6,7 +6,8 @@ use std::time::Duration;
 /// Which data engine moves bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EngineChoice {
-    /// Pick per call from size and measured throughput.
+    /// The default. Every call runs on the copy-engine path (as `CopyEngine`); choosing
+    /// per call between the engines by size comes with the compressed engine.
     Auto,
     /// Copy engines driven by the CPU proxy: no kernel, no SM.
     CopyEngine,
@@ -34,7 +35,9 @@ pub struct Config {
     pub chunk_bytes: usize,
     /// `HOCCL_COPY_QUEUES`: copy-engine queues per rank (H200 has 3 async engines).
     pub copy_queues: usize,
-    /// `HOCCL_QPS_PER_PEER`: queue pairs (or sockets) per remote peer.
+    /// `HOCCL_QPS_PER_PEER`: queue pairs (or sockets) per remote peer, for the inter-node
+    /// transport. Validated (1..=64) and otherwise reserved: it has no effect, since every
+    /// transfer stays on one host.
     pub qps_per_peer: usize,
     /// `HOCCL_VIRTUAL_NODES`: split each host's ranks into this many nodes (testing).
     pub virtual_nodes: usize,
@@ -67,7 +70,7 @@ pub struct Config {
     /// `HOCCL_SERIAL_ENQUEUE` = auto | 1 | 0: whether the CUDA backend makes one enqueueing
     /// driver call at a time per GPU of this process, because concurrent enqueues from
     /// several threads can leave a stream stalled behind other streams' waits
-    /// (`src/device/cuda/gate.rs`). `None` (auto, the default): while two or more hoccl
+    /// (`src/device/cuda/enqueue_gate.rs`). `None` (auto, the default): while two or more hoccl
     /// devices are open on the GPU (several ranks in one process); `Some(true)`: always;
     /// `Some(false)`: never.
     pub serial_enqueue: Option<bool>,

@@ -2,7 +2,7 @@
 //! proxies' mailboxes.
 use crate::bootstrap::Bootstrap;
 use crate::config::Config;
-use crate::engine::Links;
+use crate::transport::same_host::Links;
 use crate::error::{Error, Result};
 use crate::topology::{RankRecord, Topology};
 use crate::transport::mailbox::Segment;

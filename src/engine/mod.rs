@@ -1,14 +1,21 @@
 //! Executes transfer operations without kernels: a CPU proxy thread per communicator polls
-//! the stream flags, exchanges "buffer ready"/"data landed" with the peers' proxies and
-//! drives the copy-engine queues.
+//! the stream flags and runs every op's state machine, moving bytes and exchanging
+//! "buffer ready"/"data landed" with the peers through a [`Transport`].
 //!
 //! Every collective reaches the engine as one [`Op`]: the byte ranges this rank sends to
 //! each peer and receives from each peer (several per peer allowed, matched in order), plus
 //! the stream handshake that orders it on the caller's stream. The engine knows nothing of
-//! collectives and nothing of which device backend it drives.
+//! collectives, of which device backend it drives, or of how a transport reaches a peer;
+//! [`Engine::start`] is the one place that names a transport (the same-host one, which
+//! reaches every peer while all ranks share a host).
+//!
+//! - `proxy`: the proxy thread and the op state machine.
+//! - [`streams`]: the per-stream flag pairs and the handshake enqueued on the user's stream.
+//! - `watchdog`: reports a proxy thread that stopped making progress.
 use crate::device::{Allocation, DevPtr, Device, FlagSlab};
 use crate::error::{Error, Result};
-use crate::transport::mailbox::Segment;
+use crate::transport::same_host::{Links, SameHost};
+use crate::transport::Transport;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, sync_channel, Sender};
@@ -16,7 +23,6 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-mod ce;
 mod proxy;
 pub mod streams;
 mod watchdog;
@@ -49,6 +55,9 @@ pub struct Op {
     pub pair_seqs: Vec<(usize, u64)>,
 }
 
+/// How to release one op's stream: its flags, finish flag and stream seq.
+type Release = (Arc<FlagSlab>, usize, u64);
+
 /// State shared between the communicator and its proxy.
 #[derive(Default)]
 pub struct Shared {
@@ -64,7 +73,7 @@ pub struct Shared {
     /// How to release the stream of every op submitted and not finished, by op seq: its
     /// flags, finish flag and stream seq. Whoever removes an entry (the proxy finishing the
     /// op, or a teardown forced past a stuck proxy) counts the op as finished.
-    releases: Mutex<BTreeMap<u64, (Arc<FlagSlab>, usize, u64)>>,
+    releases: Mutex<BTreeMap<u64, Release>>,
 }
 
 impl Shared {
@@ -94,7 +103,7 @@ impl Shared {
         self.submitted.load(Ordering::Acquire).saturating_sub(self.finished.load(Ordering::Acquire))
     }
 
-    fn releases(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, (Arc<FlagSlab>, usize, u64)>> {
+    fn releases(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Release>> {
         self.releases.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -117,28 +126,18 @@ impl Shared {
     }
 
     /// Raise a removed entry's finish flag and count its op finished.
-    fn release(&self, (flags, finish, v): (Arc<FlagSlab>, usize, u64)) {
+    fn release(&self, (flags, finish, v): Release) {
         flags.raise(finish, v);
         self.finished.fetch_add(1, Ordering::AcqRel);
     }
 }
 
-/// What the proxy needs to reach the other ranks of its host.
-pub struct Links {
-    pub rank: usize,
-    /// Own mailbox (rings indexed by the sender's local index).
-    pub inbox: Segment,
-    /// Peer mailboxes by global rank (None for self and for ranks on other nodes).
-    pub peers: Vec<Option<Segment>>,
-    /// Local index of this rank (its ring in every peer's mailbox).
-    pub local_index: usize,
-    /// Local index of every rank (None for other nodes).
-    pub local_of: Vec<Option<usize>>,
-}
-
 pub struct EngineConfig {
+    /// The same-host transport's chunk size and copy queues (`Config::chunk_bytes`,
+    /// `Config::copy_queues`).
     pub chunk_bytes: usize,
     pub copy_queues: usize,
+    /// An op making no progress for this long fails.
     pub timeout: Duration,
 }
 
@@ -161,20 +160,28 @@ const ABORT_WAIT: Duration = Duration::from_secs(1);
 const STOP_MARGIN: Duration = Duration::from_secs(2);
 
 impl Engine {
-    /// Start the proxy thread; returns once it has bound the device and made its queues.
+    /// Start the proxy thread, reaching the ranks of this host through `links` (every peer
+    /// is on this host); returns once the thread has bound the device and its transport is
+    /// connected.
     pub fn start(dev: Arc<dyn Device>, links: Links, cfg: EngineConfig) -> Result<Engine> {
         const OP: &str = "Engine::start";
         let shared = Arc::new(Shared::default());
         let (tx, rx) = channel();
         let (ready_tx, ready_rx) = sync_channel(1);
         let sh = shared.clone();
-        let (rank, timeout) = (links.rank, cfg.timeout);
+        let (rank, nranks, timeout) = (links.rank, links.peers.len(), cfg.timeout);
+        // The transport is made on the proxy thread: its device resources (copy queues)
+        // belong to the thread that binds the device.
+        let connect = move || -> Result<Box<dyn Transport>> {
+            dev.bind_thread()?;
+            Ok(Box::new(SameHost::connect(dev, links, cfg.copy_queues, cfg.chunk_bytes)?))
+        };
         let thread = std::thread::Builder::new()
-            .name(format!("hoccl-proxy-r{}", links.rank))
-            .spawn(move || match proxy::Proxy::new(dev, links, cfg, rx, sh) {
-                Ok(p) => {
+            .name(format!("hoccl-proxy-r{rank}"))
+            .spawn(move || match connect() {
+                Ok(t) => {
                     let _ = ready_tx.send(Ok(()));
-                    p.run();
+                    proxy::Proxy::new(rank, nranks, t, timeout, rx, sh).run();
                 }
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));

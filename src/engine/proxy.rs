@@ -1,22 +1,22 @@
-//! The proxy thread: one per communicator. It never makes a device call that can wait for
-//! the GPU: it polls host flags, mailboxes and copy-queue fences, and enqueues copies.
+//! The proxy thread: one per communicator. It never makes a call that can wait for the GPU
+//! or for a peer: it polls host flags and its transport, and hands work to the transport.
 //!
 //! Life of an op on one rank:
 //! 1. wait until the stream wrote `start >= stream_seq` (work before the call is done);
-//! 2. for every receive: export the buffer's allocation and tell the sender "ready";
-//! 3. for every send whose receiver said "ready": map the receiver's allocation (cached)
-//!    and hand the flow to the copy-engine scheduler; when its chunks have completed, tell
-//!    the receiver "landed";
+//! 2. for every receive: expose the buffer to the sender and tell it "ready";
+//! 3. for every send whose receiver said "ready": start the write; the transport tells the
+//!    receiver "landed" once every byte has landed, and reports the flow done here;
 //! 4. when every send is done and every receive has landed: write `finish := stream_seq`.
+//!
 //! Any failure writes `finish` too (the stream never hangs), tells the peers, and parks the
 //! error in `Shared` for `async_error()`.
-use super::ce::{CeScheduler, FlowId};
-use super::{Cmd, EngineConfig, Links, Op, Shared, Transfer};
-use crate::device::Device;
+//!
+//! The proxy reaches peers only through [`Transport`]; which transport it holds is decided
+//! where the engine starts.
+use super::{Cmd, Op, Shared, Transfer};
 use crate::error::{Error, Result};
-use crate::transport::ipc::{ExportCache, ImportCache, Mapped};
-use crate::transport::mailbox::{pid_alive, Msg, MsgKind};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use crate::transport::{FlowId, Incoming, Region, RemoteBuffer, Signal, Tag, Transport};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
@@ -29,16 +29,15 @@ enum SendPhase {
     Done,
 }
 
-struct SendSt {
+struct SendState {
     x: Transfer,
     k: u32,
-    /// The receiver's "ready" record (its allocation and our region in it).
-    remote: Option<Msg>,
-    mapped: Option<Mapped>,
+    /// Where the receiver said the data goes ("ready").
+    remote: Option<RemoteBuffer>,
     phase: SendPhase,
 }
 
-struct RecvSt {
+struct RecvState {
     x: Transfer,
     k: u32,
     landed: bool,
@@ -48,8 +47,8 @@ struct OpState {
     op: Op,
     started: bool,
     last_progress: Instant,
-    sends: Vec<SendSt>,
-    recvs: Vec<RecvSt>,
+    sends: Vec<SendState>,
+    recvs: Vec<RecvState>,
 }
 
 impl OpState {
@@ -66,8 +65,8 @@ impl OpState {
         };
         let sk = number(&op.sends);
         let rk = number(&op.recvs);
-        let sends = op.sends.iter().zip(sk).map(|(x, k)| SendSt { x: *x, k, remote: None, mapped: None, phase: SendPhase::WaitReady }).collect();
-        let recvs = op.recvs.iter().zip(rk).map(|(x, k)| RecvSt { x: *x, k, landed: false }).collect();
+        let sends = op.sends.iter().zip(sk).map(|(x, k)| SendState { x: *x, k, remote: None, phase: SendPhase::WaitReady }).collect();
+        let recvs = op.recvs.iter().zip(rk).map(|(x, k)| RecvState { x: *x, k, landed: false }).collect();
         OpState { op, started: false, last_progress: Instant::now(), sends, recvs }
     }
 
@@ -122,67 +121,49 @@ impl OpState {
 }
 
 pub(super) struct Proxy {
-    dev: Arc<dyn Device>,
-    links: Links,
-    global_of_local: Vec<usize>,
-    sched: CeScheduler,
+    rank: usize,
+    nranks: usize,
+    transport: Box<dyn Transport>,
     rx: Receiver<Cmd>,
     shared: Arc<Shared>,
     timeout: Duration,
     ops: BTreeMap<u64, OpState>,
     /// (peer, pair seq) -> op seq, for the ops in `ops`.
     index: HashMap<(usize, u64), u64>,
-    /// Highest pair seq submitted per peer: messages beyond it are early.
+    /// Highest pair seq submitted per peer: signals beyond it are early.
     max_pair: HashMap<usize, u64>,
-    early: HashMap<(usize, u64), Vec<Msg>>,
-    outbox: VecDeque<(usize, Msg)>,
-    imports: ImportCache,
-    exports: ExportCache,
-    /// Mappings of failed ops whose chunks are still draining.
-    orphans: HashMap<(u64, usize), Mapped>,
+    early: HashMap<(usize, u64), Vec<Signal>>,
     stopping: Option<(bool, Instant)>,
-    /// By global rank: whether that rank lives in this process (from its mailbox).
-    in_process: Vec<bool>,
     /// Whether the state was logged at a failure (once per communicator).
     reported: bool,
     last_check: Instant,
+    /// Reused buffers: these run on every turn of the proxy loop.
     scratch: Vec<u64>,
+    incoming: Vec<Incoming>,
+    done: Vec<FlowId>,
 }
 
 impl Proxy {
-    pub(super) fn new(dev: Arc<dyn Device>, links: Links, cfg: EngineConfig, rx: Receiver<Cmd>, shared: Arc<Shared>) -> Result<Self> {
-        dev.bind_thread()?;
-        let queues = (0..cfg.copy_queues).map(|_| dev.create_copy_queue()).collect::<Result<Vec<_>>>()?;
-        let mut global_of_local = vec![usize::MAX; links.local_of.iter().flatten().count()];
-        for (g, l) in links.local_of.iter().enumerate() {
-            if let Some(l) = l {
-                global_of_local[*l] = g;
-            }
-        }
-        let pid = std::process::id();
-        let in_process = links.peers.iter().map(|p| p.as_ref().is_some_and(|seg| seg.owner_pid() == pid)).collect();
-        Ok(Proxy {
-            dev,
-            links,
-            global_of_local,
-            sched: CeScheduler::new(queues, cfg.chunk_bytes),
+    /// The proxy of rank `rank` of `nranks`, reaching its peers through `transport`.
+    pub(super) fn new(rank: usize, nranks: usize, transport: Box<dyn Transport>, timeout: Duration, rx: Receiver<Cmd>, shared: Arc<Shared>) -> Self {
+        Proxy {
+            rank,
+            nranks,
+            transport,
             rx,
             shared,
-            timeout: cfg.timeout,
+            timeout,
             ops: BTreeMap::new(),
             index: HashMap::new(),
             max_pair: HashMap::new(),
             early: HashMap::new(),
-            outbox: VecDeque::new(),
-            imports: ImportCache::default(),
-            exports: ExportCache::default(),
-            orphans: HashMap::new(),
             stopping: None,
-            in_process,
             reported: false,
             last_check: Instant::now(),
             scratch: Vec::new(),
-        })
+            incoming: Vec::new(),
+            done: Vec::new(),
+        }
     }
 
     pub(super) fn run(mut self) {
@@ -190,17 +171,16 @@ impl Proxy {
         loop {
             self.shared.heartbeat.fetch_add(1, Ordering::Relaxed);
             let mut progressed = self.drain_commands();
-            progressed |= self.poll_inbox();
+            progressed |= self.poll_signals();
             progressed |= self.progress_ops();
-            progressed |= self.poll_copies();
-            self.flush_outbox();
+            progressed |= self.progress_transport();
             self.periodic_checks();
             if self.should_exit() {
                 break;
             }
             if progressed {
                 idle = 0;
-            } else if self.ops.is_empty() && self.sched.is_idle() && self.outbox.is_empty() && self.stopping.is_none() {
+            } else if self.ops.is_empty() && !self.transport.data_in_flight() && !self.transport.signals_queued() && self.stopping.is_none() {
                 // Nothing in flight: sleep until a command arrives (or a periodic check).
                 match self.rx.recv_timeout(Duration::from_millis(20)) {
                     Ok(cmd) => self.command(cmd),
@@ -212,8 +192,7 @@ impl Proxy {
                 backoff(idle);
             }
         }
-        self.imports.clear(self.dev.as_ref());
-        self.links.inbox.mark_closed();
+        self.transport.close();
     }
 
     fn should_exit(&mut self) -> bool {
@@ -230,8 +209,8 @@ impl Proxy {
                 self.fail_op(s, e);
             }
         }
-        // Leave only when no copy still writes into mapped memory.
-        self.ops.is_empty() && self.sched.is_idle() || since_too_long(since, self.timeout)
+        // Leave only when no data still moves into mapped memory.
+        self.ops.is_empty() && !self.transport.data_in_flight() || since_too_long(since, self.timeout)
     }
 
     // ---------------------------------------------------------------- commands -----------
@@ -269,7 +248,7 @@ impl Proxy {
 
     fn submit(&mut self, op: Op) {
         let seq = op.seq;
-        log::debug!("rank {}: op {seq} {} submitted: {} sends, {} recvs", self.links.rank, op.name, op.sends.len(), op.recvs.len());
+        log::debug!("rank {}: op {seq} {} submitted: {} sends, {} recvs", self.rank, op.name, op.sends.len(), op.recvs.len());
         let pairs = op.pair_seqs.clone();
         for &(peer, ps) in &pairs {
             self.index.insert((peer, ps), seq);
@@ -283,90 +262,62 @@ impl Proxy {
             return;
         }
         for (peer, ps) in pairs {
-            for m in self.early.remove(&(peer, ps)).unwrap_or_default() {
-                self.handle_msg(peer, seq, m);
+            for signal in self.early.remove(&(peer, ps)).unwrap_or_default() {
+                self.handle_signal(peer, seq, signal);
             }
         }
     }
 
-    /// The pair seq of op `seq` with `peer` (what messages to that peer carry).
-    fn pair_seq(&self, seq: u64, peer: usize) -> u64 {
-        self.ops.get(&seq).and_then(|st| st.op.pair_seqs.iter().find(|(p, _)| *p == peer)).map_or(0, |(_, s)| *s)
-    }
+    // ---------------------------------------------------------------- signals ------------
 
-    // ---------------------------------------------------------------- messages -----------
-
-    fn poll_inbox(&mut self) -> bool {
-        let mut any = false;
-        for l in 0..self.global_of_local.len() {
-            while let Some(m) = self.links.inbox.try_pop(l) {
-                let from = self.global_of_local[l];
-                if let Some(&seq) = self.index.get(&(from, m.seq)) {
-                    self.handle_msg(from, seq, m);
-                } else if m.seq > self.max_pair.get(&from).copied().unwrap_or(0) {
-                    self.early.entry((from, m.seq)).or_default().push(m);
-                } else {
-                    log::debug!("rank {}: late message {:?} from {from} for finished op {}", self.links.rank, m.kind(), m.seq);
-                }
-                any = true;
+    fn poll_signals(&mut self) -> bool {
+        let mut incoming = std::mem::take(&mut self.incoming);
+        incoming.clear();
+        let any = self.transport.poll_signals(&mut incoming);
+        for m in incoming.drain(..) {
+            let from = m.from;
+            if let Some(&seq) = self.index.get(&(from, m.pair_seq)) {
+                self.handle_signal(from, seq, m.signal);
+            } else if m.pair_seq > self.max_pair.get(&from).copied().unwrap_or(0) {
+                self.early.entry((from, m.pair_seq)).or_default().push(m.signal);
+            } else {
+                log::debug!("rank {}: late signal {:?} from {from} for finished op {}", self.rank, m.signal, m.pair_seq);
             }
         }
+        self.incoming = incoming;
         any
     }
 
-    /// Queue `m` (whose `seq` holds the op seq) for `to`, rewritten to the pair seq.
-    fn send_msg(&mut self, to: usize, mut m: Msg) {
-        m.seq = self.pair_seq(m.seq, to);
-        self.outbox.push_back((to, m));
-    }
-
-    fn flush_outbox(&mut self) {
-        let me = self.links.local_index;
-        while let Some((to, m)) = self.outbox.front() {
-            let Some(seg) = self.links.peers.get(*to).and_then(|s| s.as_ref()) else {
-                log::error!("rank {}: no mailbox for rank {to}", self.links.rank);
-                self.outbox.pop_front();
-                continue;
-            };
-            if !seg.try_push(me, m) {
-                return; // ring full: retry on the next turn
-            }
-            self.outbox.pop_front();
-        }
-    }
-
-    fn handle_msg(&mut self, from: usize, seq: u64, m: Msg) {
+    fn handle_signal(&mut self, from: usize, seq: u64, signal: Signal) {
         let Some(st) = self.ops.get_mut(&seq) else { return };
         st.last_progress = Instant::now();
         let name = st.op.name;
-        match m.kind() {
-            Some(MsgKind::Ready) => {
-                let Some(s) = st.sends.iter_mut().find(|s| s.x.peer == from && s.k == m.k) else {
+        match signal {
+            Signal::Ready { k, remote } => {
+                let Some(s) = st.sends.iter_mut().find(|s| s.x.peer == from && s.k == k) else {
                     let e = Error::invalid_usage(name, format!("rank {from} posted a receive from this rank that no send of this call matches (mismatched calls?)"));
                     return self.fail_op(seq, e);
                 };
-                if m.len as usize != s.x.len {
+                if remote.len as usize != s.x.len {
                     let e = Error::invalid_usage(
                         name,
-                        format!("rank {from} expects {} bytes from rank {} but it sends {} (counts differ between ranks)", m.len, self.links.rank, s.x.len),
+                        format!("rank {from} expects {} bytes from rank {} but it sends {} (counts differ between ranks)", remote.len, self.rank, s.x.len),
                     );
                     return self.fail_op(seq, e);
                 }
-                s.remote = Some(m);
+                s.remote = Some(remote);
             }
-            Some(MsgKind::Landed) => match st.recvs.iter_mut().find(|r| r.x.peer == from && r.k == m.k) {
-                Some(r) if r.x.len == m.len as usize => r.landed = true,
+            Signal::Landed { k, len } => match st.recvs.iter_mut().find(|r| r.x.peer == from && r.k == k) {
+                Some(r) if r.x.len == len as usize => r.landed = true,
                 _ => {
                     let e = Error::invalid_usage(name, format!("rank {from} delivered data this rank did not expect (mismatched calls?)"));
                     self.fail_op(seq, e);
                 }
             },
-            Some(MsgKind::Fail) => {
-                let code = m.code;
+            Signal::Failed { code } => {
                 let e = Error::Remote { op: name, peer: from, what: format!("the operation failed there (code {code})") };
                 self.fail_op(seq, e);
             }
-            None => log::error!("rank {}: unknown message kind {} from {from}", self.links.rank, m.kind),
         }
     }
 
@@ -392,8 +343,7 @@ impl Proxy {
     }
 
     fn progress_op(&mut self, seq: u64) -> Result<bool> {
-        let me = self.links.rank;
-        let dev = self.dev.clone();
+        let me = self.rank;
         let Some(st) = self.ops.get_mut(&seq) else { return Ok(false) };
         let mut progressed = false;
         if !st.started {
@@ -404,43 +354,28 @@ impl Proxy {
             st.last_progress = Instant::now();
             log::debug!("rank {me}: op {seq} {} started (stream seq {})", st.op.name, st.op.stream_seq);
             progressed = true;
-            let mut msgs = Vec::new();
-            for r in &st.recvs {
-                if r.x.peer != me {
-                    // A sender in this process writes to the buffer's own address: no
-                    // IPC export (a driver call on the allocation) is needed for it.
-                    let export = !self.in_process.get(r.x.peer).copied().unwrap_or(false);
-                    msgs.push((r.x.peer, ready_msg(dev.as_ref(), &mut self.exports, seq, r, export)?));
-                }
+            // Every receive is exposed before any is announced: a failure then leaves the
+            // peers with the op's failure only.
+            let mut ready = Vec::with_capacity(st.recvs.len());
+            for r in st.recvs.iter().filter(|r| r.x.peer != me) {
+                let remote = self.transport.expose(r.x.peer, Region { ptr: r.x.ptr, len: r.x.len, alloc: r.x.alloc })?;
+                ready.push((r.x.peer, Tag { pair_seq: pair_seq(&st.op, r.x.peer), k: r.k }, remote));
             }
-            for (to, m) in msgs {
-                self.send_msg(to, m);
+            for (peer, tag, remote) in ready {
+                self.transport.post_ready(peer, tag, remote);
             }
             self.match_self_sends(seq)?;
         }
         let Some(st) = self.ops.get_mut(&seq) else { return Ok(progressed) };
-        let mut landed_now = Vec::new();
         for (idx, s) in st.sends.iter_mut().enumerate() {
             if s.phase != SendPhase::WaitReady {
                 continue;
             }
             let Some(remote) = s.remote else { continue };
             progressed = true;
-            if s.x.len == 0 {
-                s.phase = SendPhase::Done;
-                landed_now.push((s.x.peer, s.k, 0));
-                continue;
-            }
-            let mapped = self.imports.acquire(dev.as_ref(), s.x.peer, &remote)?;
-            let dst = mapped.base.add(remote.offset as usize);
-            s.mapped = Some(mapped);
+            let tag = Tag { pair_seq: pair_seq(&st.op, s.x.peer), k: s.k };
+            self.transport.start_write(FlowId { seq, idx }, s.x.peer, tag, s.x.ptr, &remote, s.x.len)?;
             s.phase = SendPhase::Copying;
-            self.sched.add(FlowId { seq, idx }, s.x.ptr, dst, s.x.len);
-        }
-        for (to, k, len) in landed_now {
-            let mut m = Msg::new(MsgKind::Landed, seq, k);
-            m.len = len;
-            self.send_msg(to, m);
         }
         if self.ops.get(&seq).is_some_and(OpState::complete) {
             self.finish_op(seq, None);
@@ -451,7 +386,7 @@ impl Proxy {
 
     /// Sends to self become local copies into the matching receive from self.
     fn match_self_sends(&mut self, seq: u64) -> Result<()> {
-        let me = self.links.rank;
+        let me = self.rank;
         let Some(st) = self.ops.get_mut(&seq) else { return Ok(()) };
         for idx in 0..st.sends.len() {
             let s = &st.sends[idx];
@@ -469,8 +404,8 @@ impl Proxy {
             if len == 0 || src == dst {
                 s.phase = SendPhase::Done; // in place: nothing to move
             } else {
+                self.transport.start_copy(FlowId { seq, idx }, src, dst, len)?;
                 s.phase = SendPhase::Copying;
-                self.sched.add(FlowId { seq, idx }, src, dst, len);
             }
         }
         if let Some(r) = st.recvs.iter().find(|r| r.x.peer == me && !st.sends.iter().any(|s| s.x.peer == me && s.k == r.k)) {
@@ -481,7 +416,7 @@ impl Proxy {
     }
 
     fn mark_self_landed(&mut self, seq: u64) {
-        let me = self.links.rank;
+        let me = self.rank;
         let Some(st) = self.ops.get_mut(&seq) else { return };
         let done: Vec<u32> = st.sends.iter().filter(|s| s.x.peer == me && s.phase == SendPhase::Done).map(|s| s.k).collect();
         for r in st.recvs.iter_mut().filter(|r| r.x.peer == me) {
@@ -491,75 +426,55 @@ impl Proxy {
         }
     }
 
-    fn poll_copies(&mut self) -> bool {
-        let mut done = Vec::new();
-        let progressed = match self.sched.poll(&mut done) {
+    /// Let the transport move data and send signals; account for the flows it completed.
+    fn progress_transport(&mut self) -> bool {
+        let mut done = std::mem::take(&mut self.done);
+        done.clear();
+        let progressed = match self.transport.progress(&mut done) {
             Ok(p) => p,
             Err((seq, e)) => {
                 self.fail_op(seq, e);
                 true
             }
         };
-        let me = self.links.rank;
-        for id in done {
-            if let Some(m) = self.orphans.remove(&(id.seq, id.idx)) {
-                self.imports.release(&m);
-                continue;
-            }
+        let me = self.rank;
+        for id in done.drain(..) {
             let Some(st) = self.ops.get_mut(&id.seq) else { continue };
             st.last_progress = Instant::now();
             let s = &mut st.sends[id.idx];
             s.phase = SendPhase::Done;
-            if let Some(m) = s.mapped.take() {
-                self.imports.release(&m);
-            }
-            let (peer, k, len) = (s.x.peer, s.k, s.x.len);
-            if peer == me {
+            if s.x.peer == me {
                 self.mark_self_landed(id.seq);
-            } else {
-                let mut m = Msg::new(MsgKind::Landed, id.seq, k);
-                m.len = len as u64;
-                self.send_msg(peer, m);
             }
             if self.ops.get(&id.seq).is_some_and(OpState::complete) {
                 self.finish_op(id.seq, None);
             }
         }
+        self.done = done;
         progressed
     }
 
     /// Release the stream (finish flag) and forget the op.
     fn finish_op(&mut self, seq: u64, err: Option<&Error>) {
-        let Some(mut st) = self.ops.remove(&seq) else { return };
+        let Some(st) = self.ops.remove(&seq) else { return };
         for (peer, ps) in &st.op.pair_seqs {
             self.index.remove(&(*peer, *ps));
         }
         if err.is_some() {
-            self.sched.cancel(seq);
-            for (idx, s) in st.sends.iter_mut().enumerate() {
-                if let Some(m) = s.mapped.take() {
-                    if s.phase == SendPhase::Copying {
-                        self.orphans.insert((seq, idx), m);
-                    } else {
-                        self.imports.release(&m);
-                    }
-                }
-            }
+            self.transport.cancel(seq);
         }
-        log::debug!("rank {}: op {seq} {} finished{}", self.links.rank, st.op.name, if err.is_some() { " (failed)" } else { "" });
+        log::debug!("rank {}: op {seq} {} finished{}", self.rank, st.op.name, if err.is_some() { " (failed)" } else { "" });
         self.shared.release_op(st.op.seq);
     }
 
     fn fail_op(&mut self, seq: u64, e: Error) {
         let Some(st) = self.ops.get(&seq) else { return };
-        let me = self.links.rank;
+        let me = self.rank;
         let mut peers: Vec<usize> = st.peers().filter(|p| *p != me).collect();
         peers.sort_unstable();
         peers.dedup();
         for p in peers {
-            let mut m = Msg::new(MsgKind::Fail, seq, 0);
-            m.code = e.code() as u32;
-            self.send_msg(p, m);
+            self.transport.signal_failure(p, pair_seq(&st.op, p), e.code() as u32);
         }
         self.shared.set_error(e.clone());
         if !self.reported && !matches!(e, Error::Aborted { .. }) {
@@ -572,12 +487,12 @@ impl Proxy {
     /// Log what every pending op waits for, at the communicator's first failure: which
     /// rank's stream or proxy held things up is then visible from any rank's log.
     fn log_state(&self, e: &Error) {
-        let mut lines = vec![format!("rank {}: state at the first failure ({e}):", self.links.rank)];
+        let mut lines = vec![format!("rank {}: state at the first failure ({e}):", self.rank)];
         lines.extend(self.ops.values().take(8).map(|st| format!("  {}", st.describe())));
         if self.ops.len() > 8 {
             lines.push(format!("  ... {} more pending ops", self.ops.len() - 8));
         }
-        lines.push(format!("  {}; {} messages queued out, {} early", self.sched.describe(), self.outbox.len(), self.early.len()));
+        lines.push(format!("  {}; {} signals early", self.transport.describe(), self.early.len()));
         log::error!("hoccl: {}", lines.join("\n"));
     }
 
@@ -590,9 +505,9 @@ impl Proxy {
         self.last_check = Instant::now();
         // A peer may have sent its last messages and then closed: read them first, so only
         // ops that still wait on a gone peer fail.
-        let gone: Vec<(usize, String)> = (0..self.links.peers.len()).filter_map(|p| self.peer_problem(p)).collect();
+        let gone: Vec<(usize, String)> = (0..self.nranks).filter(|p| *p != self.rank).filter_map(|p| Some((p, self.transport.peer_health(p)?))).collect();
         if !gone.is_empty() {
-            self.poll_inbox();
+            self.poll_signals();
         }
         let now = Instant::now();
         let mut failures = Vec::new();
@@ -607,34 +522,15 @@ impl Proxy {
             self.fail_op(seq, e);
         }
     }
-
-    fn peer_problem(&self, peer: usize) -> Option<(usize, String)> {
-        let seg = self.links.peers.get(peer)?.as_ref()?;
-        if !pid_alive(seg.owner_pid()) {
-            return Some((peer, format!("process {} exited", seg.owner_pid())));
-        }
-        // A closed mailbox means its communicator was destroyed or aborted.
-        seg.is_closed().then(|| (peer, "its communicator was aborted or destroyed".to_string()))
-    }
 }
 
 fn since_too_long(since: Instant, timeout: Duration) -> bool {
     since.elapsed() > timeout + Duration::from_secs(5)
 }
 
-fn ready_msg(dev: &dyn Device, exports: &mut ExportCache, seq: u64, r: &RecvSt, export: bool) -> Result<Msg> {
-    let mut m = Msg::new(MsgKind::Ready, seq, r.k);
-    m.len = r.x.len as u64;
-    if let Some(a) = r.x.alloc {
-        if export {
-            m.handle = exports.get(dev, &a)?.0;
-        }
-        m.alloc_id = a.id;
-        m.alloc_len = a.len as u64;
-        m.base = a.base.0;
-        m.offset = r.x.ptr.0 - a.base.0;
-    }
-    Ok(m)
+/// The pair seq of `op` with `peer` (what signals about it carry).
+fn pair_seq(op: &Op, peer: usize) -> u64 {
+    op.pair_seqs.iter().find(|(p, _)| *p == peer).map_or(0, |(_, s)| *s)
 }
 
 fn backoff(idle: u32) {

@@ -64,9 +64,8 @@ static WARNED: AtomicBool = AtomicBool::new(false);
 /// The limit on streams that wait for collectives at once, per GPU, in this process. A
 /// stream blocked in a wait holds one of the context's hardware queues; when every queue is
 /// held, the driver blocks further enqueues and the copies that would release the waits do
-/// not run (H200: with 32 queues, 32 streams waiting on host flags stopped the driver, and
-/// 32 streams each with a pending collective, one rank per process, stopped the copies;
-/// with 8 queues, 8 waiting streams stopped them). A collective on a stream that is not
+/// not run (on the H200, as many waiting streams as the context has queues stop the copies,
+/// whether one process holds them all or one rank per process does). A collective on a stream that is not
 /// already waiting, when `max` others are, blocks the calling thread until one is released.
 pub struct Admission<'a> {
     pub max: usize,

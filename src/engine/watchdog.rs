@@ -3,8 +3,9 @@
 //! The proxy never waits for the GPU itself, but its driver calls (copies, events) take a
 //! lock of the CUDA context that other threads of the process may hold for a long time:
 //! `cuMemFree` holds it while it waits for every stream, including the stream of a pending
-//! collective that only this proxy can finish (seen on the H200: the group hung for good).
-//! A proxy stuck like that cannot time its operations out, so the user saw a silent hang.
+//! collective that only this proxy can finish, so the group hangs for good. A proxy stuck
+//! like that cannot time its operations out itself; without this watchdog the user would
+//! see a silent hang.
 //! One process-wide thread watches every engine's heartbeat (the proxy loop's iteration
 //! count). Once a proxy has been stuck for the communicator's timeout with operations
 //! pending, it sets the communicator's async error (a `Timeout` naming the likely cause;

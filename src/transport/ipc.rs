@@ -1,12 +1,12 @@
-//! Same-host transfers: the receiver exports the allocation that holds its buffer, the
-//! sender maps it once and copies straight into it on a copy-engine queue.
+//! Peer allocations of the same-host transport: the receiver exports the allocation that
+//! holds its buffer, the sender maps it once and copies straight into it.
 //!
 //! Mappings are cached per (peer rank, allocation id). Allocation ids change when memory is
 //! freed and reallocated, so a reused address is never served a stale mapping. Entries in
 //! use by in-flight copies are pinned (`refs > 0`) and never evicted.
 use crate::device::{Allocation, DevPtr, Device, ExportHandle};
 use crate::error::Result;
-use crate::transport::mailbox::Msg;
+use crate::transport::Wire;
 use std::collections::HashMap;
 
 /// Bound on cached peer mappings before unused ones are closed.
@@ -34,8 +34,8 @@ pub struct Mapped {
 }
 
 impl ImportCache {
-    /// Map the region a `Ready` message from `peer` describes; returns its base here.
-    pub fn acquire(&mut self, dev: &dyn Device, peer: usize, m: &Msg) -> Result<Mapped> {
+    /// Map the allocation `m` (from `peer`'s `Ready`) describes; returns its base here.
+    pub fn acquire(&mut self, dev: &dyn Device, peer: usize, m: &Wire) -> Result<Mapped> {
         self.clock += 1;
         let key = (peer, m.alloc_id);
         if let Some(e) = self.entries.get_mut(&key) {

@@ -1,9 +1,173 @@
-//! Point-to-point movers and the control channels between proxies.
-//! - [`mailbox`]: shared-memory message rings between the proxies of one host ("buffer
-//!   ready", "data landed", errors).
-//! - [`ipc`]: same-host transfers straight into the peer's buffer (export/import cache; the
-//!   copies themselves run on the device's copy-engine queues).
-//! - [`verbs`]: RDMA (rdma-core via bindgen, loaded at run time).
+//! How bytes and control signals move between ranks: the [`Transport`] trait the engine's
+//! proxy drives, and its implementations.
+//!
+//! The engine owns every operation's logic: matching sends to receives by pair sequence
+//! number, the stream flags, timeouts, failure reports. A transport owns what depends on
+//! how two ranks are connected: making a receive buffer writable by the peer, moving the
+//! bytes of a flow (chunking and queueing them as it sees fit), telling the peer that its
+//! buffer is ready or that data landed, and watching the peer's health. The engine never
+//! asks which transport it holds; a transport never looks inside an operation. (NCCL draws
+//! the same line with `struct ncclTransport`, setup/connect plus a proxy progress function
+//! per transport; MSCCL++ with its connections' `write`, `updateAndSync` and `flush`.)
+//!
+//! The unit of work a transport takes is a whole flow, and it signals the landing itself:
+//! how it cuts a flow into chunks, and whether the CPU or the device watches the chunks and
+//! raises the flags, is its own affair.
+//!
+//! - [`same_host`]: ranks of one host. Copies straight into the peer's buffer on the
+//!   device's copy-engine queues ([`chunk_scheduler`]), through mappings of the peer's
+//!   allocations ([`ipc`]), with control signals on shared-memory rings ([`mailbox`]).
+//! - [`verbs`]: RDMA (rdma-core via bindgen, loaded at run time); not a transport yet.
+pub mod chunk_scheduler;
 pub mod ipc;
 pub mod mailbox;
+pub mod same_host;
 pub mod verbs;
+
+use crate::device::{Allocation, DevPtr};
+use crate::error::{Error, Result};
+
+/// One flow: op `seq` (the communicator's call order), send index `idx` within the op.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FlowId {
+    pub seq: u64,
+    pub idx: usize,
+}
+
+/// Names one transfer between two ranks in the signals about it: the pair sequence number
+/// of its op (the count of ops so far between the two ranks, equal on both sides) and its
+/// index `k` among that op's transfers between the same two ranks in the same direction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tag {
+    pub pair_seq: u64,
+    pub k: u32,
+}
+
+/// A receive buffer of this rank, as the engine hands it to [`Transport::expose`].
+/// `alloc` is the allocation holding `ptr` (None iff `len` is 0).
+#[derive(Clone, Copy, Debug)]
+pub struct Region {
+    pub ptr: DevPtr,
+    pub len: usize,
+    pub alloc: Option<Allocation>,
+}
+
+/// What a receiver tells its sender about the buffer a transfer lands in: made by the
+/// receiver's [`Transport::expose`], carried by a `Ready` signal, consumed by the sender's
+/// [`Transport::start_write`]. The engine reads only `len`; `wire` is the transport's own
+/// plain-data description (for the same-host transport: the allocation's export handle,
+/// identity and base, and the buffer's offset in it).
+#[derive(Clone, Copy, Debug)]
+pub struct RemoteBuffer {
+    /// Bytes the receiver expects.
+    pub len: u64,
+    pub wire: Wire,
+}
+
+/// The transport-defined part of a [`RemoteBuffer`]: fixed size, plain data, so it fits a
+/// control record as it is.
+#[derive(Clone, Copy, Debug)]
+pub struct Wire {
+    pub alloc_id: u64,
+    pub alloc_len: u64,
+    /// The allocation's base in the receiver's address space.
+    pub base: u64,
+    /// The buffer's offset inside the allocation.
+    pub offset: u64,
+    /// The receiver's process.
+    pub pid: u32,
+    /// An export handle (or a remote key) for the allocation; zero when none is needed.
+    pub handle: [u8; 64],
+}
+
+impl Wire {
+    /// Nothing described yet, sent by process `pid`.
+    pub fn empty(pid: u32) -> Wire {
+        Wire { alloc_id: 0, alloc_len: 0, base: 0, offset: 0, pid, handle: [0; 64] }
+    }
+}
+
+/// A control signal from a peer, as [`Transport::poll_signals`] delivers it.
+#[derive(Clone, Copy, Debug)]
+pub enum Signal {
+    /// The peer's receive `k` of the op is ready: the data of this rank's send `k` to it
+    /// goes to `remote`.
+    Ready { k: u32, remote: RemoteBuffer },
+    /// All `len` bytes of the peer's send `k` of the op to this rank have landed.
+    Landed { k: u32, len: u64 },
+    /// The op failed on the peer's side (`code`: its `ErrorCode`).
+    Failed { code: u32 },
+}
+
+/// A signal and who sent it about which op.
+#[derive(Clone, Copy, Debug)]
+pub struct Incoming {
+    pub from: usize,
+    pub pair_seq: u64,
+    pub signal: Signal,
+}
+
+/// A way of reaching a class of peers (the ranks of this host; later, ranks over RDMA or
+/// TCP). The engine's proxy thread owns it and is the only caller, on that thread; no
+/// method waits for the device or for a peer: a transport that cannot go on now keeps the
+/// work and continues on a later call.
+///
+/// Per transfer, the calls go: the receiver's engine [`expose`](Transport::expose)s the
+/// buffer and [`post_ready`](Transport::post_ready)s it to the sender; the sender's engine
+/// gets `Ready` from [`poll_signals`](Transport::poll_signals) and calls
+/// [`start_write`](Transport::start_write); the sender's transport moves the bytes, and when
+/// they have all landed reports the flow from [`progress`](Transport::progress) and signals
+/// `Landed` to the receiver itself, so a transport whose landing is observed off the CPU
+/// (a device-side flag write, an RDMA write with immediate) needs no proxy turn in between.
+/// Signals to one peer arrive in the order they were posted.
+pub trait Transport: Send {
+    /// Make this rank's receive buffer `region` writable by `peer`; returns what the peer's
+    /// `start_write` needs. May register or export the allocation (cached).
+    fn expose(&mut self, peer: usize, region: Region) -> Result<RemoteBuffer>;
+
+    /// Tell `peer` that the buffer of transfer `tag` is ready (queued; sent in order).
+    fn post_ready(&mut self, peer: usize, tag: Tag, remote: RemoteBuffer);
+
+    /// Tell `peer` that op `pair_seq` (between the two) failed here (queued; sent in order).
+    fn signal_failure(&mut self, peer: usize, pair_seq: u64, code: u32);
+
+    /// Append every signal that has arrived from peers to `out`; whether there were any.
+    fn poll_signals(&mut self, out: &mut Vec<Incoming>) -> bool;
+
+    /// Start moving `len` bytes from `src` to `peer`'s buffer `remote` (len matches
+    /// `remote.len`; 0 is allowed). When every byte has landed, `progress` reports `id`
+    /// and the transport signals `Landed` for `tag` to `peer`.
+    fn start_write(&mut self, id: FlowId, peer: usize, tag: Tag, src: DevPtr, remote: &RemoteBuffer, len: usize) -> Result<()>;
+
+    /// Start copying `len` bytes between two buffers of this rank (a send to self); when
+    /// done, `progress` reports `id`. Nothing is signalled.
+    fn start_copy(&mut self, id: FlowId, src: DevPtr, dst: DevPtr, len: usize) -> Result<()>;
+
+    /// Move data on (reap what completed, start what may start), signal landings, send
+    /// queued signals, and append the flows now complete to `done`; whether anything moved.
+    /// An error names the op (its `FlowId::seq`) whose data movement failed.
+    fn progress(&mut self, done: &mut Vec<FlowId>) -> std::result::Result<bool, (u64, Error)>;
+
+    /// Stop moving data for op `seq` (it failed). Data already on its way may still land;
+    /// its flows are never reported done and no `Landed` is signalled for them, and the
+    /// transport keeps whatever that data needs (mappings) until it has drained.
+    fn cancel(&mut self, seq: u64);
+
+    /// Why `peer` can no longer take part (its process exited, its communicator closed),
+    /// or None while it can.
+    fn peer_health(&self, peer: usize) -> Option<String>;
+
+    /// Whether data may still be moving into or out of memory (the proxy may not exit and
+    /// mappings may not close while it is).
+    fn data_in_flight(&self) -> bool;
+
+    /// Whether signals wait to be sent (a peer's ring was full).
+    fn signals_queued(&self) -> bool;
+
+    /// One line for failure reports: data in flight and signals queued.
+    fn describe(&self) -> String;
+
+    /// Close mappings and tell the peers this rank is gone (the proxy's exit; called once,
+    /// after `data_in_flight` turned false or the exit was forced).
+    fn close(&mut self);
+}

@@ -174,7 +174,7 @@ impl CudaDevice {
         if shared_bytes > STATIC_SMEM_LIMIT {
             self.allow_dynamic_smem(name, f, shared_bytes)?;
         }
-        let gate = self.ctx.gate(OP);
+        let gate = self.ctx.enqueue_gate(OP);
         let r = if dependent {
             // SAFETY: an all-zero launch attribute is a valid C value (a union of integers
             // and plain structs); its id and value are set below.

@@ -32,7 +32,7 @@ use std::sync::Mutex;
 
 mod driver;
 pub mod fatbin;
-mod gate;
+mod enqueue_gate;
 mod kernel;
 mod memory;
 mod probe;
@@ -51,9 +51,9 @@ pub(crate) struct Context {
     dev: sys::CUdevice,
     ctx: sys::CUcontext,
     ordinal: usize,
-    /// One enqueueing call at a time in this context (`gate.rs`); None when
+    /// One enqueueing call at a time in this context (`enqueue_gate.rs`); None when
     /// `HOCCL_SERIAL_ENQUEUE=0`.
-    gate: Option<Arc<gate::Gate>>,
+    enqueue_gate: Option<Arc<enqueue_gate::EnqueueGate>>,
 }
 
 // SAFETY: a CUcontext is a driver handle that may be used (made current) on any thread; the
@@ -68,11 +68,11 @@ impl Context {
         CtxGuard::push(op, self.ctx)
     }
 
-    /// Hold the context's gate across one enqueueing driver call (see `gate.rs`).
-    pub(crate) fn gate(&self, op: &'static str) -> gate::GateGuard<'_> {
-        match &self.gate {
+    /// Hold the context's gate across one enqueueing driver call (see `enqueue_gate.rs`).
+    pub(crate) fn enqueue_gate(&self, op: &'static str) -> enqueue_gate::EnqueueGuard<'_> {
+        match &self.enqueue_gate {
             Some(g) => g.enter(op),
-            None => gate::GateGuard::none(),
+            None => enqueue_gate::EnqueueGuard::none(),
         }
     }
 }
@@ -136,12 +136,12 @@ impl CudaDevice {
         }
         let dev = probe::device_handle(OP, ordinal)?;
         let info = probe::gpu_info(OP, ordinal, dev)?;
-        let gate = gate::for_ordinal(ordinal, serial_enqueue()?);
+        let enqueue_gate = enqueue_gate::for_ordinal(ordinal, serial_enqueue()?);
         let mut ctx: sys::CUcontext = std::ptr::null_mut();
         // SAFETY: dev is a valid device; ctx is a valid out-pointer. Paired with the release
         // in `Context::drop`.
         check(OP, "cuDevicePrimaryCtxRetain", unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, dev) })?;
-        let ctx = Arc::new(Context { dev, ctx, ordinal, gate });
+        let ctx = Arc::new(Context { dev, ctx, ordinal, enqueue_gate });
         if !info.stream_mem_ops_64 {
             log::info!("hoccl: GPU {ordinal} has no 64-bit stream memory operations; using the 32-bit fallback");
         }
@@ -152,7 +152,7 @@ impl CudaDevice {
             imports: Mutex::new(HashMap::new()),
             kernels: Mutex::new(kernel::KernelCache::default()),
         };
-        if let Some(g) = &d.ctx.gate {
+        if let Some(g) = &d.ctx.enqueue_gate {
             g.user(true);
         }
         d.register_module_user();
@@ -201,7 +201,7 @@ impl Drop for CudaDevice {
             }
         }
         self.unload_module();
-        if let Some(g) = &self.ctx.gate {
+        if let Some(g) = &self.ctx.enqueue_gate {
             g.user(false);
         }
     }

@@ -67,7 +67,7 @@ impl CopyQueue for CudaCopyQueue {
             return Ok(());
         }
         let _g = self.ctx.enter(OP)?;
-        let _gate = self.ctx.gate(OP);
+        let _gate = self.ctx.enqueue_gate(OP);
         // SAFETY: the driver validates both ranges (unified addressing); keeping them alive
         // until a later fence completes is the caller's contract.
         check(OP, "cuMemcpyAsync", unsafe { sys::cuMemcpyAsync(dst.0, src.0, len, self.stream) })
@@ -77,7 +77,7 @@ impl CopyQueue for CudaCopyQueue {
         const OP: &str = "CopyQueue::fence";
         let _g = self.ctx.enter(OP)?;
         let e = self.event(OP)?;
-        let gate = self.ctx.gate(OP);
+        let gate = self.ctx.enqueue_gate(OP);
         // SAFETY: e is an event of this context, not pending elsewhere; the stream is ours.
         let r = unsafe { sys::cuEventRecord(e, self.stream) };
         drop(gate);

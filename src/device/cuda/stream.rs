@@ -71,7 +71,7 @@ impl CudaDevice {
         const OP: &str = "Device::write_value";
         check_flag(OP, flag)?;
         let _g = self.enter(OP)?;
-        let _gate = self.ctx.gate(OP);
+        let _gate = self.ctx.enqueue_gate(OP);
         let st = cu_stream(s);
         if self.info.stream_mem_ops_64 {
             // SAFETY: flag is an 8-byte-aligned device-visible address (checked above; the
@@ -91,7 +91,7 @@ impl CudaDevice {
         const OP: &str = "Device::wait_value_geq";
         check_flag(OP, flag)?;
         let _g = self.enter(OP)?;
-        let _gate = self.ctx.gate(OP);
+        let _gate = self.ctx.enqueue_gate(OP);
         let st = cu_stream(s);
         if self.info.stream_mem_ops_64 {
             // SAFETY: as in stream_write_value.
@@ -107,7 +107,7 @@ impl CudaDevice {
             return Ok(());
         }
         let _g = self.enter(OP)?;
-        let _gate = self.ctx.gate(OP);
+        let _gate = self.ctx.enqueue_gate(OP);
         // SAFETY: the driver validates both ranges against its allocations (unified
         // addressing); keeping them alive until the copy completes is the caller's contract.
         check(OP, "cuMemcpyAsync", unsafe { sys::cuMemcpyAsync(dst.0, src.0, len, cu_stream(s)) })

@@ -4,9 +4,9 @@
 //! On the H200 (driver 580), when one thread enqueues a kernel or a stream write while other
 //! threads of the process enqueue `cuStreamWaitValue64` waits on their own streams of the
 //! same context, the first thread's stream sometimes does not run until those waits are
-//! released (`examples/wait_probe.rs race`, 3 waiting threads: 17-31 of 200 rounds in each
-//! of eight runs; 0 of 1400 with every enqueue under one lock or from one thread). Several
-//! ranks in one process hit exactly that: a Broadcast root's fill waits for the other
+//! released; with every enqueue under one lock, or from one thread, it always runs
+//! (`examples/wait_probe.rs race` shows it; figures in `docs/results/`). Several ranks in
+//! one process hit exactly that: a Broadcast root's fill waits for the other
 //! ranks' collective, which waits for the fill.
 //! So while two or more hoccl device objects are open on one GPU in this process (several
 //! ranks, one per thread), every enqueueing call of the CUDA backend (stream writes and
@@ -14,7 +14,7 @@
 //! call's duration, a few microseconds. With one device per GPU (one rank per process, the
 //! production shape) the gate is open and costs an atomic load per call: there the proxy
 //! thread's copies run beside the application thread's enqueues, and holding both to one
-//! at a time cost the launch-cost benchmark 1.5-7 us per collective (twenty-eighth session).
+//! at a time would add microseconds to every collective's launch cost (`docs/results/`).
 //!
 //! A driver call that blocks (a stream whose command queue is full, a driver lock held by a
 //! free) must not stop the others: a caller that has waited [`GATE_WAIT`] for the gate goes
@@ -30,8 +30,8 @@ use std::time::{Duration, Instant};
 /// an enqueue's few microseconds, and short, because a holder blocked in the driver is
 /// common under back-pressure: an enqueue on a stream whose command queue is full waits
 /// in the driver until the stream's earlier collectives complete, which needs the other
-/// ranks' enqueues (`tests/collectives.rs` `back_to_back`, 4 thread ranks: with 100 ms
-/// here each run took ~45 s, every stall costing the full wait).
+/// ranks' enqueues, and every such stall costs the full wait (`tests/collectives.rs`
+/// `back_to_back` with 4 thread ranks stalls like that many times per run).
 pub(crate) const GATE_WAIT: Duration = Duration::from_millis(2);
 /// How long a caller spins before it sleeps (an enqueue takes a few microseconds; a wake-up
 /// from a futex costs tens).
@@ -42,7 +42,7 @@ const SPIN: Duration = Duration::from_micros(50);
 pub(crate) type Mode = Option<bool>;
 
 /// The gate of one context.
-pub(crate) struct Gate {
+pub(crate) struct EnqueueGate {
     mode: Mode,
     /// hoccl device objects open on this context (`CudaDevice::open` / drop).
     users: AtomicUsize,
@@ -61,13 +61,13 @@ pub(crate) struct Gate {
 /// Held across one enqueueing driver call; releases the gate on drop. Empty when the gate
 /// is open or was bypassed.
 #[must_use]
-pub(crate) struct GateGuard<'a> {
-    gate: Option<&'a Gate>,
+pub(crate) struct EnqueueGuard<'a> {
+    gate: Option<&'a EnqueueGate>,
 }
 
-impl Gate {
-    fn new(ordinal: usize, mode: Mode) -> Gate {
-        Gate {
+impl EnqueueGate {
+    fn new(ordinal: usize, mode: Mode) -> EnqueueGate {
+        EnqueueGate {
             mode,
             users: AtomicUsize::new(0),
             busy: AtomicBool::new(false),
@@ -98,17 +98,17 @@ impl Gate {
 
     /// Wait for the gate (at most `wait`) and hold it until the guard drops; `op` names the
     /// call in the log line (info, once per process) when the holder is bypassed.
-    pub(crate) fn enter_within(&self, op: &'static str, wait: Duration) -> GateGuard<'_> {
+    pub(crate) fn enter_within(&self, op: &'static str, wait: Duration) -> EnqueueGuard<'_> {
         if !self.closed() {
-            return GateGuard { gate: None };
+            return EnqueueGuard { gate: None };
         }
         let t0 = Instant::now();
         loop {
             if self.try_take() {
-                return GateGuard { gate: Some(self) };
+                return EnqueueGuard { gate: Some(self) };
             }
             if self.bypassed.load(SeqCst) {
-                return GateGuard { gate: None };
+                return EnqueueGuard { gate: None };
             }
             if t0.elapsed() >= SPIN.min(wait) {
                 break;
@@ -149,18 +149,18 @@ impl Gate {
             };
         };
         *sleepers -= 1;
-        GateGuard { gate: got.then_some(self) }
+        EnqueueGuard { gate: got.then_some(self) }
     }
 
-    pub(crate) fn enter(&self, op: &'static str) -> GateGuard<'_> {
+    pub(crate) fn enter(&self, op: &'static str) -> EnqueueGuard<'_> {
         self.enter_within(op, GATE_WAIT)
     }
 }
 
-impl GateGuard<'_> {
+impl EnqueueGuard<'_> {
     /// A guard that holds nothing (no gate).
-    pub(crate) fn none() -> GateGuard<'static> {
-        GateGuard { gate: None }
+    pub(crate) fn none() -> EnqueueGuard<'static> {
+        EnqueueGuard { gate: None }
     }
 
     /// Whether this guard holds its gate (tests).
@@ -170,7 +170,7 @@ impl GateGuard<'_> {
     }
 }
 
-impl Drop for GateGuard<'_> {
+impl Drop for EnqueueGuard<'_> {
     fn drop(&mut self) {
         if let Some(g) = self.gate {
             g.bypassed.store(false, SeqCst);
@@ -185,13 +185,13 @@ impl Drop for GateGuard<'_> {
 
 /// The gate of GPU `ordinal`'s primary context, shared by every device object of the
 /// process on that GPU; None when `HOCCL_SERIAL_ENQUEUE=0`. The first call's mode stays.
-pub(crate) fn for_ordinal(ordinal: usize, mode: Mode) -> Option<Arc<Gate>> {
-    static GATES: OnceLock<Mutex<HashMap<usize, Arc<Gate>>>> = OnceLock::new();
+pub(crate) fn for_ordinal(ordinal: usize, mode: Mode) -> Option<Arc<EnqueueGate>> {
+    static GATES: OnceLock<Mutex<HashMap<usize, Arc<EnqueueGate>>>> = OnceLock::new();
     if mode == Some(false) {
         return None;
     }
     let mut m = GATES.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
-    Some(m.entry(ordinal).or_insert_with(|| Arc::new(Gate::new(ordinal, mode))).clone())
+    Some(m.entry(ordinal).or_insert_with(|| Arc::new(EnqueueGate::new(ordinal, mode))).clone())
 }
 
 #[cfg(test)]
@@ -200,7 +200,7 @@ mod tests {
 
     #[test]
     fn one_holder_at_a_time() {
-        let gate = Arc::new(Gate::new(0, Some(true)));
+        let gate = Arc::new(EnqueueGate::new(0, Some(true)));
         let inside = Arc::new(AtomicUsize::new(0));
         let most = Arc::new(AtomicUsize::new(0));
         let threads: Vec<_> = (0..4)
@@ -227,7 +227,7 @@ mod tests {
 
     #[test]
     fn a_blocked_holder_is_bypassed_then_the_gate_works_again() {
-        let gate = Gate::new(3, Some(true));
+        let gate = EnqueueGate::new(3, Some(true));
         let held = gate.enter_within("test", Duration::from_millis(5));
         assert!(held.holds());
         let t = Instant::now();
@@ -248,7 +248,7 @@ mod tests {
 
     #[test]
     fn auto_closes_with_two_devices() {
-        let gate = Gate::new(1, None);
+        let gate = EnqueueGate::new(1, None);
         assert!(!gate.enter("test").holds(), "no device: open");
         gate.user(true);
         assert!(!gate.enter("test").holds(), "one device: open");
@@ -256,7 +256,7 @@ mod tests {
         assert!(gate.enter("test").holds(), "two devices: one call at a time");
         gate.user(false);
         assert!(!gate.enter("test").holds());
-        let never = Gate::new(1, Some(false));
+        let never = EnqueueGate::new(1, Some(false));
         never.user(true);
         never.user(true);
         assert!(!never.enter("test").holds());
@@ -269,6 +269,6 @@ mod tests {
         assert!(Arc::ptr_eq(&a, &b));
         assert!(!Arc::ptr_eq(&a, &for_ordinal(8, None).unwrap()));
         assert!(for_ordinal(7, Some(false)).is_none());
-        assert!(!GateGuard::none().holds());
+        assert!(!EnqueueGuard::none().holds());
     }
 }

@@ -1,17 +1,12 @@
-//! Copy-engine scheduler: the chunks of every active flow, issued to the copy queues a few
-//! at a time. The next chunk always goes to the flow that is least far along relative to
-//! its size (issued/len), so flows that run together finish together (the paper's
-//! flow-size-aware chunk schedule), and a flow that becomes ready late joins at once.
+//! The flow-size-aware chunk scheduler of the copy-engine transports: the chunks of every
+//! active flow, issued to the device's copy queues a few at a time. The next chunk always
+//! goes to the flow that is least far along relative to its size (issued/len), so flows
+//! that run together finish together (the paper's flow-size-aware chunk schedule), and a
+//! flow that becomes ready late joins at once.
 use crate::device::{CopyQueue, DevPtr};
 use crate::error::Error;
+use crate::transport::FlowId;
 use std::collections::VecDeque;
-
-/// A flow: op `seq`, send index `idx` within the op.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FlowId {
-    pub seq: u64,
-    pub idx: usize,
-}
 
 struct Flow {
     id: FlowId,
@@ -29,7 +24,7 @@ struct Queue {
     inflight: VecDeque<(u64, usize)>,
 }
 
-pub struct CeScheduler {
+pub struct ChunkScheduler {
     queues: Vec<Queue>,
     flows: Vec<Option<Flow>>,
     chunk: usize,
@@ -37,9 +32,9 @@ pub struct CeScheduler {
     depth: usize,
 }
 
-impl CeScheduler {
+impl ChunkScheduler {
     pub fn new(queues: Vec<Box<dyn CopyQueue>>, chunk: usize) -> Self {
-        CeScheduler {
+        ChunkScheduler {
             queues: queues.into_iter().map(|q| Queue { q, inflight: VecDeque::new() }).collect(),
             flows: Vec::new(),
             chunk,
