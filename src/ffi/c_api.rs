@@ -7,6 +7,10 @@
 //! it is `hocclInvalidUsage`, not a use of freed memory. After `hocclCommAbort` the entry
 //! stays, aborted: calls return `hocclAborted` until `hocclCommDestroy` removes it.
 //!
+//! Every operation fills the bridge's [`OpArgs`], the descriptor the C++ API fills, and
+//! reaches `Communicator::enqueue` through [`OpArgs::desc`]: the C ABI checks only what is
+//! C's own (NULL handles, NULL count arrays).
+//!
 //! Groups are thread-global as NCCL's: between `hocclGroupStart` and `hocclGroupEnd` on one
 //! thread, the first call on each communicator opens that communicator's group, and the
 //! outermost `hocclGroupEnd` closes (launches) them all.
@@ -263,9 +267,6 @@ pub extern "C" fn hocclGroupEnd() -> hocclResult_t {
 }
 
 // ---------------------------------------------------------------- operations -------------
-// Each entry point fills the bridge's `OpArgs` (the descriptor the C++ API fills too) and
-// goes through `enqueue`, so the C ABI has no checking of its own beyond NULL handles and
-// array pointers.
 
 /// Run the operation `args` (built from the live communicator) on `comm`.
 fn enqueue<'a>(op: &'static str, comm: hocclComm_t, args: impl FnOnce(&Communicator) -> Result<OpArgs<'a>>) -> hocclResult_t {
