@@ -1,6 +1,6 @@
 //! Build script: (1) compiles `cuda/*.cu` into one fatbin embedded in the library,
 //! (2) runs bindgen over rdma-core's verbs headers (the library is loaded at run time),
-//! (3) builds the cxx bridge.
+//! (3) builds the cxx bridge and the C++ API's library part (`cpp/`).
 use std::env;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -184,11 +184,24 @@ fn build_cxx_bridge() {
     println!("cargo:rerun-if-changed=src/ffi/bridge.rs");
     println!("cargo:rerun-if-changed=cpp");
     println!("cargo:rerun-if-changed=include");
+    println!("cargo:rerun-if-env-changed=MPICC");
     let mut b = cxx_build::bridge("src/ffi/bridge.rs");
     for f in std::fs::read_dir("cpp").unwrap().filter_map(|e| e.ok()).map(|e| e.path()) {
         if f.extension().is_some_and(|e| e == "cc") {
             b.file(&f);
         }
     }
+    // cpp/ includes hoccl.hpp, which includes <mpi.h> (without MPI's C++ bindings, as the
+    // CMake package's users).
+    b.includes(mpi_include_dirs()).define("OMPI_SKIP_MPICXX", None).define("MPICH_SKIP_MPICXX", None);
     b.include("include").std("c++17").flag_if_supported("-Wno-unused-parameter").compile("hoccl_cxx");
+}
+
+/// The `-I` directories of the MPI compiler wrapper (`MPICC`, default `mpicc`), as the
+/// `mpi` crate finds MPI; none if it cannot be run (then `<mpi.h>` must be on the default
+/// include path).
+fn mpi_include_dirs() -> Vec<PathBuf> {
+    let mpicc = env::var("MPICC").unwrap_or_else(|_| "mpicc".into());
+    let Ok(out) = Command::new(mpicc).arg("-show").output() else { return Vec::new() };
+    String::from_utf8_lossy(&out.stdout).split_whitespace().filter_map(|a| a.strip_prefix("-I")).map(PathBuf::from).collect()
 }

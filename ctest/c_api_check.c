@@ -50,7 +50,7 @@ static size_t wrong(const uint8_t* host, size_t n, uint64_t seed, int rank, size
 
 struct Bufs {
   hocclComm_t comm;
-  void* stream;
+  struct CUstream_st* stream;
   void* send;
   void* recv;
   uint8_t* host;

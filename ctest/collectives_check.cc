@@ -1,8 +1,8 @@
 // Every collective of the C++ API (hoccl.hpp) under MPI, checked against expectations
 // computed here: all data types, zero/odd/multi-chunk counts, misaligned buffers, in-place
-// variants, every root, groups of sends and receives, stream ordering with other work,
-// Device::fillPattern, and a communicator over a split MPI communicator. Guard bytes around
-// every buffer catch stray writes. Exits non-zero on any wrong element.
+// variants, every root, groups of sends and receives, stream ordering with other work, and a
+// communicator over a split MPI communicator. Guard bytes around every buffer catch stray
+// writes. Exits non-zero on any wrong element.
 #include <functional>
 #include <numeric>
 
@@ -221,25 +221,6 @@ void streamOrder(Ctx& c, std::size_t count, std::uint64_t seed) {
             concat(c.size, [&](int p) { return test::data(seed, p, len); }), 4);
 }
 
-// hoccl's pattern (device::pattern_word), computed here from its definition.
-std::uint8_t patternByte(std::uint64_t seed, std::uint64_t i) {
-  std::uint64_t z = (seed * 0x9E3779B97F4A7C15ull) ^ ((i >> 2) + 0x632BE59BD9B4E019ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  auto word = static_cast<std::uint32_t>(z ^ (z >> 31));
-  return static_cast<std::uint8_t>(word >> ((i & 3) * 8));
-}
-
-void fillPattern(Ctx& c) {
-  const std::size_t len = 10007;
-  DevBuf b(c.dev, len, true);
-  c.dev.fillPattern(b.ptr(), len, 42 + c.rank, c.s);
-  c.dev.synchronize(c.s);
-  Bytes want(len);
-  for (std::size_t i = 0; i < len; ++i) want[i] = patternByte(42 + c.rank, i);
-  expectBuf(c, "Device::fillPattern", b, want, 1);
-}
-
 // A communicator over MPI_Comm_split(parity): ranks, size, one AllGather on its own stream.
 void splitCommunicator(test::Checker& ck, int worldRank, std::uint64_t seed) {
   MPI_Comm sub;
@@ -291,7 +272,6 @@ void run(Ctx& c) {
     }
   }
   streamOrder(c, 100003, ++seed);
-  fillPattern(c);
 }
 
 }  // namespace

@@ -19,7 +19,8 @@
 int main(int argc, char** argv) {
   int provided = 0, rank = 0, ok = 1, all_ok = 0;
   unsigned char host[4096];
-  void *buf = NULL, *stream = NULL;
+  void* buf = NULL;
+  struct CUstream_st* stream = NULL;
   hocclComm_t comm = NULL;
   if (MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) return 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

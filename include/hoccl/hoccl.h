@@ -11,17 +11,20 @@
  * hocclAborted, except hocclCommAbort (success again) and hocclCommDestroy (success, and
  * the handle is released; optional after an abort, it frees a few bytes).
  *
- * Semantics (as NCCL's): every operation is enqueued on `stream` (a CUstream/cudaStream_t on
- * CUDA; a stream from hocclStreamCreate on the host backend; NULL is the default stream) and
- * returns at once; it starts after the work before it on that stream and completes before the
- * work after it. Every rank calls collectives in the same order. Counts are in elements of
- * `datatype`. A failure that happens later (a peer died, ranks disagreeing on counts, a
- * timeout) is reported by hocclCommGetAsyncError and makes later calls fail instead of hang.
+ * Semantics (as NCCL's): every operation is enqueued on `stream`, a `struct CUstream_st*`
+ * (hoccl/cuda_stream.h: CUDA's CUstream and cudaStream_t, passed unchanged; on the host
+ * backend one from hocclStreamCreate; NULL is the default stream), and returns at once; it
+ * starts after the work before it on that stream and completes before the work after it.
+ * Every rank calls collectives in the same order. Counts are in elements of `datatype`. A
+ * failure that happens later (a peer died, ranks disagreeing on counts, a timeout) is
+ * reported by hocclCommGetAsyncError and makes later calls fail instead of hang.
  */
 #ifndef HOCCL_H_
 #define HOCCL_H_
 
 #include <stddef.h>
+
+#include "hoccl/cuda_stream.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -109,34 +112,34 @@ hocclResult_t hocclGroupEnd(void);
 
 /* ---- point to point and collectives --------------------------------------------------- */
 hocclResult_t hocclSend(const void* sendbuff, size_t count, hocclDataType_t datatype, int peer, hocclComm_t comm,
-                        void* stream);
+                        struct CUstream_st* stream);
 hocclResult_t hocclRecv(void* recvbuff, size_t count, hocclDataType_t datatype, int peer, hocclComm_t comm,
-                        void* stream);
+                        struct CUstream_st* stream);
 /* recvbuff holds size * sendcount elements, rank r's at offset r * sendcount. In place when
  * sendbuff == recvbuff + rank * sendcount (in elements). */
 hocclResult_t hocclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, hocclDataType_t datatype,
-                             hocclComm_t comm, void* stream);
+                             hocclComm_t comm, struct CUstream_st* stream);
 /* Block j (count elements) of sendbuff goes to rank j, which stores it as block `rank` of
  * recvbuff. The buffers must not overlap. */
 hocclResult_t hocclAlltoAll(const void* sendbuff, void* recvbuff, size_t count, hocclDataType_t datatype,
-                            hocclComm_t comm, void* stream);
+                            hocclComm_t comm, struct CUstream_st* stream);
 /* Per-peer counts and displacements in elements, one entry per rank (MPI_Alltoallv's
  * layout): sendcounts[j] elements at sendbuff + sdispls[j] go to rank j, which receives them
  * at recvbuff + rdispls[rank]; recvcounts[i] must equal rank i's sendcounts[rank]. */
 hocclResult_t hocclAlltoAllv(const void* sendbuff, const size_t* sendcounts, const size_t* sdispls, void* recvbuff,
                              const size_t* recvcounts, const size_t* rdispls, hocclDataType_t datatype,
-                             hocclComm_t comm, void* stream);
+                             hocclComm_t comm, struct CUstream_st* stream);
 /* root's count elements into every rank's recvbuff (sendbuff is read on the root only; in
  * place when sendbuff == recvbuff). */
 hocclResult_t hocclBroadcast(const void* sendbuff, void* recvbuff, size_t count, hocclDataType_t datatype, int root,
-                             hocclComm_t comm, void* stream);
+                             hocclComm_t comm, struct CUstream_st* stream);
 /* Every rank's count elements into block `rank` of root's recvbuff (size * count elements,
  * used on the root only). */
 hocclResult_t hocclGather(const void* sendbuff, void* recvbuff, size_t count, hocclDataType_t datatype, int root,
-                          hocclComm_t comm, void* stream);
+                          hocclComm_t comm, struct CUstream_st* stream);
 /* Block j of root's sendbuff (size * count elements) into rank j's recvbuff. */
 hocclResult_t hocclScatter(const void* sendbuff, void* recvbuff, size_t count, hocclDataType_t datatype, int root,
-                           hocclComm_t comm, void* stream);
+                           hocclComm_t comm, struct CUstream_st* stream);
 
 /* ---- device helpers --------------------------------------------------------------------
  * On the communicator's device. With CUDA, an application's own cudaMalloc memory and
@@ -144,9 +147,9 @@ hocclResult_t hocclScatter(const void* sendbuff, void* recvbuff, size_t count, h
  * these. What they create is released with the communicator (destroy or abort). */
 hocclResult_t hocclMemAlloc(hocclComm_t comm, void** ptr, size_t bytes);
 hocclResult_t hocclMemFree(hocclComm_t comm, void* ptr);
-hocclResult_t hocclStreamCreate(hocclComm_t comm, void** stream);
-hocclResult_t hocclStreamDestroy(hocclComm_t comm, void* stream);
-hocclResult_t hocclStreamSynchronize(hocclComm_t comm, void* stream);
+hocclResult_t hocclStreamCreate(hocclComm_t comm, struct CUstream_st** stream);
+hocclResult_t hocclStreamDestroy(hocclComm_t comm, struct CUstream_st* stream);
+hocclResult_t hocclStreamSynchronize(hocclComm_t comm, struct CUstream_st* stream);
 /* Synchronous copies between host memory and device memory. */
 hocclResult_t hocclMemcpyToDevice(hocclComm_t comm, void* dst, const void* src, size_t bytes);
 hocclResult_t hocclMemcpyToHost(hocclComm_t comm, void* dst, const void* src, size_t bytes);

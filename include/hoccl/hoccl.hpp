@@ -1,6 +1,7 @@
 // hoccl C++ API (C++17). Link the CMake target hoccl::hoccl (find_package(hoccl CONFIG)) or
 // use pkg-config `hoccl`. Everything lives in namespace hoccl; every failure throws
-// hoccl::Error, whose code() is a hoccl::ErrorCode.
+// hoccl::Error, whose code() is a hoccl::ErrorCode. The functions declared here are defined
+// in the library (cpp/hoccl.cc), on top of the cxx bridge (src/ffi/bridge.rs).
 //
 //   hoccl::Communicator comm(MPI_COMM_WORLD);        // collective over the MPI communicator
 //   comm.allGather(send, recv, count, hoccl::DataType::Bfloat16, stream);
@@ -102,16 +103,6 @@ class Error : public std::runtime_error {
 
 namespace detail {
 
-inline void check(const bridge::Status& s) {
-  if (s.code != 0) throw Error(static_cast<ErrorCode>(s.code), std::string(s.message));
-}
-inline const std::uint8_t* bytes(const void* p) noexcept { return static_cast<const std::uint8_t*>(p); }
-inline std::uint8_t* bytes(void* p) noexcept { return static_cast<std::uint8_t*>(p); }
-inline std::int32_t raw(DataType t) noexcept { return static_cast<std::int32_t>(t); }
-inline rust::Slice<const std::size_t> slice(const std::vector<std::size_t>& v) noexcept {
-  return rust::Slice<const std::size_t>(v.data(), v.size());
-}
-
 // A rust::Box that is empty after a move (rust::Box itself would hold a null pointer that
 // its methods dereference), so a moved-from object throws InvalidUsage instead.
 template <class T>
@@ -136,15 +127,12 @@ class Owned {
   std::optional<rust::Box<T>> box_;
 };
 
+struct DevAccess;
+
 }  // namespace detail
 
 // The library version, e.g. "0.1.0".
-inline std::string version() { return std::string(bridge::version()); }
-
-class Device;
-namespace detail {
-struct DevAccess;
-}
+std::string version();
 
 // The device a communicator drives: GPU memory and streams on CUDA, plain shared memory and
 // worker-thread queues on the host backend. Engines on CUDA use their own cudaMalloc memory and
@@ -154,71 +142,31 @@ class Device {
  public:
   // A device without a communicator (for the codec, tools, tests): backend "auto" (CUDA when
   // a GPU is usable, the host backend otherwise), "cuda" or "host"; `ordinal` picks the GPU.
-  static Device open(const std::string& backend = "auto", int ordinal = 0) {
-    if (ordinal < 0) throw Error(ErrorCode::InvalidArgument, "Device::open: negative ordinal");
-    bridge::Status st;
-    rust::Box<bridge::Dev> d = bridge::device_open(backend, static_cast<std::size_t>(ordinal), st);
-    detail::check(st);
-    return Device(std::move(d));
-  }
-  std::string backend() const { return std::string(d("backend").backend()); }  // "cuda" or "host"
-  std::string name() const { return std::string(d("name").name()); }
-  int ordinal() const { return static_cast<int>(d("ordinal").ordinal()); }
+  static Device open(const std::string& backend = "auto", int ordinal = 0);
+  std::string backend() const;  // "cuda" or "host"
+  std::string name() const;
+  int ordinal() const;
 
-  void* alloc(std::size_t bytes) const {
-    bridge::Status st;
-    void* p = d("Device::alloc").alloc(bytes, st);
-    detail::check(st);
-    return p;
-  }
-  void free(void* p) const { detail::check(d("Device::free").free(detail::bytes(p))); }
-  Stream createStream() const {
-    bridge::Status st;
-    Stream s = d("Device::createStream").create_stream(st);
-    detail::check(st);
-    return s;
-  }
-  void destroyStream(Stream s) const { detail::check(d("Device::destroyStream").destroy_stream(s)); }
+  void* alloc(std::size_t bytes) const;
+  void free(void* p) const;
+  Stream createStream() const;
+  void destroyStream(Stream s) const;
   // Block until everything enqueued on `s` so far has completed.
-  void synchronize(Stream s) const { detail::check(d("Device::synchronize").synchronize(s)); }
+  void synchronize(Stream s) const;
   // Synchronous copies between host memory and device memory (not stream-ordered:
   // synchronize the stream that wrote the data first).
-  void copyToHost(void* dstHost, const void* srcDev, std::size_t bytes) const {
-    hostCheck("Device::copyToHost", dstHost, bytes);
-    rust::Slice<std::uint8_t> dst(dstHost ? detail::bytes(dstHost) : nullptr, dstHost ? bytes : 0);
-    detail::check(d("Device::copyToHost").copy_to_host(dst, detail::bytes(srcDev)));
-  }
-  void copyFromHost(void* dstDev, const void* srcHost, std::size_t bytes) const {
-    hostCheck("Device::copyFromHost", srcHost, bytes);
-    rust::Slice<const std::uint8_t> src(srcHost ? detail::bytes(srcHost) : nullptr, srcHost ? bytes : 0);
-    detail::check(d("Device::copyFromHost").copy_from_host(detail::bytes(dstDev), src));
-  }
+  void copyToHost(void* dstHost, const void* srcDev, std::size_t bytes) const;
+  void copyFromHost(void* dstDev, const void* srcHost, std::size_t bytes) const;
   // Stream-ordered device-to-device copy.
-  void memcpyAsync(void* dst, const void* src, std::size_t bytes, Stream s) const {
-    detail::check(d("Device::memcpyAsync").memcpy_async(detail::bytes(dst), detail::bytes(src), bytes, s));
-  }
-  // Stream-ordered test data: byte i of dst becomes hoccl's pattern byte (seed, i) (a
-  // splitmix64 finalizer over (seed, i / 4); see device::pattern_word). A kernel on CUDA.
-  void fillPattern(void* dst, std::size_t bytes, std::uint64_t seed, Stream s) const {
-    detail::check(d("Device::fillPattern").fill_pattern(detail::bytes(dst), bytes, seed, s));
-  }
+  void memcpyAsync(void* dst, const void* src, std::size_t bytes, Stream s) const;
 
  private:
   friend class Communicator;
   friend struct detail::DevAccess;
   explicit Device(rust::Box<bridge::Dev> d) : impl_(std::move(d)) {}
   const bridge::Dev& d(const char* what) const { return impl_.at(what); }
-  static void hostCheck(const char* what, const void* p, std::size_t bytes) {
-    if (p == nullptr && bytes > 0) throw Error(ErrorCode::InvalidArgument, std::string(what) + ": host pointer is null");
-  }
   detail::Owned<bridge::Dev> impl_;
 };
-
-namespace detail {
-struct DevAccess {
-  static const bridge::Dev& of(const Device& d, const char* what) { return d.d(what); }
-};
-}  // namespace detail
 
 // The lossless bf16/fp16/fp32 codec (formats BFX1/HFX1/FFX1, docs/codec.md). Only Bfloat16,
 // Float16 and Float32 are accepted (InvalidArgument otherwise); a stream that fails
@@ -233,40 +181,15 @@ struct Params {
 
 // Bytes to allocate for the compressed form of `count` values (host or device; for device
 // buffers it includes the compressor's scratch space).
-inline std::size_t maxCompressedLen(DataType t, std::size_t count, Params p = {}) {
-  bridge::Status st;
-  std::size_t n = bridge::codec_max_compressed_len(detail::raw(t), count, p.block, p.tiers, st);
-  detail::check(st);
-  return n;
-}
+std::size_t maxCompressedLen(DataType t, std::size_t count, Params p = {});
 
 // Host buffers, synchronous. `host` holds `count` values of `t`.
-inline std::vector<std::uint8_t> compress(DataType t, const void* host, std::size_t count, Params p = {}) {
-  const std::size_t bytes = count * sizeOf(t);
-  if (host == nullptr && count > 0) throw Error(ErrorCode::InvalidArgument, "codec::compress: host pointer is null");
-  if (sizeOf(t) != 0 && bytes / sizeOf(t) != count) throw Error(ErrorCode::InvalidArgument, "codec::compress: size overflows");
-  bridge::Status st;
-  rust::Vec<std::uint8_t> v = bridge::codec_compress(
-      detail::raw(t), rust::Slice<const std::uint8_t>(host ? detail::bytes(host) : nullptr, host ? bytes : 0), p.block,
-      p.tiers, st);
-  detail::check(st);
-  return std::vector<std::uint8_t>(v.begin(), v.end());
-}
+std::vector<std::uint8_t> compress(DataType t, const void* host, std::size_t count, Params p = {});
 
 // Decode a whole stream (exactly its bytes) into `host`, which receives `count` values of
 // `t`; the stream must hold exactly that (otherwise InvalidArgument or CorruptData).
-inline void decompress(DataType t, const void* stream, std::size_t streamBytes, void* host, std::size_t count) {
-  if ((stream == nullptr && streamBytes > 0) || (host == nullptr && count > 0))
-    throw Error(ErrorCode::InvalidArgument, "codec::decompress: null pointer");
-  rust::Slice<const std::uint8_t> in(stream ? detail::bytes(stream) : nullptr, stream ? streamBytes : 0);
-  rust::Slice<std::uint8_t> out(host ? detail::bytes(host) : nullptr, host ? count * sizeOf(t) : 0);
-  detail::check(bridge::codec_decompress(detail::raw(t), in, out));
-}
-inline std::vector<std::uint8_t> decompress(DataType t, const std::vector<std::uint8_t>& stream, std::size_t count) {
-  std::vector<std::uint8_t> out(count * sizeOf(t));
-  decompress(t, stream.data(), stream.size(), out.data(), count);
-  return out;
-}
+void decompress(DataType t, const void* stream, std::size_t streamBytes, void* host, std::size_t count);
+std::vector<std::uint8_t> decompress(DataType t, const std::vector<std::uint8_t>& stream, std::size_t count);
 
 // Device buffers, enqueued on `s` (returns at once; arguments are checked before anything is
 // enqueued). `input`: `count` values in device memory aligned to the value size; `output`:
@@ -274,27 +197,19 @@ inline std::vector<std::uint8_t> decompress(DataType t, const std::vector<std::u
 // reaches the end of the work, the stream occupies output[0, *outLen) and the u64 *outLen
 // (device memory, 8-byte aligned; nullptr to skip) holds its length. On the host backend the
 // CPU codec runs after synchronizing `s` (same bytes, same contract).
-inline void compressAsync(const Device& dev, DataType t, const void* input, std::size_t count, void* output,
-                          std::size_t outputCap, std::uint64_t* outLen, Stream s, Params p = {}) {
-  detail::check(detail::DevAccess::of(dev, "codec::compressAsync")
-                    .compress_async(detail::raw(t), detail::bytes(input), count, detail::bytes(output), outputCap,
-                                    outLen, p.block, p.tiers, s));
-}
+void compressAsync(const Device& dev, DataType t, const void* input, std::size_t count, void* output,
+                   std::size_t outputCap, std::uint64_t* outLen, Stream s, Params p = {});
 
 // Decode the stream at `input` (device memory, 4-byte aligned, `inputLen` bytes or more: the
 // stream carries its own length) into `count` values at `output`. When `s` reaches the end
 // of the work, the u32 *status (device memory) is 0 or the reason the stream was rejected:
 // pass it to checkStatus() after synchronizing. Never faults on corrupt input.
-inline void decompressAsync(const Device& dev, DataType t, const void* input, std::size_t inputLen, void* output,
-                            std::size_t count, std::uint32_t* status, Stream s) {
-  detail::check(detail::DevAccess::of(dev, "codec::decompressAsync")
-                    .decompress_async(detail::raw(t), detail::bytes(input), inputLen, detail::bytes(output), count,
-                                      status, s));
-}
+void decompressAsync(const Device& dev, DataType t, const void* input, std::size_t inputLen, void* output,
+                     std::size_t count, std::uint32_t* status, Stream s);
 
 // Throws CorruptData (naming the block) unless `statusWord`, read back from decompressAsync's
 // status, is 0.
-inline void checkStatus(std::uint32_t statusWord) { detail::check(bridge::codec_status(statusWord)); }
+void checkStatus(std::uint32_t statusWord);
 
 }  // namespace codec
 
@@ -305,117 +220,68 @@ class Communicator {
   // Collective over `comm` (which hoccl duplicates, so its traffic never mixes with yours).
   // MPI must be initialized, with MPI_THREAD_MULTIPLE (or SERIALIZED if you do not call MPI
   // concurrently with hoccl). Reads the HOCCL_* environment variables.
-  explicit Communicator(MPI_Comm comm) : impl_(create(comm)) {}
+  explicit Communicator(MPI_Comm comm) : impl_(create(static_cast<std::int32_t>(MPI_Comm_c2f(comm)))) {}
   Communicator(Communicator&&) noexcept = default;
-  Communicator& operator=(Communicator&& o) noexcept {
-    if (this != &o) {
-      release();
-      impl_ = std::move(o.impl_);
-    }
-    return *this;
-  }
+  Communicator& operator=(Communicator&& o) noexcept;
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
   // Destroys without throwing; a failure is logged (HOCCL_LOG). Call destroy() to see it.
-  ~Communicator() { release(); }
+  ~Communicator();
 
   // Wait for pending operations (bounded by HOCCL_TIMEOUT_MS) and release everything; throws
   // the asynchronous error if one occurred (the communicator is released in every case).
   // Afterwards every call throws InvalidUsage. Destroy before MPI_Finalize.
-  void destroy() { detail::check(c("destroy").destroy()); }
+  void destroy();
   // Tear down from any state without waiting: pending operations fail; afterwards every call
   // throws Aborted (abort() again and destroy() do nothing).
-  void abort() { detail::check(c("abort").abort()); }
+  void abort();
   // The first asynchronous error (a peer died, ranks disagreed on counts, a timeout), if
   // any. Once set, every later operation throws it; abort() or destroy() the communicator.
-  std::optional<Error> asyncError() const {
-    bridge::Status call;
-    bridge::Status e = c("asyncError").async_error(call);
-    detail::check(call);
-    if (e.code == 0) return std::nullopt;
-    return Error(static_cast<ErrorCode>(e.code), std::string(e.message));
-  }
+  std::optional<Error> asyncError() const;
   // Block until this rank's submitted operations have finished (throws the async error).
-  void waitIdle() const { detail::check(c("waitIdle").wait_idle()); }
+  void waitIdle() const;
 
-  int rank() const {
-    bridge::Status st;
-    int r = c("rank").rank(st);
-    detail::check(st);
-    return r;
-  }
-  int size() const {
-    bridge::Status st;
-    int n = c("size").size(st);
-    detail::check(st);
-    return n;
-  }
+  int rank() const;
+  int size() const;
   // The device this rank drives (buffers and streams for the host backend, tests).
-  Device device() const {
-    bridge::Status st;
-    rust::Box<bridge::Dev> d = c("device").device(st);
-    detail::check(st);
-    return Device(std::move(d));
-  }
+  Device device() const;
 
   // Sends and receives between groupStart and the matching groupEnd form one operation, so
   // any pattern of pairs completes without deadlock. All calls of one group use one stream.
   // Prefer the RAII hoccl::Group.
-  void groupStart() { detail::check(c("groupStart").group_start()); }
-  void groupEnd() { detail::check(c("groupEnd").group_end()); }
+  void groupStart();
+  void groupEnd();
 
-  void send(const void* buf, std::size_t count, DataType t, int peer, Stream s) {
-    detail::check(c("send").send(detail::bytes(buf), count, detail::raw(t), peer, s));
-  }
-  void recv(void* buf, std::size_t count, DataType t, int peer, Stream s) {
-    detail::check(c("recv").recv(detail::bytes(buf), count, detail::raw(t), peer, s));
-  }
+  void send(const void* buf, std::size_t count, DataType t, int peer, Stream s);
+  void recv(void* buf, std::size_t count, DataType t, int peer, Stream s);
   // recv holds size() * count elements, rank r's at offset r * count. In place when
   // send == recv + rank() * count elements.
-  void allGather(const void* send, void* recv, std::size_t count, DataType t, Stream s) {
-    detail::check(c("allGather").all_gather(detail::bytes(send), detail::bytes(recv), count, detail::raw(t), s));
-  }
+  void allGather(const void* send, void* recv, std::size_t count, DataType t, Stream s);
   // Block j (count elements) of send goes to rank j, which stores it as block rank() of
   // recv. The buffers must not overlap.
-  void allToAll(const void* send, void* recv, std::size_t count, DataType t, Stream s) {
-    detail::check(c("allToAll").all_to_all(detail::bytes(send), detail::bytes(recv), count, detail::raw(t), s));
-  }
+  void allToAll(const void* send, void* recv, std::size_t count, DataType t, Stream s);
   // MPI_Alltoallv's layout, in elements, one entry per rank: sendCounts[j] elements at
   // send + sendDispls[j] go to rank j, which receives them at recv + recvDispls[rank()];
   // recvCounts[i] must equal rank i's sendCounts[rank()].
   void allToAllv(const void* send, const std::vector<std::size_t>& sendCounts,
                  const std::vector<std::size_t>& sendDispls, void* recv, const std::vector<std::size_t>& recvCounts,
-                 const std::vector<std::size_t>& recvDispls, DataType t, Stream s) {
-    detail::check(c("allToAllv").all_to_allv(detail::bytes(send), detail::slice(sendCounts), detail::slice(sendDispls),
-                                             detail::bytes(recv), detail::slice(recvCounts),
-                                             detail::slice(recvDispls), detail::raw(t), s));
-  }
+                 const std::vector<std::size_t>& recvDispls, DataType t, Stream s);
   // root's count elements into every rank's recv (send is read on the root only; in place
   // when send == recv).
-  void broadcast(const void* send, void* recv, std::size_t count, DataType t, int root, Stream s) {
-    detail::check(c("broadcast").broadcast(detail::bytes(send), detail::bytes(recv), count, detail::raw(t), root, s));
-  }
+  void broadcast(const void* send, void* recv, std::size_t count, DataType t, int root, Stream s);
   // Every rank's count elements into block rank() of root's recv (size() * count elements,
   // used on the root only).
-  void gather(const void* send, void* recv, std::size_t count, DataType t, int root, Stream s) {
-    detail::check(c("gather").gather(detail::bytes(send), detail::bytes(recv), count, detail::raw(t), root, s));
-  }
+  void gather(const void* send, void* recv, std::size_t count, DataType t, int root, Stream s);
   // Block j of root's send (size() * count elements) into rank j's recv.
-  void scatter(const void* send, void* recv, std::size_t count, DataType t, int root, Stream s) {
-    detail::check(c("scatter").scatter(detail::bytes(send), detail::bytes(recv), count, detail::raw(t), root, s));
-  }
+  void scatter(const void* send, void* recv, std::size_t count, DataType t, int root, Stream s);
 
  private:
-  static rust::Box<bridge::Comm> create(MPI_Comm comm) {
-    bridge::Status st;
-    rust::Box<bridge::Comm> b = bridge::comm_init_mpi(static_cast<std::int32_t>(MPI_Comm_c2f(comm)), st);
-    detail::check(st);
-    return b;
-  }
+  // A communicator over the MPI communicator with this Fortran handle (MPI_Comm_c2f).
+  static rust::Box<bridge::Comm> create(std::int32_t mpiCommF);
   const bridge::Comm& c(const char* what) const { return impl_.at(what); }
-  void release() noexcept {
-    if (const bridge::Comm* p = impl_.get()) (void)p->release();  // logs its own failure
-  }
+  // Every operation above: `what` names the method for a moved-from communicator.
+  void enqueue(const char* what, const bridge::OpArgs& op) const;
+  void release() noexcept;
   detail::Owned<bridge::Comm> impl_;
 };
 
@@ -426,20 +292,8 @@ class Group {
   explicit Group(Communicator& comm) : comm_(&comm) { comm.groupStart(); }
   Group(const Group&) = delete;
   Group& operator=(const Group&) = delete;
-  ~Group() {
-    if (comm_ == nullptr) return;
-    try {
-      comm_->groupEnd();
-    } catch (const std::exception& e) {
-      bridge::log_error(std::string("~Group: ") + e.what());
-    }
-  }
-  void end() {
-    Communicator* c = comm_;
-    comm_ = nullptr;
-    if (c == nullptr) throw Error(ErrorCode::InvalidUsage, "Group::end: the group was already ended");
-    c->groupEnd();
-  }
+  ~Group();
+  void end();
 
  private:
   Communicator* comm_;

@@ -1,5 +1,6 @@
-//! The `Communicator`: created from MPI (or any `Bootstrap`), it validates every call,
-//! turns it into byte ranges sent to and received from peers, enqueues the stream
+//! The `Communicator`: created from MPI (or any `Bootstrap`), it takes every operation as
+//! an [`OpDesc`] through [`Communicator::enqueue`] (`enqueue.rs`), which validates it and
+//! turns it into byte ranges sent to and received from peers; `submit` enqueues the stream
 //! handshake on the caller's stream and hands the op to its engine. Calls are
 //! stream-ordered and asynchronous, as NCCL's.
 use crate::bootstrap::Bootstrap;
@@ -13,9 +14,12 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 mod collectives;
+mod enqueue;
+mod op;
 mod setup;
 
 pub use crate::topology::{RankPlacement, Topology};
+pub use op::{Collective, OpDesc};
 
 /// Point-to-point calls gathered between `group_start` and `group_end`.
 #[derive(Default)]

@@ -1,20 +1,22 @@
 //! The cxx bridge behind `include/hoccl/hoccl.hpp`. C++ owns a `rust::Box<Comm>` (and
-//! `rust::Box<Dev>` for the device helpers); the public C++ classes wrap them.
+//! `rust::Box<Dev>` for the device helpers); the public C++ classes (`cpp/hoccl.cc`) wrap
+//! them. Every operation crosses as one [`OpArgs`] descriptor to `Comm::enqueue`; the C ABI
+//! fills the same struct, so both reach `Communicator::enqueue` through [`OpArgs::desc`].
 //!
 //! Contract of every function here: it never unwinds (bodies run under
 //! [`guarded`](super::guarded)); failures come back as a [`Status`](ffi::Status) with a
-//! numeric [`ErrorCode`](crate::ErrorCode) and a message, which the header turns into
+//! numeric [`ErrorCode`](crate::ErrorCode) and a message, which `cpp/hoccl.cc` turns into
 //! `hoccl::Error`. Buffers cross as `uint8_t*` and streams as `CUstream_st*` (CUDA's
 //! `CUstream`/`cudaStream_t`); neither is dereferenced here: the device backend validates
 //! every address before it is used. cxx requires functions with pointer arguments to be
 //! declared `unsafe`; they impose nothing on their caller beyond that.
 use super::{guarded, rank_arg, to_c_int, CommHandle};
-use crate::comm::Communicator;
+use crate::comm::{Collective, Communicator, OpDesc};
 use crate::config::Config;
 use crate::device::{Backend, DevPtr, Device, StreamHandle};
 use crate::error::{Error, Result};
 use crate::types::DataType;
-pub(super) use ffi::{CUstream_st, Status};
+pub(super) use ffi::{CUstream_st, OpArgs, OpKind, Status};
 use std::sync::Arc;
 
 #[cxx::bridge(namespace = "hoccl::bridge")]
@@ -23,6 +25,39 @@ mod ffi {
     struct Status {
         code: i32,
         message: String,
+    }
+
+    /// Which operation an [`OpArgs`] describes (`comm::Collective` without its arguments).
+    #[repr(i32)]
+    enum OpKind {
+        Send,
+        Recv,
+        AllGather,
+        AllToAll,
+        AllToAllV,
+        Broadcast,
+        Gather,
+        Scatter,
+    }
+
+    /// One operation as C++ and the C ABI describe it: `comm::OpDesc` with C's integer
+    /// types, checked by [`OpArgs::desc`]. Fields an operation does not use are ignored
+    /// (the slices are empty unless `kind` is `AllToAllV`).
+    struct OpArgs<'a> {
+        kind: OpKind,
+        send: *const u8,
+        recv: *mut u8,
+        /// Elements of `dtype` (unused by `AllToAllV`).
+        count: usize,
+        /// A `DataType` value (NCCL's numbering).
+        dtype: i32,
+        /// The peer of `Send` and `Recv`, the root of `Broadcast`, `Gather`, `Scatter`.
+        root: i32,
+        send_counts: &'a [usize],
+        send_displs: &'a [usize],
+        recv_counts: &'a [usize],
+        recv_displs: &'a [usize],
+        stream: *mut CUstream_st,
     }
 
     unsafe extern "C++" {
@@ -52,69 +87,11 @@ mod ffi {
         fn release(self: &Comm) -> Status;
         fn device(self: &Comm, status: &mut Status) -> Box<Dev>;
 
-        // ---- groups and collectives ----------------------------------------------------
+        // ---- groups and operations -------------------------------------------------------
         fn group_start(self: &Comm) -> Status;
         fn group_end(self: &Comm) -> Status;
-        unsafe fn send(self: &Comm, buf: *const u8, count: usize, dtype: i32, peer: i32, stream: *mut CUstream_st) -> Status;
-        unsafe fn recv(self: &Comm, buf: *mut u8, count: usize, dtype: i32, peer: i32, stream: *mut CUstream_st) -> Status;
-        unsafe fn all_gather(
-            self: &Comm,
-            send: *const u8,
-            recv: *mut u8,
-            count: usize,
-            dtype: i32,
-            stream: *mut CUstream_st,
-        ) -> Status;
-        unsafe fn all_to_all(
-            self: &Comm,
-            send: *const u8,
-            recv: *mut u8,
-            count: usize,
-            dtype: i32,
-            stream: *mut CUstream_st,
-        ) -> Status;
-        #[allow(clippy::too_many_arguments)]
-        unsafe fn all_to_allv(
-            self: &Comm,
-            send: *const u8,
-            send_counts: &[usize],
-            send_displs: &[usize],
-            recv: *mut u8,
-            recv_counts: &[usize],
-            recv_displs: &[usize],
-            dtype: i32,
-            stream: *mut CUstream_st,
-        ) -> Status;
-        #[allow(clippy::too_many_arguments)]
-        unsafe fn broadcast(
-            self: &Comm,
-            send: *const u8,
-            recv: *mut u8,
-            count: usize,
-            dtype: i32,
-            root: i32,
-            stream: *mut CUstream_st,
-        ) -> Status;
-        #[allow(clippy::too_many_arguments)]
-        unsafe fn gather(
-            self: &Comm,
-            send: *const u8,
-            recv: *mut u8,
-            count: usize,
-            dtype: i32,
-            root: i32,
-            stream: *mut CUstream_st,
-        ) -> Status;
-        #[allow(clippy::too_many_arguments)]
-        unsafe fn scatter(
-            self: &Comm,
-            send: *const u8,
-            recv: *mut u8,
-            count: usize,
-            dtype: i32,
-            root: i32,
-            stream: *mut CUstream_st,
-        ) -> Status;
+        /// Every operation of the C++ API (the C ABI builds the same descriptor).
+        fn enqueue(self: &Comm, op: &OpArgs) -> Status;
 
         // ---- device helpers (tests, and engines on the host backend) --------------------
         fn backend(self: &Dev) -> String;
@@ -128,7 +105,6 @@ mod ffi {
         unsafe fn copy_to_host(self: &Dev, dst: &mut [u8], src: *const u8) -> Status;
         unsafe fn copy_from_host(self: &Dev, dst: *mut u8, src: &[u8]) -> Status;
         unsafe fn memcpy_async(self: &Dev, dst: *mut u8, src: *const u8, bytes: usize, stream: *mut CUstream_st) -> Status;
-        unsafe fn fill_pattern(self: &Dev, dst: *mut u8, bytes: usize, seed: u64, stream: *mut CUstream_st) -> Status;
 
         // ---- a device without a communicator ("auto", "cuda" or "host") ------------------
         fn device_open(backend: &str, ordinal: usize, status: &mut Status) -> Box<Dev>;
@@ -210,6 +186,55 @@ pub(super) fn dtype(op: &'static str, v: i32) -> Result<DataType> {
     DataType::from_raw(op, v)
 }
 
+impl OpKind {
+    /// The name of the C++ method, for errors found before `Communicator::enqueue`.
+    fn name(self) -> &'static str {
+        match self {
+            OpKind::Send => "send",
+            OpKind::Recv => "recv",
+            OpKind::AllGather => "allGather",
+            OpKind::AllToAll => "allToAll",
+            OpKind::AllToAllV => "allToAllv",
+            OpKind::Broadcast => "broadcast",
+            OpKind::Gather => "gather",
+            OpKind::Scatter => "scatter",
+            _ => "enqueue",
+        }
+    }
+}
+
+impl<'a> OpArgs<'a> {
+    /// An operation with no per-peer counts; `root` is the peer or root where `kind` has one.
+    pub(super) fn new(kind: OpKind, send: *const u8, recv: *mut u8, count: usize, dtype: i32, root: i32, stream: *mut CUstream_st) -> Self {
+        OpArgs { kind, send, recv, count, dtype, root, send_counts: &[], send_displs: &[], recv_counts: &[], recv_displs: &[], stream }
+    }
+
+    /// The descriptor `Communicator::enqueue` validates: the data type and rank decoded,
+    /// the addresses taken as device pointers (never dereferenced here). `op` names the
+    /// failures found here.
+    pub(super) fn desc(&self, op: &'static str) -> Result<OpDesc<'a>> {
+        let root = |what| rank_arg(op, what, self.root);
+        let coll = match self.kind {
+            OpKind::Send => Collective::Send { peer: root("peer")? },
+            OpKind::Recv => Collective::Recv { peer: root("peer")? },
+            OpKind::AllGather => Collective::AllGather,
+            OpKind::AllToAll => Collective::AllToAll,
+            OpKind::AllToAllV => Collective::AllToAllV {
+                send_counts: self.send_counts,
+                send_displs: self.send_displs,
+                recv_counts: self.recv_counts,
+                recv_displs: self.recv_displs,
+            },
+            OpKind::Broadcast => Collective::Broadcast { root: root("root")? },
+            OpKind::Gather => Collective::Gather { root: root("root")? },
+            OpKind::Scatter => Collective::Scatter { root: root("root")? },
+            other => return Err(Error::invalid_arg(op, format!("unknown operation {}", other.repr))),
+        };
+        let (send, recv, count, stream) = (dev_ptr(self.send), dev_ptr(self.recv), self.count, stream(self.stream));
+        Ok(OpDesc { coll, send, recv, count, dtype: dtype(op, self.dtype)?, stream })
+    }
+}
+
 /// A raw pointer returned to C++ (`Default` for [`value`]).
 struct Ptr<T>(*mut T);
 impl<T> Default for Ptr<T> {
@@ -227,17 +252,8 @@ pub struct Comm {
 
 fn comm_init_mpi(mpi_comm_f: i32, out: &mut Status) -> Box<Comm> {
     const OP: &str = "Communicator::from_mpi";
-    let r = guarded(OP, || Communicator::from_mpi_fortran(mpi_comm_f, Config::from_env()?));
-    match r {
-        Ok(c) => {
-            *out = status(Ok(()));
-            Box::new(Comm { handle: CommHandle::new(c) })
-        }
-        Err(e) => {
-            *out = status(Err(e));
-            Box::new(Comm { handle: CommHandle::empty() })
-        }
-    }
+    let c = value(out, guarded(OP, || Communicator::from_mpi_fortran(mpi_comm_f, Config::from_env()?)).map(Some));
+    Box::new(Comm { handle: c.map_or_else(CommHandle::empty, CommHandle::new) })
 }
 
 impl Comm {
@@ -275,16 +291,7 @@ impl Comm {
     }
     fn device(&self, out: &mut Status) -> Box<Dev> {
         const OP: &str = "device";
-        match guarded(OP, || Ok(self.handle.get(OP)?.device().clone())) {
-            Ok(dev) => {
-                *out = status(Ok(()));
-                Box::new(Dev { dev: Some(dev) })
-            }
-            Err(e) => {
-                *out = status(Err(e));
-                Box::new(Dev { dev: None })
-            }
-        }
+        Dev::boxed(out, guarded(OP, || Ok(self.handle.get(OP)?.device().clone())))
     }
 
     fn group_start(&self) -> Status {
@@ -293,54 +300,9 @@ impl Comm {
     fn group_end(&self) -> Status {
         self.call("group_end", |c| c.group_end())
     }
-    fn send(&self, buf: *const u8, count: usize, dt: i32, peer: i32, s: *mut CUstream_st) -> Status {
-        const OP: &str = "send";
-        self.call(OP, |c| c.send(dev_ptr(buf), count, dtype(OP, dt)?, rank_arg(OP, "peer", peer)?, stream(s)))
-    }
-    fn recv(&self, buf: *mut u8, count: usize, dt: i32, peer: i32, s: *mut CUstream_st) -> Status {
-        const OP: &str = "recv";
-        self.call(OP, |c| c.recv(dev_ptr(buf), count, dtype(OP, dt)?, rank_arg(OP, "peer", peer)?, stream(s)))
-    }
-    fn all_gather(&self, send: *const u8, recv: *mut u8, count: usize, dt: i32, s: *mut CUstream_st) -> Status {
-        const OP: &str = "all_gather";
-        self.call(OP, |c| c.all_gather(dev_ptr(send), dev_ptr(recv), count, dtype(OP, dt)?, stream(s)))
-    }
-    fn all_to_all(&self, send: *const u8, recv: *mut u8, count: usize, dt: i32, s: *mut CUstream_st) -> Status {
-        const OP: &str = "all_to_all";
-        self.call(OP, |c| c.all_to_all(dev_ptr(send), dev_ptr(recv), count, dtype(OP, dt)?, stream(s)))
-    }
-    #[allow(clippy::too_many_arguments)]
-    fn all_to_allv(
-        &self,
-        send: *const u8,
-        send_counts: &[usize],
-        send_displs: &[usize],
-        recv: *mut u8,
-        recv_counts: &[usize],
-        recv_displs: &[usize],
-        dt: i32,
-        s: *mut CUstream_st,
-    ) -> Status {
-        const OP: &str = "all_to_allv";
-        self.call(OP, |c| {
-            let dt = dtype(OP, dt)?;
-            c.all_to_allv(dev_ptr(send), send_counts, send_displs, dev_ptr(recv), recv_counts, recv_displs, dt, stream(s))
-        })
-    }
-    #[allow(clippy::too_many_arguments)]
-    fn broadcast(&self, send: *const u8, recv: *mut u8, count: usize, dt: i32, root: i32, s: *mut CUstream_st) -> Status {
-        const OP: &str = "broadcast";
-        self.call(OP, |c| c.broadcast(dev_ptr(send), dev_ptr(recv), count, dtype(OP, dt)?, rank_arg(OP, "root", root)?, stream(s)))
-    }
-    #[allow(clippy::too_many_arguments)]
-    fn gather(&self, send: *const u8, recv: *mut u8, count: usize, dt: i32, root: i32, s: *mut CUstream_st) -> Status {
-        const OP: &str = "gather";
-        self.call(OP, |c| c.gather(dev_ptr(send), dev_ptr(recv), count, dtype(OP, dt)?, rank_arg(OP, "root", root)?, stream(s)))
-    }
-    #[allow(clippy::too_many_arguments)]
-    fn scatter(&self, send: *const u8, recv: *mut u8, count: usize, dt: i32, root: i32, s: *mut CUstream_st) -> Status {
-        const OP: &str = "scatter";
-        self.call(OP, |c| c.scatter(dev_ptr(send), dev_ptr(recv), count, dtype(OP, dt)?, rank_arg(OP, "root", root)?, stream(s)))
+    fn enqueue(&self, op: &OpArgs) -> Status {
+        let name = op.kind.name();
+        self.call(name, |c| c.enqueue(&op.desc(name)?))
     }
 }
 
@@ -368,6 +330,10 @@ impl Drop for Dev {
 }
 
 impl Dev {
+    /// The device of `r`, or (its error stored in `out`) a handle that holds none.
+    pub(super) fn boxed(out: &mut Status, r: Result<Arc<dyn Device>>) -> Box<Dev> {
+        Box::new(Dev { dev: value(out, r.map(Some)) })
+    }
     pub(super) fn call<T>(&self, op: &'static str, f: impl FnOnce(&dyn Device) -> Result<T>) -> Result<T> {
         guarded(op, || f(self.dev.as_deref().ok_or_else(|| Error::invalid_usage(op, "no device (Communicator::device failed)"))?))
     }
@@ -408,9 +374,6 @@ impl Dev {
     fn memcpy_async(&self, dst: *mut u8, src: *const u8, bytes: usize, s: *mut CUstream_st) -> Status {
         status(self.call("Device::memcpy_async", |d| d.memcpy_async(stream(s), dev_ptr(dst), dev_ptr(src), bytes)))
     }
-    fn fill_pattern(&self, dst: *mut u8, bytes: usize, seed: u64, s: *mut CUstream_st) -> Status {
-        status(self.call("Device::fill_pattern", |d| d.fill_pattern_async(stream(s), dev_ptr(dst), bytes, seed)))
-    }
 }
 
 #[cfg(test)]
@@ -436,18 +399,25 @@ mod tests {
             assert_eq!(comm.size(&mut st), 2);
             let null = std::ptr::null_mut::<u8>();
             let code = |s: Status| s.code;
-            assert_eq!(code(comm.all_gather(buf, null, 4, U8, s)), ErrorCode::InvalidArgument as i32);
-            assert_eq!(code(comm.all_gather(buf, buf, 4, 42, s)), ErrorCode::InvalidArgument as i32);
-            assert_eq!(code(comm.broadcast(buf, buf, 4, U8, -1, s)), ErrorCode::InvalidArgument as i32);
-            assert_eq!(code(comm.send(buf, 4, U8, -3, s)), ErrorCode::InvalidArgument as i32);
+            let op = |kind, send: *mut u8, recv, dt, root| comm.enqueue(&OpArgs::new(kind, send, recv, 4, dt, root, s));
+            assert_eq!(code(op(OpKind::AllGather, buf, null, U8, 0)), ErrorCode::InvalidArgument as i32);
+            assert_eq!(code(op(OpKind::AllGather, buf, buf, 42, 0)), ErrorCode::InvalidArgument as i32);
+            assert_eq!(code(op(OpKind::Broadcast, buf, buf, U8, -1)), ErrorCode::InvalidArgument as i32);
+            assert_eq!(code(op(OpKind::Send, buf, null, U8, -3)), ErrorCode::InvalidArgument as i32);
+            assert_eq!(code(op(OpKind { repr: 99 }, buf, buf, U8, 0)), ErrorCode::InvalidArgument as i32);
+            let counts = [4usize, 4];
+            let short = OpArgs { send_counts: &counts[..1], send_displs: &counts, recv_counts: &counts, recv_displs: &counts, ..OpArgs::new(OpKind::AllToAllV, buf, buf, 0, U8, 0, s) };
+            let e = comm.enqueue(&short);
+            assert_eq!(e.code, ErrorCode::InvalidArgument as i32);
+            assert!(e.message.contains("send_counts"), "{}", e.message);
             assert_eq!(code(comm.group_end()), ErrorCode::InvalidUsage as i32);
             let own = buf.wrapping_add(r * 4);
-            assert_eq!(code(comm.all_gather(own, buf, 4, U8, s)), 0);
+            assert_eq!(code(op(OpKind::AllGather, own, buf, U8, 0)), 0);
             assert_eq!(code(dev.synchronize(s)), 0);
             assert_eq!(code(comm.async_error(&mut st)), 0);
             assert_eq!(st.code, 0);
             assert_eq!(code(comm.destroy()), 0);
-            let st = comm.all_gather(own, buf, 4, U8, s);
+            let st = op(OpKind::AllGather, own, buf, U8, 0);
             assert_eq!(st.code, ErrorCode::InvalidUsage as i32, "{}", st.message);
             assert_eq!(code(comm.destroy()), ErrorCode::InvalidUsage as i32);
             assert_eq!(code(comm.release()), 0);

@@ -7,27 +7,35 @@
 //! it is `hocclInvalidUsage`, not a use of freed memory. After `hocclCommAbort` the entry
 //! stays, aborted: calls return `hocclAborted` until `hocclCommDestroy` removes it.
 //!
+//! Every operation fills the bridge's [`OpArgs`], the descriptor the C++ API fills, and
+//! reaches `Communicator::enqueue` through [`OpArgs::desc`]: the C ABI checks only what is
+//! C's own (NULL handles, NULL count arrays).
+//!
 //! Groups are thread-global as NCCL's: between `hocclGroupStart` and `hocclGroupEnd` on one
 //! thread, the first call on each communicator opens that communicator's group, and the
 //! outermost `hocclGroupEnd` closes (launches) them all.
 #![allow(non_snake_case, non_camel_case_types)]
-use super::{guarded, rank_arg, to_c_int, CommHandle};
+use super::bridge::{CUstream_st, OpArgs, OpKind};
+use super::{guarded, to_c_int, CommHandle};
 use crate::comm::Communicator;
 use crate::config::Config;
-use crate::device::{DevPtr, StreamHandle};
 use crate::error::{Error, ErrorCode, Result};
-use crate::types::DataType;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::ptr::{null, null_mut};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// `hocclResult_t`: an [`ErrorCode`] value.
 pub type hocclResult_t = c_int;
-/// `hocclDataType_t`: a [`DataType`] value (NCCL's numbering). Received as a plain int so
+/// `hocclDataType_t`: a [`DataType`](crate::DataType) value (NCCL's numbering). Received as a plain int so
 /// that an out-of-range value is an error, not undefined behaviour.
 pub type hocclDataType_t = c_int;
+
+/// CUDA's `cudaStream_t` / `CUstream` (`struct CUstream_st*`, `hoccl/cuda_stream.h`): a
+/// stream of the communicator's GPU, or on the host backend one from `hocclStreamCreate`.
+pub type cudaStream_t = *mut CUstream_st;
 
 /// The opaque struct behind `hocclComm_t`; never instantiated.
 #[repr(C)]
@@ -88,7 +96,7 @@ fn set_last_error(e: &Error) {
 }
 
 /// Run one C entry point: panics are caught, errors recorded for `hocclGetLastError`.
-fn call(op: &'static str, f: impl FnOnce() -> Result<()>) -> hocclResult_t {
+pub(super) fn call(op: &'static str, f: impl FnOnce() -> Result<()>) -> hocclResult_t {
     match guarded(op, f) {
         Ok(()) => ErrorCode::Success as c_int,
         Err(e) => {
@@ -114,21 +122,13 @@ fn communicator(op: &'static str, comm: hocclComm_t) -> Result<Arc<Communicator>
 }
 
 /// Write `v` through an out-pointer, or fail with `InvalidArgument` if it is NULL.
-fn put<T>(op: &'static str, what: &str, out: *mut T, v: T) -> Result<()> {
+pub(super) fn put<T>(op: &'static str, what: &str, out: *mut T, v: T) -> Result<()> {
     if out.is_null() {
         return Err(Error::invalid_arg(op, format!("{what} is NULL")));
     }
     // SAFETY: checked non-NULL; the C contract is that it points to a writable, aligned `T`.
     unsafe { out.write(v) };
     Ok(())
-}
-
-fn dev_ptr(p: *const c_void) -> DevPtr {
-    DevPtr(p as usize as u64)
-}
-
-fn stream(s: *mut c_void) -> StreamHandle {
-    StreamHandle(s as usize as u64)
 }
 
 // ---------------------------------------------------------------- library ----------------
@@ -266,7 +266,20 @@ pub extern "C" fn hocclGroupEnd() -> hocclResult_t {
     })
 }
 
-// ---------------------------------------------------------------- collectives ------------
+// ---------------------------------------------------------------- operations -------------
+
+/// Run the operation `args` (built from the live communicator) on `comm`.
+fn enqueue<'a>(op: &'static str, comm: hocclComm_t, args: impl FnOnce(&Communicator) -> Result<OpArgs<'a>>) -> hocclResult_t {
+    call(op, || {
+        let c = communicator(op, comm)?;
+        c.enqueue(&args(&c)?.desc(op)?)
+    })
+}
+
+/// `OpArgs::new` over C's pointer and stream types.
+fn args<'a>(kind: OpKind, send: *const c_void, recv: *mut c_void, count: usize, dtype: hocclDataType_t, root: c_int, s: cudaStream_t) -> OpArgs<'a> {
+    OpArgs::new(kind, send.cast(), recv.cast(), count, dtype, root, s)
+}
 
 #[no_mangle]
 pub extern "C" fn hocclSend(
@@ -275,13 +288,9 @@ pub extern "C" fn hocclSend(
     datatype: hocclDataType_t,
     peer: c_int,
     comm: hocclComm_t,
-    stream_: *mut c_void,
+    stream: cudaStream_t,
 ) -> hocclResult_t {
-    const OP: &str = "hocclSend";
-    call(OP, || {
-        let (dt, peer) = (DataType::from_raw(OP, datatype)?, rank_arg(OP, "peer", peer)?);
-        communicator(OP, comm)?.send(dev_ptr(sendbuff), count, dt, peer, stream(stream_))
-    })
+    enqueue("hocclSend", comm, |_| Ok(args(OpKind::Send, sendbuff, null_mut(), count, datatype, peer, stream)))
 }
 
 #[no_mangle]
@@ -291,13 +300,9 @@ pub extern "C" fn hocclRecv(
     datatype: hocclDataType_t,
     peer: c_int,
     comm: hocclComm_t,
-    stream_: *mut c_void,
+    stream: cudaStream_t,
 ) -> hocclResult_t {
-    const OP: &str = "hocclRecv";
-    call(OP, || {
-        let (dt, peer) = (DataType::from_raw(OP, datatype)?, rank_arg(OP, "peer", peer)?);
-        communicator(OP, comm)?.recv(dev_ptr(recvbuff), count, dt, peer, stream(stream_))
-    })
+    enqueue("hocclRecv", comm, |_| Ok(args(OpKind::Recv, null(), recvbuff, count, datatype, peer, stream)))
 }
 
 #[no_mangle]
@@ -307,13 +312,9 @@ pub extern "C" fn hocclAllGather(
     sendcount: usize,
     datatype: hocclDataType_t,
     comm: hocclComm_t,
-    stream_: *mut c_void,
+    stream: cudaStream_t,
 ) -> hocclResult_t {
-    const OP: &str = "hocclAllGather";
-    call(OP, || {
-        let dt = DataType::from_raw(OP, datatype)?;
-        communicator(OP, comm)?.all_gather(dev_ptr(sendbuff), dev_ptr(recvbuff), sendcount, dt, stream(stream_))
-    })
+    enqueue("hocclAllGather", comm, |_| Ok(args(OpKind::AllGather, sendbuff, recvbuff, sendcount, datatype, 0, stream)))
 }
 
 #[no_mangle]
@@ -323,13 +324,9 @@ pub extern "C" fn hocclAlltoAll(
     count: usize,
     datatype: hocclDataType_t,
     comm: hocclComm_t,
-    stream_: *mut c_void,
+    stream: cudaStream_t,
 ) -> hocclResult_t {
-    const OP: &str = "hocclAlltoAll";
-    call(OP, || {
-        let dt = DataType::from_raw(OP, datatype)?;
-        communicator(OP, comm)?.all_to_all(dev_ptr(sendbuff), dev_ptr(recvbuff), count, dt, stream(stream_))
-    })
+    enqueue("hocclAlltoAll", comm, |_| Ok(args(OpKind::AllToAll, sendbuff, recvbuff, count, datatype, 0, stream)))
 }
 
 /// `n` entries of a caller's `size_t` array, or `InvalidArgument` if it is NULL.
@@ -354,37 +351,18 @@ pub extern "C" fn hocclAlltoAllv(
     rdispls: *const usize,
     datatype: hocclDataType_t,
     comm: hocclComm_t,
-    stream_: *mut c_void,
+    stream: cudaStream_t,
 ) -> hocclResult_t {
     const OP: &str = "hocclAlltoAllv";
-    call(OP, || {
-        let dt = DataType::from_raw(OP, datatype)?;
-        let c = communicator(OP, comm)?;
+    enqueue(OP, comm, |c| {
         let n = c.size();
-        let (sc, sd) = (counts(OP, "sendcounts", sendcounts, n)?, counts(OP, "sdispls", sdispls, n)?);
-        let (rc, rd) = (counts(OP, "recvcounts", recvcounts, n)?, counts(OP, "rdispls", rdispls, n)?);
-        c.all_to_allv(dev_ptr(sendbuff), sc, sd, dev_ptr(recvbuff), rc, rd, dt, stream(stream_))
-    })
-}
-
-/// The rooted collectives share one shape.
-type Rooted = fn(&Communicator, DevPtr, DevPtr, usize, DataType, usize, StreamHandle) -> Result<()>;
-
-#[allow(clippy::too_many_arguments)]
-fn rooted(
-    op: &'static str,
-    f: Rooted,
-    send: *const c_void,
-    recv: *mut c_void,
-    count: usize,
-    datatype: hocclDataType_t,
-    root: c_int,
-    comm: hocclComm_t,
-    s: *mut c_void,
-) -> hocclResult_t {
-    call(op, || {
-        let (dt, root) = (DataType::from_raw(op, datatype)?, rank_arg(op, "root", root)?);
-        f(&*communicator(op, comm)?, dev_ptr(send), dev_ptr(recv), count, dt, root, stream(s))
+        Ok(OpArgs {
+            send_counts: counts(OP, "sendcounts", sendcounts, n)?,
+            send_displs: counts(OP, "sdispls", sdispls, n)?,
+            recv_counts: counts(OP, "recvcounts", recvcounts, n)?,
+            recv_displs: counts(OP, "rdispls", rdispls, n)?,
+            ..args(OpKind::AllToAllV, sendbuff, recvbuff, 0, datatype, 0, stream)
+        })
     })
 }
 
@@ -396,9 +374,9 @@ pub extern "C" fn hocclBroadcast(
     datatype: hocclDataType_t,
     root: c_int,
     comm: hocclComm_t,
-    stream_: *mut c_void,
+    stream: cudaStream_t,
 ) -> hocclResult_t {
-    rooted("hocclBroadcast", Communicator::broadcast, sendbuff, recvbuff, count, datatype, root, comm, stream_)
+    enqueue("hocclBroadcast", comm, |_| Ok(args(OpKind::Broadcast, sendbuff, recvbuff, count, datatype, root, stream)))
 }
 
 #[no_mangle]
@@ -409,9 +387,9 @@ pub extern "C" fn hocclGather(
     datatype: hocclDataType_t,
     root: c_int,
     comm: hocclComm_t,
-    stream_: *mut c_void,
+    stream: cudaStream_t,
 ) -> hocclResult_t {
-    rooted("hocclGather", Communicator::gather, sendbuff, recvbuff, count, datatype, root, comm, stream_)
+    enqueue("hocclGather", comm, |_| Ok(args(OpKind::Gather, sendbuff, recvbuff, count, datatype, root, stream)))
 }
 
 #[no_mangle]
@@ -422,22 +400,14 @@ pub extern "C" fn hocclScatter(
     datatype: hocclDataType_t,
     root: c_int,
     comm: hocclComm_t,
-    stream_: *mut c_void,
+    stream: cudaStream_t,
 ) -> hocclResult_t {
-    rooted("hocclScatter", Communicator::scatter, sendbuff, recvbuff, count, datatype, root, comm, stream_)
+    enqueue("hocclScatter", comm, |_| Ok(args(OpKind::Scatter, sendbuff, recvbuff, count, datatype, root, stream)))
 }
 
-/// The live communicator behind `comm` outside any group (device helpers).
+/// The live communicator behind `comm` outside any group (device and stream helpers).
 pub(super) fn live(op: &'static str, comm: hocclComm_t) -> Result<Arc<Communicator>> {
     lookup(op, comm)?.1.get(op)
-}
-
-pub(super) fn run(op: &'static str, f: impl FnOnce() -> Result<()>) -> hocclResult_t {
-    call(op, f)
-}
-
-pub(super) fn out<T>(op: &'static str, what: &str, p: *mut T, v: T) -> Result<()> {
-    put(op, what, p, v)
 }
 
 #[cfg(test)]

@@ -1,8 +1,9 @@
 //! The C ABI's argument checking and handle life cycle, in-process (threads as ranks, host
 //! backend), and the header's enums against the Rust ones.
 use super::*;
-use crate::ffi::c_device::*;
+use crate::ffi::c_memory::*;
 use crate::ffi::handle::tests::with_ranks;
+use crate::types::DataType;
 use std::ptr::{null, null_mut};
 
 const OK: c_int = ErrorCode::Success as c_int;

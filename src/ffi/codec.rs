@@ -31,16 +31,7 @@ pub(super) fn device_open(backend: &str, ordinal: usize, out: &mut Status) -> Bo
         };
         crate::device::open(choice, ordinal)
     });
-    match r {
-        Ok(dev) => {
-            *out = status(Ok(()));
-            Box::new(Dev { dev: Some(dev) })
-        }
-        Err(e) => {
-            *out = status(Err(e));
-            Box::new(Dev { dev: None })
-        }
-    }
+    Dev::boxed(out, r)
 }
 
 pub(super) fn codec_max_compressed_len(dt: i32, count: usize, block: u32, tiers: u8, out: &mut Status) -> usize {

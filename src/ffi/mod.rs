@@ -1,12 +1,20 @@
-//! FFI: the cxx bridge for C++ (`include/hoccl/hoccl.hpp`) and the C ABI
+//! FFI: the cxx bridge for C++ (`include/hoccl/hoccl.hpp`, `cpp/hoccl.cc`) and the C ABI
 //! (`include/hoccl/hoccl.h`). Both sit on [`handle::CommHandle`], which gives a
 //! communicator handle its life cycle (live → aborted / destroyed), so a call after abort or
-//! destroy is an error value, never undefined behaviour. Nothing unwinds across FFI: every
-//! entry point runs its body under [`guarded`].
+//! destroy is an error value, never undefined behaviour. Both describe every operation with
+//! one descriptor, the bridge's `OpArgs`, which becomes a `comm::OpDesc` for
+//! `Communicator::enqueue`. Nothing unwinds across FFI: every entry point runs its body under
+//! [`guarded`].
+//!
+//! - `bridge.rs`: the cxx bridge: communicator, operations (`OpArgs`), device helpers.
+//! - `codec.rs`: the codec's half of the bridge (`hoccl::codec`).
+//! - `c_api.rs`: the C ABI: handles, groups, operations.
+//! - `c_memory.rs`: the C ABI's device memory and stream helpers.
+//! - `handle.rs`: a communicator handle's life cycle.
 mod bridge;
 mod codec;
 pub mod c_api;
-mod c_device;
+mod c_memory;
 mod handle;
 
 pub use handle::CommHandle;

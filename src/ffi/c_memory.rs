@@ -1,10 +1,10 @@
-//! Device helpers of the C ABI, on the device a communicator drives. On CUDA an engine uses
+//! Device memory and stream helpers of the C ABI, on the device a communicator drives. On CUDA an engine uses
 //! its own `cudaMalloc`/streams instead (any device pointer and stream of the communicator's
 //! GPU works); on the host backend (no GPU) buffers and streams must come from hoccl, and
 //! these are how C code gets them. Memory and streams made here belong to the
 //! communicator's device and are released with it (destroy or abort).
-use super::c_api::{hocclComm_t, hocclResult_t, live, out, run};
-use crate::device::{DevPtr, StreamHandle};
+use super::c_api::{call, cudaStream_t, hocclComm_t, hocclResult_t, live, put};
+use super::bridge::{dev_ptr, stream as stream_handle};
 use crate::error::{Error, Result};
 use std::ffi::c_void;
 
@@ -36,10 +36,10 @@ fn host_slice_mut<'a>(op: &'static str, what: &str, p: *mut c_void, bytes: usize
 #[no_mangle]
 pub extern "C" fn hocclMemAlloc(comm: hocclComm_t, ptr: *mut *mut c_void, bytes: usize) -> hocclResult_t {
     const OP: &str = "hocclMemAlloc";
-    run(OP, || {
-        out(OP, "ptr", ptr, std::ptr::null_mut())?;
+    call(OP, || {
+        put(OP, "ptr", ptr, std::ptr::null_mut())?;
         let p = live(OP, comm)?.device().alloc(bytes)?;
-        out(OP, "ptr", ptr, p.0 as usize as *mut c_void)
+        put(OP, "ptr", ptr, p.0 as usize as *mut c_void)
     })
 }
 
@@ -47,45 +47,45 @@ pub extern "C" fn hocclMemAlloc(comm: hocclComm_t, ptr: *mut *mut c_void, bytes:
 #[no_mangle]
 pub extern "C" fn hocclMemFree(comm: hocclComm_t, ptr: *mut c_void) -> hocclResult_t {
     const OP: &str = "hocclMemFree";
-    run(OP, || {
+    call(OP, || {
         let c = live(OP, comm)?;
         if ptr.is_null() {
             return Ok(());
         }
-        c.device().free(DevPtr(ptr as usize as u64))
+        c.device().free(dev_ptr(ptr))
     })
 }
 
 #[no_mangle]
-pub extern "C" fn hocclStreamCreate(comm: hocclComm_t, stream: *mut *mut c_void) -> hocclResult_t {
+pub extern "C" fn hocclStreamCreate(comm: hocclComm_t, stream: *mut cudaStream_t) -> hocclResult_t {
     const OP: &str = "hocclStreamCreate";
-    run(OP, || {
-        out(OP, "stream", stream, std::ptr::null_mut())?;
+    call(OP, || {
+        put(OP, "stream", stream, std::ptr::null_mut())?;
         let s = live(OP, comm)?.device().create_stream()?;
-        out(OP, "stream", stream, s.0 as usize as *mut c_void)
+        put(OP, "stream", stream, s.0 as usize as cudaStream_t)
     })
 }
 
 #[no_mangle]
-pub extern "C" fn hocclStreamDestroy(comm: hocclComm_t, stream: *mut c_void) -> hocclResult_t {
+pub extern "C" fn hocclStreamDestroy(comm: hocclComm_t, stream: cudaStream_t) -> hocclResult_t {
     const OP: &str = "hocclStreamDestroy";
-    run(OP, || live(OP, comm)?.device().destroy_stream(StreamHandle(stream as usize as u64)))
+    call(OP, || live(OP, comm)?.device().destroy_stream(stream_handle(stream)))
 }
 
 /// Block until everything enqueued on `stream` so far has completed.
 #[no_mangle]
-pub extern "C" fn hocclStreamSynchronize(comm: hocclComm_t, stream: *mut c_void) -> hocclResult_t {
+pub extern "C" fn hocclStreamSynchronize(comm: hocclComm_t, stream: cudaStream_t) -> hocclResult_t {
     const OP: &str = "hocclStreamSynchronize";
-    run(OP, || live(OP, comm)?.device().synchronize(StreamHandle(stream as usize as u64)))
+    call(OP, || live(OP, comm)?.device().synchronize(stream_handle(stream)))
 }
 
 /// Synchronous copy of `bytes` from host memory `src` to device memory `dst`.
 #[no_mangle]
 pub extern "C" fn hocclMemcpyToDevice(comm: hocclComm_t, dst: *mut c_void, src: *const c_void, bytes: usize) -> hocclResult_t {
     const OP: &str = "hocclMemcpyToDevice";
-    run(OP, || {
+    call(OP, || {
         let c = live(OP, comm)?;
-        c.device().copy_from_host(DevPtr(dst as usize as u64), host_slice(OP, "src", src, bytes)?)
+        c.device().copy_from_host(dev_ptr(dst), host_slice(OP, "src", src, bytes)?)
     })
 }
 
@@ -93,8 +93,8 @@ pub extern "C" fn hocclMemcpyToDevice(comm: hocclComm_t, dst: *mut c_void, src: 
 #[no_mangle]
 pub extern "C" fn hocclMemcpyToHost(comm: hocclComm_t, dst: *mut c_void, src: *const c_void, bytes: usize) -> hocclResult_t {
     const OP: &str = "hocclMemcpyToHost";
-    run(OP, || {
+    call(OP, || {
         let c = live(OP, comm)?;
-        c.device().copy_to_host(host_slice_mut(OP, "dst", dst, bytes)?, DevPtr(src as usize as u64))
+        c.device().copy_to_host(host_slice_mut(OP, "dst", dst, bytes)?, dev_ptr(src))
     })
 }

@@ -1,0 +1,177 @@
+//! The one entry point of every operation: [`Communicator::enqueue`] validates an
+//! [`OpDesc`] (ranks, sizes, buffers, overlaps) and turns it into the byte ranges this rank
+//! sends to and receives from each peer, which `submit` hands to the engine (or to the open
+//! group). Each user buffer is validated once per call.
+use super::op::{Collective, OpDesc};
+use super::{Communicator, Region};
+use crate::device::DevPtr;
+use crate::engine::Transfer;
+use crate::error::{Error, Result};
+
+fn overlaps(a: DevPtr, alen: usize, b: DevPtr, blen: usize) -> bool {
+    alen > 0 && blen > 0 && a.0 < b.0 + blen as u64 && b.0 < a.0 + alen as u64
+}
+
+/// What this rank sends and receives for one operation.
+type Ranges = (Vec<Transfer>, Vec<Transfer>);
+
+impl Communicator {
+    /// Validate `op` and enqueue it on its stream (or add it to the open group). Every
+    /// public operation of every surface comes through here.
+    pub fn enqueue(&self, op: &OpDesc) -> Result<()> {
+        let name = op.coll.name();
+        let (sends, recvs) = match op.coll {
+            Collective::Send { peer } => self.point_to_point(name, op, peer, true)?,
+            Collective::Recv { peer } => self.point_to_point(name, op, peer, false)?,
+            Collective::AllGather => self.all_gather_ranges(name, op)?,
+            Collective::AllToAll => self.all_to_all_ranges(name, op)?,
+            Collective::AllToAllV { send_counts, send_displs, recv_counts, recv_displs } => {
+                self.all_to_allv_ranges(name, op, [send_counts, send_displs, recv_counts, recv_displs])?
+            }
+            Collective::Broadcast { root } => self.broadcast_ranges(name, op, root)?,
+            Collective::Gather { root } => self.gather_ranges(name, op, root)?,
+            Collective::Scatter { root } => self.scatter_ranges(name, op, root)?,
+        };
+        self.submit(name, op.stream, sends, recvs)
+    }
+
+    fn check_root(&self, op: &'static str, root: usize) -> Result<()> {
+        if root >= self.size {
+            return Err(Error::invalid_arg(op, format!("root {root} out of range (size {})", self.size)));
+        }
+        Ok(())
+    }
+
+    fn total(&self, op: &'static str, bytes: usize) -> Result<usize> {
+        bytes.checked_mul(self.size).filter(|t| *t <= isize::MAX as usize).ok_or_else(|| Error::invalid_arg(op, "count times ranks overflows"))
+    }
+
+    /// One block of `len` bytes per rank, block p at `p * len` of `r`, to or from rank p.
+    fn blocks(&self, r: &Region, len: usize) -> Result<Vec<Transfer>> {
+        (0..self.size).map(|p| r.part(p * len, len, p)).collect()
+    }
+
+    /// All of `r` to (or from) every rank.
+    fn to_every_rank(&self, r: &Region) -> Result<Vec<Transfer>> {
+        (0..self.size).map(|p| r.whole(p)).collect()
+    }
+
+    fn point_to_point(&self, name: &'static str, op: &OpDesc, peer: usize, send: bool) -> Result<Ranges> {
+        self.check_peer(name, peer)?;
+        let len = Self::bytes(name, op.count, op.dtype)?;
+        if send {
+            Ok((vec![self.region(name, "send", op.send, len)?.whole(peer)?], vec![]))
+        } else {
+            Ok((vec![], vec![self.region(name, "receive", op.recv, len)?.whole(peer)?]))
+        }
+    }
+
+    fn all_gather_ranges(&self, name: &'static str, op: &OpDesc) -> Result<Ranges> {
+        let (send, recv) = (op.send, op.recv);
+        let len = Self::bytes(name, op.count, op.dtype)?;
+        let total = self.total(name, len)?;
+        let r = self.region(name, "receive", recv, total)?;
+        let own = recv.add(self.rank * len);
+        let s = if send == own { r.sub(self.rank * len, len)? } else { self.region(name, "send", send, len)? };
+        if send != own && overlaps(send, len, recv, total) {
+            return Err(Error::invalid_arg(name, "send buffer overlaps the receive buffer but is not this rank's slot"));
+        }
+        Ok((self.to_every_rank(&s)?, self.blocks(&r, len)?))
+    }
+
+    fn all_to_all_ranges(&self, name: &'static str, op: &OpDesc) -> Result<Ranges> {
+        let len = Self::bytes(name, op.count, op.dtype)?;
+        let total = self.total(name, len)?;
+        if overlaps(op.send, total, op.recv, total) && self.size > 1 {
+            return Err(Error::invalid_arg(name, "send and receive buffers overlap (in-place AlltoAll is not supported)"));
+        }
+        let s = self.region(name, "send", op.send, total)?;
+        let r = self.region(name, "receive", op.recv, total)?;
+        Ok((self.blocks(&s, len)?, self.blocks(&r, len)?))
+    }
+
+    /// `v`: send counts, send displacements, receive counts, receive displacements.
+    fn all_to_allv_ranges(&self, name: &'static str, op: &OpDesc, v: [&[usize]; 4]) -> Result<Ranges> {
+        for (what, a) in ["send_counts", "send_displs", "recv_counts", "recv_displs"].into_iter().zip(v) {
+            if a.len() != self.size {
+                return Err(Error::invalid_arg(name, format!("{what} has {} entries, expected {}", a.len(), self.size)));
+            }
+        }
+        let [send_counts, send_displs, recv_counts, recv_displs] = v;
+        let dtype = op.dtype;
+        // Extent of each buffer in bytes: the furthest end of any block.
+        let extent = |counts: &[usize], displs: &[usize]| -> Result<usize> {
+            counts.iter().zip(displs).try_fold(0usize, |m, (c, d)| {
+                let end = c.checked_add(*d).ok_or_else(|| Error::invalid_arg(name, "count + displacement overflows"))?;
+                Ok(if *c == 0 { m } else { m.max(Self::bytes(name, end, dtype)?) })
+            })
+        };
+        let s = self.region(name, "send", op.send, extent(send_counts, send_displs)?)?;
+        let r = self.region(name, "receive", op.recv, extent(recv_counts, recv_displs)?)?;
+        let es = dtype.size();
+        let mut sends = Vec::with_capacity(self.size);
+        let mut recvs = Vec::with_capacity(self.size);
+        for p in 0..self.size {
+            sends.push(s.part(send_displs[p] * es, Self::bytes(name, send_counts[p], dtype)?, p)?);
+            recvs.push(r.part(recv_displs[p] * es, Self::bytes(name, recv_counts[p], dtype)?, p)?);
+        }
+        for x in &sends {
+            if recvs.iter().any(|y| overlaps(x.ptr, x.len, y.ptr, y.len)) {
+                return Err(Error::invalid_arg(name, "a send range overlaps a receive range"));
+            }
+        }
+        Ok((sends, recvs))
+    }
+
+    fn broadcast_ranges(&self, name: &'static str, op: &OpDesc, root: usize) -> Result<Ranges> {
+        let (send, recv) = (op.send, op.recv);
+        self.check_root(name, root)?;
+        let len = Self::bytes(name, op.count, op.dtype)?;
+        let r = self.region(name, "receive", recv, len)?;
+        let mut sends = Vec::new();
+        if self.rank == root {
+            if send != recv && overlaps(send, len, recv, len) {
+                return Err(Error::invalid_arg(name, "send and receive buffers partially overlap"));
+            }
+            let s = if send == recv { r.sub(0, len)? } else { self.region(name, "send", send, len)? };
+            sends = self.to_every_rank(&s)?;
+        }
+        Ok((sends, vec![r.whole(root)?]))
+    }
+
+    fn gather_ranges(&self, name: &'static str, op: &OpDesc, root: usize) -> Result<Ranges> {
+        let (s, recvs) = self.rooted_blocks(name, op, root, (op.send, "send"), (op.recv, "receive"))?;
+        Ok((vec![s.whole(root)?], recvs))
+    }
+
+    fn scatter_ranges(&self, name: &'static str, op: &OpDesc, root: usize) -> Result<Ranges> {
+        let (r, sends) = self.rooted_blocks(name, op, root, (op.recv, "receive"), (op.send, "send"))?;
+        Ok((sends, vec![r.whole(root)?]))
+    }
+
+    /// Gather and Scatter: every rank's `count` elements at `own`, and on the root one such
+    /// block per rank in `all` (in place when the root's `own` is its block of `all`).
+    /// Returns `own` and, on the root, the blocks of `all` by rank.
+    fn rooted_blocks(
+        &self,
+        name: &'static str,
+        op: &OpDesc,
+        root: usize,
+        own: (DevPtr, &'static str),
+        all: (DevPtr, &'static str),
+    ) -> Result<(Region, Vec<Transfer>)> {
+        self.check_root(name, root)?;
+        let len = Self::bytes(name, op.count, op.dtype)?;
+        if self.rank != root {
+            return Ok((self.region(name, own.1, own.0, len)?, Vec::new()));
+        }
+        let total = self.total(name, len)?;
+        let a = self.region(name, all.1, all.0, total)?;
+        let slot = all.0.add(root * len);
+        if own.0 != slot && overlaps(own.0, len, all.0, total) {
+            return Err(Error::invalid_arg(name, format!("{} buffer overlaps the {} buffer but is not the root's slot", own.1, all.1)));
+        }
+        let o = if own.0 == slot { a.sub(root * len, len)? } else { self.region(name, own.1, own.0, len)? };
+        Ok((o, self.blocks(&a, len)?))
+    }
+}
