@@ -3,7 +3,7 @@
 //! kernels (fatbin size, architectures, kernel names). Without a driver it prints
 //! "no GPU (reason)" and still exits 0; only bad arguments exit non-zero.
 use hoccl::device::cuda::{self, fatbin, Probe};
-use hoccl::transport::verbs::{self, RdmaDeviceInfo};
+use hoccl::rdma::{self as verbs, RdmaDeviceInfo};
 use std::fmt::Write as _;
 
 const USAGE: &str = "usage: hoccl-info [--json]\n  Prints the GPUs, RDMA devices and embedded kernels hoccl sees.";

@@ -170,7 +170,9 @@ pub trait Device: Send + Sync + 'static {
     /// Enqueue a copy on a user stream (stream-ordered; a kernel-free DMA on CUDA).
     fn memcpy_async(&self, s: StreamHandle, dst: DevPtr, src: DevPtr, len: usize) -> Result<()>;
     /// Enqueue the test-data generator: byte i of `dst` becomes `pattern_byte(seed, i)`.
-    /// A kernel on CUDA (so it is NOT zero-SM: tests and benchmarks only).
+    /// A kernel on CUDA (so it is NOT zero-SM). Support for the tests and benchmarks, not
+    /// part of the library's API.
+    #[doc(hidden)]
     fn fill_pattern_async(&self, s: StreamHandle, dst: DevPtr, len: usize, seed: u64) -> Result<()>;
 
     // ---- copy engines -------------------------------------------------------------------
@@ -187,12 +189,15 @@ pub trait Device: Send + Sync + 'static {
 
 /// Byte `i` of the verifiable test pattern for `seed` (a function of seed and index only,
 /// so every rank computes any expected value itself). Shared with `cuda/pattern.cu`.
+/// Test and benchmark support, not part of the library's API.
+#[doc(hidden)]
 #[inline]
 pub fn pattern_byte(seed: u64, i: u64) -> u8 {
     (pattern_word(seed, i >> 2) >> ((i & 3) * 8)) as u8
 }
 
 /// 32-bit word `w` of the pattern: a splitmix64 finalizer over (seed, w).
+#[doc(hidden)]
 #[inline]
 pub fn pattern_word(seed: u64, w: u64) -> u32 {
     let mut z = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ w.wrapping_add(0x632B_E59B_D9B4_E019);

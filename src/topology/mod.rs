@@ -17,7 +17,7 @@
 //! - **forwarding peer** (`docs/design.md`, paper §3.3): the rank whose staging buffer and NIC carry
 //!   a rank's inter-node traffic. `HOCCL_FORWARDING_PEERS` lists, for local rank i of every
 //!   node, its forwarding local rank (with one rank per GPU that is "GPU i forwards through
-//!   GPU map[i]"); it must be an involution (pairs and fixed points). Default: identity.
+//!   GPU map\[i\]"); it must be an involution (pairs and fixed points). Default: identity.
 #![forbid(unsafe_code)]
 
 use crate::config::Config;

@@ -85,13 +85,6 @@ impl ImportCache {
             Self::close(dev, &e);
         }
     }
-
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
 }
 
 /// Export handles of this rank's allocations, cached by allocation id.

@@ -4,6 +4,10 @@
 //!
 //! libibverbs is loaded at run time with `dlopen("libibverbs.so.1")`, so hosts without
 //! rdma-core build and run; code above this module has no `unsafe`.
+//!
+//! No transport drives these bindings yet (the inter-node path will): until then the crate
+//! reaches only [`probe`], so unused items are allowed here rather than pruned.
+#![allow(dead_code, unused_imports)]
 pub mod result;
 pub mod safe;
 pub mod sys;
