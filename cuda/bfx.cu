@@ -995,8 +995,6 @@ extern "C" __device__ uint32_t hoccl_bfx_compress_stagger = bfx::kStaggerNs;
 #define BFX_COMPRESS(NAME, D, CPT) \
     BFX_COMPRESS1(NAME, D, CPT, false) \
     BFX_COMPRESS1(NAME##_t1, D, CPT, true)
-// 1: the one-tier kernels (NAME_t1) are here (read by the launcher; older files lack it).
-extern "C" __device__ uint32_t hoccl_bfx_compress_t1 = 1;
 BFX_COMPRESS(hoccl_bfx_compress_bf16_1, bfx::Bf16T, 1)
 BFX_COMPRESS(hoccl_bfx_compress_bf16_2, bfx::Bf16T, 2)
 BFX_COMPRESS(hoccl_bfx_compress_bf16_4, bfx::Bf16T, 4)
