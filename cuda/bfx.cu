@@ -129,9 +129,9 @@ __device__ __forceinline__ Chunk<D> load_chunk(const uint8_t* blk, int c, int nb
     return ch;
 }
 
-// Steps 2-4 of select.rs: rank the sampled symbols, pick (k1, k2), build the lookup.
-// (Tried, eleventh session: every warp picking the widths itself, without the barrier that
-// publishes warp 0's: two tiers -0.5 %, one tier +0-1 %.)
+// Steps 2-4 of select.rs: rank the sampled symbols, pick (k1, k2), build the lookup. Warp 0
+// picks the widths and a barrier publishes them (every warp picking them itself, without
+// that barrier, is no faster).
 template <class D, int CPT>
 __device__ void choose(EncSmem<CPT>& sm, int nb, uint32_t tiers) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -226,8 +226,8 @@ __device__ void choose(EncSmem<CPT>& sm, int nb, uint32_t tiers) {
 // the upper four values needs a shift.
 // Narrow (k1 <= 3): one word, bytes 0-2 the tier-1 planes, byte 3 the raw mask, from
 // 4-byte entries: half the shared-memory wavefronts of 8-byte ones for the same lookups
-// (H200, 1 GiB, against the two-word form: two tiers +4 %, one tier +3 %; fp16 unchanged).
-// The four shifted tables: with the single-raw store, one tier +2-3 %; alone, no change.
+// (on the H200 3-4 % faster than the two-word form for bf16; fp16 the same). The four
+// shifted tables together with the single-raw store: one tier 2-3 % faster.
 // Byte form: byte k of .x (.y) = value k's (4 + k's) code byte.
 template <class D, int CPT, bool N>
 __device__ __forceinline__ CodeT<N> chunk_codes(const EncSmem<CPT>& sm, const Chunk<D>& ch) {
@@ -236,9 +236,8 @@ __device__ __forceinline__ CodeT<N> chunk_codes(const EncSmem<CPT>& sm, const Ch
         uint32_t lo = 0, hi = 0;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            // the two exponents times 4, each by its own shift and mask (before: one shift and
-            // mask for both, then a mask and a shift to split them; measured only together with
-            // bitsel and quad_transpose's prmt, see the sixteenth session in docs/codec.md)
+            // the two exponents times 4, each by its own shift and mask (fewer instructions
+            // than one shift and mask for both, then a mask and a shift to split them)
             const uint32_t w = top_pair<D>(ch, i), m = (D::EMASK2 & 0xffffu) << 2;
             const uint32_t ta = (w >> (D::ESHIFT - 2)) & m, tb = (w >> (D::ESHIFT + 14)) & m;
             const uint32_t a = *reinterpret_cast<const uint32_t*>(l + ((i & 1) ? 2048 : 0) + ta);
@@ -461,9 +460,9 @@ __device__ __forceinline__ void store_payload(const Out<D>& o, int c, int nb, ui
     if (full || 8 * c + 4 < nb) st32(bytes + 8 * c + 4, o.w[P + 1]);
 }
 
-// The n bytes of `ex` that compaction selectors `sel` pick, to dst[0..n) (n <= 8). (Tried:
-// ORing them into a zeroed list with shared atomics, at most three words per chunk: fewer
-// instructions, but 5-8 % slower on the H200, twice.)
+// The n bytes of `ex` that compaction selectors `sel` pick, to dst[0..n) (n <= 8). (ORing
+// them into a zeroed list with shared atomics, at most three words per chunk, takes fewer
+// instructions but runs 5-8 % slower on the H200.)
 __device__ __forceinline__ void put_compacted(uint8_t* dst, uint2 ex, uint2 sel, int n) {
     const uint32_t lo = prmt(ex.x, ex.y, sel.x), hi = prmt(ex.x, ex.y, sel.y);
     const uint32_t m = 0xffu >> (8 - n);  // bit i: byte i is stored (predicates from one register, not 7 compares)
@@ -629,10 +628,10 @@ __device__ __forceinline__ void copy_out16(const uint4* stage, uint32_t n, uint8
 // only the coded path reads them, and a raw block is known to be raw before phase 2) hold
 // the block's words at 16-byte aligned chunk slots, and the CTA copies them to the block's
 // place with 16-byte stores (the block is only 4-byte aligned: two 16-byte shared loads
-// give each aligned unit's words). Stored
-// straight from registers, a thread's chunk is D::WORDS 4-byte stores 16 or 32 bytes
-// apart, four or eight 128-byte lines per warp store; on the H200 that ran a raw-only
-// compressor at ~950 GB/s against ~1990 with 16-byte stores (ablations, eleventh session).
+// give each aligned unit's words). Stored straight from registers, a thread's chunk would
+// be D::WORDS 4-byte stores 16 or 32 bytes apart, four or eight 128-byte lines per warp
+// store: on the H200 a raw-only compressor runs at ~950 GB/s that way, ~1990 with 16-byte
+// stores.
 // fp16 stages its raw blocks already in phase 1 (kEarlyOut), the others in store_raw.
 template <int CPT, bool NOESC>
 constexpr uint32_t raw_stage_bytes() {
@@ -764,8 +763,8 @@ constexpr bool kLoadOnce = !T1 && D::SIZE == 2;
 // escape and raw lists and compute every output word into `o`, so that phase 2 only
 // stores. Returns the size; `sm.raw` says whether the block is stored raw. T1: one tier
 // only (`tiers` is 1, so k2 = 0: every escape is raw, and the code has no escape masks nor
-// tier-2 paths; against one instance for both modes, where the same specialisation took
-// registers from the two-tier path: H200, one tier +1.5-2.5 %, two tiers -1..-2.8 %).
+// tier-2 paths; one instance for both modes, with the same specialisation as a branch,
+// takes registers from the two-tier path: 1-3 % slower in both modes on the H200).
 template <class D, int CPT, bool T1, class OnSize>
 __device__ __forceinline__ uint32_t encode_block_begin(EncSmem<CPT>& sm, Out<D> (&o)[CPT], const uint8_t* src, int nb,
                                                        uint32_t tiers, bool aligned, OnSize on_size) {
@@ -774,10 +773,9 @@ __device__ __forceinline__ uint32_t encode_block_begin(EncSmem<CPT>& sm, Out<D> 
     Chunk<D> ch[CPT];
     if (tid < D::NSYM) sm.hist[tid] = 0;
     sm.cx[tid] = kCx.v[tid];  // read after the barriers below
-    if (aligned && full) {  // uniform: the common case without a check per chunk (each one had a
-                            // bounds test and a branch around the unaligned path, 2 % of the
-                            // instructions; H200, against the same call's build without it: two
-                            // tiers 1 GiB 1470 -> 1511 GB/s, 256 MiB 1367 -> 1397, fp16 +1.5 %)
+    if (aligned && full) {  // uniform: the common case without a check per chunk (a bounds test
+                            // and a branch around the unaligned path per chunk are 2 % of the
+                            // instructions; this path is 1.5-3 % faster on the H200)
         const uint4* p = reinterpret_cast<const uint4*>(src) + tid * (D::WORDS / 4);
 #pragma unroll
         for (int i = 0; i < CPT; ++i)
@@ -883,8 +881,8 @@ __device__ __forceinline__ void prefetch_ahead(const uint8_t* in, uint64_t n, ui
 // The single-pass stream. scratch[0]: ticket counter (kEncTickets); scratch[1 + j]: look-back
 // status of block j (both zeroed by hoccl_bfx_compress_begin). flags bit 0: `in` is 16-byte
 // aligned; bits 8..23: the staggered start (stagger_start); bit 25: kEncTickets.
-// (Tried: a second instance for full blocks with nb a compile-time constant, which folds the
-// bounds checks away: it spilled more and ran 2-7 % slower.)
+// (A second instance for full blocks with nb a compile-time constant, which folds the bounds
+// checks away, spills more and runs 2-7 % slower.)
 template <class D, int CPT, bool T1>
 __device__ void compress_kernel(const uint8_t* in, uint64_t n, uint32_t B, uint32_t tiers, uint8_t* out,
                                 uint64_t* scratch, uint64_t* out_len, uint32_t flags) {

@@ -71,9 +71,8 @@ __device__ __forceinline__ uint32_t byte_at(uint32_t w, int k) { return __byte_p
 // A byte permute with a selector known only at run time whose nibbles are all < 8: the PRMT
 // instruction itself. __byte_perm is defined on the low 3 bits of each selector nibble, so
 // for a run-time selector the compiler first masks it with 0x7777 (one more ALU instruction
-// per permute; H200, 1 GiB: decompress two tiers 1780 -> 1831 GB/s, one tier 1982 -> 2017,
-// compress +0.5 %). A nibble with bit 3 set would replicate a sign bit instead; the
-// emulator faults on one.
+// per permute: 2-3 % of the decoder's throughput on the H200). A nibble with bit 3 set
+// would replicate a sign bit instead; the emulator faults on one.
 __device__ __forceinline__ uint32_t prmt(uint32_t x, uint32_t y, uint32_t s) {
 #ifdef BFX_EMU
     if (s & 0x8888u) emu_fault("prmt selector nibble >= 8");
@@ -263,7 +262,7 @@ __device__ __forceinline__ uint32_t warp_sum32(uint32_t v) {
 }
 
 // Of NW per-warp totals in `tmp` (shared memory, 16-byte aligned): the sum of those before
-// `warp` and the sum of all, four per 16-byte load (the loop of 4-byte loads was 1-2 % of the
+// `warp` and the sum of all, four per 16-byte load (a loop of 4-byte loads is 1-2 % of the
 // compressor's instructions).
 template <int NW>
 __device__ __forceinline__ void warp_totals(const uint32_t* tmp, int warp, uint32_t& before, uint32_t& all) {

@@ -273,8 +273,8 @@ __device__ uint32_t decode_tile(DecSmem& sm, const BlockDesc& d, int t0, uint32_
 // mg.x's low half is value k's source byte: 4 + its rank among m's bits when bit k is set
 // (w's byte), else k (ex's); the high half the same for values 4-7 with ranks counted from
 // r0 = popc(m & 15), whose bytes w[r0 .. r0 + 3] a funnel shift by mg.y = 8·r0 brings into
-// one word. (Before: the bytes spread by two permutes, then a byte mask from m, two ANDs and
-// two merges, ~13 instructions.)
+// one word (spreading the bytes by two permutes, then a byte mask from m, two ANDs and two
+// merges, takes ~13 instructions).
 __device__ __forceinline__ uint2 merge_spread(uint2 ex, uint2 w, uint2 mg) {
     return make_uint2(prmt(ex.x, w.x, mg.x), prmt(ex.y, __funnelshift_rc(w.x, w.y, mg.y), mg.x >> 16));
 }
@@ -283,13 +283,11 @@ __device__ __forceinline__ uint2 merge_spread(uint2 ex, uint2 w, uint2 mg) {
 // byte-permute selector from the codes' k plane words p[0 .. k) (the codes' byte at bit sh of
 // each): nibble j = code j, the sum over the planes b of sm.nsp[plane byte] << b (a plane
 // byte's bits spread to nibbles); `all` gets the AND of the plane words. lookup8 then permutes
-// the table's 8 bytes with it. One shared load and one add per plane (before: the plane byte
-// spread to code bytes by two multiplies, then the code bytes packed into a selector, ~11
-// instructions per plane and 8 per lookup). H200, against the same call's build without it:
-// two tiers 1 GiB 1832 -> 1910 GB/s, 256 MiB 1695 -> 1791; one tier 2030 -> 2075, 1884 ->
-// 1934; fp16 1188 -> 1235.
-// The plane byte comes out of a permute (byte sh / 8 of the word, zeros above): one
-// instruction where shift and mask, then the index scaled, were three.
+// the table's 8 bytes with it. One shared load and one add per plane, where spreading the
+// plane byte to code bytes by two multiplies, then packing the code bytes into a selector,
+// takes ~11 instructions per plane and 8 per lookup (2-5 % of the decoder's throughput on
+// the H200). The plane byte comes out of a permute (byte sh / 8 of the word, zeros above):
+// one instruction where shift and mask, then the index scaled, are three.
 template <int KMAX>
 __device__ __forceinline__ uint32_t sel_planes(const DecSmem& sm, const uint32_t* p, uint32_t k, uint32_t sh,
                                                uint32_t& all) {
@@ -374,7 +372,7 @@ __device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& staged, bool ali
     // A thread's chunks c = tid + DT·i (phase 3) and eight-ordinal units u = tid + DT·i (phase
     // 2) are all at byte q = tid & 3 of their group's words (DT is a multiple of 4): the shift
     // and the mask below it are the thread's own constants (computed from c in the loops,
-    // they were ~5 instructions per chunk)
+    // they would be ~5 instructions per chunk)
     static_assert(DT % 4 == 0, "a thread's chunks share their byte of the group's words");
     const uint32_t sh = 8 * ((uint32_t)tid & 3u), below = (1u << sh) - 1u;
     if (k2) {  // eight consecutive ordinals per thread (one byte of each plane word)
@@ -424,7 +422,7 @@ __device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& staged, bool ali
     const uint8_t* esc = k2 ? sm.esc : d.raw;  // one tier: every escape is raw, in order
     const uint2 tw = *reinterpret_cast<const uint2*>(sm.table);
     // the chunks, with no bounds to check in a full block's (WHOLE, the common case: a full
-    // block and a 16-byte aligned output, one instance each; the per-chunk checks were ~10
+    // block and a 16-byte aligned output, one instance each; per-chunk checks would be ~10
     // of a chunk's ~86 instructions)
     auto values = [&](auto full) {
         constexpr bool WHOLE = decltype(full)::value;
@@ -509,9 +507,9 @@ __device__ __forceinline__ void stage_block(DecSmem& sm, BlockDesc& d, uint32_t 
 
 // A staged raw block's values (at `src` in the stage, 4-byte aligned) to `out` (16-byte
 // aligned), `len` bytes: output unit v is the stage's 16-byte units around src + 16 v,
-// shifted by (src & 15) / 4 words; a partial last unit by thread 0. (The raw values loaded
-// and stored 4 bytes at a time straight from global memory, one round trip per 1 KB of
-// each thread, before: the staging's copies are all in flight at once.)
+// shifted by (src & 15) / 4 words; a partial last unit by thread 0. (The staging's copies
+// are all in flight at once; 4-byte loads and stores straight from global memory would
+// take one round trip per 1 KB of each thread.)
 __device__ __forceinline__ void copy_out_raw(const uint8_t* src, uint8_t* out, uint32_t len) {
     const uint32_t tid = threadIdx.x, sw = (uint32_t)(reinterpret_cast<uintptr_t>(src) & 15) / 4, nv = len / 16;
     const uint4* u = reinterpret_cast<const uint4*>(src - 4 * sw);
@@ -554,7 +552,7 @@ __device__ uint32_t decode_block(DecSmem& sm, BlockDesc& d, uint32_t bytes, uint
     // From global memory: sm.stage is not published yet. fp16: the bytes past the table are
     // 0, so every byte a lookup can give is a valid exponent (the check of the merged values in
     // decode_staged relies on it). bf16 and fp32 check nothing there and keep the shorter form
-    // (the padded one spilled 16 bytes in the bf16 decoder: -4 % on the H200).
+    // (the padded one spills 16 bytes in the bf16 decoder: 4 % slower on the H200).
     if ((uint32_t)tid < (D::NSYM < 256 ? 32u : d.t1 + d.t2)) {
         const uint32_t e = (uint32_t)tid < d.t1 + d.t2 ? blk[8 + tid] : 0u;
         if (e >= (uint32_t)D::NSYM) sm.err = ST_SYMBOL;
@@ -587,8 +585,8 @@ __device__ uint32_t decode_block(DecSmem& sm, BlockDesc& d, uint32_t bytes, uint
 
 // Stream header checks (format.rs StreamHeader::parse), identical in every CTA. The six
 // header words are loaded together and checked by one branch (checking each word before
-// loading the next made four dependent round trips at every CTA's start); which check
-// failed is found after it.
+// loading the next would make four dependent round trips at every CTA's start); which
+// check failed is found after it.
 template <class D>
 __device__ uint32_t check_stream(const uint8_t* in, uint64_t in_len, uint64_t n, uint32_t& B, uint32_t& nblocks) {
     if (in_len < 24) return ST_TRUNCATED;
