@@ -14,60 +14,32 @@
 
 namespace bfx {
 
-// Threads per compressor CTA (one block per CTA; a thread holds B / (8·ET) chunks).
-// 256 by default; BFX_ENC_THREADS=512 builds 512-thread CTAs (an experiment knob). The
+// Threads per compressor CTA (one block per CTA; a thread holds B / (8·ET) chunks). The
 // launcher reads it from the module (hoccl_bfx_compress_threads).
-#ifndef BFX_ENC_THREADS
-#define BFX_ENC_THREADS 256
-#endif
-constexpr int ET = BFX_ENC_THREADS;
+constexpr int ET = 256;
 constexpr int EWARPS = ET / 32;
 constexpr int ETILE = ET * 8;  // values per CTA step
-static_assert(ET == 256 || ET == 512, "compressor CTAs of 256 or 512 threads");
 
 // ===================================================================== compressor =====
 
 // The codes of a chunk, kept as their bit planes ("spread") or as code bytes: see
-// chunk_codes. Spread for the 16-bit types (H200, 1 GiB, against bytes: bf16 +5 % two
-// tiers, +8 % one tier, fp16 +2 %); fp32 spilled more with it and lost 3 %, so it keeps
-// bytes. BFX_ENC_SPREAD=0 gives every type bytes (an experiment knob).
-#ifndef BFX_ENC_SPREAD
-#define BFX_ENC_SPREAD 1
-#endif
+// chunk_codes. Spread for the 16-bit types (on the H200 5-8 % faster than bytes for bf16,
+// 2 % for fp16); fp32 spills more with it (3 % slower), so it keeps bytes.
 template <class D>
-constexpr bool kSpread = BFX_ENC_SPREAD && D::SIZE == 2;
+constexpr bool kSpread = D::SIZE == 2;
 // Narrow codes (spread form, k1 <= 3): one word per chunk, byte b < 3 the tier-1 plane b,
 // byte 3 the raw mask (the escape mask is the AND of the k1 plane bytes), from 4-byte
-// table entries (BFX_ENC_NARROW=0: the two-word form for every k1).
-#ifndef BFX_ENC_NARROW
-#define BFX_ENC_NARROW 1
-#endif
+// table entries.
 // A chunk's codes (chunk_codes): one word when narrow (N), else two.
 template <bool N>
 using CodeT = std::conditional_t<N, uint32_t, uint2>;
 // A chunk with a single raw exponent stores it with one byte store; the eight predicated
-// stores only for chunks with more (BFX_ENC_RAW1=0: always the eight).
-#ifndef BFX_ENC_RAW1
-#define BFX_ENC_RAW1 1
-#endif
+// stores only for chunks with more.
 
-// Two cuts of the compressor's instructions (twenty-second session, H200, against the same
-// calls' builds without them, two rounds each; 0 turns each off). BFX_ENC_HISTX: the
-// histogram's index, a byte offset, straight from the sampled value's word (two
-// instructions per chunk, where chunk_exps' whole byte packing took seven). BFX_ENC_CNT1:
-// the one-tier kernels count raws only (their escapes are their raws), no second half.
-// Together (a Nsight Compute source profile, 256 MiB, one tier: ~4 % of the instructions):
-// one tier +0.9-1.9 % at 256 MiB, +0.9-1.3 % at 512 MiB, +1.4-1.7 % at 1 GiB; two tiers
-// +1.0-1.3 %. HISTX alone: one tier +0.4-1.2 %, two tiers +0.5-1.6 %; CNT1 alone +0.1-0.5 %.
-#ifndef BFX_ENC_HISTX
-#define BFX_ENC_HISTX 1
-#endif
-#ifndef BFX_ENC_CNT1
-#define BFX_ENC_CNT1 1
-#endif
-// A chunk's count word: raws only (one-tier kernels, BFX_ENC_CNT1), else escapes | raws << 16.
+// A chunk's count word: raws only in the one-tier kernels (their escapes are their raws),
+// else escapes | raws << 16.
 template <bool ONE>
-constexpr bool kRawCounts = ONE && BFX_ENC_CNT1;
+constexpr bool kRawCounts = ONE;
 
 template <int CPT>
 struct EncSmem {
@@ -85,9 +57,6 @@ struct EncSmem {
     alignas(16) uint32_t wtmp[EWARPS];
     uint64_t ticket, offset, nblocks;
     uint32_t k1, k2, n_esc1, n_raw, raw;
-#if defined(BFX_TIMELINE) && defined(BFX_TL_PHASE) && !defined(BFX_EMU)
-    uint64_t tl_mark;  // BFX_TL_MARK
-#endif
     // The large arrays last, from cnt to the end: a raw block's stage (raw_stage_bytes); the
     // escape list the very last: a kernel without it (kNoEsc) allocates up to it only.
     alignas(16) uint32_t cnt[ET * CPT];  // per chunk: escapes | raws << 16, then exclusive prefix
@@ -101,18 +70,11 @@ struct EncSmem {
 };
 
 // The bf16 one-tier kernels have no escape list (k2 = 0: every escape is raw) and allocate
-// EncSmem only up to it (BFX_ENC_NOESC; 0: the whole struct): 29 KB of shared memory per
-// CTA instead of 45, so the four CTAs of an SM leave ~124 KB of L1 (for the spills and the
-// block's loads) instead of ~60, and a raw block is staged in two passes. H200, twentieth
-// session, against the same calls' builds of the whole struct (two calls, two rounds): one
-// tier 128 MiB +1.5-3 %, 256 MiB +0-1.2 %, 512 MiB +0.5-2 %, 1 GiB +0.7-1.3 %; the new
-// layout alone (BFX_ENC_NOESC=0) measured as the old one. At 5 CTAs per SM (48 registers,
-// 456 bytes of spills; BFX_ENC_MINB_T1=5) -20 %, at 3 (80 registers) -6 %.
-#ifndef BFX_ENC_NOESC
-#define BFX_ENC_NOESC 1
-#endif
+// EncSmem only up to it: 29 KB of shared memory per CTA instead of 45, so the four CTAs of
+// an SM leave ~124 KB of L1 (for the spills and the block's loads) instead of ~60, and a
+// raw block is staged in two passes (0-3 % faster on the H200 than the whole struct).
 template <class D, bool T1>
-constexpr bool kNoEsc = BFX_ENC_NOESC && T1 && D::SIZE == 2 && D::NSYM == 256;
+constexpr bool kNoEsc = T1 && D::SIZE == 2 && D::NSYM == 256;
 template <int CPT, bool NOESC>
 constexpr uint32_t kEncSmemBytes = NOESC ? (uint32_t)offsetof(EncSmem<CPT>, esc) : (uint32_t)sizeof(EncSmem<CPT>);
 
@@ -167,9 +129,9 @@ __device__ __forceinline__ Chunk<D> load_chunk(const uint8_t* blk, int c, int nb
     return ch;
 }
 
-// Steps 2-4 of select.rs: rank the sampled symbols, pick (k1, k2), build the lookup.
-// (Tried, eleventh session: every warp picking the widths itself, without the barrier that
-// publishes warp 0's: two tiers -0.5 %, one tier +0-1 %.)
+// Steps 2-4 of select.rs: rank the sampled symbols, pick (k1, k2), build the lookup. Warp 0
+// picks the widths and a barrier publishes them (every warp picking them itself, without
+// that barrier, is no faster).
 template <class D, int CPT>
 __device__ void choose(EncSmem<CPT>& sm, int nb, uint32_t tiers) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -237,7 +199,7 @@ __device__ void choose(EncSmem<CPT>& sm, int nb, uint32_t tiers) {
             sm.code2[tid] = (uint8_t)t2;
         }
         if constexpr (kSpread<D>) {
-            if (BFX_ENC_NARROW && sm.k1 <= 3) {  // as chunk_codes<D, CPT, true> reads them
+            if (sm.k1 <= 3) {  // as chunk_codes<D, CPT, true> reads them
                 const uint32_t e = (((code & 7u) | ((code >> 4) & 8u)) * 0x00204081u) & 0x01010101u;
 #pragma unroll
                 for (int k = 0; k < 4; ++k) sm.lutn[k][tid] = e << k;
@@ -253,7 +215,7 @@ __device__ void choose(EncSmem<CPT>& sm, int nb, uint32_t tiers) {
     __syncthreads();
 }
 
-// The codes of a chunk's 8 values. Spread form (BFX_ENC_SPREAD): as bit planes, bit k of
+// The codes of a chunk's 8 values. Spread form (kSpread): as bit planes, bit k of
 // byte b (of the pair .x = bytes 0-3, .y = bytes 4-7) is bit b of value k's code byte
 // (code bits 0-4, LUT_ESC bit 6, LUT_RAW bit 7). Each symbol's table entry holds its code
 // byte's bits spread to bit 0 of each byte, so value k ORs its entry shifted by k: the
@@ -264,8 +226,8 @@ __device__ void choose(EncSmem<CPT>& sm, int nb, uint32_t tiers) {
 // the upper four values needs a shift.
 // Narrow (k1 <= 3): one word, bytes 0-2 the tier-1 planes, byte 3 the raw mask, from
 // 4-byte entries: half the shared-memory wavefronts of 8-byte ones for the same lookups
-// (H200, 1 GiB, against the two-word form: two tiers +4 %, one tier +3 %; fp16 unchanged).
-// The four shifted tables: with the single-raw store, one tier +2-3 %; alone, no change.
+// (on the H200 3-4 % faster than the two-word form for bf16; fp16 the same). The four
+// shifted tables together with the single-raw store: one tier 2-3 % faster.
 // Byte form: byte k of .x (.y) = value k's (4 + k's) code byte.
 template <class D, int CPT, bool N>
 __device__ __forceinline__ CodeT<N> chunk_codes(const EncSmem<CPT>& sm, const Chunk<D>& ch) {
@@ -274,9 +236,8 @@ __device__ __forceinline__ CodeT<N> chunk_codes(const EncSmem<CPT>& sm, const Ch
         uint32_t lo = 0, hi = 0;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            // the two exponents times 4, each by its own shift and mask (before: one shift and
-            // mask for both, then a mask and a shift to split them; measured only together with
-            // bitsel and quad_transpose's prmt, see the sixteenth session in docs/codec.md)
+            // the two exponents times 4, each by its own shift and mask (fewer instructions
+            // than one shift and mask for both, then a mask and a shift to split them)
             const uint32_t w = top_pair<D>(ch, i), m = (D::EMASK2 & 0xffffu) << 2;
             const uint32_t ta = (w >> (D::ESHIFT - 2)) & m, tb = (w >> (D::ESHIFT + 14)) & m;
             const uint32_t a = *reinterpret_cast<const uint32_t*>(l + ((i & 1) ? 2048 : 0) + ta);
@@ -374,18 +335,11 @@ __device__ __forceinline__ void publish_size(uint64_t* st, uint64_t j, uint64_t 
 // Warp 0, after publish_size: sum the predecessors' sizes (decoupled look-back) and publish
 // the inclusive prefix. Returns the exclusive prefix (bytes of blocks < j). Each step reads
 // the LBD·32 statuses before `end` (lane l: distances l, l + 32, ...), re-reads only the
-// unpublished ones, and ends at the nearest inclusive prefix among them, if any.
-// LBD = BFX_LB_DEPTH, 1 by default: H200, 1 GiB bf16, two tiers / one tier, LBD 1 1468 /
-// 1772-1782 GB/s, 2 1451-1455 / 1755, 4 1384-1386 / 1701 (the nearest inclusive prefix is
-// mostly within 32 blocks; more loads in flight only cost registers). This form at LBD 1
-// spills half the bytes of the loop it replaced (36 / 56 against 64 / 112 in the bf16
-// compressor) and ran ~1 % faster (the previous form: 1451-1459 / 1750-1759 in the same
-// session's other device calls).
-#ifndef BFX_LB_DEPTH
-#define BFX_LB_DEPTH 1
-#endif
+// unpublished ones, and ends at the nearest inclusive prefix among them, if any. LBD = 1:
+// the nearest inclusive prefix is mostly within 32 blocks, and more loads in flight per
+// step only cost registers (LBD 2 and 4 run 1-6 % slower on the H200).
 __device__ uint64_t lookback(uint64_t* st, uint64_t j, uint64_t agg, int lane) {
-    constexpr int LBD = BFX_LB_DEPTH;
+    constexpr int LBD = 1;
     volatile uint64_t* vs = st;
     if (j == 0) return 0;
     uint64_t excl = 0;
@@ -434,18 +388,13 @@ __device__ uint64_t lookback(uint64_t* st, uint64_t j, uint64_t agg, int lane) {
     return excl;
 }
 
-// fp16 holds fewer words across the look-back (BFX_ENC_OUT3; 0: as the others): a raw
-// block's values go to store_raw's stage in phase 1 (a 16-bit block fits it whole), and the
-// fifth tier-1 plane's words (k1 = 5) to sm.p5, so Out keeps only the coded words (4 per
-// chunk, not 5). H200, 1 GiB, against the same call's build without it: fp16 1102 -> 1149
-// GB/s (256 MiB 1046 -> 1093), though ptxas reports more spill bytes (180 / 208 against
-// 156 / 188); the same for bf16 (3 words, not 4) lost: two tiers 1451 -> 1381, one tier
-// 1771 -> 1577 (branch exp/enc-out3).
-#ifndef BFX_ENC_OUT3
-#define BFX_ENC_OUT3 1
-#endif
+// fp16 holds fewer words across the look-back: a raw block's values go to store_raw's stage
+// in phase 1 (a 16-bit block fits it whole), and the fifth tier-1 plane's words (k1 = 5) to
+// sm.p5, so Out keeps only the coded words (4 per chunk, not 5): 4 % faster on the H200,
+// though ptxas reports more spill bytes. bf16 the same way (3 words, not 4) runs 5-11 %
+// slower, so it keeps them.
 template <class D>
-constexpr bool kEarlyOut = BFX_ENC_OUT3 && D::SIZE == 2 && D::NSYM == 32;
+constexpr bool kEarlyOut = D::SIZE == 2 && D::NSYM == 32;
 
 // The output words of one chunk, computed before the look-back so that only stores remain
 // after it (and the chunk's values and codes are dead by then). Coded: w[0] its tier-1
@@ -511,9 +460,9 @@ __device__ __forceinline__ void store_payload(const Out<D>& o, int c, int nb, ui
     if (full || 8 * c + 4 < nb) st32(bytes + 8 * c + 4, o.w[P + 1]);
 }
 
-// The n bytes of `ex` that compaction selectors `sel` pick, to dst[0..n) (n <= 8). (Tried:
-// ORing them into a zeroed list with shared atomics, at most three words per chunk: fewer
-// instructions, but 5-8 % slower on the H200, twice.)
+// The n bytes of `ex` that compaction selectors `sel` pick, to dst[0..n) (n <= 8). (ORing
+// them into a zeroed list with shared atomics, at most three words per chunk, takes fewer
+// instructions but runs 5-8 % slower on the H200.)
 __device__ __forceinline__ void put_compacted(uint8_t* dst, uint2 ex, uint2 sel, int n) {
     const uint32_t lo = prmt(ex.x, ex.y, sel.x), hi = prmt(ex.x, ex.y, sel.y);
     const uint32_t m = 0xffu >> (8 - n);  // bit i: byte i is stored (predicates from one register, not 7 compares)
@@ -575,7 +524,7 @@ __device__ __forceinline__ void compact(EncSmem<CPT>& sm, const Chunk<D>& ch, Co
         const uint32_t r8 = raw_mask<D, N>(code);
         const uint32_t o = sm.cnt[c] & 0xffffu, ro = kRawCounts<ONE> ? sm.cnt[c] : sm.cnt[c] >> 16;
         if (!ONE && k2) put_compacted(sm.esc + o, ex, sm.cx[e8], __popc(e8));
-        if (BFX_ENC_RAW1 && r8 && (r8 & (r8 - 1)) == 0)  // one raw (raws are rare: ~2 % of values)
+        if (r8 && (r8 & (r8 - 1)) == 0)  // one raw (raws are rare: ~2 % of values)
             sm.rawb[ro] = (uint8_t)prmt(ex.x, ex.y, __popc(r8 - 1));
         else if (r8)
             put_compacted(sm.rawb + ro, ex, sm.cx[r8], __popc(r8));
@@ -679,10 +628,10 @@ __device__ __forceinline__ void copy_out16(const uint4* stage, uint32_t n, uint8
 // only the coded path reads them, and a raw block is known to be raw before phase 2) hold
 // the block's words at 16-byte aligned chunk slots, and the CTA copies them to the block's
 // place with 16-byte stores (the block is only 4-byte aligned: two 16-byte shared loads
-// give each aligned unit's words). Stored
-// straight from registers, a thread's chunk is D::WORDS 4-byte stores 16 or 32 bytes
-// apart, four or eight 128-byte lines per warp store; on the H200 that ran a raw-only
-// compressor at ~950 GB/s against ~1990 with 16-byte stores (ablations, eleventh session).
+// give each aligned unit's words). Stored straight from registers, a thread's chunk would
+// be D::WORDS 4-byte stores 16 or 32 bytes apart, four or eight 128-byte lines per warp
+// store: on the H200 a raw-only compressor runs at ~950 GB/s that way, ~1990 with 16-byte
+// stores.
 // fp16 stages its raw blocks already in phase 1 (kEarlyOut), the others in store_raw.
 template <int CPT, bool NOESC>
 constexpr uint32_t raw_stage_bytes() {
@@ -758,7 +707,6 @@ __device__ __forceinline__ uint32_t encode_codes(EncSmem<CPT>& sm, Out<D> (&o)[C
     }
     __syncthreads();
     const uint32_t tot = block_scan<CPT, ET>(sm.cnt, sm.wtmp);
-    BFX_TL_MARK(sm, 3);
     const uint32_t n_esc1 = kRawCounts<ONE> ? tot : tot & 0xffffu, n_raw = kRawCounts<ONE> ? tot : tot >> 16;
     const uint32_t raw_size = raw_block_size<D>((uint32_t)nb);
     const uint32_t size = coded_size<D>(nb, sm.k1, sm.k2, n_esc1, n_raw);
@@ -791,7 +739,6 @@ __device__ __forceinline__ uint32_t encode_codes(EncSmem<CPT>& sm, Out<D> (&o)[C
 #pragma unroll
             for (int k = 0; k < D::WORDS; ++k) o[i].w[k] = ch[i].w[k];
     }
-    BFX_TL_MARK(sm, 4);
     if (tid == 0) {  // read by phase 2 (after the caller's barrier)
         sm.raw = size >= raw_size;
         sm.n_esc1 = n_esc1;
@@ -804,17 +751,10 @@ __device__ __forceinline__ uint32_t encode_codes(EncSmem<CPT>& sm, Out<D> (&o)[C
 // themselves (the single-pass stream below; fused collectives writing into a peer's slot).
 
 // The full blocks' loads with ld128_once's cache hint (no L1 allocation, the read-only
-// path, 256-byte L2 fetches). BFX_ENC_LDHINT: 1 (default) the two-tier 16-bit kernels, 0
-// none, 2 every kernel, 3 the two-tier bf16 kernel only. H200, seventeenth session, against
-// the same calls' builds without it: bf16 two tiers +0.5-1 % at 256 MiB, +1.5 % at 512 MiB
-// and 1 GiB, fp16 +0.5-1 %; on every kernel, one tier -1 % and fp32 -4 %. The bf16 one-tier
-// kernel with it again, once its shared memory left a larger L1 (twentieth session): -3 %.
-#ifndef BFX_ENC_LDHINT
-#define BFX_ENC_LDHINT 1
-#endif
+// path, 256-byte L2 fetches) in the two-tier 16-bit kernels: 0.5-1.5 % faster there on the
+// H200; the one-tier and fp32 kernels run 1-4 % slower with it.
 template <class D, bool T1>
-constexpr bool kLoadOnce = BFX_ENC_LDHINT == 2 || (BFX_ENC_LDHINT == 1 && !T1 && D::SIZE == 2) ||
-                           (BFX_ENC_LDHINT == 3 && !T1 && D::SIZE == 2 && D::NSYM == 256);
+constexpr bool kLoadOnce = !T1 && D::SIZE == 2;
 
 // Phase 1, every thread of a CTA of ET: load the block at `src` (nb values, nb <=
 // 2048·CPT; `aligned`: src is 16-byte aligned), choose its table and widths, code every
@@ -823,8 +763,8 @@ constexpr bool kLoadOnce = BFX_ENC_LDHINT == 2 || (BFX_ENC_LDHINT == 1 && !T1 &&
 // escape and raw lists and compute every output word into `o`, so that phase 2 only
 // stores. Returns the size; `sm.raw` says whether the block is stored raw. T1: one tier
 // only (`tiers` is 1, so k2 = 0: every escape is raw, and the code has no escape masks nor
-// tier-2 paths; against one instance for both modes, where the same specialisation took
-// registers from the two-tier path: H200, one tier +1.5-2.5 %, two tiers -1..-2.8 %).
+// tier-2 paths; one instance for both modes, with the same specialisation as a branch,
+// takes registers from the two-tier path: 1-3 % slower in both modes on the H200).
 template <class D, int CPT, bool T1, class OnSize>
 __device__ __forceinline__ uint32_t encode_block_begin(EncSmem<CPT>& sm, Out<D> (&o)[CPT], const uint8_t* src, int nb,
                                                        uint32_t tiers, bool aligned, OnSize on_size) {
@@ -832,11 +772,10 @@ __device__ __forceinline__ uint32_t encode_block_begin(EncSmem<CPT>& sm, Out<D> 
     const bool full = nb == ETILE * CPT;  // uniform: only a partial block has chunk bounds to check
     Chunk<D> ch[CPT];
     if (tid < D::NSYM) sm.hist[tid] = 0;
-    if (ET == 256 || tid < 256) sm.cx[tid] = kCx.v[tid];  // read after the barriers below
-    if (aligned && full) {  // uniform: the common case without a check per chunk (each one had a
-                            // bounds test and a branch around the unaligned path, 2 % of the
-                            // instructions; H200, against the same call's build without it: two
-                            // tiers 1 GiB 1470 -> 1511 GB/s, 256 MiB 1367 -> 1397, fp16 +1.5 %)
+    sm.cx[tid] = kCx.v[tid];  // read after the barriers below
+    if (aligned && full) {  // uniform: the common case without a check per chunk (a bounds test
+                            // and a branch around the unaligned path per chunk are 2 % of the
+                            // instructions; this path is 1.5-3 % faster on the H200)
         const uint4* p = reinterpret_cast<const uint4*>(src) + tid * (D::WORDS / 4);
 #pragma unroll
         for (int i = 0; i < CPT; ++i)
@@ -857,18 +796,13 @@ __device__ __forceinline__ uint32_t encode_block_begin(EncSmem<CPT>& sm, Out<D> 
 #pragma unroll
     for (int i = 0; i < CPT; ++i) {
         if (!(full || 8 * (i * ET + tid) < nb)) continue;
-        if (BFX_ENC_HISTX) {  // value 0's exponent times 4, a byte offset into hist
-            const uint32_t off = (top_pair<D>(ch[i], 0) >> (D::ESHIFT - 2)) & ((D::EMASK2 & 0xffffu) << 2);
-            atomicAdd(reinterpret_cast<uint32_t*>(reinterpret_cast<uint8_t*>(sm.hist) + off), 1u);
-        } else {
-            atomicAdd(&sm.hist[chunk_exps<D>(ch[i]).x & 0xffu], 1u);
-        }
+        // value 0's exponent times 4, a byte offset into hist, straight from its word
+        const uint32_t off = (top_pair<D>(ch[i], 0) >> (D::ESHIFT - 2)) & ((D::EMASK2 & 0xffffu) << 2);
+        atomicAdd(reinterpret_cast<uint32_t*>(reinterpret_cast<uint8_t*>(sm.hist) + off), 1u);
     }
     __syncthreads();
-    BFX_TL_MARK(sm, 1);
     choose<D, CPT>(sm, nb, tiers);
-    BFX_TL_MARK(sm, 2);
-    if constexpr (kSpread<D> && BFX_ENC_NARROW) {
+    if constexpr (kSpread<D>) {
         if (sm.k1 <= 3) return encode_codes<D, CPT, true, T1>(sm, o, ch, nb, on_size);
     }
     return encode_codes<D, CPT, false, T1>(sm, o, ch, nb, on_size);
@@ -883,46 +817,23 @@ __device__ __forceinline__ void encode_block_end(EncSmem<CPT>& sm, const Out<D> 
     else store_coded<D, CPT>(sm, o, nb, dst);
 }
 
-#if defined(BFX_TIMELINE) && !defined(BFX_EMU)
-extern "C" __device__ uint64_t hoccl_bfx_tl_enc[4 * TL_CTAS];
-#endif
-
-// A staggered start (BFX_ENC_STAGGER_NS, the step; 0: none). All CTAs of the first wave start
-// together, so they load their blocks at once, run their serial parts (choose, the look-back)
-// and their ALU-bound parts at the same times, and store at once: on the H200 (256 MiB bf16,
-// per-CTA timeline) the first wave's CTAs lasted 20.6 us against 9.3 in the steady state
-// (the load and histogram 6-7 us against 2), the second wave's 14.5, the third's 11.8. The
-// steady state has the CTAs of an SM spread over a block's life, so the first wave starts
-// that way: ticket t < sms * per_sm (flags bits 8..19: SMs, bits 20..23: CTAs per SM; 0: no
-// stagger, the launcher's choice from two waves of blocks up) waits t * step / sms ns from
-// the CTA's start (wait_slot; 700 ns steps: the 528 CTAs of an H200's first wave start over
-// 2.8 us, one every 5.3 ns). H200, eighteenth session, against no stagger: 64 MiB two tiers
-// +7 %, one tier +9 %; 128 MiB +2-4 %; 256 MiB and up within +-1 % (then (t / sms) steps of
-// 1.5 us: 132 CTAs at once per step). Twentieth session, the linear start against those
-// steps (same calls, two rounds): one tier 64 MiB +2.5 %, 128 MiB +2-3.5 %, 256 MiB +1-2 %,
-// 512 MiB +0.5-1 %, 1 GiB +0.2-0.5 %; two tiers within +-0.7 %. Linear steps of 500, 1000,
-// 1500, 2000 and 2500 ns: 500 as 700, 1000 a little under, 2000 and 2500 1-5 % under.
-// Timing only: the bytes do not depend on it.
-// The one-tier kernels step 500 ns (BFX_ENC_STAGGER_NS_T1; twenty-second and twenty-third
-// sessions, against 700: one tier +0.3-0.7 % at 128 and 256 MiB, within 0.3 % from 512 MiB;
-// two tiers -0.7 to +0.1 %, so they keep 700).
-#ifndef BFX_ENC_STAGGER_NS
-#define BFX_ENC_STAGGER_NS 700
-#endif
-#ifndef BFX_ENC_STAGGER_NS_T1
-#define BFX_ENC_STAGGER_NS_T1 500
-#endif
-static_assert(BFX_ENC_STAGGER_NS < 65536 && BFX_ENC_STAGGER_NS_T1 < 65536, "wait_slot computes in 32 bits");
+// A staggered start. All CTAs of a first wave that started together would load their blocks
+// at once, run their serial parts (choose, the look-back) and their ALU-bound parts at the
+// same times, and store at once: on the H200 (256 MiB bf16) such a first wave's CTAs last
+// twice as long as the steady state's. The steady state has the CTAs of an SM spread over
+// a block's life, so the first wave starts that way: ticket t < sms * per_sm (flags bits
+// 8..19: SMs, bits 20..23: CTAs per SM; 0: no stagger, the launcher's choice from two waves
+// of blocks up) waits t * step / sms ns from the CTA's start (wait_slot; 700 ns steps: the
+// 528 CTAs of an H200's first wave start over 2.8 us, one every 5.3 ns). On the H200 it
+// gains 7-9 % at 64 MiB, 2-4 % at 128 MiB, up to 2 % from 256 MiB; steps of 2000 ns and
+// more lose 1-5 %. The one-tier kernels step 500 ns (0.3-0.7 % faster there than 700; the
+// two-tier kernels are not). Timing only: the bytes do not depend on it.
+constexpr uint32_t kStaggerNs = 700, kStaggerNsT1 = 500;
+static_assert(kStaggerNs < 65536 && kStaggerNsT1 < 65536, "wait_slot computes in 32 bits");
 template <bool T1>
 __device__ __forceinline__ void stagger_start(uint64_t ticket, uint32_t flags) {
-    wait_slot(ticket, flags, T1 ? BFX_ENC_STAGGER_NS_T1 : BFX_ENC_STAGGER_NS);
+    wait_slot(ticket, flags, T1 ? kStaggerNsT1 : kStaggerNs);
 }
-
-// The block count (the stream header's) from the grid's size, which is one CTA per block
-// (BFX_ENC_NBGRID, 1), or by a 64-bit division in thread 0 before its loads (0).
-#ifndef BFX_ENC_NBGRID
-#define BFX_ENC_NBGRID 1
-#endif
 
 // Which block a CTA codes. By default block blockIdx.x: the look-back then waits only on
 // CTAs of lower index, which the hardware dispatches first (CTAs start in index order, as
@@ -930,49 +841,34 @@ __device__ __forceinline__ void stagger_start(uint64_t ticket, uint32_t flags) {
 // Flags bit 25 (kEncTickets, `HOCCL_CODEC_TICKETS=1`): an atomic ticket instead, so a
 // block's predecessors are always held by CTAs that started before it, whatever the
 // dispatch order, at the cost of the ticket's round trip and a barrier before the block's
-// loads (H200, eighteenth session, against tickets in the same call: two tiers 256 MiB
-// +5 %, 128 MiB +9 %, 1 GiB +2 %; one tier +1.5-2 %, +3.5 %, +1 %; fp16 +3.5 %, fp32 +3 %).
+// loads (on the H200 1-9 % of compression throughput, the most at 128 MiB).
 constexpr uint32_t kEncTickets = 1u << 25;
 
-// The bf16 compressors prefetch a later block into L2 (BFX_ENC_L2PF: the distance in quarter
-// waves of resident CTAs; 0: none). With blocks by CTA index, block j + wave is coded by the
-// CTA that starts about when block j's ends, so block j's CTA, once its look-back is done and
-// only its stores remain, has one thread ask for block j + wave · L2PF / 4 with one bulk
-// prefetch (cp.async.bulk.prefetch.L2: no registers, no loads from the other threads); the
-// later CTA's loads then find part of the block in L2. Needs the grid's shape in the flags
-// (bits 8..23: only from two waves of blocks up) and sm_90; not with tickets (the next CTA's
-// block is unknown then). Timing only: the bytes do not depend on it. H200, nineteenth
-// session, bf16 N(0, 0.02), against the same calls' builds without it, two rounds each:
-// one tier 256 MiB 1794-1830 -> 1871-1894 GB/s, 1 GiB 1912-1927 -> 2002-2018; two tiers
-// +0.1-0.8 %. About half of the one-tier gain is the kernel's new register allocation (the
-// same code with a distance past every block: 256 MiB 1843-1865, 1 GiB 1961-1963).
-// Distance 6: 1-2 % under 4; 8: -15 % (L2 thrashes). Issued at the CTA's start instead
-// (its own loads then queue behind it), by one thread or by every thread with
-// prefetch.global.L2: 4-19 % slower. fp16 and fp32: 0 to -2.5 %, so not there.
-#ifndef BFX_ENC_L2PF
-#define BFX_ENC_L2PF 4
-#endif
-// Who issues it (BFX_ENC_PFW1): in the one-tier kernels, whose warps 1-7 only wait at the
-// barrier while warp 0 runs the look-back, thread 32 issues it then (1, the default), not
-// thread 0 after the look-back (0), so it leaves the path from the offset to the stores and
-// starts ~1 us sooner. H200, twenty-third session, against thread 0 (four calls, two rounds
-// each): one tier +0.3-0.8 % at every size from 128 MiB. The two-tier kernels' warps 1-7
-// compute the tier-2 planes then, and lost 0.5-0.8 % with it, so they keep thread 0. Issued
-// as soon as the block's size is known instead: one tier -1 %, 12 bytes more of spills.
-#ifndef BFX_ENC_PFW1
-#define BFX_ENC_PFW1 1
-#endif
-#ifndef BFX_ENC_L2PF_ALL  // 1: every dtype (experiments)
-#define BFX_ENC_L2PF_ALL 0
-#endif
+// The bf16 compressors prefetch a later block into L2. With blocks by CTA index, block j +
+// wave is coded by the CTA that starts about when block j's ends, so block j's CTA, once
+// its look-back is done and only its stores remain, has one thread ask for block j +
+// wave · kL2PfQuarters / 4 with one bulk prefetch (cp.async.bulk.prefetch.L2: no
+// registers, no loads from the other threads); the later CTA's loads then find part of the
+// block in L2. Needs the grid's shape in the flags (bits 8..23: only from two waves of
+// blocks up) and sm_90; not with tickets (the next CTA's block is unknown then). Timing
+// only: the bytes do not depend on it. On the H200 (bf16 N(0, 0.02)) one tier gains 4-5 %,
+// two tiers up to 1 %. A distance of 6 quarter waves is 1-2 % slower, 8 is 15 % slower
+// (L2 thrashes); issued at the CTA's start the CTA's own loads queue behind it (4-19 %
+// slower). fp16 and fp32 gain nothing (0 to -2.5 %), so they do not prefetch.
+// Who issues it: in the one-tier kernels, whose warps 1-7 only wait at the barrier while
+// warp 0 runs the look-back, thread 32 issues it then, so it leaves the path from the
+// offset to the stores and starts ~1 us sooner (0.3-0.8 % faster); the two-tier kernels'
+// warps 1-7 compute the tier-2 planes then (0.5-0.8 % slower with it), so thread 0 issues
+// theirs after the look-back.
+constexpr uint32_t kL2PfQuarters = 4;  // the distance, in quarter waves of resident CTAs
 template <class D>
-constexpr bool kL2Prefetch = BFX_ENC_L2PF > 0 && (BFX_ENC_L2PF_ALL || (D::SIZE == 2 && D::NSYM == 256));
+constexpr bool kL2Prefetch = D::SIZE == 2 && D::NSYM == 256;
 template <class D>
 __device__ __forceinline__ void prefetch_ahead(const uint8_t* in, uint64_t n, uint32_t B, uint32_t flags, uint32_t by) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(BFX_EMU)
     if (threadIdx.x != by || (flags & kEncTickets)) return;
     const uint32_t sms = shape_sms(flags);
-    const uint64_t pj = (uint64_t)blockIdx.x + (uint64_t)sms * shape_per_sm(flags) * BFX_ENC_L2PF / 4;
+    const uint64_t pj = (uint64_t)blockIdx.x + (uint64_t)sms * shape_per_sm(flags) * kL2PfQuarters / 4;
     if (sms == 0 || pj * B >= n) return;
     const uint64_t vals = n - pj * B < B ? n - pj * B : B;
     const uint8_t* p = in + pj * B * D::SIZE;
@@ -985,8 +881,8 @@ __device__ __forceinline__ void prefetch_ahead(const uint8_t* in, uint64_t n, ui
 // The single-pass stream. scratch[0]: ticket counter (kEncTickets); scratch[1 + j]: look-back
 // status of block j (both zeroed by hoccl_bfx_compress_begin). flags bit 0: `in` is 16-byte
 // aligned; bits 8..23: the staggered start (stagger_start); bit 25: kEncTickets.
-// (Tried: a second instance for full blocks with nb a compile-time constant, which folds the
-// bounds checks away: it spilled more and ran 2-7 % slower.)
+// (A second instance for full blocks with nb a compile-time constant, which folds the bounds
+// checks away, spills more and runs 2-7 % slower.)
 template <class D, int CPT, bool T1>
 __device__ void compress_kernel(const uint8_t* in, uint64_t n, uint32_t B, uint32_t tiers, uint8_t* out,
                                 uint64_t* scratch, uint64_t* out_len, uint32_t flags) {
@@ -995,9 +891,6 @@ __device__ void compress_kernel(const uint8_t* in, uint64_t n, uint32_t B, uint3
     BFX_EMU_POISON(sm_bytes);
     EncSmem<CPT>& sm = *reinterpret_cast<EncSmem<CPT>*>(sm_bytes);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-#if defined(BFX_TIMELINE) && !defined(BFX_EMU)
-    const uint64_t tl0 = tl_now();
-#endif
     // the block's index, read afresh where used (a register held across the block spills;
     // sm.ticket is written once, before the first barrier)
     const auto block_j = [&]() -> uint64_t { return (flags & kEncTickets) ? sm.ticket : (uint64_t)blockIdx.x; };
@@ -1013,14 +906,12 @@ __device__ void compress_kernel(const uint8_t* in, uint64_t n, uint32_t B, uint3
         __syncthreads();
     } else {
         // read after phase 1's barriers. The grid is one CTA per block, so its size is the
-        // block count: no 64-bit division by thread 0 before its loads (BFX_ENC_NBGRID; H200,
-        // twenty-third session, against the division: two tiers +0-1.3 %, one tier +0-0.5 %)
-        if (tid == 0) sm.nblocks = BFX_ENC_NBGRID ? (uint64_t)gridDim.x : (n + B - 1) / B;
+        // block count: no 64-bit division by thread 0 before its loads (up to 1 % faster)
+        if (tid == 0) sm.nblocks = (uint64_t)gridDim.x;
         stagger_start<T1>(blockIdx.x, flags);
     }
     const uint64_t j = block_j();
     const uint64_t start = j * B;
-    BFX_TL_STAMP(hoccl_bfx_tl_enc, j, 0, tl0);
     const int nb = (int)(n - start < B ? n - start : B);
     Out<D> o[CPT];
     const uint32_t size = encode_block_begin<D, CPT, T1>(sm, o, in + start * D::SIZE, nb, T1 ? 1u : tiers, flags & 1, [&](uint32_t sz) {
@@ -1043,23 +934,13 @@ __device__ void compress_kernel(const uint8_t* in, uint64_t n, uint32_t B, uint3
             if (j + 1 == nblocks && out_len) *out_len = hdr + excl + size;
         }
     }
-    constexpr bool pf_w1 = T1 && BFX_ENC_PFW1;  // the prefetch by warp 1 during the look-back
+    constexpr bool pf_w1 = T1;  // the prefetch by warp 1 during the look-back
     if (pf_w1 && warp == 1)
         if constexpr (kL2Prefetch<D>) prefetch_ahead<D>(in, n, B, flags, 32);
     __syncthreads();
-#ifdef BFX_TL_PHASE
-    BFX_TL_STAMP(hoccl_bfx_tl_enc, j, 1, sm.tl_mark);
-#else
-    BFX_TL_STAMP(hoccl_bfx_tl_enc, j, 1, tl_now());
-#endif
     if (!pf_w1)
         if constexpr (kL2Prefetch<D>) prefetch_ahead<D>(in, n, B, flags, 0);
     encode_block_end<D, CPT, kNoEsc<D, T1>>(sm, o, nb, out + sm.offset);
-#if defined(BFX_TIMELINE) && !defined(BFX_EMU)
-    __syncthreads();
-    BFX_TL_STAMP(hoccl_bfx_tl_enc, j, 2, tl_now());
-    BFX_TL_STAMP(hoccl_bfx_tl_enc, j, 3, tl_smid() | ((uint64_t)gridDim.x << 8));
-#endif
 }
 
 }  // namespace bfx
@@ -1071,7 +952,7 @@ __device__ void compress_kernel(const uint8_t* in, uint64_t n, uint32_t B, uint3
 // 1: every codec kernel (bfx.cu, bfx_decode.cu) starts with pdl_enter() waiting, so the
 // launcher may launch them as programmatic dependents (read by the launcher; per
 // architecture: 0 in the sm_80 code).
-extern "C" __device__ uint32_t hoccl_bfx_pdl = BFX_PDL_HERE;
+extern "C" __device__ uint32_t hoccl_bfx_pdl = BFX_GRIDDEP;
 
 // Zero the look-back scratch (`words` u64), write the fixed stream header, and for an
 // empty input the stream length.
@@ -1094,34 +975,24 @@ extern "C" __global__ void __launch_bounds__(256) hoccl_bfx_compress_begin(uint8
 }
 
 // 4 CTAs per SM. The kernels holding 64 values per thread (CPT * WORDS >= 32) would use 80
-// registers at 3 CTAs per SM; held to 64 they spill ~200 bytes but ran 3-5 % faster on the
-// H200 (bf16, 1 GiB, both tier modes). BFX_ENC_MINB overrides it (experiments). A kernel's
-// name says its block in steps of 2048 values (CPT: chunks per thread at 256 threads); at
-// ET threads a thread holds CPT * 256 / ET of them (at least one).
-#ifndef BFX_ENC_MINB
-#define BFX_ENC_MINB 4
-#endif
-#ifndef BFX_ENC_MINB_T1  // the one-tier kernels' (experiments)
-#define BFX_ENC_MINB_T1 BFX_ENC_MINB
-#endif
+// registers at 3 CTAs per SM; held to 64 they spill ~200 bytes but run 3-5 % faster on the
+// H200 (bf16, 1 GiB, both tier modes; at 5 CTAs per SM, 48 registers, 20 % slower). A
+// kernel's name says its block in steps of 2048 values (CPT: chunks per thread).
 extern "C" __device__ uint32_t hoccl_bfx_compress_threads = bfx::ET;
 // The staggered start's step in ns (0: none; the launcher passes the grid's shape only when
-// it is nonzero; optional: older kernel files have none).
-extern "C" __device__ uint32_t hoccl_bfx_compress_stagger = BFX_ENC_STAGGER_NS;
+// it is nonzero).
+extern "C" __device__ uint32_t hoccl_bfx_compress_stagger = bfx::kStaggerNs;
 // Each block size has two kernels: NAME for both tier modes, NAME_t1 for one tier only
 // (encode_block_begin's T1; the launcher takes it when `tiers` is 1).
 #define BFX_COMPRESS1(NAME, D, CPT, T1)                                                             \
-    extern "C" __global__ void __launch_bounds__(bfx::ET, CPT * D::WORDS >= 32 ? (T1 ? BFX_ENC_MINB_T1 : BFX_ENC_MINB) : 1024 / bfx::ET) \
+    extern "C" __global__ void __launch_bounds__(bfx::ET, 4)                                        \
         NAME(const uint8_t* in, uint64_t n, uint32_t B, uint32_t tiers, uint8_t* out, uint64_t* scratch, \
              uint64_t* out_len, uint32_t flags) {                                                   \
-        bfx::compress_kernel<D, (CPT * 256 / bfx::ET > 0 ? CPT * 256 / bfx::ET : 1), T1>(in, n, B, tiers, out, scratch, \
-                                                                                     out_len, flags); \
+        bfx::compress_kernel<D, CPT, T1>(in, n, B, tiers, out, scratch, out_len, flags);            \
     }
 #define BFX_COMPRESS(NAME, D, CPT) \
     BFX_COMPRESS1(NAME, D, CPT, false) \
     BFX_COMPRESS1(NAME##_t1, D, CPT, true)
-// 1: the one-tier kernels (NAME_t1) are here (read by the launcher; older files lack it).
-extern "C" __device__ uint32_t hoccl_bfx_compress_t1 = 1;
 BFX_COMPRESS(hoccl_bfx_compress_bf16_1, bfx::Bf16T, 1)
 BFX_COMPRESS(hoccl_bfx_compress_bf16_2, bfx::Bf16T, 2)
 BFX_COMPRESS(hoccl_bfx_compress_bf16_4, bfx::Bf16T, 4)

@@ -71,9 +71,8 @@ __device__ __forceinline__ uint32_t byte_at(uint32_t w, int k) { return __byte_p
 // A byte permute with a selector known only at run time whose nibbles are all < 8: the PRMT
 // instruction itself. __byte_perm is defined on the low 3 bits of each selector nibble, so
 // for a run-time selector the compiler first masks it with 0x7777 (one more ALU instruction
-// per permute; H200, 1 GiB: decompress two tiers 1780 -> 1831 GB/s, one tier 1982 -> 2017,
-// compress +0.5 %). A nibble with bit 3 set would replicate a sign bit instead; the
-// emulator faults on one.
+// per permute: 2-3 % of the decoder's throughput on the H200). A nibble with bit 3 set
+// would replicate a sign bit instead; the emulator faults on one.
 __device__ __forceinline__ uint32_t prmt(uint32_t x, uint32_t y, uint32_t s) {
 #ifdef BFX_EMU
     if (s & 0x8888u) emu_fault("prmt selector nibble >= 8");
@@ -263,7 +262,7 @@ __device__ __forceinline__ uint32_t warp_sum32(uint32_t v) {
 }
 
 // Of NW per-warp totals in `tmp` (shared memory, 16-byte aligned): the sum of those before
-// `warp` and the sum of all, four per 16-byte load (the loop of 4-byte loads was 1-2 % of the
+// `warp` and the sum of all, four per 16-byte load (a loop of 4-byte loads is 1-2 % of the
 // compressor's instructions).
 template <int NW>
 __device__ __forceinline__ void warp_totals(const uint32_t* tmp, int warp, uint32_t& before, uint32_t& all) {
@@ -339,18 +338,15 @@ __device__ __forceinline__ uint64_t block_sum64(uint64_t v, uint64_t* tmp) {
     return s;
 }
 
-// A 16-byte global load of data read once (the compressor's input), with a cache hint:
-// BFX_LD_ONCE_OP is the PTX instruction (by default no L1 allocation, the read-only path,
-// and L2 fetching 256-byte sectors; sm_80 and up). The emulator loads plainly.
-#ifndef BFX_LD_ONCE_OP
-#define BFX_LD_ONCE_OP "ld.global.nc.L1::no_allocate.L2::256B.v4.u32"
-#endif
+// A 16-byte global load of data read once (the compressor's input), with a cache hint: no
+// L1 allocation, the read-only path, and L2 fetching 256-byte sectors (sm_80 and up). The
+// emulator loads plainly.
 __device__ __forceinline__ uint4 ld128_once(const uint4* p) {
 #ifdef BFX_EMU
     return *p;
 #else
     uint4 a;
-    asm(BFX_LD_ONCE_OP " {%0, %1, %2, %3}, [%4];" : "=r"(a.x), "=r"(a.y), "=r"(a.z), "=r"(a.w) : "l"(p));
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(a.x), "=r"(a.y), "=r"(a.z), "=r"(a.w) : "l"(p));
     return a;
 #endif
 }
@@ -395,14 +391,10 @@ __device__ __forceinline__ uint2 bytes8_at(const uint8_t* p, uint32_t pos) {
     return make_uint2(__funnelshift_r(w0, w1, s), __funnelshift_r(w1, w2, s));
 }
 
-// 16 bytes global -> shared without registers (cp.async; sm_80+). Both 16-byte aligned. The
-// emulator copies only the bytes of [lo, hi) (the GPU reads whole lines, see stage_block).
-// BFX_CPASYNC_OP, the instruction: with L2 fetching 128-byte lines (.L2::128B; H200,
-// seventeenth session, the decoder against the same call's build without it: +0.5-1 % in
-// both tier modes from 256 MiB to 1 GiB, fp16 +1.7 %, fp32 +0.7 %; .L2::256B: no change).
-#ifndef BFX_CPASYNC_OP
-#define BFX_CPASYNC_OP "cp.async.cg.shared.global.L2::128B"
-#endif
+// 16 bytes global -> shared without registers (cp.async; sm_80+), with L2 fetching 128-byte
+// lines (the decoder reads whole blocks: 0.5-2 % faster on the H200 than without the hint).
+// Both 16-byte aligned. The emulator copies only the bytes of [lo, hi) (the GPU reads whole
+// lines, see stage_block).
 __device__ __forceinline__ void cp_async16(uint8_t* smem, const uint8_t* gmem, const uint8_t* lo, const uint8_t* hi) {
 #ifdef BFX_EMU
     if ((reinterpret_cast<uintptr_t>(smem) | reinterpret_cast<uintptr_t>(gmem)) & 15) emu_fault("misaligned 16-byte cp.async");
@@ -412,7 +404,7 @@ __device__ __forceinline__ void cp_async16(uint8_t* smem, const uint8_t* gmem, c
     (void)lo;
     (void)hi;
     const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
-    asm volatile(BFX_CPASYNC_OP " [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
 #endif
 }
 
@@ -432,19 +424,16 @@ __device__ __forceinline__ void cp_async4(uint32_t* smem, const uint8_t* gmem) {
 // the stream's previous kernel is still running, once every CTA of that one has started
 // and triggered. So each codec kernel first triggers its own dependents, then waits until
 // everything before it on the stream has completed and its memory is visible, before it
-// touches any memory: the next kernel's CTAs become resident in this one's tail, and the
-// launch gap between kernels goes. Without BFX_PDL (or in the emulator) both are no-ops.
-// (sm_90 and later only: an sm_80 build of the same file neither waits nor says it does.)
-#ifndef BFX_PDL
-#define BFX_PDL 1
-#endif
-#if BFX_PDL && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(BFX_EMU)
-#define BFX_PDL_HERE 1
+// touches any memory: the next kernel's CTAs become resident in this one's tail, and there
+// is no launch gap between kernels. In the emulator both are no-ops. (sm_90 and later only:
+// an sm_80 build of the same file neither waits nor says it does.)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(BFX_EMU)
+#define BFX_GRIDDEP 1
 #else
-#define BFX_PDL_HERE 0
+#define BFX_GRIDDEP 0
 #endif
 __device__ __forceinline__ void pdl_enter() {
-#if BFX_PDL_HERE
+#if BFX_GRIDDEP
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
@@ -456,53 +445,6 @@ __device__ __forceinline__ void cp_async_wait_all() {
     asm volatile("cp.async.wait_all;\n" ::: "memory");
 #endif
 }
-
-// Diagnostics (BFX_TIMELINE builds only, never the shipped kernels): thread 0 of every CTA
-// stamps %globaltimer (ns) into the module global hoccl_bfx_tl_enc / _dec, which
-// codec_bench --timeline reads back (compress::kernel_timeline): per CTA (the compressor's
-// by ticket, the decoder's by blockIdx) 4 words: its start, a mid point (compressor: the
-// offset known after the look-back; decoder: the prefix summed, first block next), its
-// end, and smid | gridDim.x << 8. The decoder keeps its stamps in shared memory and
-// writes the four words at its end (stores at three places made it spill); its CTAs
-// without blocks write nothing. The shipped kernels' SASS is the same with this file.
-#if defined(BFX_TIMELINE) && !defined(BFX_EMU)
-constexpr uint32_t TL_CTAS = 65536;
-__device__ __forceinline__ uint64_t tl_now() {
-    uint64_t t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-__device__ __forceinline__ uint32_t tl_smid() {
-    uint32_t s;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
-    return s;
-}
-#define BFX_TL_STAMP(arr, cta, k, v) \
-    do { if (threadIdx.x == 0 && (cta) < bfx::TL_CTAS) (arr)[4 * (uint64_t)(cta) + (k)] = (v); } while (0)
-#else
-#define BFX_TL_STAMP(arr, cta, k, v) do { } while (0)
-#endif
-// -DBFX_TL_PHASE=n (with BFX_TIMELINE): the compressor's mid point is phase mark n instead
-// of the look-back's end: 1 the histogram done (so the block loaded), 2 the widths chosen,
-// 3 the exact size known (block scan), 4 the output words computed (warp 0's look-back
-// next). One build per mark; codec_bench --timeline and timeline.py read them as usual.
-#if defined(BFX_TIMELINE) && defined(BFX_TL_PHASE) && !defined(BFX_EMU)
-#define BFX_TL_MARK(sm, n) \
-    do { if ((n) == BFX_TL_PHASE && threadIdx.x == 0) (sm).tl_mark = bfx::tl_now(); } while (0)
-#else
-#define BFX_TL_MARK(sm, n) do { } while (0)
-#endif
-// -DBFX_TL_DPHASE=n (with BFX_TIMELINE): the decoder's mid point is its start plus the time
-// its blocks spent from their start to mark n, summed over the CTA's blocks: 1 the block
-// staged (after the stage's barrier), 2 the plane counts done (phase 1's first barrier),
-// 3 phase 3 next (escapes resolved), 4 the block's end (marks 2-4 in staged blocks only: the
-// tile path and raw blocks add nothing to them).
-#if defined(BFX_TIMELINE) && defined(BFX_TL_DPHASE) && !defined(BFX_EMU)
-#define BFX_TL_DMARK(sm, n) \
-    do { if ((n) == BFX_TL_DPHASE && threadIdx.x == 0) (sm).tl_acc += bfx::tl_now() - (sm).tl_blk; } while (0)
-#else
-#define BFX_TL_DMARK(sm, n) do { } while (0)
-#endif
 
 // The GPU's nanosecond clock (%globaltimer; the emulator has none: 0).
 __device__ __forceinline__ uint64_t clock_ns() {
@@ -520,27 +462,17 @@ __device__ __forceinline__ uint32_t shape_sms(uint32_t flags) { return (flags >>
 __device__ __forceinline__ uint32_t shape_per_sm(uint32_t flags) { return (flags >> 20) & 0xfu; }
 // A staggered first wave (bfx.cu stagger_start): CTA `i` in start order of a grid whose
 // shape flags bits 8..19 (SMs) and 20..23 (CTAs per SM) give waits, when it is in the
-// first wave, i * step / SMs ns from now (BFX_STAGGER_LINEAR, the default: one SM's worth
-// of CTAs per `step`, a start every step / SMs ns) or (i / SMs) steps (0: SMs CTAs at once
-// per step, before the twentieth session). Timing only (the emulator skips it).
-// (Tried for the decoder too, its first wave by blockIdx, 2 us steps: -1..-5 %.)
-#ifndef BFX_STAGGER_LINEAR
-#define BFX_STAGGER_LINEAR 1
-#endif
+// first wave, i * step / SMs ns from now: one SM's worth of CTAs per `step`, a start every
+// step / SMs ns. Timing only (the emulator skips it).
 __device__ __forceinline__ void wait_slot(uint64_t i, uint32_t flags, uint32_t step) {
 #ifndef BFX_EMU
     const uint32_t sms = shape_sms(flags), per_sm = shape_per_sm(flags);
     if (step == 0 || sms == 0 || i >= (uint64_t)sms * per_sm) return;
-#if BFX_STAGGER_LINEAR
     // 32-bit: i < sms * per_sm < 2^16 (gpu.rs grid_shape), step < 2^16 (the callers assert it)
     const uint32_t wait = (uint32_t)i * step / sms;
     if (wait == 0) return;
     const uint64_t until = clock_ns() + wait;
     while (clock_ns() < until) __nanosleep(100);
-#else
-    const uint64_t until = clock_ns() + (i / sms) * (uint64_t)step;
-    while (clock_ns() < until) __nanosleep(500);
-#endif
 #endif
 }
 __device__ __forceinline__ void spin_pause() {

@@ -10,23 +10,10 @@
 namespace bfx {
 
 // Threads per decoder CTA (gpu.rs reads it from hoccl_bfx_decode_threads, below; 64
-// registers each, 1024 / DT CTAs per SM fill the register file). An experiment knob:
-// 512 (2 CTAs per SM, the same 32 warps) ran 24 % slower on the H200, and 19 % slower with
-// the freed shared memory spent on a second stage (block j+1 copied while j decodes).
-#ifndef BFX_DEC_THREADS
-#define BFX_DEC_THREADS 256
-#endif
-// Phase 2's loop (the tier-2 resolve) unrolled twice; 0: as the compiler chooses (H200:
-// two tiers +1-2 % unrolled).
-#ifndef BFX_DEC_P2UNROLL
-#define BFX_DEC_P2UNROLL 2
-#endif
-// A full block with a 16-byte aligned output decoded by instances of phases 1 and 3 of its
-// own, without bounds checks (0: every block through the checked code, an experiment knob).
-#ifndef BFX_DEC_WHOLE
-#define BFX_DEC_WHOLE 1
-#endif
-constexpr int DT = BFX_DEC_THREADS;
+// registers each, 1024 / DT CTAs per SM fill the register file). 512 (2 CTAs per SM, the
+// same 32 warps) runs 24 % slower on the H200, 19 % with the freed shared memory spent on a
+// second stage (block j+1 copied while j decodes).
+constexpr int DT = 256;
 constexpr int DWARPS = DT / 32;
 constexpr int DTILE = DT * 8;  // values per step of the tile path
 // A coded block of up to STAGE_WORDS words is copied to shared memory before it is decoded
@@ -51,15 +38,6 @@ struct DecSmem {
     uint32_t next[2][3];  // the next block's size and header words (decompress_kernel)
     uint32_t rt;
     uint32_t err;
-#if defined(BFX_TIMELINE) && !defined(BFX_EMU)
-    uint64_t tl[2];  // this CTA's start and mid point, written out at its end (one global store site: fewer spills)
-#ifdef BFX_TL_DPHASE
-    uint64_t tl_acc, tl_blk;  // BFX_TL_DMARK: the blocks' summed time to the mark; this block's start
-#endif
-#endif
-#ifdef BFX_DEC_PAD  // experiments: fewer CTAs per SM (the launcher's occupancy calculator)
-    uint8_t pad[BFX_DEC_PAD];
-#endif
 };
 
 struct BlockDesc {
@@ -295,8 +273,8 @@ __device__ uint32_t decode_tile(DecSmem& sm, const BlockDesc& d, int t0, uint32_
 // mg.x's low half is value k's source byte: 4 + its rank among m's bits when bit k is set
 // (w's byte), else k (ex's); the high half the same for values 4-7 with ranks counted from
 // r0 = popc(m & 15), whose bytes w[r0 .. r0 + 3] a funnel shift by mg.y = 8·r0 brings into
-// one word. (Before: the bytes spread by two permutes, then a byte mask from m, two ANDs and
-// two merges, ~13 instructions.)
+// one word (spreading the bytes by two permutes, then a byte mask from m, two ANDs and two
+// merges, takes ~13 instructions).
 __device__ __forceinline__ uint2 merge_spread(uint2 ex, uint2 w, uint2 mg) {
     return make_uint2(prmt(ex.x, w.x, mg.x), prmt(ex.y, __funnelshift_rc(w.x, w.y, mg.y), mg.x >> 16));
 }
@@ -305,13 +283,11 @@ __device__ __forceinline__ uint2 merge_spread(uint2 ex, uint2 w, uint2 mg) {
 // byte-permute selector from the codes' k plane words p[0 .. k) (the codes' byte at bit sh of
 // each): nibble j = code j, the sum over the planes b of sm.nsp[plane byte] << b (a plane
 // byte's bits spread to nibbles); `all` gets the AND of the plane words. lookup8 then permutes
-// the table's 8 bytes with it. One shared load and one add per plane (before: the plane byte
-// spread to code bytes by two multiplies, then the code bytes packed into a selector, ~11
-// instructions per plane and 8 per lookup). H200, against the same call's build without it:
-// two tiers 1 GiB 1832 -> 1910 GB/s, 256 MiB 1695 -> 1791; one tier 2030 -> 2075, 1884 ->
-// 1934; fp16 1188 -> 1235.
-// The plane byte comes out of a permute (byte sh / 8 of the word, zeros above): one
-// instruction where shift and mask, then the index scaled, were three.
+// the table's 8 bytes with it. One shared load and one add per plane, where spreading the
+// plane byte to code bytes by two multiplies, then packing the code bytes into a selector,
+// takes ~11 instructions per plane and 8 per lookup (2-5 % of the decoder's throughput on
+// the H200). The plane byte comes out of a permute (byte sh / 8 of the word, zeros above):
+// one instruction where shift and mask, then the index scaled, are three.
 template <int KMAX>
 __device__ __forceinline__ uint32_t sel_planes(const DecSmem& sm, const uint32_t* p, uint32_t k, uint32_t sh,
                                                uint32_t& all) {
@@ -384,18 +360,19 @@ __device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& staged, bool ali
             sm.pre[g] = v;
         }
     };
-    const bool whole = BFX_DEC_WHOLE && nb == STAGED_MAX_NB && aligned;  // uniform
+    // A full block with a 16-byte aligned output: instances of phases 1 and 3 of its own,
+    // without bounds checks
+    const bool whole = nb == STAGED_MAX_NB && aligned;  // uniform
     if (whole) counts(std::true_type{});
     else counts(std::false_type{});
     __syncthreads();
-    BFX_TL_DMARK(sm, 2);
     const uint32_t tot = block_scan<GPT, DT>(sm.pre, sm.wtmp);
     if ((tot & 0xffffu) != n_esc1) return ST_ESCAPES;
     if (k2 && (tot >> 16) != d.n_raw) return ST_RAWS;
     // A thread's chunks c = tid + DT·i (phase 3) and eight-ordinal units u = tid + DT·i (phase
     // 2) are all at byte q = tid & 3 of their group's words (DT is a multiple of 4): the shift
     // and the mask below it are the thread's own constants (computed from c in the loops,
-    // they were ~5 instructions per chunk)
+    // they would be ~5 instructions per chunk)
     static_assert(DT % 4 == 0, "a thread's chunks share their byte of the group's words");
     const uint32_t sh = 8 * ((uint32_t)tid & 3u), below = (1u << sh) - 1u;
     if (k2) {  // eight consecutive ordinals per thread (one byte of each plane word)
@@ -403,9 +380,7 @@ __device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& staged, bool ali
         // bytes t1 .. t1 + 7 <= 31 of the table; bytes8_at's aligned loads may read up to
         // 8 bytes past the table's 32, inside DecSmem, and drop them)
         const uint2 tw2 = bytes8_at(sm.table, d.t1);
-#if BFX_DEC_P2UNROLL == 2
-#pragma unroll 2
-#endif
+#pragma unroll 2  // 1-2 % faster (two tiers) than the compiler's choice
         for (uint32_t q8 = tid; 8 * q8 < n_esc1; q8 += DT) {
             const uint32_t o = 8 * q8, gi = o >> 5;  // o & 31 = sh
             uint32_t m = FULL;
@@ -444,11 +419,10 @@ __device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& staged, bool ali
         __syncthreads();
         if (sm.err) return sm.err;
     }
-    BFX_TL_DMARK(sm, 3);
     const uint8_t* esc = k2 ? sm.esc : d.raw;  // one tier: every escape is raw, in order
     const uint2 tw = *reinterpret_cast<const uint2*>(sm.table);
     // the chunks, with no bounds to check in a full block's (WHOLE, the common case: a full
-    // block and a 16-byte aligned output, one instance each; the per-chunk checks were ~10
+    // block and a 16-byte aligned output, one instance each; per-chunk checks would be ~10
     // of a chunk's ~86 instructions)
     auto values = [&](auto full) {
         constexpr bool WHOLE = decltype(full)::value;
@@ -492,7 +466,6 @@ __device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& staged, bool ali
     if (whole) values(std::true_type{});
     else values(std::false_type{});
     __syncthreads();  // sm.err, and the end of this block's reads of sm.stage
-    BFX_TL_DMARK(sm, 4);
     return sm.err;
 }
 
@@ -534,9 +507,9 @@ __device__ __forceinline__ void stage_block(DecSmem& sm, BlockDesc& d, uint32_t 
 
 // A staged raw block's values (at `src` in the stage, 4-byte aligned) to `out` (16-byte
 // aligned), `len` bytes: output unit v is the stage's 16-byte units around src + 16 v,
-// shifted by (src & 15) / 4 words; a partial last unit by thread 0. (The raw values loaded
-// and stored 4 bytes at a time straight from global memory, one round trip per 1 KB of
-// each thread, before: the staging's copies are all in flight at once.)
+// shifted by (src & 15) / 4 words; a partial last unit by thread 0. (The staging's copies
+// are all in flight at once; 4-byte loads and stores straight from global memory would
+// take one round trip per 1 KB of each thread.)
 __device__ __forceinline__ void copy_out_raw(const uint8_t* src, uint8_t* out, uint32_t len) {
     const uint32_t tid = threadIdx.x, sw = (uint32_t)(reinterpret_cast<uintptr_t>(src) & 15) / 4, nv = len / 16;
     const uint4* u = reinterpret_cast<const uint4*>(src - 4 * sw);
@@ -579,7 +552,7 @@ __device__ uint32_t decode_block(DecSmem& sm, BlockDesc& d, uint32_t bytes, uint
     // From global memory: sm.stage is not published yet. fp16: the bytes past the table are
     // 0, so every byte a lookup can give is a valid exponent (the check of the merged values in
     // decode_staged relies on it). bf16 and fp32 check nothing there and keep the shorter form
-    // (the padded one spilled 16 bytes in the bf16 decoder: -4 % on the H200).
+    // (the padded one spills 16 bytes in the bf16 decoder: 4 % slower on the H200).
     if ((uint32_t)tid < (D::NSYM < 256 ? 32u : d.t1 + d.t2)) {
         const uint32_t e = (uint32_t)tid < d.t1 + d.t2 ? blk[8 + tid] : 0u;
         if (e >= (uint32_t)D::NSYM) sm.err = ST_SYMBOL;
@@ -587,7 +560,6 @@ __device__ uint32_t decode_block(DecSmem& sm, BlockDesc& d, uint32_t bytes, uint
     }
     if (staged) cp_async_wait_all();
     __syncthreads();
-    BFX_TL_DMARK(sm, 1);
     if (d.k1 == 0) {  // a staged raw block: out in 16-byte stores (the output is 16-byte aligned)
         copy_out_raw(d.blk + 8, d.out, D::SIZE * (uint32_t)d.nb);
         return ST_OK;
@@ -613,8 +585,8 @@ __device__ uint32_t decode_block(DecSmem& sm, BlockDesc& d, uint32_t bytes, uint
 
 // Stream header checks (format.rs StreamHeader::parse), identical in every CTA. The six
 // header words are loaded together and checked by one branch (checking each word before
-// loading the next made four dependent round trips at every CTA's start); which check
-// failed is found after it.
+// loading the next would make four dependent round trips at every CTA's start); which
+// check failed is found after it.
 template <class D>
 __device__ uint32_t check_stream(const uint8_t* in, uint64_t in_len, uint64_t n, uint32_t& B, uint32_t& nblocks) {
     if (in_len < 24) return ST_TRUNCATED;
@@ -650,10 +622,6 @@ __device__ __forceinline__ uint32_t cta_start(uint32_t nb, uint32_t P, uint32_t 
     return (uint32_t)((uint64_t)a * h / head) + 2 * (t < p ? t : p) + (t > p ? t - p : 0u);
 }
 
-#if defined(BFX_TIMELINE) && !defined(BFX_EMU)
-extern "C" __device__ uint64_t hoccl_bfx_tl_dec[4 * TL_CTAS];
-#endif
-
 // flags bit 0: `out` is 16-byte aligned; bit 1: `out` is 4-byte aligned; bits 8..19: SMs,
 // 20..23: CTAs per SM (the grid's wave is their product; 0: unknown); bit 24: the grid ends
 // in a tail (cta_start) of that wave.
@@ -664,12 +632,6 @@ __device__ void decompress_kernel(const uint8_t* in, uint64_t in_len, uint8_t* o
     BFX_DYN_SMEM(DecSmem, sm);
     BFX_EMU_POISON(sm);
     const int tid = threadIdx.x;
-#if defined(BFX_TIMELINE) && !defined(BFX_EMU)
-    if (tid == 0) sm.tl[0] = tl_now();
-#ifdef BFX_TL_DPHASE
-    if (tid == 0) sm.tl_acc = 0;
-#endif
-#endif
     if (tid == 0) sm.err = 0;
     uint32_t B = 0, nblocks = 0;
     const uint32_t st = check_stream<D>(in, in_len, n, B, nblocks);
@@ -698,8 +660,7 @@ __device__ void decompress_kernel(const uint8_t* in, uint64_t in_len, uint8_t* o
     // here misaligned, a fault. The CTA of the first such block reports it (ST_BLOCK_SIZE:
     // its own offset is aligned); the others stop.
     if (off & 3) return;
-    // (`DT == 256 ||`: without it the compiler spilled 16 bytes in the 256-thread build)
-    if (DT == 256 || tid < 256) {  // mg[m] (merge_spread) and nsp[m]
+    {  // mg[m] (merge_spread) and nsp[m], one m per thread
         const uint32_t m = (uint32_t)tid;
         uint32_t sx = 0, r = 0;
 #pragma unroll
@@ -730,13 +691,7 @@ __device__ void decompress_kernel(const uint8_t* in, uint64_t in_len, uint8_t* o
         sm.next[b0 & 1][2] = hdr ? ld32(in + off + 4) : 0u;
     }
     __syncthreads();
-#if defined(BFX_TIMELINE) && !defined(BFX_EMU)
-    if (tid == 0) sm.tl[1] = tl_now();
-#endif
     for (uint64_t j = b0; j < b1; ++j) {
-#if defined(BFX_TIMELINE) && defined(BFX_TL_DPHASE) && !defined(BFX_EMU)
-        if (tid == 0) sm.tl_blk = tl_now();
-#endif
         const uint32_t bytes = sm.next[j & 1][0];
         if (tid == 0 && j + 1 < b1) {  // read after this block's last barrier
             uint32_t* next = sm.next[(j + 1) & 1];
@@ -771,19 +726,6 @@ __device__ void decompress_kernel(const uint8_t* in, uint64_t in_len, uint8_t* o
             __syncthreads();
         }
     }
-#if defined(BFX_TIMELINE) && !defined(BFX_EMU)
-    if (tid == 0 && blockIdx.x < TL_CTAS) {
-        uint64_t* e = hoccl_bfx_tl_dec + 4 * (uint64_t)blockIdx.x;
-        e[0] = sm.tl[0];
-#ifdef BFX_TL_DPHASE
-        e[1] = sm.tl[0] + sm.tl_acc;
-#else
-        e[1] = sm.tl[1];
-#endif
-        e[2] = tl_now();
-        e[3] = tl_smid() | ((uint64_t)gridDim.x << 8);
-    }
-#endif
 }
 
 }  // namespace bfx
@@ -796,20 +738,14 @@ extern "C" __device__ uint32_t hoccl_bfx_decode_smem = sizeof(bfx::DecSmem);
 extern "C" __device__ uint32_t hoccl_bfx_decode_threads = bfx::DT;
 // The most waves (as many CTAs as fit the SMs at once) in the grid (gpu.rs aims at 8 blocks
 // per CTA beyond one wave).
-#ifndef BFX_DEC_WAVES
-#define BFX_DEC_WAVES 8
-#endif
-extern "C" __device__ uint32_t hoccl_bfx_decode_waves = BFX_DEC_WAVES;
-// Nonzero: the launcher ends the grid in a tail of small CTAs (gpu.rs decode_grid, cta_start
-// above) once the blocks fill a wave of CTAs of this many blocks (at most 8) and three waves
-// more; 0: even ranges (an experiment knob). 4: from 7 waves' worth of blocks (115 MiB of
-// bf16 on the H200); 8 took it from 11 (181 MiB): at 128 MiB the tail gained 8-10 % (H200,
-// both tier modes, same call), the head CTAs having 4-5 blocks. (A CTA of one or two
-// blocks has nothing to hide its first block's latency behind, so the head keeps at least 4.)
-#ifndef BFX_DEC_TAIL
-#define BFX_DEC_TAIL 4
-#endif
-extern "C" __device__ uint32_t hoccl_bfx_decode_tail = BFX_DEC_TAIL;
+extern "C" __device__ uint32_t hoccl_bfx_decode_waves = 8;
+// The launcher ends the grid in a tail of small CTAs (gpu.rs decode_grid, cta_start above)
+// once the blocks fill a wave of CTAs of this many blocks (at most 8) and three waves more:
+// from 7 waves' worth of blocks (115 MiB of bf16 on the H200). At 128 MiB the tail gains
+// 8-10 % on the H200 (both tier modes), the head CTAs having 4-5 blocks. A CTA of one or
+// two blocks has nothing to hide its first block's latency behind, so the head keeps at
+// least 4.
+extern "C" __device__ uint32_t hoccl_bfx_decode_tail = 4;
 
 // status = 0 before the decoder may set it.
 extern "C" __global__ void hoccl_bfx_decompress_begin(uint32_t* status) {

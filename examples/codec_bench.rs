@@ -4,13 +4,8 @@
 //!
 //! ```text
 //! codec_bench [--json] [--json-out FILE] [--dtype bf16|f16|f32] [--tiers 1|2] [--block B] [--max-size 1G]
-//!             [--min-size 32K] [--fixture FILE] [--backend cuda|host] [--timeline DIR]
+//!             [--min-size 32K] [--fixture FILE] [--backend cuda|host]
 //! ```
-//! `--timeline DIR` (diagnostics, with kernels built with `-DBFX_TIMELINE` through
-//! `HOCCL_KERNELS`): after each size's timing, one call each way per buffer slot, at most
-//! two back to back (one slot from 256 MiB up), and the last call's per-CTA timeline
-//! (`compress::kernel_timeline`) to `DIR/{enc,dec}-<bytes>.txt`, one CTA per line: start,
-//! mid point, end (ns), SM.
 //! Method: every size rotates through enough buffers that one pass touches >= 256 MiB (far
 //! beyond L2), so each repetition reads HBM; a measurement enqueues R repetitions between
 //! two stream synchronizations (host timer), and the median of 5 measurements is reported.
@@ -33,7 +28,6 @@ struct Opts {
     max: usize,
     fixture: Option<String>,
     backend: BackendChoice,
-    timeline: Option<String>,
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -56,7 +50,6 @@ fn opts() -> Result<Opts, String> {
         max: 1 << 30,
         fixture: None,
         backend: BackendChoice::Cuda,
-        timeline: None,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
@@ -71,7 +64,6 @@ fn opts() -> Result<Opts, String> {
             "--max-size" => o.max = parse_size(&val()?)?,
             "--min-size" => o.min = parse_size(&val()?)?,
             "--fixture" => o.fixture = Some(val()?),
-            "--timeline" => o.timeline = Some(val()?),
             "--backend" => {
                 o.backend = match val()?.as_str() {
                     "cuda" => BackendChoice::Cuda,
@@ -218,30 +210,6 @@ fn bench_size(dev: &dyn Device, s: StreamHandle, o: &Opts, size: usize, data: &[
     dev.copy_to_host(&mut w, words.at(last)).map_err(e)?;
     compress::status_result(u32::from_le_bytes(w[8..12].try_into().unwrap())).map_err(e)?;
     let tm = time(dev, s, reps, k, |i| dev.memcpy_async(s, output.at(i), input.at(i), size).map_err(e))?;
-    if let Some(dir) = &o.timeline {
-        for which in ["enc", "dec"] {
-            for i in 0..2.min(k) {
-                if which == "enc" {
-                    compress::compress_async(dev, s, dt, input.at(i), n, packed.at(i), cap, words.at(i), &o.params)
-                } else {
-                    compress::decompress_async(dev, s, dt, packed.at(i), cap, output.at(i), n, words.at(i).add(8))
-                }
-                .map_err(e)?;
-            }
-            dev.synchronize(s).map_err(e)?;
-            let tl = compress::kernel_timeline(dev, which)
-                .map_err(e)?
-                .ok_or("--timeline: the kernels were not built with -DBFX_TIMELINE")?;
-            // the grid is in every written entry; the compressor's entries are by block
-            let ctas = ((tl[3] >> 8) & 0xffff_ffff) as usize;
-            let mut txt = String::new();
-            for c in tl.chunks_exact(4).take(ctas) {
-                txt += &format!("{} {} {} {}\n", c[0], c[1], c[2], c[3] & 0xff);
-            }
-            let path = format!("{dir}/{which}-{size}.txt");
-            std::fs::write(&path, txt).map_err(|err| format!("{path}: {err}"))?;
-        }
-    }
     for sl in [input, packed, output, words] {
         dev.free(sl.base).map_err(e)?;
     }

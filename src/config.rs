@@ -50,10 +50,6 @@ pub struct Config {
     pub timeout: Duration,
     /// `HOCCL_LOG`: env_logger filter syntax (e.g. `hoccl=debug`).
     pub log: Option<String>,
-    /// `HOCCL_KERNELS`: a fatbin file to load instead of the embedded one (development:
-    /// try a kernel build on a GPU machine without rebuilding the Rust binaries). It must
-    /// define every kernel the embedded one does.
-    pub kernels: Option<std::path::PathBuf>,
     /// `HOCCL_CODEC_TICKETS` = 0 | 1: the GPU compressor takes each block's index from an
     /// atomic ticket (1) instead of its CTA index (0, the default: faster, and correct
     /// because the GPU starts CTAs in index order, which CUDA does not promise; 1 needs no
@@ -89,7 +85,6 @@ impl Default for Config {
             device: None,
             timeout: Duration::from_secs(120),
             log: None,
-            kernels: None,
             codec_tickets: false,
             max_waiting_streams: None,
             serial_enqueue: None,
@@ -183,12 +178,6 @@ impl Config {
         if let Some(v) = get("HOCCL_LOG") {
             self.log = Some(v);
         }
-        if let Some(v) = get("HOCCL_KERNELS") {
-            if v.trim().is_empty() {
-                return Err(Error::invalid_arg(OP, "HOCCL_KERNELS is empty: want a fatbin path".to_string()));
-            }
-            self.kernels = Some(v.into());
-        }
         if let Some(v) = get("HOCCL_CODEC_TICKETS") {
             self.codec_tickets = match v.trim() {
                 "0" => false,
@@ -279,13 +268,11 @@ mod tests {
                 ("HOCCL_VIRTUAL_NODES", "2"),
                 ("HOCCL_FORWARDING_PEERS", "1,0,3,2"),
                 ("HOCCL_TIMEOUT_MS", "1500"),
-                ("HOCCL_KERNELS", "/tmp/k.fatbin"),
                 ("HOCCL_CODEC_TICKETS", "1"),
             ]))
             .unwrap();
         assert!(c.codec_tickets);
         assert!(!Config::default().codec_tickets);
-        assert_eq!(c.kernels.as_deref(), Some(std::path::Path::new("/tmp/k.fatbin")));
         assert_eq!(c.chunk_bytes, 8 << 20);
         assert_eq!(c.engine, EngineChoice::CopyEngine);
         assert_eq!(c.virtual_nodes, 2);
@@ -317,7 +304,6 @@ mod tests {
             ("HOCCL_COPY_QUEUES", "0"),
             ("HOCCL_VIRTUAL_NODES", "x"),
             ("HOCCL_TIMEOUT_MS", "0"),
-            ("HOCCL_KERNELS", " "),
             ("HOCCL_CODEC_TICKETS", "yes"),
             ("HOCCL_MAX_WAITING_STREAMS", "-1"),
             ("HOCCL_SERIAL_ENQUEUE", "on"),

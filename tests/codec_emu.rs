@@ -16,12 +16,8 @@ fn emulator() -> &'static PathBuf {
         let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
         let bin = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bfx_emu");
         let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
-        // BFX_EMU_DEFINES: extra compiler arguments, e.g. "-DBFX_ENC_THREADS=512" (the
-        // kernels' experiment knobs run through the same tests).
-        let extra = std::env::var("BFX_EMU_DEFINES").unwrap_or_default();
         let out = Command::new(&cxx)
             .args(["-std=c++17", "-O2", "-g", "-Wall", "-Wno-unknown-pragmas", "-Wno-unused-function"])
-            .args(extra.split_whitespace())
             .arg("-I")
             .arg(root.join("cuda"))
             .arg("-o")

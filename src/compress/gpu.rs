@@ -24,12 +24,10 @@ const TILE: u32 = THREADS * 8;
 const DECODE_SMEM_GLOBAL: &str = "hoccl_bfx_decode_smem";
 /// Module global: threads per compressor CTA (the kernel file's choice).
 const COMPRESS_THREADS_GLOBAL: &str = "hoccl_bfx_compress_threads";
-/// Module global: the compressor's staggered start, its step in ns (0 or absent: none).
+/// Module global: the compressor's staggered start, its step in ns (0: none).
 const COMPRESS_STAGGER_GLOBAL: &str = "hoccl_bfx_compress_stagger";
 /// Compressor flag: take blocks by atomic tickets (`kEncTickets` in bfx.cu).
 const ENC_TICKETS: u32 = 1 << 25;
-/// Module global: 1 when every compressor has a one-tier instance (`<name>_t1`).
-const COMPRESS_T1_GLOBAL: &str = "hoccl_bfx_compress_t1";
 /// Module global: threads per decoder CTA (the kernel file's choice).
 const DECODE_THREADS_GLOBAL: &str = "hoccl_bfx_decode_threads";
 /// Module global: the most waves (CTAs that fit the SMs at once) in the decoder's grid.
@@ -40,7 +38,7 @@ const PDL_GLOBAL: &str = "hoccl_bfx_pdl";
 /// Blocks per decoder CTA the grid aims at, beyond one wave (at the default block size).
 const DECODE_BLOCKS_PER_CTA: u64 = 8;
 /// Module global: nonzero when the decoder places its CTAs' ranges with a tail: the fewest
-/// blocks per CTA before it (`decode_grid`; optional: a kernel file without it has none).
+/// blocks per CTA before it (`decode_grid`).
 const DECODE_TAIL_GLOBAL: &str = "hoccl_bfx_decode_tail";
 
 /// Largest block the GPU encoder takes (values): 8 chunks per thread (4 for fp32).
@@ -224,8 +222,8 @@ pub(crate) fn compress(
     if nblocks == 0 {
         return Ok(());
     }
-    // One tier: the kernel instance without the tier-2 paths, when the kernel file has it.
-    let t1 = params.tiers == 1 && cuda.module_u32_opt(COMPRESS_T1_GLOBAL)?.unwrap_or(0) != 0;
+    // One tier: the kernel instance without the tier-2 paths.
+    let t1 = params.tiers == 1;
     let name = format!("hoccl_bfx_compress_{}_{cpt}{}", kernel_suffix(dtype), if t1 { "_t1" } else { "" });
     let threads = cuda.module_u32(COMPRESS_THREADS_GLOBAL)?;
     if threads != 256 && threads != 512 {
@@ -238,9 +236,9 @@ pub(crate) fn compress(
     let per_sm = cuda.ctas_per_sm(&name, threads, 0)?.max(1);
     let sms = cuda.sm_count().max(1);
     let wave = sms as u64 * u64::from(per_sm);
-    // A staggered first wave (stagger_start in bfx.cu) when the kernel file has one and the
-    // grid is at least two waves: the kernel needs the SMs and the CTAs per SM.
-    if cuda.module_u32_opt(COMPRESS_STAGGER_GLOBAL)?.unwrap_or(0) != 0 && per_sm >= 2 && u64::from(nblocks) >= 2 * wave {
+    // A staggered first wave (stagger_start in bfx.cu) when the kernel file's step is nonzero
+    // and the grid is at least two waves: the kernel needs the SMs and the CTAs per SM.
+    if cuda.module_u32(COMPRESS_STAGGER_GLOBAL)? != 0 && per_sm >= 2 && u64::from(nblocks) >= 2 * wave {
         flags |= grid_shape(sms as u64, u64::from(per_sm)).unwrap_or(0);
     }
     let args = Args::new()
@@ -304,7 +302,7 @@ pub(crate) fn decompress(
     };
     // The grid's shape for the kernel (flags bits 8..23; its tail, bit 24, is of that wave).
     let shape = grid_shape(sms, per_sm);
-    let tail = if shape.is_some() { u64::from(cuda.module_u32_opt(DECODE_TAIL_GLOBAL)?.unwrap_or(0)) } else { 0 };
+    let tail = if shape.is_some() { u64::from(cuda.module_u32(DECODE_TAIL_GLOBAL)?) } else { 0 };
     let (ctas, tail_wave) = decode_grid(n, dtype, sms * per_sm, waves, tail);
     let flags = u32::from(output.0 % 16 == 0)
         | (u32::from(output.0 % 4 == 0) << 1)

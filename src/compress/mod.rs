@@ -127,21 +127,6 @@ pub fn compress_async(
     }
 }
 
-/// Diagnostics: the per-CTA timeline that a kernel build with `-DBFX_TIMELINE` records
-/// (`cuda/bfx.cuh`; `codec_bench --timeline`): `which` is `"enc"` (the compressor, by block)
-/// or `"dec"` (the decoder, by CTA), four words per CTA (start, mid point, end in
-/// nanoseconds of `%globaltimer`; SM | grid << 8). `None` without a GPU or
-/// for a kernel build without the timeline (the shipped one).
-pub fn kernel_timeline(dev: &dyn Device, which: &str) -> Result<Option<Vec<u64>>> {
-    if which != "enc" && which != "dec" {
-        return Err(Error::invalid_arg("kernel_timeline", format!("which is enc or dec, not {which:?}")));
-    }
-    let Some(cuda) = dev.as_cuda() else { return Ok(None) };
-    Ok(cuda.module_bytes(&format!("hoccl_bfx_tl_{which}"))?.map(|b| {
-        b.chunks_exact(8).map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes"))).collect()
-    }))
-}
-
 /// Enqueue on `stream`: decompress the stream at `input` (device memory, 4-byte aligned,
 /// `input_len` bytes or more: the stream describes its own length) into `output` (device
 /// memory aligned to the value size), which receives exactly `n` values; the stream must be

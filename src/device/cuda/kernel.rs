@@ -2,7 +2,6 @@
 //! CUDA context opens, once per context (every `CudaDevice` of that context shares it), with
 //! all its functions, and functions are looked up once per device by name.
 use super::driver::{check, error_name};
-use super::fatbin;
 use super::{cu_stream, lock, CudaDevice};
 use crate::device::{kernels, DevPtr, StreamHandle};
 use crate::error::{Error, Result};
@@ -20,9 +19,8 @@ pub(super) struct KernelCache {
     funcs: HashMap<String, sys::CUfunction>,
     /// Dynamic shared memory allowed per function (only those above STATIC_SMEM_LIMIT).
     smem_allowed: HashMap<String, u32>,
-    /// `u32` globals of the module read so far (constants the kernels publish; None: the
-    /// module has no such global).
-    globals: HashMap<String, Option<u32>>,
+    /// `u32` globals of the module read so far (constants the kernels publish).
+    globals: HashMap<String, u32>,
     /// CTAs per SM by function, for the (block threads, dynamic shared memory) it was asked with.
     occupancy: HashMap<String, (u32, u32, u32)>,
 }
@@ -241,21 +239,13 @@ impl CudaDevice {
     /// The value of the module's `u32` global `name` (a constant a kernel file publishes,
     /// such as the shared memory a kernel needs); read once and cached.
     pub(crate) fn module_u32(&self, name: &str) -> Result<u32> {
-        self.module_u32_opt(name)?
-            .ok_or_else(|| Error::invalid_arg(OP, format!("no global named {name} in the kernels")))
-    }
-
-    /// As `module_u32`, None when the module has no such global (an optional setting that
-    /// older kernel files lack); read once and cached either way.
-    pub(crate) fn module_u32_opt(&self, name: &str) -> Result<Option<u32>> {
         if let Some(&v) = lock(&self.kernels).globals.get(name) {
             return Ok(v);
         }
         let _g = self.enter(OP)?;
         let mut cache = lock(&self.kernels);
         let Some((dptr, bytes)) = Self::global_ptr(self.ctx.ctx as usize, &mut cache, name)? else {
-            cache.globals.insert(name.to_string(), None);
-            return Ok(None);
+            return Err(Error::invalid_arg(OP, format!("no global named {name} in the kernels")));
         };
         if bytes != 4 {
             return Err(Error::invalid_arg(OP, format!("global {name} has {bytes} bytes, not 4")));
@@ -263,24 +253,8 @@ impl CudaDevice {
         let mut v = 0u32;
         // SAFETY: dptr is a 4-byte device global of this context's module; v is 4 bytes.
         check(OP, "cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(&mut v as *mut u32 as *mut c_void, dptr, 4) })?;
-        cache.globals.insert(name.to_string(), Some(v));
-        Ok(Some(v))
-    }
-
-    /// The current bytes of the module's global `name` (diagnostics, read each time; the
-    /// copy waits for the device's work), None when the module has no such global.
-    pub(crate) fn module_bytes(&self, name: &str) -> Result<Option<Vec<u8>>> {
-        let _g = self.enter(OP)?;
-        // The kernel cache's lock only for the lookup, not across the copy, which waits for
-        // the device (launches on other threads take that lock); the module stays loaded
-        // until the device drops.
-        let Some((dptr, bytes)) = Self::global_ptr(self.ctx.ctx as usize, &mut lock(&self.kernels), name)? else {
-            return Ok(None);
-        };
-        let mut v = vec![0u8; bytes];
-        // SAFETY: dptr is a device global of `bytes` bytes of this context's module; v holds as many.
-        check(OP, "cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(v.as_mut_ptr() as *mut c_void, dptr, bytes) })?;
-        Ok(Some(v))
+        cache.globals.insert(name.to_string(), v);
+        Ok(v)
     }
 
     /// CTAs of kernel `name` that fit one SM with `block` threads and `smem` bytes of
@@ -366,46 +340,20 @@ impl CudaDevice {
     }
 }
 
-/// Load the embedded fatbin (or the file `HOCCL_KERNELS` names) into the current context.
+/// Load the embedded fatbin into the current context.
 fn load_module() -> Result<sys::CUmodule> {
-    // Only HOCCL_KERNELS, through Config's parser: a bad value of another setting is
-    // reported where that setting is used, not as a failure to load the kernels.
-    let only_kernels = |k: &str| if k == "HOCCL_KERNELS" { std::env::var(k).ok() } else { None };
-    let file = match crate::config::Config::default().with_env(only_kernels)?.kernels {
-        Some(path) => {
-            let bytes = std::fs::read(&path)
-                .map_err(|e| Error::invalid_arg(OP, format!("HOCCL_KERNELS={}: {e}", path.display())))?;
-            if fatbin::parse(&bytes).is_none() {
-                return Err(Error::invalid_arg(OP, format!("HOCCL_KERNELS={}: not a fatbin", path.display())));
-            }
-            log::info!("loading kernels from {} instead of the embedded fatbin", path.display());
-            // cuModuleLoadData wants the image aligned like the embedded one: copy into u64s.
-            let mut words = vec![0u64; bytes.len().div_ceil(8)];
-            for (w, c) in words.iter_mut().zip(bytes.chunks(8)) {
-                let mut b = [0u8; 8];
-                b[..c.len()].copy_from_slice(c);
-                *w = u64::from_le_bytes(b);
-            }
-            Some(words)
-        }
-        None => None,
-    };
     let embedded = kernels::fatbin();
-    if file.is_none() && embedded.is_empty() {
+    if embedded.is_empty() {
         return Err(Error::NoDevice {
             op: OP,
             what: "this build embeds no kernels (built with HOCCL_NO_CUDA=1); rebuild with nvcc available".into(),
         });
     }
-    let image: *const c_void = match &file {
-        Some(words) => words.as_ptr() as *const c_void,
-        None => embedded.as_ptr() as *const c_void,
-    };
+    let image = embedded.as_ptr() as *const c_void;
     let mut m: sys::CUmodule = std::ptr::null_mut();
     log::debug!("loading the kernel module");
-    // SAFETY: image is a complete fatbin (the file, parsed above and held 8-byte aligned in
-    // `file`, or the embedded one, 64-byte aligned and 'static), alive until
-    // cuModuleLoadData returns (the driver copies it); valid out-pointer.
+    // SAFETY: image is the complete embedded fatbin, 64-byte aligned and 'static (the driver
+    // copies it); valid out-pointer.
     check(OP, "cuModuleLoadData", unsafe { sys::cuModuleLoadData(&mut m, image) })?;
     kernels::note_module_loaded();
     load_functions(m);
