@@ -168,7 +168,7 @@ class Device {
   detail::Owned<bridge::Dev> impl_;
 };
 
-// The lossless bf16/fp16/fp32 codec (formats BFX1/HFX1/FFX1, docs/codec.md). Only Bfloat16,
+// The lossless bf16/fp16/fp32 codec (formats BFX1/HFX1/FFX1, docs/design.md "Codec format"). Only Bfloat16,
 // Float16 and Float32 are accepted (InvalidArgument otherwise); a stream that fails
 // validation is ErrorCode::CorruptData, never a crash. CUDA kernels and the CPU reference
 // produce the same bytes.

@@ -1,5 +1,5 @@
 //! The `BFX1`/`HFX1`/`FFX1` stream formats: constants, headers, exact section sizes and the
-//! validation every decoder applies. `docs/codec.md` is the long form; this is the contract.
+//! validation every decoder applies. `docs/design.md` ("Codec format") is the long form; this is the contract.
 //!
 //! ## Stream (all three dtypes; little-endian, every section padded with zeros to 4 bytes)
 //!

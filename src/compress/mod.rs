@@ -1,7 +1,7 @@
 //! The bf16/fp16/fp32 codec (compression paper §4): the exponent of every value is coded
 //! with a small per-block table (fixed-length codes, escapes to a second tier or to raw
 //! bytes); sign and mantissa are stored raw. Formats `BFX1`/`HFX1`/`FFX1` in
-//! [`format`] and `docs/codec.md`; the encoder's exact choice in [`select`].
+//! [`format`](mod@format) and `docs/design.md` ("Codec format"; kernels in `docs/codec.md`); the encoder's exact choice in [`select`].
 //!
 //! Two implementations that produce identical bytes: the CPU reference ([`cpu`]) and the
 //! CUDA kernels (`cuda/bfx.cu`, `cuda/bfx_decode.cu`, launched by [`gpu`]).
