@@ -61,7 +61,7 @@ pub struct Config {
     /// hardware queues on CUDA (`CUDA_DEVICE_MAX_CONNECTIONS`, 16 of hoccl's 32), no limit
     /// on the host backend; `0` in the variable: no limit. A waiting stream holds a hardware
     /// queue; when they all hold one, the copies that would release them cannot run
-    /// (README, Known limits).
+    /// (docs/design.md, "Several ranks in one process on one GPU").
     pub max_waiting_streams: Option<usize>,
     /// `HOCCL_SERIAL_ENQUEUE` = auto | 1 | 0: whether the CUDA backend makes one enqueueing
     /// driver call at a time per GPU of this process, because concurrent enqueues from
@@ -149,7 +149,7 @@ impl Config {
         if let Some(v) = get("HOCCL_CHUNK_BYTES") {
             self.chunk_bytes = parse_bytes("HOCCL_CHUNK_BYTES", &v)?;
         }
-        // The earlier name of HOCCL_COPY_QUEUES, still read.
+        // An alias of HOCCL_COPY_QUEUES (its former name), read for existing scripts.
         if let Some(v) = get("HOCCL_COPY_STREAMS") {
             self.copy_queues = parse_num("HOCCL_COPY_STREAMS", &v)?;
         }

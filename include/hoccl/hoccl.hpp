@@ -16,7 +16,7 @@
 // exception to "returns at once": when HOCCL_MAX_WAITING_STREAMS other streams of this process
 // (default 16 on CUDA) already wait for collectives on the GPU, a call on one more stream
 // blocks until one of them is released (at most HOCCL_TIMEOUT_MS, then ErrorCode::Timeout):
-// every waiting stream holds one of the GPU's hardware queues (README, Known limits).
+// every waiting stream holds one of the GPU's hardware queues (docs/design.md, "Hardware queues and waiting streams").
 #pragma once
 
 #include <mpi.h>

@@ -106,7 +106,7 @@ impl Communicator {
         let sharers = topo.context_sharers(rank);
         if dev.backend() == device::Backend::Cuda && sharers.len() > 1 && sharers[0] == rank {
             log::warn!(
-                "hoccl: ranks {sharers:?} drive {} from one process (one CUDA context): their enqueues take turns (HOCCL_SERIAL_ENQUEUE), and allocating or freeing while a collective is pending can stall them (README, Known limits); prefer one rank per process",
+                "hoccl: ranks {sharers:?} drive {} from one process (one CUDA context): their enqueues take turns (HOCCL_SERIAL_ENQUEUE), and allocating or freeing while a collective is pending can stall them (docs/design.md, Current limits); prefer one rank per process",
                 dev.pci_bus_id()
             );
         }
