@@ -61,7 +61,7 @@ pub struct Config {
     /// hardware queues on CUDA (`CUDA_DEVICE_MAX_CONNECTIONS`, 16 of hoccl's 32), no limit
     /// on the host backend; `0` in the variable: no limit. A waiting stream holds a hardware
     /// queue; when they all hold one, the copies that would release them cannot run
-    /// (docs/design.md, "Several ranks in one process on one GPU").
+    /// (docs/design.md, "Hardware queues and waiting streams").
     pub max_waiting_streams: Option<usize>,
     /// `HOCCL_SERIAL_ENQUEUE` = auto | 1 | 0: whether the CUDA backend makes one enqueueing
     /// driver call at a time per GPU of this process, because concurrent enqueues from
