@@ -19,7 +19,7 @@ for f in tests/codec_cuda tests/codec_cpu hoccl-zip codec_bench; do
   [ -x "$bin/$f" ] || { echo "codec.sh: $bin/$f missing (scripts/gpu/build.sh makes it)" >&2; exit 2; }
 done
 fail=0
-[ -f "$bin/ptxas.log" ] && cp "$bin/ptxas.log" "$results/codec-ptxas.log" && record "$results/codec-ptxas.log" "bash scripts/gpu/build.sh (nvcc's -Xptxas -v report)"
+[ -f "$bin/ptxas.log" ] && cp "$bin/ptxas.log" "$results/codec-ptxas.log" && record "$results/codec-ptxas.log" "bash scripts/gpu/build.sh (ptxas.log of the kernels' build, copied)"
 
 echo "== GPU tests (tests/codec_cuda.rs)"
 timeout 45 "$bin/tests/codec_cuda" --ignored --test-threads=1 > "$log_dir/codec_cuda.log" 2>&1 || fail=1
