@@ -5,7 +5,7 @@
 //! streams (`HOCCL_MAX_WAITING_STREAMS`, 16 on CUDA by default; past it the calls take
 //! turns). The README's "Hardware queues" limit is about such waits: on one H200, two
 //! processes with 32 waiting streams each stopped for good without the limit, and pass with
-//! it (twenty-seventh session). This checks every byte.
+//! it. This checks every byte.
 //!
 //!   mpirun -np 2 target/release/examples/streams_check [--streams 1,4,16,32] [--rounds N] [--bytes 1M]
 //!

@@ -1,22 +1,31 @@
 #!/usr/bin/env bash
 # Command two: everything CI checks, from a fresh clone.
 #   1. setup (apt packages, pinned nvcc wheels; idempotent)
-#   2. cargo test --all-targets, cargo test --doc
-#   3. every self-checking example under mpirun -np 2 and -np 4
-#   4. CMake configure, build, install; ctest --output-on-failure (which also builds a
-#      consumer project against the installed package)
-# Prints each stage's summary and exits non-zero if anything failed. Examples that are
-# expected but not written yet are reported as SKIPPED, never as passed.
+#   2. cargo: cargo test --all-targets, cargo test --doc (every test binary runs)
+#   3. examples: every self-checking example under mpirun -np 2 and -np 4 (debug build:
+#      it links the library cargo test built, so only the examples compile)
+#   4. cmake: CMake configure, build, install; ctest --output-on-failure (which also builds
+#      a consumer project against the installed package). CMake's cargo step shares target/
+#      and the release profile with `cargo build --release` (scripts/demo.sh), so the
+#      release library compiles once across the two scripts.
+# Prints each part's summary and exits non-zero if anything failed. Examples that are
+# expected but not written yet are reported as SKIPPED, never as passed. Tests that provoke
+# errors on purpose keep the library's log to themselves unless they fail (ctest shows a
+# test's output only then), so ERROR or WARN lines in a passing run are worth a look, except
+# the one warning per run that bootstrap_check --user-init announces. Every part's log
+# stays in build/test-logs/.
 #
 # An example is self-checking when its file has the line `//! hoccl-example: self-checking`;
 # each `//! hoccl-example-run: ARGS` line adds a run with those arguments. It passes when
 # every rank exits 0.
+#   HOCCL_TEST_PARTS    the parts to run (default "cargo examples cmake")
 #   HOCCL_TEST_NP       rank counts for the examples (default "2 4")
 #   HOCCL_TEST_TIMEOUT  seconds per mpirun (default 300)
 #   HOCCL_BUILD_DIR     CMake build dir (default build/cmake)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 root="$PWD"
+target_dir="${CARGO_TARGET_DIR:-target}"
 start=$SECONDS
 
 [ -x "${HOME:-/root}/.cargo/bin/cargo" ] && export PATH="${HOME:-/root}/.cargo/bin:$PATH"
@@ -26,76 +35,117 @@ export "${env_line:?setup printed nothing}"
 source scripts/mpi-env.sh
 
 failed=()
-logs="$(mktemp -d)"
-trap 'rm -rf "$logs"' EXIT
+summary=()
+logs="$root/build/test-logs"
+rm -rf "$logs" && mkdir -p "$logs"
 stage() { echo; echo "==== $* ($((SECONDS - start)) s)"; }
 
+# count LOG...: the sum of the `test result:` lines (one per test binary; doc-tests are one).
+count() {
+  awk '
+  /^test result:/ { for (i = 1; i < NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i; if ($(i+1) ~ /^ignored/) g += $i }; n++ }
+  END { printf "%d passed, %d failed, %d ignored (%d test binaries)", p, f, g, n }' "$@"
+}
+
+# quiet NAME CMD...: CMD's output into $logs/NAME.log, shown only if CMD fails.
+quiet() {
+  local name=$1
+  shift
+  if "$@" > "$logs/$name.log" 2>&1; then
+    echo "$name: ok"
+  else
+    cat "$logs/$name.log"
+    echo "$name: FAILED"
+    return 1
+  fi
+}
+
 # ---------------------------------------------------------------- cargo test -------------
-stage "cargo test --all-targets"
-cargo test --all-targets 2>&1 | tee "$logs/cargo-test.log"
-[ "${PIPESTATUS[0]}" = 0 ] || failed+=("cargo test --all-targets")
-stage "cargo test --doc"
-cargo test --doc 2>&1 | tee "$logs/cargo-doc.log"
-[ "${PIPESTATUS[0]}" = 0 ] || failed+=("cargo test --doc")
-cargo_summary="$(cat "$logs/cargo-test.log" "$logs/cargo-doc.log" | awk '
-  /^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i; if ($(i+1) ~ /^ignored/) g += $i }; n++ }
-  END { printf "cargo test: %d passed, %d failed, %d ignored (%d test binaries)", p, f, g, n }')"
+part_cargo() {
+  stage "cargo test --all-targets"
+  # --no-fail-fast: every test binary runs, so the summary counts them all.
+  cargo test --all-targets --no-fail-fast 2>&1 | tee "$logs/cargo-test.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || failed+=("cargo test --all-targets")
+  stage "cargo test --doc"
+  cargo test --doc --no-fail-fast 2>&1 | tee "$logs/cargo-doc.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || failed+=("cargo test --doc")
+  summary+=("cargo test: $(count "$logs/cargo-test.log")")
+  summary+=("doc-tests: $(count "$logs/cargo-doc.log")")
+}
 
 # ---------------------------------------------------------------- examples under MPI -----
-stage "self-checking examples under mpirun"
-expected_examples=(bootstrap_check demo)
-ex_pass=0; ex_fail=0; ex_skip=()
-if cargo build --examples 2>&1 | tee "$logs/examples-build.log"; [ "${PIPESTATUS[0]}" = 0 ]; then
-  for name in "${expected_examples[@]}"; do
-    [ -f "examples/$name.rs" ] || [ -f "examples/$name/main.rs" ] || ex_skip+=("$name (not written yet)")
+part_examples() {
+  stage "self-checking examples under mpirun"
+  local expected=(bootstrap_check demo) skipped=() names=() srcs=() build=() pass=0 fail=0
+  local src name i np extra label args runs
+  for name in "${expected[@]}"; do
+    [ -f "examples/$name.rs" ] || [ -f "examples/$name/main.rs" ] || skipped+=("$name (not written yet)")
   done
   for src in examples/*.rs examples/*/main.rs; do
     [ -f "$src" ] || continue
     if [ "${src##*/}" = main.rs ]; then name="$(basename "$(dirname "$src")")"; else name="$(basename "$src" .rs)"; fi
-    if ! grep -q '^//! hoccl-example: self-checking' "$src"; then
+    if grep -q '^//! hoccl-example: self-checking' "$src"; then
+      names+=("$name"); srcs+=("$src"); build+=(--example "$name")
+    else
       echo "examples: $name is not self-checking; not run here"
-      continue
     fi
+  done
+  # Only the self-checking examples are built as programs (cargo test compiled them all).
+  if [ ${#names[@]} -gt 0 ]; then
+    cargo build "${build[@]}" 2>&1 | tee "$logs/examples-build.log"
+    if [ "${PIPESTATUS[0]}" != 0 ]; then
+      failed+=("cargo build ${build[*]}")
+      summary+=("examples: not run (build failed)")
+      return
+    fi
+  fi
+  for i in "${!names[@]}"; do
+    name="${names[$i]}"
     runs=("")
-    while IFS= read -r extra; do runs+=("$extra"); done < <(sed -n 's|^//! hoccl-example-run: *||p' "$src")
+    while IFS= read -r extra; do runs+=("$extra"); done < <(sed -n 's|^//! hoccl-example-run: *||p' "${srcs[$i]}")
     for np in ${HOCCL_TEST_NP:-2 4}; do
       for extra in "${runs[@]}"; do
         read -ra args <<< "$extra"
         label="$name${extra:+ $extra} -np $np"
         echo "---- $label"
-        if timeout "${HOCCL_TEST_TIMEOUT:-300}" "${HOCCL_MPIRUN[@]}" -np "$np" "target/debug/examples/$name" "${args[@]}"; then
-          ex_pass=$((ex_pass + 1))
+        if timeout "${HOCCL_TEST_TIMEOUT:-300}" "${HOCCL_MPIRUN[@]}" -np "$np" "$target_dir/debug/examples/$name" "${args[@]}"; then
+          pass=$((pass + 1))
         else
-          ex_fail=$((ex_fail + 1)); failed+=("example: $label")
+          fail=$((fail + 1)); failed+=("example: $label")
         fi
       done
     done
   done
-else
-  failed+=("cargo build --examples")
-fi
-ex_summary="examples: $ex_pass passed, $ex_fail failed, ${#ex_skip[@]} skipped${ex_skip[*]:+: ${ex_skip[*]}}"
+  summary+=("examples: $pass passed, $fail failed, ${#skipped[@]} skipped${skipped[*]:+: ${skipped[*]}}")
+}
 
 # ---------------------------------------------------------------- CMake and CTest --------
-stage "CMake configure, build, install; ctest"
-build="${HOCCL_BUILD_DIR:-build/cmake}"
-ctest_summary="ctest: not run (CMake step failed)"
-if cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release \
-   && cmake --build "$build" -j "$(nproc)" \
-   && cmake --install "$build" --prefix "$root/$build/install"; then
-  (cd "$build" && ctest --output-on-failure) 2>&1 | tee "$logs/ctest.log"
-  [ "${PIPESTATUS[0]}" = 0 ] || failed+=("ctest")
-  ctest_summary="ctest: $(grep -E 'tests passed, [0-9]+ tests? failed out of' "$logs/ctest.log" || echo 'no summary line')"
-else
-  failed+=("CMake configure/build/install")
-fi
+part_cmake() {
+  stage "CMake configure, build, install; ctest"
+  local build="${HOCCL_BUILD_DIR:-build/cmake}"
+  if quiet cmake-configure cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release \
+     && cmake --build "$build" -j "$(nproc)" \
+     && quiet cmake-install cmake --install "$build" --prefix "$root/$build/install"; then
+    (cd "$build" && ctest --output-on-failure) 2>&1 | tee "$logs/ctest.log"
+    [ "${PIPESTATUS[0]}" = 0 ] || failed+=("ctest")
+    summary+=("ctest: $(grep -E 'tests passed, [0-9]+ tests? failed out of' "$logs/ctest.log" || echo 'no summary line')")
+  else
+    failed+=("CMake configure/build/install")
+    summary+=("ctest: not run (CMake step failed)")
+  fi
+}
+
+for part in ${HOCCL_TEST_PARTS:-cargo examples cmake}; do
+  case "$part" in
+    cargo | examples | cmake) "part_$part" ;;
+    *) echo "test: unknown part '$part' in HOCCL_TEST_PARTS (cargo, examples, cmake)" >&2; exit 2 ;;
+  esac
+done
 
 # ---------------------------------------------------------------- summary ----------------
 stage "summary"
-echo "$cargo_summary"
-echo "$ex_summary"
-echo "$ctest_summary"
-echo "total time: $((SECONDS - start)) s"
+printf '%s\n' "${summary[@]}"
+echo "total time: $((SECONDS - start)) s; logs in $logs/"
 if [ ${#failed[@]} -gt 0 ]; then
   printf 'FAILED: %s\n' "${failed[@]}"
   exit 1

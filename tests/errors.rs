@@ -4,6 +4,7 @@ mod common;
 use common::*;
 use hoccl::device::DevPtr;
 use hoccl::{Config, DataType, ErrorCode};
+use log::Level;
 use std::time::{Duration, Instant};
 
 fn bad_arguments(b: Backend) {
@@ -42,6 +43,7 @@ fn mismatched_counts(b: Backend) {
         // Sticky: later calls fail at once.
         assert!(c.all_gather(buf.ptr, buf.ptr, 1, DataType::U8, s).is_err());
     });
+    logs::expect_logged(Level::Error, "counts differ between ranks");
 }
 
 /// A peer aborts instead of calling: the others fail with Remote quickly, no hang.
@@ -64,6 +66,7 @@ fn peer_aborts(b: Backend) {
         let e = c.async_error().expect("peer abort detected");
         assert_eq!(e.code(), ErrorCode::Remote, "{e}");
     });
+    logs::expect_logged(Level::Error, "peer rank 2: its communicator was aborted or destroyed");
 }
 
 /// A peer that never calls: Timeout after the configured time, stream released.
@@ -83,6 +86,7 @@ fn peer_never_calls(b: Backend) {
             std::thread::sleep(Duration::from_millis(1500));
         }
     });
+    logs::expect_logged(Level::Error, "timed out after 700ms");
 }
 
 /// More streams with collectives pending than `max_waiting_streams`: a call on one more
@@ -128,6 +132,9 @@ fn waiting_streams_limit(b: Backend) {
         }
         assert!(c.async_error().is_none());
     });
+    if !shared {
+        logs::expect_logged(Level::Warn, "2 streams already wait for collectives on this GPU");
+    }
 }
 
 backend_tests!(bad_arguments, mismatched_counts, peer_aborts, peer_never_calls, waiting_streams_limit);

@@ -5,8 +5,10 @@
 //! destroy return within their bounds with the stream released. And copies that the device
 //! does not run (the proxy itself moving on) time out with the state behind them logged.
 //! Host backend, with a device whose first copy-engine copy blocks for a while, or whose
-//! copies stall. Its own test binary: it installs the
-//! process's logger, and its parts run in sequence in one test.
+//! copies stall. Its own test binary: its parts run in sequence in one test, each asserting
+//! on the records the capturing logger (`common::logs`) kept since the part before.
+mod common;
+use common::logs::{self, lines_with as logs_with};
 use hoccl::bootstrap::thread::ThreadBootstrap;
 use hoccl::comm::Communicator;
 use hoccl::config::BackendChoice;
@@ -15,21 +17,6 @@ use hoccl::{Config, DataType, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-static LOGS: Mutex<Vec<String>> = Mutex::new(Vec::new());
-
-struct Capture;
-impl log::Log for Capture {
-    fn enabled(&self, m: &log::Metadata) -> bool {
-        m.level() <= log::Level::Warn
-    }
-    fn log(&self, r: &log::Record) {
-        if self.enabled(r.metadata()) {
-            LOGS.lock().unwrap().push(format!("{} {}", r.level(), r.args()));
-        }
-    }
-    fn flush(&self) {}
-}
 
 /// A copy queue whose next copy blocks for `Gate::dur` once `Gate::armed` is set, and
 /// whose fences complete no further while `Gate::stall` holds a time to come (copies that
@@ -192,20 +179,15 @@ fn stuck(timeout: Duration, block: Duration) -> (Setup, Instant) {
     (t, t0)
 }
 
-fn logs_with(what: &str) -> Vec<String> {
-    LOGS.lock().unwrap().iter().filter(|l| l.contains(what)).cloned().collect()
-}
-
 #[test]
 fn a_stuck_proxy_never_hangs_its_caller() {
-    log::set_logger(&Capture).expect("the first logger of this binary");
-    log::set_max_level(log::LevelFilter::Warn);
+    logs::capture();
     reported_and_the_collective_still_ends();
-    LOGS.lock().unwrap().clear();
+    logs::clear();
     abort_returns_and_releases_the_stream();
-    LOGS.lock().unwrap().clear();
+    logs::clear();
     destroy_returns_and_releases_the_stream();
-    LOGS.lock().unwrap().clear();
+    logs::clear();
     a_stalled_copy_times_out_with_the_state_logged();
 }
 
@@ -229,7 +211,7 @@ fn reported_and_the_collective_still_ends() {
     }
     // The watchdog looks every 0.5 s: give it one more look after the proxy moved again.
     std::thread::sleep(Duration::from_millis(1200));
-    let logs = LOGS.lock().unwrap().clone();
+    let logs = logs::lines();
     let stuck = logs_with("the proxy thread has made no progress");
     assert_eq!(stuck.len(), 1, "one stall report: {logs:#?}");
     assert!(stuck[0].starts_with("ERROR") && stuck[0].contains("rank 0") && stuck[0].contains("cudaFree"), "{}", stuck[0]);
@@ -253,7 +235,7 @@ fn abort_returns_and_releases_the_stream() {
     let e = t.comm().async_error().expect("the abort's failure is reported");
     assert!(e.to_string().contains("did not stop"), "{e}");
     assert_eq!(t.comm().pending(), 0);
-    assert_eq!(logs_with("did not stop").len(), 1, "{:#?}", LOGS.lock().unwrap());
+    assert_eq!(logs_with("did not stop").len(), 1, "{:#?}", logs::lines());
     // The proxy gets out of its call later and exits on its own: nothing breaks.
     std::thread::sleep(block);
     t.free();
@@ -268,7 +250,7 @@ fn destroy_returns_and_releases_the_stream() {
     let took = t0.elapsed();
     assert!(took < Duration::from_millis(4500), "destroy waited for the stuck proxy: {took:?}");
     dev.synchronize(s).unwrap();
-    assert!(logs_with("did not stop").iter().any(|l| l.contains("Communicator::destroy")), "{:#?}", LOGS.lock().unwrap());
+    assert!(logs_with("did not stop").iter().any(|l| l.contains("Communicator::destroy")), "{:#?}", logs::lines());
     std::thread::sleep(block);
     dev.free(send).unwrap();
     dev.free(recv).unwrap();
@@ -290,7 +272,7 @@ fn a_stalled_copy_times_out_with_the_state_logged() {
     assert_eq!(e.code(), hoccl::ErrorCode::Timeout);
     assert!(e.to_string().contains("copies to rank 0"), "{e}");
     let state = logs_with("state at the first failure");
-    assert_eq!(state.len(), 1, "{:#?}", LOGS.lock().unwrap());
+    assert_eq!(state.len(), 1, "{:#?}", logs::lines());
     for want in ["rank 0:", "all_gather: stream seq ", "started", "sends [0:Copying]", "1 in flight"] {
         assert!(state[0].contains(want), "{want:?} not in {}", state[0]);
     }

@@ -1,29 +1,40 @@
 #!/usr/bin/env bash
-# One GPU-machine session: run the given sub-scripts (default: core bench) from the
-# repository root with binaries in carry/, each writing into its own folder, then pack every
-# log into $OUT/logs.tgz (the device tool returns at most 8 files) and copy the key results
-# (bench.json, bench.png, summary) beside it.
-#   bash scripts/gpu/all.sh [core] [bench] [codec] [device]
+# Everything a GPU machine checks and measures, in one command, from the repository root:
+#   bash scripts/gpu/all.sh [core] [codec] [bench]      (default: all three)
+# With Rust installed (and HOCCL_BIN_DIR unset) it first builds the binaries here
+# (scripts/gpu/build.sh into build/gpu-bin); otherwise it runs those in HOCCL_BIN_DIR, a
+# folder that build.sh made on another machine. Then each part:
+#   core   the tests that need a GPU: every test executable on the host and CUDA backends,
+#          the C and C++ checks, the self-checking examples (scripts/gpu/core.sh)
+#   codec  the codec's GPU tests and codec_bench (scripts/gpu/codec.sh)
+#   bench  the collective benchmarks against NCCL (scripts/gpu/bench.sh)
+# Results go to docs/results/<machine>/ (e.g. h200-1gpu; HOCCL_MACHINE names it), each with
+# a .cmd file saying which command made it; full logs to build/gpu-logs/. Prints one line
+# per part and the end of its output; exits non-zero if any part failed.
+#   LIMIT_<part>  seconds for that part (default: core 900, codec 300, bench 600)
 set -u
 cd "$(dirname "$0")/../.."
-FINAL=${OUT:-/tmp/hoccl-final}; mkdir -p "$FINAL"
-# pack.sh ships carry/ as one bundle (the device tool's 64 MiB limit)
-[ -f carry/bundle.txz ] && tar xJf carry/bundle.txz -C carry && rm -f carry/bundle.txz
-W=$(mktemp -d /tmp/hoccl-run.XXXX)
-export NCCL_NVLS_ENABLE=0
-parts=("$@"); [ ${#parts[@]} -gt 0 ] || parts=(core bench)
+[ -x "${HOME:-/root}/.cargo/bin/cargo" ] && export PATH="${HOME:-/root}/.cargo/bin:$PATH"
+export NCCL_NVLS_ENABLE=0   # see scripts/gpu/common.sh
+if [ -z "${HOCCL_BIN_DIR:-}" ]; then
+  if command -v cargo >/dev/null; then
+    bash scripts/gpu/build.sh || exit 1
+  fi
+  export HOCCL_BIN_DIR="$PWD/build/gpu-bin"
+fi
+logs="${HOCCL_GPU_LOGS:-$PWD/build/gpu-logs}"
+mkdir -p "$logs"
+parts=("$@"); [ ${#parts[@]} -gt 0 ] || parts=(core codec bench)
 status=0
 for p in "${parts[@]}"; do
-  mkdir -p "$W/$p"
+  case "$p" in core|codec|bench) ;; *) echo "all.sh: unknown part '$p' (core, codec, bench)" >&2; exit 2 ;; esac
   t0=$SECONDS
-  limit_var="LIMIT_$p"; limit=${!limit_var:-300}
-  OUT="$W/$p" timeout "$limit" bash "scripts/gpu/$p.sh" > "$W/$p/console.log" 2>&1; rc=$?
+  limit_var="LIMIT_$p"
+  case "$p" in core) limit=900 ;; codec) limit=300 ;; *) limit=600 ;; esac
+  timeout "${!limit_var:-$limit}" bash "scripts/gpu/$p.sh" > "$logs/$p.console.log" 2>&1
+  rc=$?
   [ $rc = 0 ] || status=1
-  echo "=== $p: rc=$rc in $((SECONDS - t0)) s" | tee -a "$W/summary.txt"
-  tail -n "${TAIL:-25}" "$W/$p/console.log" | tee -a "$W/summary.txt"
-done
-tar czf "$FINAL/logs.tgz" -C "$W" .
-for f in bench/bench.json bench/bench.png summary.txt codec/bench-bf16.json codec/summary.txt; do
-  [ -f "$W/$f" ] && cp "$W/$f" "$FINAL/$(dirname "$f" | tr / _)_$(basename "$f")"
+  echo "=== $p: exit $rc after $((SECONDS - t0)) s ($logs/$p.console.log)"
+  tail -n "${TAIL:-25}" "$logs/$p.console.log"
 done
 exit $status

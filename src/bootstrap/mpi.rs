@@ -32,7 +32,8 @@
 //! `Universe` whose drop would finalize, and discards the code).
 //!
 //! If MPI was initialized by someone else at a level below `MULTIPLE`, `world()` and the
-//! other constructors still work at that level with the rules above, and log a warning.
+//! other constructors still work at that level with the rules above, and say so once per
+//! process: a warning on rank 0 of the first communicator, an info record on the others.
 use super::Bootstrap;
 use crate::error::{Error, Result};
 use mpi::ffi;
@@ -97,6 +98,20 @@ impl Drop for MpiOwner {
             log::error!("hoccl: MPI_Finalize failed: {}", error_string(rc));
         }
     }
+}
+
+/// Say that MPI's thread level restricts the bootstrap, once per process (every bootstrap
+/// made from then on has the same level): the level is the job's, so every rank would say
+/// the same, and only rank 0 says it as a warning.
+fn note_thread_level(threading: Threading, rank: usize) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let level = if rank == 0 { log::Level::Warn } else { log::Level::Info };
+        log::log!(
+            level,
+            "hoccl: MPI thread level is {threading:?}, not Multiple: bootstrap calls are restricted (logged once, by rank 0)"
+        );
+    });
 }
 
 // ---------------------------------------------------------------- small checked calls ----
@@ -319,9 +334,6 @@ impl MpiBootstrap {
 
     fn dup_of(op: &'static str, comm: ffi::MPI_Comm, owner: Option<Arc<MpiOwner>>) -> Result<MpiBootstrap> {
         let threading = query_thread(op)?;
-        if threading < Threading::Multiple {
-            log::warn!("hoccl: MPI thread level is {threading:?}, not Multiple: bootstrap calls are restricted");
-        }
         if threading < Threading::Serialized && !is_thread_main()? {
             return Err(Error::invalid_usage(op, format!("MPI thread level {threading:?}: call from MPI's main thread")));
         }
@@ -366,6 +378,9 @@ impl MpiBootstrap {
         check(op, "MPI_Comm_size", unsafe { ffi::MPI_Comm_size(comm, &mut size) })?;
         self.rank = usize::try_from(rank).map_err(|_| Error::internal(op, format!("MPI rank {rank}")))?;
         self.size = usize::try_from(size).map_err(|_| Error::internal(op, format!("MPI size {size}")))?;
+        if self.threading < Threading::Multiple {
+            note_thread_level(self.threading, self.rank);
+        }
         let mut value: *mut c_int = std::ptr::null_mut();
         let mut flag: c_int = 0;
         // SAFETY: for MPI_TAG_UB the attribute value is a pointer to an int owned by MPI,

@@ -1,5 +1,7 @@
 //! Shared test harness: run N ranks as threads (thread bootstrap), each with its own
-//! device of the chosen backend; verifiable data from `device::pattern_byte`.
+//! device of the chosen backend; verifiable data from `device::pattern_byte`. The helpers
+//! install the capturing logger (`logs`) first, so that errors a test provokes on purpose
+//! show only when it fails.
 #![allow(dead_code)]
 use hoccl::bootstrap::thread::ThreadBootstrap;
 use hoccl::comm::Communicator;
@@ -17,6 +19,7 @@ pub enum Backend {
 
 /// A device of `backend`. On CUDA a missing GPU FAILS the test (never a silent pass).
 pub fn open_device(backend: Backend, rank: usize) -> Arc<dyn Device> {
+    logs::capture();
     match backend {
         Backend::Host => device::open(BackendChoice::Host, 0).expect("host backend"),
         Backend::Cuda => {
@@ -30,6 +33,7 @@ pub fn open_device(backend: Backend, rank: usize) -> Arc<dyn Device> {
 /// The tests' settings: short timeout, small chunks; the rest from `HOCCL_*` (so a device
 /// run can vary the copy streams, say).
 pub fn test_config() -> Config {
+    logs::capture();
     Config {
         timeout: Duration::from_secs(10),
         chunk_bytes: 64 << 10,
@@ -42,6 +46,7 @@ pub fn run_ranks<F>(backend: Backend, n: usize, cfg: Config, f: F)
 where
     F: Fn(&Communicator) + Send + Sync + 'static,
 {
+    logs::capture();
     let f = Arc::new(f);
     let handles: Vec<_> = ThreadBootstrap::group_with_timeout(n, Duration::from_secs(30))
         .into_iter()
@@ -87,18 +92,17 @@ pub fn quiesce(c: &Communicator) {
 
 /// After this rank's allocations (which follow a `quiesce`), before its first collective.
 /// With `HOCCL_TEST_ALLOC_BARRIER=1`, wait there until every rank has made its own (so that
-/// no rank enqueues a collective while another still allocates). Off by default: on the
-/// H200 the CUDA thread-rank tests failed (a 10 s timeout at the first collective on new
-/// streams or buffers) in 1 of 16 runs without this barrier (twenty-fifth session) and in
-/// 34 of 77 with it (twenty-sixth): ranks that start together have more streams waiting on
-/// host flags at once, which is what those failures need (README, Known limits). Since the
-/// enqueue gate (twenty-eighth session) 24 of 24 runs without it and 23 of 23 with it passed.
+/// no rank enqueues a collective while another still allocates). Off by default, so that
+/// ranks start together and have the most streams waiting on host flags at once, the case
+/// the per-context enqueue gate is for (README, Known limits); on, it checks the other order.
 pub fn allocated(c: &Communicator) {
     if std::env::var("HOCCL_TEST_ALLOC_BARRIER").is_ok_and(|v| v == "1") {
         c.bootstrap().barrier().expect("barrier");
     }
 }
 
+#[path = "logs.rs"]
+pub mod logs;
 #[path = "rng.rs"]
 mod rng;
 #[allow(unused_imports)] // not every test binary that includes this module draws numbers
@@ -173,9 +177,8 @@ thread_local! {
 }
 
 /// A stream for this rank's test body, destroyed with its buffers (`free_deferred`; the
-/// body must not destroy it itself), so that
-/// a test binary's CUDA context does not pile up streams test after test (each rank of each
-/// test made its own and none was destroyed before the twenty-seventh session).
+/// body must not destroy it itself), so that a test binary's CUDA context does not pile up
+/// streams test after test.
 pub fn new_stream(dev: &Arc<dyn Device>) -> StreamHandle {
     let s = dev.create_stream().expect("create_stream");
     STREAMS.with(|v| v.borrow_mut().push((dev.clone(), s)));
