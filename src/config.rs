@@ -245,7 +245,7 @@ pub fn init_logging(filter: Option<&str>) {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         let f = filter.map(str::to_owned).or_else(|| std::env::var("HOCCL_LOG").ok()).unwrap_or_else(|| "warn".into());
-        let _ = env_logger::Builder::new().parse_filters(&f).format_timestamp_micros().try_init();
+        let _ = env_logger::Builder::new().parse_filters(&f).format_timestamp_micros().is_test(cfg!(test)).try_init();
     });
 }
 
