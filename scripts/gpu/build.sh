@@ -71,6 +71,10 @@ if command -v cmake >/dev/null; then
   done
 fi
 find "$bin" -type f -perm -u+x -exec strip --strip-debug {} +
+# The commit the binaries come from (with "+changes" when the tree had uncommitted edits),
+# for the .cmd files the GPU scripts write beside each result.
+{ git rev-parse --short HEAD 2>/dev/null || echo unknown; } | tr -d '\n' > "$bin/commit.txt"
+git diff --quiet HEAD 2>/dev/null || echo -n "+changes" >> "$bin/commit.txt"
 if [ -n "$archive" ]; then
   tar cf - -C "$bin" . | xz -T0 -6 > "$archive"
   echo "build.sh: $archive ($(du -h "$archive" | cut -f1)): unpack it or put it at \$HOCCL_BIN_DIR/bundle.txz"

@@ -54,11 +54,15 @@ if [ -f "$bin/bundle.txz" ]; then
   tar xJf "$bin/bundle.txz" -C "$bin" && rm -f "$bin/bundle.txz"
 fi
 
+# The commit the binaries were built from (build.sh records it; a folder of binaries may
+# come from another checkout than the one the scripts run in).
+built=$(cat "$bin/commit.txt" 2>/dev/null || echo unknown)
+
 # record RESULT COMMAND: write RESULT.cmd, saying which command (one string) made the result
 # file RESULT, run from the repository root, with the date, the commit and the machine.
 record() {
   {
-    echo "# $(date -u +%FT%TZ), commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown), $ngpu GPU(s) ($machine), from $root"
+    echo "# $(date -u +%FT%TZ), binaries of commit $built, $ngpu GPU(s) ($machine), from $root"
     echo "$2"
   } > "$1.cmd"
 }

@@ -1,0 +1,2 @@
+# 2026-12-01T22:15:57Z, binaries of commit d901ad6, 1 GPU(s) (h200-1gpu), from /work/main
+bash scripts/gpu/codec.sh
