@@ -60,9 +60,12 @@ built=$(cat "$bin/commit.txt" 2>/dev/null || echo unknown)
 
 # record RESULT COMMAND: write RESULT.cmd, saying which command (one string) made the result
 # file RESULT, run from the repository root, with the date, the commit and the machine.
+# Paths are written relative to the repository root, and the binaries as $HOCCL_BIN_DIR.
 record() {
+  local cmd=${2//$bin/\$HOCCL_BIN_DIR}
+  cmd=${cmd//$root\//}
   {
-    echo "# $(date -u +%FT%TZ), binaries of commit $built, $ngpu GPU(s) ($machine), from $root"
-    echo "$2"
+    echo "# $(date -u +%FT%TZ), binaries of commit $built, $ngpu GPU(s) ($machine)"
+    echo "$cmd"
   } > "$1.cmd"
 }

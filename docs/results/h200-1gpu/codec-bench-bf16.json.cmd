@@ -1,2 +1,2 @@
-# 2026-12-01T22:15:39Z, binaries of commit d901ad6, 1 GPU(s) (h200-1gpu), from /work/main
-/work/main/carry/codec_bench --json-out /work/main/docs/results/h200-1gpu/codec-bench-bf16.json
+# 2026-12-01T22:15:39Z, binaries of commit d901ad6, 1 GPU(s) (h200-1gpu)
+$HOCCL_BIN_DIR/codec_bench --json-out docs/results/h200-1gpu/codec-bench-bf16.json

@@ -1,2 +1,2 @@
-# 2026-12-01T22:11:16Z, binaries of commit d901ad6, 1 GPU(s) (h200-1gpu), from /work/main
-/work/main/carry/hoccl-info
+# 2026-12-01T22:11:16Z, binaries of commit d901ad6, 1 GPU(s) (h200-1gpu)
+$HOCCL_BIN_DIR/hoccl-info

@@ -1,2 +1,2 @@
-# 2026-12-01T22:16:16Z, binaries of commit d901ad6, 1 GPU(s) (h200-1gpu), from /work/main
-mpirun --oversubscribe --bind-to none -np 4 /work/main/carry/bench --no-table --interference --compare nccl --no-check --json /work/main/docs/results/h200-1gpu/interference.json
+# 2026-12-01T22:16:16Z, binaries of commit d901ad6, 1 GPU(s) (h200-1gpu)
+mpirun --oversubscribe --bind-to none -np 4 $HOCCL_BIN_DIR/bench --no-table --interference --compare nccl --no-check --json docs/results/h200-1gpu/interference.json
