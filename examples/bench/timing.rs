@@ -64,20 +64,28 @@ fn run_ops(ctx: &Ctx, imp: Impl, g: &Geom, b: &Bufs, k: usize) -> Res<f64> {
 
 /// Time one point. Every rank calls this with the same arguments (except buffers).
 pub fn time_point(ctx: &Ctx, imp: Impl, g: &Geom, b: &Bufs) -> Res<Timing> {
-    let first = ctx.max_f64(run_ops(ctx, imp, g, b, 1)?)?;
+    time_adaptive(ctx, &|k| run_ops(ctx, imp, g, b, k))
+}
+
+/// The timing rule of every point: `run(k)` does k back-to-back units of work from a
+/// barrier to stream sync and returns this rank's seconds. One cold unit alone first, then
+/// `--iters` (after `--warmup` units) or enough units for `--min-time-ms` (the probe's
+/// units are the warm-up); every figure is the maximum over ranks.
+pub fn time_adaptive(ctx: &Ctx, run: &dyn Fn(usize) -> Res<f64>) -> Res<Timing> {
+    let first = ctx.max_f64(run(1)?)?;
     let o = &ctx.opts;
     let iters = match o.iters {
         Some(n) => {
-            run_ops(ctx, imp, g, b, o.warmup.unwrap_or(2))?;
+            run(o.warmup.unwrap_or(2))?;
             n
         }
         None => {
-            // Probe with a few ops (these are the warm-up), then aim for min_time_ms.
+            // Probe with a few units (these are the warm-up), then aim for min_time_ms.
             let probe_n = o.warmup.unwrap_or(3).max(1);
-            let per = ctx.max_f64(run_ops(ctx, imp, g, b, probe_n)? / probe_n as f64)?;
+            let per = ctx.max_f64(run(probe_n)? / probe_n as f64)?;
             ((o.min_time_ms * 1e-3 / per.max(1e-7)).ceil() as usize).clamp(5, 100_000)
         }
     };
-    let t = ctx.max_f64(run_ops(ctx, imp, g, b, iters)?)?;
+    let t = ctx.max_f64(run(iters)?)?;
     Ok(Timing { time_us: t / iters as f64 * 1e6, first_us: first * 1e6, iters })
 }
