@@ -271,7 +271,7 @@ pub fn table(ctx: &Ctx, recs: &[Rec]) -> String {
     for op in ALL_OPS {
         for r in recs.iter().filter(|r| r.op == op.name()) {
             // The blocked ops round sizes down to whole blocks: the copy of the size asked.
-            let copy = recs.iter().filter(|d| d.op == "d2d_copy" && d.bytes <= r.bytes && d.bytes * 2 > r.bytes).last();
+            let copy = recs.iter().rfind(|d| d.op == "d2d_copy" && d.bytes <= r.bytes && d.bytes * 2 > r.bytes);
             let ratio = r.nccl_time_us.map(|n| r.time_us / n);
             let pct = copy.and_then(|d| Some(100.0 * r.algbw_gbs? / d.algbw_gbs?));
             let _ = writeln!(
@@ -289,7 +289,7 @@ pub fn table(ctx: &Ctx, recs: &[Rec]) -> String {
             );
         }
     }
-    if let Some(d) = recs.iter().filter(|r| r.op == "d2d_copy").last() {
+    if let Some(d) = recs.iter().rfind(|r| r.op == "d2d_copy") {
         let _ = writeln!(s, "# d2d copy, largest size: {} in {:.1} us = {:.1} GB/s", human(d.bytes as usize), d.time_us, d.algbw_gbs.unwrap_or(0.0));
     }
     if let Some(h) = recs.iter().find(|r| r.op == "handshake") {
