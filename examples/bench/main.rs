@@ -1,7 +1,8 @@
 //! hoccl-example: self-checking
 //! hoccl-example-run: --ops allgather,alltoall,gather,scatter --min 64K --max 1M --launch-cost
+//! hoccl-example-run: --latency --max 64K --min-time-ms 2 --launch-calls 100 --handshake-rounds 300
 //! hoccl-bench: bandwidth of the copy-engine collectives against NCCL, CPU launch cost,
-//! and GEMM interference. Run as `mpirun -np N target/release/examples/bench [options]`
+//! GEMM interference, and the per-operation latency run (`--latency`, latency.rs). Run as `mpirun -np N target/release/examples/bench [options]`
 //! (`--help` lists them; scripts/gpu/bench.sh is the GPU machine's full run).
 //!
 //! What is timed (nccl-tests' method): after a barrier, host wall time around `iters`
@@ -13,6 +14,7 @@ mod ctx;
 mod cublas;
 mod dl;
 mod interference;
+mod latency;
 mod launch;
 mod nccl;
 mod ops;
@@ -88,18 +90,29 @@ fn run_op(ctx: &Ctx, oi: usize, op: OpKind, sizes: &[usize], imps: &[Impl]) -> R
     Ok(pts)
 }
 
-fn run_table(ctx: &Ctx, imps: &[Impl]) -> Res<Vec<Point>> {
+/// The table's sizes: --min..--max, by default 2M..1G on CUDA and 64K..16M on the host backend.
+fn table_sizes(ctx: &Ctx) -> Vec<usize> {
     let o = &ctx.opts;
     let (dmin, dmax) = if ctx.cuda { (2 << 20, 1 << 30) } else { (64 << 10, 16 << 20) };
-    let sizes = opts::sizes(o.min.unwrap_or(dmin), o.max.unwrap_or(dmax));
+    opts::sizes(o.min.unwrap_or(dmin), o.max.unwrap_or(dmax))
+}
+
+/// Every point of the table; printed per op unless the latency run prints its own rows.
+fn run_table(ctx: &Ctx, imps: &[Impl]) -> Res<Vec<Point>> {
+    let o = &ctx.opts;
+    let sizes = table_sizes(ctx);
     let names: Vec<String> = imps.iter().map(|i| i.label().to_string()).collect();
     let mut all = Vec::new();
     for (oi, &op) in o.ops.iter().enumerate() {
         let pts = run_op(ctx, oi, op, &sizes, imps)?;
-        say(ctx, &report::op_table(op, &pts, &names, &op_header(op, ctx.n)));
+        if !o.latency {
+            say(ctx, &report::op_table(op, &pts, &names, &op_header(op, ctx.n)));
+        }
         all.extend(pts);
     }
-    say(ctx, &report::summary(&all, &o.ops, &names, ctx.n, ctx.gpus));
+    if !o.latency {
+        say(ctx, &report::summary(&all, &o.ops, &names, ctx.n, ctx.gpus));
+    }
     Ok(all)
 }
 
@@ -188,16 +201,30 @@ fn run(opts: opts::Opts) -> Res<bool> {
     let (nr, gpus, dev, dt) = (ctx.n, ctx.gpus, ctx.device_name.clone(), o.dtype.name());
     let mut json: Vec<(&str, Json)> = Vec::new();
     let mut wrong_total = 0u64;
+    let mut recs: Vec<latency::Rec> = Vec::new();
     if o.table {
         let pts = run_table(&ctx, &imps)?;
         // Summed over ranks already; any wrong element fails the run (exit status 1).
         wrong_total = pts.iter().filter_map(|p| p.wrong).sum();
-        json.push(("points", Json::Arr(pts.iter().map(|p| report::point_json(p, nr, gpus, &dev, dt)).collect())));
+        if o.latency {
+            recs = latency::from_points(&ctx, &pts);
+        } else {
+            json.push(("points", Json::Arr(pts.iter().map(|p| report::point_json(p, nr, gpus, &dev, dt)).collect())));
+        }
+    }
+    if o.latency {
+        recs.extend(latency::d2d(&ctx, &table_sizes(&ctx))?);
+        recs.push(latency::handshake(&ctx)?);
+        say(&ctx, &latency::table(&ctx, &recs));
     }
     if o.launch_cost {
         let st = launch::run(&ctx, &imps)?;
-        say(&ctx, &launch::table(&ctx, &st));
-        json.push(("launch", Json::Arr(st.iter().map(|x| x.json(o.launch_size, o.launch_calls)).collect())));
+        say(&ctx, &launch::table(&ctx, &st, if o.latency { 7.0 } else { 10.0 }));
+        if o.latency {
+            recs.extend(latency::from_launch(&ctx, &st));
+        } else {
+            json.push(("launch", Json::Arr(st.iter().map(|x| x.json(o.launch_size, o.launch_calls)).collect())));
+        }
     }
     if o.interference {
         let mut bg = vec![Impl::Hoccl];
@@ -216,21 +243,37 @@ fn run(opts: opts::Opts) -> Res<bool> {
         say(&ctx, &format!("# FAILED: {wrong_total} wrong elements\n"));
     }
     let ok = launches_ok && wrong_total == 0;
-    if let Some(path) = &o.json {
-        let nv = nccl.as_ref().and_then(|n| n.api.as_ref()).map_or(Json::Null, |a| Json::str(a.version_string()));
-        let note = nccl.as_ref().and_then(|n| n.note.clone()).map_or(Json::Null, Json::str);
-        let meta = Json::obj(vec![
-            ("nranks", Json::num(nr as f64)),
-            ("gpus", Json::num(gpus as f64)),
-            ("device", Json::str(dev.clone())),
-            ("backend", Json::str(if ctx.cuda { "cuda" } else { "host" })),
-            ("dtype", Json::str(dt)),
-            ("nccl_version", nv),
-            ("nccl_note", note),
-            ("timing", Json::str("host wall time of iters back-to-back ops on one stream from a barrier to stream sync, / iters, max over ranks")),
-            ("checked", Json::Bool(o.check)),
-        ]);
-        json.insert(0, ("meta", meta));
+    let nv = nccl.as_ref().and_then(|n| n.api.as_ref()).map_or(Json::Null, |a| Json::str(a.version_string()));
+    let note = nccl.as_ref().and_then(|n| n.note.clone()).map_or(Json::Null, Json::str);
+    let meta = vec![
+        ("nranks", Json::num(nr as f64)),
+        ("gpus", Json::num(gpus as f64)),
+        ("device", Json::str(dev.clone())),
+        ("backend", Json::str(if ctx.cuda { "cuda" } else { "host" })),
+        ("dtype", Json::str(dt)),
+        ("nccl_version", nv),
+        ("nccl_note", note),
+        ("timing", Json::str("host wall time of iters back-to-back ops on one stream from a barrier to stream sync, / iters, max over ranks")),
+        ("checked", Json::Bool(o.check)),
+    ];
+    if o.latency && ctx.is_root() {
+        // The targets cover every record of the file when appending (the one-rank run and
+        // the MPS runs of scripts/gpu/latency.sh), else this run's.
+        let all = match &o.json {
+            Some(path) => {
+                let mut run = meta;
+                run.retain(|(k, _)| *k != "timing");
+                run.push(("mps", Json::Bool(o.mps)));
+                run.push(("kernel_launches", acc));
+                let all = latency::write(path, o.append, Json::obj(run), &recs, latency::file_meta())?;
+                say(&ctx, &format!("# JSON {} {path}\n", if o.append { "appended to" } else { "written to" }));
+                all
+            }
+            None => recs,
+        };
+        say(&ctx, &latency::targets(&all));
+    } else if let (Some(path), false) = (&o.json, o.latency) {
+        json.insert(0, ("meta", Json::obj(meta)));
         json.push(("kernel_launches", acc));
         write_json(&ctx, path, json)?;
     }

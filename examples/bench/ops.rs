@@ -19,6 +19,9 @@ pub enum OpKind {
     Scatter,
 }
 
+/// Every operation the benchmark knows, in its table order.
+pub const ALL_OPS: [OpKind; 6] = [OpKind::SendRecv, OpKind::AllGather, OpKind::AlltoAll, OpKind::Broadcast, OpKind::Gather, OpKind::Scatter];
+
 impl OpKind {
     pub fn name(self) -> &'static str {
         match self {
@@ -31,9 +34,7 @@ impl OpKind {
         }
     }
     pub fn from_name(s: &str) -> Option<OpKind> {
-        [OpKind::SendRecv, OpKind::AllGather, OpKind::AlltoAll, OpKind::Broadcast, OpKind::Gather, OpKind::Scatter]
-            .into_iter()
-            .find(|o| o.name() == s.to_ascii_lowercase())
+        ALL_OPS.into_iter().find(|o| o.name() == s.to_ascii_lowercase())
     }
     /// busbw / algbw, as nccl-tests defines it.
     pub fn bus_factor(self, n: usize) -> f64 {
@@ -194,7 +195,7 @@ mod tests {
         assert_eq!((a.send_len, a.block), (1 << 20, 1 << 18));
         assert!(geom(OpKind::Scatter, 4, 4, 2, 0).is_none());
         // Every expected block of every rank is some rank's input block.
-        for op in [OpKind::SendRecv, OpKind::AllGather, OpKind::AlltoAll, OpKind::Broadcast, OpKind::Gather, OpKind::Scatter] {
+        for op in ALL_OPS {
             let n = 3;
             let inputs: Vec<u64> = (0..n).flat_map(|r| input_blocks(&geom(op, 6000, n, 2, r).unwrap(), 7, r, n)).map(|b| b.seed).collect();
             for r in 0..n {

@@ -1,5 +1,5 @@
 //! Command-line options. Bad input is a clear message and exit status 2, never a panic.
-use crate::ops::OpKind;
+use crate::ops::{OpKind, ALL_OPS};
 use hoccl::config::BackendChoice;
 use hoccl::DataType;
 
@@ -28,6 +28,15 @@ usage: mpirun -np N bench [options]
   --no-check          skip the correctness pass (and with it every fill kernel)
   --no-table          skip the bandwidth table (run only --launch-cost/--interference)
   --backend B         host | cuda | auto (default auto; HOCCL_BACKEND also works)
+  --latency           the per-operation latency run (issue targets): end-to-end time per op
+                      and size beside NCCL's (default NCCL only), the stream handshake probe,
+                      device-to-device copy bandwidth per size, launch cost, PASS/FAIL lines.
+                      Defaults then: every op, --min 4K, --compare nccl, --nccl-ctas none,
+                      --launch-cost (each unless given)
+  --mps               mark this run's latency records as taken under MPS (records say mps: true)
+  --append            with --latency and --json: add this run's records to FILE's (a
+                      latency JSON of an earlier run; a missing FILE is created)
+  --handshake-rounds N  round trips of the handshake probe (default 2000, first 100 untimed)
   -h, --help          this text
 SIZE accepts K/M/G suffixes (powers of 1024).";
 
@@ -52,6 +61,10 @@ pub struct Opts {
     pub check: bool,
     pub table: bool,
     pub backend: Option<BackendChoice>,
+    pub latency: bool,
+    pub mps: bool,
+    pub append: bool,
+    pub handshake_rounds: usize,
 }
 
 impl Default for Opts {
@@ -76,6 +89,10 @@ impl Default for Opts {
             check: true,
             table: true,
             backend: None,
+            latency: false,
+            mps: false,
+            append: false,
+            handshake_rounds: 2000,
         }
     }
 }
@@ -152,6 +169,8 @@ fn parse_backend(s: &str) -> Result<BackendChoice, String> {
 /// Parse the arguments after the program name.
 pub fn parse(args: &[String]) -> Result<Parsed, String> {
     let mut o = Opts::default();
+    // Flags given on the command line: --latency's defaults apply to the others only.
+    let mut given: Vec<String> = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
         // Accept both "--flag value" and "--flag=value".
@@ -159,6 +178,7 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
             Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
             _ => (a.as_str(), None),
         };
+        given.push(flag.to_string());
         let mut value = || -> Result<String, String> {
             inline.clone().or_else(|| it.next().cloned()).ok_or_else(|| format!("{flag} needs a value"))
         };
@@ -188,8 +208,38 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
             "--no-check" => o.check = false,
             "--no-table" => o.table = false,
             "--backend" => o.backend = Some(parse_backend(&value()?)?),
+            "--latency" => o.latency = true,
+            "--mps" => o.mps = true,
+            "--append" => o.append = true,
+            "--handshake-rounds" => o.handshake_rounds = parse_count(flag, &value()?)?,
             _ => return Err(format!("unknown option {a:?}")),
         }
+    }
+    if o.latency {
+        let has = |f: &[&str]| f.iter().any(|f| given.iter().any(|g| g == f));
+        if !has(&["--ops"]) {
+            o.ops = ALL_OPS.to_vec();
+        }
+        if !has(&["--min", "-b"]) {
+            o.min = Some(4 << 10);
+        }
+        if !has(&["--nccl-ctas"]) {
+            o.nccl_ctas = Vec::new();
+        }
+        o.compare_nccl = true;
+        o.launch_cost = true;
+    }
+    if (o.mps || o.append) && !o.latency {
+        return Err("--mps and --append belong to --latency".into());
+    }
+    if o.append && o.json.is_none() {
+        return Err("--append needs --json FILE".into());
+    }
+    if o.latency && (!o.table || o.interference) {
+        return Err("--latency runs its own sections: without --no-table and --interference".into());
+    }
+    if o.handshake_rounds < 200 {
+        return Err("--handshake-rounds must be at least 200 (the first 100 are untimed)".into());
     }
     if let (Some(lo), Some(hi)) = (o.min, o.max) {
         if lo > hi {
@@ -227,5 +277,16 @@ mod tests {
         assert!(parse_size("2X").is_err());
         assert!(parse_size("0").is_err());
         assert_eq!(sizes(2 << 20, 16 << 20).len(), 4);
+    }
+    #[test]
+    fn latency_defaults_yield_to_given_flags() {
+        let args = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
+        let Ok(Parsed::Run(o)) = parse(&args("--latency --ops sendrecv --max 1M")) else { panic!("parse") };
+        assert_eq!((o.ops.len(), o.min, o.max), (1, Some(4 << 10), Some(1 << 20)));
+        assert!(o.compare_nccl && o.launch_cost && o.nccl_ctas.is_empty());
+        let Ok(Parsed::Run(o)) = parse(&args("--latency --min=64K")) else { panic!("parse") };
+        assert_eq!((o.ops.len(), o.min), (6, Some(64 << 10)));
+        assert!(parse(&args("--mps")).is_err());
+        assert!(parse(&args("--latency --append")).is_err());
     }
 }
