@@ -22,6 +22,9 @@
 //! pending, the thread parks ([`IDLE_PARK`]; `Engine::submit` unparks it, so a new op is
 //! seen within microseconds); with ops waiting on the GPU or a peer, it sleeps
 //! [`WAIT_SLEEP`] per turn (the kernel's timer slack, 50 µs by default, adds to it).
+//! What that costs (host backend, per proxy): idle, nothing measurable (no tick of 10 ms
+//! in a second); an op pending whose stream has not reached it, about 15 % of a core;
+//! back-to-back 4 KiB ops, about a third of a core.
 //!
 //! The proxy reaches peers only through [`Transport`]; which transport it holds is decided
 //! where the engine starts.
