@@ -236,6 +236,64 @@ pub fn chunk_size(len: usize, spread: usize, cap: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Result;
+    use std::sync::{Arc, Mutex};
+
+    /// A queue that records every copy (queue index, source, length) and completes each
+    /// fence at once.
+    struct Recorder(usize, Arc<Mutex<Vec<(usize, u64, usize)>>>, u64);
+    impl CopyQueue for Recorder {
+        fn copy(&mut self, _dst: DevPtr, src: DevPtr, len: usize) -> Result<()> {
+            self.1.lock().unwrap().push((self.0, src.0, len));
+            Ok(())
+        }
+        fn fence(&mut self) -> Result<u64> {
+            self.2 += 1;
+            Ok(self.2)
+        }
+        fn completed(&mut self) -> Result<u64> {
+            Ok(self.2)
+        }
+    }
+
+    /// Run flows (id, src, len, local) on `queues` recording queues with chunk cap `cap`;
+    /// every copy made and the order flows finished.
+    fn run(queues: usize, cap: usize, flows: &[(usize, u64, usize, bool)]) -> (Vec<(usize, u64, usize)>, Vec<usize>) {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let qs: Vec<Box<dyn CopyQueue>> = (0..queues).map(|i| Box::new(Recorder(i, log.clone(), 0)) as Box<dyn CopyQueue>).collect();
+        let mut s = ChunkScheduler::new(qs, cap);
+        for &(idx, src, len, local) in flows {
+            s.add(FlowId { seq: 1, idx }, DevPtr(src), DevPtr(0), len, local);
+        }
+        let (mut done, mut advanced) = (Vec::new(), Vec::new());
+        while !s.is_idle() {
+            s.poll(&mut done, &mut advanced).unwrap();
+        }
+        let copies = log.lock().unwrap().clone();
+        (copies, done.iter().map(|f| f.idx).collect())
+    }
+
+    /// Local copies go to the first queue only and peer flows to the others while a local
+    /// chunk waits; a small flow is one copy; every byte is copied once.
+    #[test]
+    fn local_copies_keep_off_the_peer_queues() {
+        const M: usize = 1 << 20;
+        let local = 1u64 << 40;
+        let (copies, done) = run(3, M, &[(0, local, 8 * M, true), (1, 0, 8 * M, false), (2, 1 << 41, 4096, false)]);
+        assert_eq!(done.len(), 3);
+        let on = |q: usize| copies.iter().filter(move |c| c.0 == q);
+        assert!(copies.iter().filter(|c| c.1 >= local && c.1 < 1 << 41).all(|c| c.0 == 0), "local chunks on peer queues: {copies:?}");
+        assert!(on(1).chain(on(2)).count() > 0);
+        let small: Vec<_> = copies.iter().filter(|c| c.1 == 1 << 41).collect();
+        assert_eq!(small.len(), 1, "a small flow is one copy: {copies:?}");
+        for (src, len) in [(local, 8 * M), (0, 8 * M)] {
+            let total: usize = copies.iter().filter(|c| c.1 >= src && c.1 < src + len as u64).map(|c| c.2).sum();
+            assert_eq!(total, len);
+        }
+        // With one queue everything shares it.
+        let (copies, _) = run(1, M, &[(0, local, 2 * M, true), (1, 0, 2 * M, false)]);
+        assert!(copies.iter().all(|c| c.0 == 0));
+    }
 
     #[test]
     fn chunks_follow_the_flow_size() {
