@@ -30,10 +30,13 @@ pub struct Config {
     pub engine: EngineChoice,
     /// `HOCCL_BACKEND` = auto | cuda | host.
     pub backend: BackendChoice,
-    /// `HOCCL_CHUNK_BYTES`: the unit of copy-engine work and of pipelining (bytes; accepts
-    /// K/M/G suffixes). A flow larger than this is split into chunks interleaved across queues.
+    /// `HOCCL_CHUNK_BYTES`: the largest chunk of copy-engine work (bytes; accepts K/M/G
+    /// suffixes). The same-host transport sizes each flow's chunks from the flow (one copy
+    /// up to 1 MiB, otherwise spread over the queues, chunks of at least 1 MiB); this bounds
+    /// them (`transport::chunk_scheduler`).
     pub chunk_bytes: usize,
-    /// `HOCCL_COPY_QUEUES`: copy-engine queues per rank (H200 has 3 async engines).
+    /// `HOCCL_COPY_QUEUES`: copy-engine queues per rank (H200 has 3 async engines); with two
+    /// or more, the first carries the rank's copies to itself first.
     pub copy_queues: usize,
     /// `HOCCL_QPS_PER_PEER`: queue pairs (or sockets) per remote peer, for the inter-node
     /// transport. Validated (1..=64) and otherwise reserved: it has no effect, since every
@@ -77,7 +80,7 @@ impl Default for Config {
         Config {
             engine: EngineChoice::Auto,
             backend: BackendChoice::Auto,
-            chunk_bytes: 4 << 20,
+            chunk_bytes: 16 << 20,
             copy_queues: 3,
             qps_per_peer: 4,
             virtual_nodes: 1,

@@ -3,9 +3,10 @@
 //! naming the likely cause once it has been stuck for the communicator's timeout with an
 //! operation pending; a warning when it moves again), the collective still ends (done or failed), and abort and
 //! destroy return within their bounds with the stream released. And copies that the device
-//! does not run (the proxy itself moving on) time out with the state behind them logged.
-//! Host backend, with a device whose first copy-engine copy blocks for a while, or whose
-//! copies stall. Its own test binary: its parts run in sequence in one test, each asserting
+//! does not run (the proxy itself moving on) time out with the state behind them logged,
+//! while a transfer longer than the timeout whose chunks keep landing does not.
+//! Host backend, with a device whose first copy-engine copy blocks for a while, whose
+//! copies stall, or whose copy queues complete one chunk per fixed delay. Its own test binary: its parts run in sequence in one test, each asserting
 //! on the records the capturing logger (`common::logs`) kept since the part before.
 mod common;
 use common::logs::{self, lines_with as logs_with};
@@ -14,21 +15,26 @@ use hoccl::comm::Communicator;
 use hoccl::config::BackendChoice;
 use hoccl::device::{self, Allocation, Backend, CopyQueue, DevPtr, Device, ExportHandle, FlagSlab, StreamHandle};
 use hoccl::{Config, DataType, Result};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// A copy queue whose next copy blocks for `Gate::dur` once `Gate::armed` is set, and
-/// whose fences complete no further while `Gate::stall` holds a time to come (copies that
-/// the device does not run, as on the H200 when its scheduler holds a queue back).
+/// A copy queue whose next copy blocks for `Gate::dur` once `Gate::armed` is set, whose
+/// fences complete no further while `Gate::stall` holds a time to come (copies that the
+/// device does not run, as on the H200 when its scheduler holds a queue back), and, with
+/// `Gate::per_chunk` set, whose fences complete one per that delay, in order (a slow link;
+/// the proxy is never blocked).
 struct Gate {
     armed: AtomicBool,
     dur: Duration,
     stall: Mutex<Option<Instant>>,
+    per_chunk: Option<Duration>,
 }
 
-/// The inner queue, the gate, and the fence ticket reported last.
-struct SlowQueue(Box<dyn CopyQueue>, Arc<Gate>, u64);
+/// The inner queue, the gate, the fence ticket reported last, and with `per_chunk` the
+/// fences not yet reported with the time each completes.
+struct SlowQueue(Box<dyn CopyQueue>, Arc<Gate>, u64, VecDeque<(u64, Instant)>);
 impl CopyQueue for SlowQueue {
     fn copy(&mut self, dst: DevPtr, src: DevPtr, len: usize) -> Result<()> {
         if self.1.armed.swap(false, Ordering::AcqRel) {
@@ -37,13 +43,28 @@ impl CopyQueue for SlowQueue {
         self.0.copy(dst, src, len)
     }
     fn fence(&mut self) -> Result<u64> {
-        self.0.fence()
+        let t = self.0.fence()?;
+        if let Some(d) = self.1.per_chunk {
+            let after = self.3.back().map_or(Instant::now(), |&(_, due)| due.max(Instant::now()));
+            self.3.push_back((t, after + d));
+        }
+        Ok(t)
     }
     fn completed(&mut self) -> Result<u64> {
         if self.1.stall.lock().unwrap().is_some_and(|until| Instant::now() < until) {
             return Ok(self.2);
         }
-        self.2 = self.0.completed()?;
+        let done = self.0.completed()?;
+        if self.1.per_chunk.is_none() {
+            self.2 = done;
+        }
+        while let Some(&(t, due)) = self.3.front() {
+            if t > done || due > Instant::now() {
+                break;
+            }
+            self.3.pop_front();
+            self.2 = t;
+        }
         Ok(self.2)
     }
 }
@@ -121,7 +142,7 @@ impl Device for SlowDevice {
         self.0.copy_engine_count()
     }
     fn create_copy_queue(&self) -> Result<Box<dyn CopyQueue>> {
-        Ok(Box::new(SlowQueue(self.0.create_copy_queue()?, self.1.clone(), 0)))
+        Ok(Box::new(SlowQueue(self.0.create_copy_queue()?, self.1.clone(), 0, VecDeque::new())))
     }
 }
 
@@ -140,7 +161,7 @@ struct Setup {
 const LEN: usize = 4096;
 
 fn setup(timeout: Duration, block: Duration) -> Setup {
-    let gate = Arc::new(Gate { armed: AtomicBool::new(false), dur: block, stall: Mutex::new(None) });
+    let gate = Arc::new(Gate { armed: AtomicBool::new(false), dur: block, stall: Mutex::new(None), per_chunk: None });
     let dev: Arc<dyn Device> = Arc::new(SlowDevice(device::open(BackendChoice::Host, 0).expect("host backend"), gate.clone()));
     let cfg = Config { timeout, ..Config::default() };
     let boot = ThreadBootstrap::group(1).pop().unwrap();
@@ -189,6 +210,10 @@ fn a_stuck_proxy_never_hangs_its_caller() {
     destroy_returns_and_releases_the_stream();
     logs::clear();
     a_stalled_copy_times_out_with_the_state_logged();
+    logs::clear();
+    a_transfer_that_keeps_landing_outlives_the_timeout();
+    logs::clear();
+    a_chunk_slower_than_the_timeout_times_out();
 }
 
 fn reported_and_the_collective_still_ends() {
@@ -282,4 +307,79 @@ fn a_stalled_copy_times_out_with_the_state_logged() {
     // Once the device runs the copy the mapping is released; free after that.
     std::thread::sleep(stall.saturating_sub(t0.elapsed()) + Duration::from_millis(200));
     t.free();
+}
+
+/// One send from rank 0 to rank 1 of `len` bytes in 64 KiB chunks, on two ranks (threads)
+/// whose copy queues complete one chunk per `per_chunk`, with the communicators' `timeout`;
+/// each rank's outcome, how long its stream took, and whether rank 1 got the data.
+fn slow_sendrecv(len: usize, per_chunk: Duration, timeout: Duration) -> Vec<(Result<()>, Duration, bool)> {
+    let cfg = Config { timeout, chunk_bytes: 64 << 10, ..Config::default() };
+    // Buffers are freed only once both communicators are gone: a failed op's chunks still
+    // in flight land first (the sender's destroy waits for them).
+    let gone = Arc::new(std::sync::Barrier::new(2));
+    let ranks: Vec<_> = ThreadBootstrap::group_with_timeout(2, Duration::from_secs(30))
+        .into_iter()
+        .enumerate()
+        .map(|(rank, boot)| {
+            let (cfg, gone) = (cfg.clone(), gone.clone());
+            std::thread::spawn(move || {
+                let gate = Arc::new(Gate { armed: AtomicBool::new(false), dur: Duration::ZERO, stall: Mutex::new(None), per_chunk: Some(per_chunk) });
+                let dev: Arc<dyn Device> = Arc::new(SlowDevice(device::open(BackendChoice::Host, 0).expect("host backend"), gate));
+                let c = Communicator::with_bootstrap(Box::new(boot), Some(dev.clone()), cfg).expect("communicator");
+                let buf = dev.alloc(len).unwrap();
+                let data: Vec<u8> = (0..len as u64).map(|i| device::pattern_byte(11, i)).collect();
+                let zeros = vec![0u8; len];
+                dev.copy_from_host(buf, if rank == 0 { &data } else { &zeros }).unwrap();
+                let s = dev.create_stream().unwrap();
+                let t0 = Instant::now();
+                if rank == 0 {
+                    c.send(buf, len, DataType::U8, 1, s).unwrap();
+                } else {
+                    c.recv(buf, len, DataType::U8, 0, s).unwrap();
+                }
+                dev.synchronize(s).unwrap();
+                let took = t0.elapsed();
+                let outcome = c.wait_idle();
+                drop(c);
+                gone.wait();
+                let mut got = vec![0u8; len];
+                dev.copy_to_host(&mut got, buf).unwrap();
+                dev.free(buf).unwrap();
+                (outcome, took, got == data)
+            })
+        })
+        .collect();
+    ranks.into_iter().map(|h| h.join().expect("rank thread")).collect()
+}
+
+/// 4 MiB in 64 chunks, each landing 40 ms after the one before on its queue: the transfer
+/// takes about three times the 300 ms timeout, and neither side times out (the sender's
+/// op sees its chunks land, the receiver's op the sender's progress signals).
+fn a_transfer_that_keeps_landing_outlives_the_timeout() {
+    let timeout = Duration::from_millis(300);
+    for (rank, (outcome, took, delivered)) in slow_sendrecv(4 << 20, Duration::from_millis(40), timeout).into_iter().enumerate() {
+        assert!(outcome.is_ok(), "rank {rank}: {outcome:?} after {took:?}: {:#?}", logs::lines());
+        assert!(took > 2 * timeout, "rank {rank}: the transfer took {took:?}, not longer than the timeout");
+        if rank == 1 {
+            assert!(delivered, "the data landed wrong");
+        }
+    }
+    assert!(logs_with("timed out").is_empty(), "{:#?}", logs::lines());
+}
+
+/// The same transfer with each chunk taking longer than the timeout: it times out (the
+/// sender's op waiting for its copies or the receiver's waiting for the data, whichever
+/// check runs first; the other side fails by its peer's failure or its own timeout), and
+/// both streams are released by the timeout, before the first chunk lands.
+fn a_chunk_slower_than_the_timeout_times_out() {
+    let timeout = Duration::from_millis(300);
+    let per_chunk = Duration::from_millis(1200);
+    let got = slow_sendrecv(1 << 20, per_chunk, timeout);
+    let errors: Vec<hoccl::Error> = got.iter().map(|(o, _, _)| o.clone().expect_err("the op failed")).collect();
+    let timeouts: Vec<String> = errors.iter().filter(|e| e.code() == hoccl::ErrorCode::Timeout).map(|e| e.to_string()).collect();
+    assert!(!timeouts.is_empty(), "{errors:?}");
+    assert!(timeouts.iter().all(|e| e.contains("copies to rank 1") || e.contains("data from rank 0")), "{timeouts:?}");
+    for (rank, (_, took, _)) in got.iter().enumerate() {
+        assert!(*took >= timeout && *took < per_chunk, "rank {rank}: the stream is released by the timeout: {took:?}");
+    }
 }

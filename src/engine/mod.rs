@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, sync_channel, Sender};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::thread::{JoinHandle, Thread};
 use std::time::Duration;
 
 mod proxy;
@@ -67,7 +67,8 @@ pub struct Shared {
     /// Ops submitted / finished (succeeded or failed).
     pub submitted: AtomicU64,
     pub finished: AtomicU64,
-    /// Iterations of the proxy loop (it turns at least every 20 ms unless a call blocks it);
+    /// Iterations of the proxy loop (it turns at least every 20 ms, its idle park, unless a
+    /// call blocks it);
     /// read by the watchdog.
     pub heartbeat: AtomicU64,
     /// How to release the stream of every op submitted and not finished, by op seq: its
@@ -150,6 +151,8 @@ enum Cmd {
 pub struct Engine {
     tx: Mutex<Option<Sender<Cmd>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// The proxy thread, to unpark it when a command is sent (an idle proxy parks).
+    proxy: Thread,
     pub shared: Arc<Shared>,
     timeout: Duration,
 }
@@ -190,7 +193,8 @@ impl Engine {
             .map_err(|e| Error::io(OP, "thread spawn", e))?;
         ready_rx.recv().map_err(|_| Error::internal(OP, "proxy thread died during start"))??;
         watchdog::watch(&shared, rank, timeout);
-        Ok(Engine { tx: Mutex::new(Some(tx)), thread: Mutex::new(Some(thread)), shared, timeout })
+        let proxy = thread.thread().clone();
+        Ok(Engine { tx: Mutex::new(Some(tx)), thread: Mutex::new(Some(thread)), proxy, shared, timeout })
     }
 
     pub fn submit(&self, op: Op) -> Result<()> {
@@ -203,7 +207,10 @@ impl Engine {
             // Never enqueued on the proxy: release its stream here.
             self.shared.release_op(seq);
             Error::internal("Engine::submit", "proxy thread is gone")
-        })
+        })?;
+        // An atomic swap when the proxy is awake; one futex wake when it is parked.
+        self.proxy.unpark();
+        Ok(())
     }
 
     /// Stop the proxy. Graceful: pending ops finish first (each bounded by the timeout);
@@ -217,6 +224,7 @@ impl Engine {
         if let Ok(mut g) = self.tx.lock() {
             if let Some(tx) = g.take() {
                 let _ = tx.send(Cmd::Shutdown { graceful });
+                self.proxy.unpark();
             }
         }
         let Some(h) = self.thread.lock().ok().and_then(|mut g| g.take()) else { return };

@@ -3,16 +3,46 @@
 //! goes to the flow that is least far along relative to its size (issued/len), so flows
 //! that run together finish together (the paper's flow-size-aware chunk schedule), and a
 //! flow that becomes ready late joins at once.
+//!
+//! **Chunk size from the flow.** Every chunk costs a copy, a fence and a poll (about a
+//! microsecond of proxy and driver time each), so a flow is cut only where cutting buys
+//! something: a flow up to [`MIN_CHUNK`] is one copy; a larger one is cut into pieces of
+//! at least `MIN_CHUNK` and at most the configured chunk (`HOCCL_CHUNK_BYTES`, an upper
+//! bound), as many as spread it over the queues its peer traffic may use divided among the
+//! peer flows active when it starts. So one large flow alone keeps every queue busy, many
+//! flows together each go in few large chunks, and a flow's chunks stay large enough to
+//! amortise their fixed cost.
+//!
+//! **Local copies apart.** A rank's copies to itself do not share the queues of peer
+//! traffic: with two or more queues, queue 0 carries local copies first (up to
+//! [`LOCAL_DEPTH`] chunks in flight, since a device-local copy runs several times faster
+//! than a link) and takes peer chunks only while no local chunk waits; the other queues
+//! carry peer flows only. With one queue, everything shares it.
 use crate::device::{CopyQueue, DevPtr};
 use crate::error::Error;
 use crate::transport::FlowId;
 use std::collections::VecDeque;
+
+/// Flows up to this size are one copy; larger ones are cut into chunks at least this big
+/// (or the configured chunk, when that is smaller).
+pub const MIN_CHUNK: usize = 1 << 20;
+/// Chunks kept in flight per peer queue: enough to hide the proxy's reaction time behind
+/// one chunk crossing a link.
+const PEER_DEPTH: usize = 2;
+/// Chunks kept in flight on the local queue.
+const LOCAL_DEPTH: usize = 4;
+/// Chunk sizes are multiples of this (keeps copies aligned).
+const ALIGN: usize = 64 << 10;
 
 struct Flow {
     id: FlowId,
     src: DevPtr,
     dst: DevPtr,
     len: usize,
+    /// This flow's chunk size.
+    chunk: usize,
+    /// A copy between two buffers of this rank.
+    local: bool,
     issued: usize,
     outstanding: usize,
     cancelled: bool,
@@ -27,23 +57,33 @@ struct Queue {
 pub struct ChunkScheduler {
     queues: Vec<Queue>,
     flows: Vec<Option<Flow>>,
-    chunk: usize,
-    /// Chunks kept in flight per queue: enough to hide the proxy's reaction time.
-    depth: usize,
+    /// Upper bound of a chunk (`HOCCL_CHUNK_BYTES`).
+    cap: usize,
+    /// Slots of `flows` in use.
+    active: usize,
 }
 
 impl ChunkScheduler {
-    pub fn new(queues: Vec<Box<dyn CopyQueue>>, chunk: usize) -> Self {
-        ChunkScheduler {
-            queues: queues.into_iter().map(|q| Queue { q, inflight: VecDeque::new() }).collect(),
-            flows: Vec::new(),
-            chunk,
-            depth: 2,
-        }
+    pub fn new(queues: Vec<Box<dyn CopyQueue>>, cap: usize) -> Self {
+        ChunkScheduler { queues: queues.into_iter().map(|q| Queue { q, inflight: VecDeque::new() }).collect(), flows: Vec::new(), cap: cap.max(1), active: 0 }
     }
 
-    pub fn add(&mut self, id: FlowId, src: DevPtr, dst: DevPtr, len: usize) {
-        let f = Flow { id, src, dst, len, issued: 0, outstanding: 0, cancelled: false };
+    /// The queue reserved for local copies (None with one queue: it is shared).
+    fn local_queue(&self) -> Option<usize> {
+        (self.queues.len() >= 2).then_some(0)
+    }
+
+    /// Queues peer flows are spread over when sizing their chunks.
+    fn peer_queues(&self) -> usize {
+        self.queues.len() - usize::from(self.local_queue().is_some())
+    }
+
+    /// Add a flow of `len` bytes; `local` for a copy between two buffers of this rank.
+    pub fn add(&mut self, id: FlowId, src: DevPtr, dst: DevPtr, len: usize, local: bool) {
+        let peer_flows = 1 + self.flows.iter().flatten().filter(|f| !f.local && !f.cancelled && f.issued < f.len).count();
+        let spread = if local { 1 } else { (self.peer_queues() / peer_flows).max(1) };
+        let f = Flow { id, src, dst, len, chunk: chunk_size(len, spread, self.cap), local, issued: 0, outstanding: 0, cancelled: false };
+        self.active += 1;
         match self.flows.iter().position(Option::is_none) {
             Some(i) => self.flows[i] = Some(f),
             None => self.flows.push(Some(f)),
@@ -66,26 +106,51 @@ impl ChunkScheduler {
             .flows
             .iter()
             .flatten()
-            .map(|f| format!("op {}#{} {}/{}B issued, {} in flight{}", f.id.seq, f.id.idx, f.issued, f.len, f.outstanding, if f.cancelled { " (cancelled)" } else { "" }))
+            .map(|f| {
+                format!(
+                    "op {}#{} {}/{}B issued in {}B chunks, {} in flight{}",
+                    f.id.seq,
+                    f.id.idx,
+                    f.issued,
+                    f.len,
+                    f.chunk,
+                    f.outstanding,
+                    if f.cancelled { " (cancelled)" } else { "" }
+                )
+            })
             .collect();
         let queues: Vec<usize> = self.queues.iter().map(|q| q.inflight.len()).collect();
         format!("copy queues in flight {queues:?}; flows [{}]", flows.join("; "))
     }
 
     pub fn is_idle(&self) -> bool {
-        self.flows.iter().all(Option::is_none)
+        self.active == 0
     }
 
-    /// Reap completed chunks, issue new ones, and push finished flows to `done`.
+    /// Reap completed chunks, issue new ones, push the flows that had a chunk complete to
+    /// `advanced` (a flow may appear more than once) and the finished flows to `done`.
     /// An error names the op whose copy failed.
-    pub fn poll(&mut self, done: &mut Vec<FlowId>) -> Result<bool, (u64, Error)> {
+    pub fn poll(&mut self, done: &mut Vec<FlowId>, advanced: &mut Vec<FlowId>) -> Result<bool, (u64, Error)> {
+        if self.active == 0 {
+            return Ok(false);
+        }
         let mut progressed = false;
         for qi in 0..self.queues.len() {
-            progressed |= self.reap(qi)?;
+            progressed |= self.reap(qi, advanced)?;
         }
+        let local_q = self.local_queue();
         for qi in 0..self.queues.len() {
-            while self.queues[qi].inflight.len() < self.depth {
-                let Some(slot) = self.pick() else { break };
+            let depth = if Some(qi) == local_q { LOCAL_DEPTH } else { PEER_DEPTH };
+            while self.queues[qi].inflight.len() < depth {
+                // The local queue takes local chunks first and peer chunks while none
+                // waits (at most `PEER_DEPTH` of them, so a local copy that arrives waits
+                // for little); peer queues never take local chunks.
+                let slot = match local_q {
+                    None => self.pick(None),
+                    Some(l) if l == qi => self.pick(Some(true)).or_else(|| if self.queues[qi].inflight.len() < PEER_DEPTH { self.pick(Some(false)) } else { None }),
+                    Some(_) => self.pick(Some(false)),
+                };
+                let Some(slot) = slot else { break };
                 self.issue(qi, slot)?;
                 progressed = true;
             }
@@ -94,6 +159,7 @@ impl ChunkScheduler {
             let finished = slot.as_ref().is_some_and(|f| f.outstanding == 0 && (f.cancelled || f.issued == f.len));
             if finished {
                 if let Some(f) = slot.take() {
+                    self.active -= 1;
                     done.push(f.id);
                     progressed = true;
                 }
@@ -102,7 +168,7 @@ impl ChunkScheduler {
         Ok(progressed)
     }
 
-    fn reap(&mut self, qi: usize) -> Result<bool, (u64, Error)> {
+    fn reap(&mut self, qi: usize, advanced: &mut Vec<FlowId>) -> Result<bool, (u64, Error)> {
         let q = &mut self.queues[qi];
         let Some(&(_, first_slot)) = q.inflight.front() else { return Ok(false) };
         let completed = match q.q.completed() {
@@ -117,18 +183,20 @@ impl ChunkScheduler {
             q.inflight.pop_front();
             if let Some(f) = self.flows[slot].as_mut() {
                 f.outstanding -= 1;
+                advanced.push(f.id);
             }
             any = true;
         }
         Ok(any)
     }
 
-    /// The flow least far along relative to its size (oldest first on ties).
-    fn pick(&self) -> Option<usize> {
+    /// The flow least far along relative to its size (oldest slot first on ties), among
+    /// local flows (`Some(true)`), peer flows (`Some(false)`) or all (`None`).
+    fn pick(&self, local: Option<bool>) -> Option<usize> {
         let mut best: Option<(usize, usize, usize)> = None; // (slot, issued, len)
         for (i, f) in self.flows.iter().enumerate() {
             let Some(f) = f else { continue };
-            if f.cancelled || f.issued == f.len {
+            if f.cancelled || f.issued == f.len || local.is_some_and(|l| l != f.local) {
                 continue;
             }
             // issued_f/len_f < issued_b/len_b, compared without division.
@@ -142,7 +210,7 @@ impl ChunkScheduler {
 
     fn issue(&mut self, qi: usize, slot: usize) -> Result<(), (u64, Error)> {
         let Some(f) = self.flows[slot].as_mut() else { return Ok(()) };
-        let n = self.chunk.min(f.len - f.issued);
+        let n = f.chunk.min(f.len - f.issued);
         let q = &mut self.queues[qi];
         let seq = f.id.seq;
         q.q.copy(f.dst.add(f.issued), f.src.add(f.issued), n).map_err(|e| (seq, e))?;
@@ -151,5 +219,97 @@ impl ChunkScheduler {
         f.outstanding += 1;
         q.inflight.push_back((t, slot));
         Ok(())
+    }
+}
+
+/// The chunk of a flow of `len` bytes spread over `spread` queues, at most `cap`: one copy
+/// up to `MIN_CHUNK` (or `cap`, if smaller); otherwise `len / spread` rounded up to
+/// `ALIGN`, clamped to `[MIN_CHUNK, cap]`.
+pub fn chunk_size(len: usize, spread: usize, cap: usize) -> usize {
+    let floor = MIN_CHUNK.min(cap);
+    if len <= floor {
+        return len.max(1);
+    }
+    len.div_ceil(spread.max(1)).next_multiple_of(ALIGN).clamp(floor, cap)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Result;
+    use std::sync::{Arc, Mutex};
+
+    /// A queue that records every copy (queue index, source, length) and completes each
+    /// fence at once.
+    struct Recorder(usize, Arc<Mutex<Vec<(usize, u64, usize)>>>, u64);
+    impl CopyQueue for Recorder {
+        fn copy(&mut self, _dst: DevPtr, src: DevPtr, len: usize) -> Result<()> {
+            self.1.lock().unwrap().push((self.0, src.0, len));
+            Ok(())
+        }
+        fn fence(&mut self) -> Result<u64> {
+            self.2 += 1;
+            Ok(self.2)
+        }
+        fn completed(&mut self) -> Result<u64> {
+            Ok(self.2)
+        }
+    }
+
+    /// Run flows (id, src, len, local) on `queues` recording queues with chunk cap `cap`;
+    /// every copy made and the order flows finished.
+    fn run(queues: usize, cap: usize, flows: &[(usize, u64, usize, bool)]) -> (Vec<(usize, u64, usize)>, Vec<usize>) {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let qs: Vec<Box<dyn CopyQueue>> = (0..queues).map(|i| Box::new(Recorder(i, log.clone(), 0)) as Box<dyn CopyQueue>).collect();
+        let mut s = ChunkScheduler::new(qs, cap);
+        for &(idx, src, len, local) in flows {
+            s.add(FlowId { seq: 1, idx }, DevPtr(src), DevPtr(0), len, local);
+        }
+        let (mut done, mut advanced) = (Vec::new(), Vec::new());
+        while !s.is_idle() {
+            s.poll(&mut done, &mut advanced).unwrap();
+        }
+        let copies = log.lock().unwrap().clone();
+        (copies, done.iter().map(|f| f.idx).collect())
+    }
+
+    /// Local copies go to the first queue only and peer flows to the others while a local
+    /// chunk waits; a small flow is one copy; every byte is copied once.
+    #[test]
+    fn local_copies_keep_off_the_peer_queues() {
+        const M: usize = 1 << 20;
+        let local = 1u64 << 40;
+        let (copies, done) = run(3, M, &[(0, local, 8 * M, true), (1, 0, 8 * M, false), (2, 1 << 41, 4096, false)]);
+        assert_eq!(done.len(), 3);
+        let on = |q: usize| copies.iter().filter(move |c| c.0 == q);
+        assert!(copies.iter().filter(|c| c.1 >= local && c.1 < 1 << 41).all(|c| c.0 == 0), "local chunks on peer queues: {copies:?}");
+        assert!(on(1).chain(on(2)).count() > 0);
+        let small: Vec<_> = copies.iter().filter(|c| c.1 == 1 << 41).collect();
+        assert_eq!(small.len(), 1, "a small flow is one copy: {copies:?}");
+        for (src, len) in [(local, 8 * M), (0, 8 * M)] {
+            let total: usize = copies.iter().filter(|c| c.1 >= src && c.1 < src + len as u64).map(|c| c.2).sum();
+            assert_eq!(total, len);
+        }
+        // With one queue everything shares it.
+        let (copies, _) = run(1, M, &[(0, local, 2 * M, true), (1, 0, 2 * M, false)]);
+        assert!(copies.iter().all(|c| c.0 == 0));
+    }
+
+    #[test]
+    fn chunks_follow_the_flow_size() {
+        const M: usize = 1 << 20;
+        let cap = 16 * M;
+        // Small flows: one copy.
+        assert_eq!(chunk_size(4096, 2, cap), 4096);
+        assert_eq!(chunk_size(M, 2, cap), M);
+        // A mid flow alone spreads over the queues, never below the floor.
+        assert_eq!(chunk_size(2 * M, 2, cap), M);
+        assert_eq!(chunk_size(3 * M, 2, cap), 3 * M / 2);
+        assert_eq!(chunk_size(M + 1, 2, cap), M);
+        // Large flows: the cap.
+        assert_eq!(chunk_size(1 << 30, 2, cap), cap);
+        // The cap bounds everything, the floor included.
+        assert_eq!(chunk_size(M, 1, 64 << 10), 64 << 10);
+        assert_eq!(chunk_size(8 * M, 1, 4 * M), 4 * M);
     }
 }

@@ -22,6 +22,9 @@ pub enum MsgKind {
     Landed = 2,
     /// Either way: op `seq` failed on my side (`code` = ErrorCode, `len` = my byte count).
     Fail = 3,
+    /// Sender → receiver: chunks of my k-th send of op `seq` keep landing (at most one per
+    /// `same_host::PROGRESS_EVERY` per transfer; it keeps the receiver's op from timing out).
+    Progress = 4,
 }
 
 /// One control record. `repr(C)`, exactly 128 bytes, plain data.
@@ -69,6 +72,7 @@ impl Msg {
             1 => Some(MsgKind::Ready),
             2 => Some(MsgKind::Landed),
             3 => Some(MsgKind::Fail),
+            4 => Some(MsgKind::Progress),
             _ => None,
         }
     }

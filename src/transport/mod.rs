@@ -97,6 +97,9 @@ pub enum Signal {
     Landed { k: u32, len: u64 },
     /// The op failed on the peer's side (`code`: its `ErrorCode`).
     Failed { code: u32 },
+    /// Bytes of the peer's send `k` of the op to this rank keep landing (a long transfer
+    /// in progress): the op is not stalled.
+    Progress { k: u32 },
 }
 
 /// A signal and who sent it about which op.
@@ -125,10 +128,11 @@ pub trait Transport: Send {
     /// `start_write` needs. May register or export the allocation (cached).
     fn expose(&mut self, peer: usize, region: Region) -> Result<RemoteBuffer>;
 
-    /// Tell `peer` that the buffer of transfer `tag` is ready (queued; sent in order).
+    /// Tell `peer` that the buffer of transfer `tag` is ready (sent at once, or queued behind
+    /// earlier signals to a full ring; sent in order).
     fn post_ready(&mut self, peer: usize, tag: Tag, remote: RemoteBuffer);
 
-    /// Tell `peer` that op `pair_seq` (between the two) failed here (queued; sent in order).
+    /// Tell `peer` that op `pair_seq` (between the two) failed here (as `post_ready`).
     fn signal_failure(&mut self, peer: usize, pair_seq: u64, code: u32);
 
     /// Append every signal that has arrived from peers to `out`; whether there were any.
@@ -144,9 +148,10 @@ pub trait Transport: Send {
     fn start_copy(&mut self, id: FlowId, src: DevPtr, dst: DevPtr, len: usize) -> Result<()>;
 
     /// Move data on (reap what completed, start what may start), signal landings, send
-    /// queued signals, and append the flows now complete to `done`; whether anything moved.
-    /// An error names the op (its `FlowId::seq`) whose data movement failed.
-    fn progress(&mut self, done: &mut Vec<FlowId>) -> std::result::Result<bool, (u64, Error)>;
+    /// queued signals, append the flows now complete to `done` and the ops whose data
+    /// moved (a chunk landed) to `advanced` (an op may appear more than once); whether
+    /// anything moved. An error names the op (its `FlowId::seq`) whose data movement failed.
+    fn progress(&mut self, done: &mut Vec<FlowId>, advanced: &mut Vec<u64>) -> std::result::Result<bool, (u64, Error)>;
 
     /// Stop moving data for op `seq` (it failed). Data already on its way may still land;
     /// its flows are never reported done and no `Landed` is signalled for them, and the

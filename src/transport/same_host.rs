@@ -2,9 +2,14 @@
 //! the device's copy queues, through a cached mapping of the receiver's allocation, and the
 //! proxies tell each other "ready", "landed" and "failed" through shared-memory mailboxes.
 //!
-//! A flow is split into chunks by the [`ChunkScheduler`]; each chunk is one copy and one
-//! fence on a copy queue, and the proxy polls the fences. `Landed` goes out once the last
-//! chunk's fence has completed.
+//! A flow is split into chunks by the [`ChunkScheduler`] (sized from the flow, local copies
+//! on their own queue); each chunk is one copy and one fence on a copy queue, and the proxy
+//! polls the fences. `Landed` goes out once the last chunk's fence has completed; while a
+//! long write's chunks keep landing, `Progress` goes out at most every [`PROGRESS_EVERY`],
+//! so the receiver's op, which waits on nothing else meanwhile, does not time out.
+//!
+//! Signals are pushed into the peer's ring when they are produced; only a full ring leaves
+//! them in the outbox for a later call.
 use crate::device::{DevPtr, Device};
 use crate::error::{Error, Result};
 use crate::transport::chunk_scheduler::ChunkScheduler;
@@ -13,6 +18,10 @@ use crate::transport::mailbox::{pid_alive, Msg, MsgKind, Segment};
 use crate::transport::{FlowId, Incoming, Region, RemoteBuffer, Signal, Tag, Transport, Wire};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How often at most a write in progress tells its receiver that chunks keep landing.
+pub const PROGRESS_EVERY: Duration = Duration::from_millis(10);
 
 /// The mailboxes that connect this rank's proxy with the other ranks of its host.
 pub struct Links {
@@ -34,6 +43,8 @@ struct Flow {
     /// The peer allocation the flow writes into (None for self copies and empty writes).
     mapped: Option<Mapped>,
     cancelled: bool,
+    /// When the receiver was last told of this write's progress (its start, at first).
+    told: Instant,
 }
 
 pub struct SameHost {
@@ -51,6 +62,7 @@ pub struct SameHost {
     outbox: VecDeque<(usize, Msg)>,
     /// Reused by `progress` (it runs on every turn of the proxy loop).
     finished: Vec<FlowId>,
+    advanced: Vec<FlowId>,
 }
 
 impl SameHost {
@@ -77,24 +89,34 @@ impl SameHost {
             exports: ExportCache::default(),
             outbox: VecDeque::new(),
             finished: Vec::new(),
+            advanced: Vec::new(),
         })
     }
 
+    /// Send `m` to rank `to` now; queue it only behind earlier queued signals or when the
+    /// ring is full (order per peer is kept: nothing overtakes the outbox).
     fn post(&mut self, to: usize, m: Msg) {
+        if self.outbox.is_empty() && self.try_send(to, &m) {
+            return;
+        }
         self.outbox.push_back((to, m));
+    }
+
+    /// Push one signal into `to`'s ring; false when the ring is full. A rank without a
+    /// mailbox gets nothing (logged).
+    fn try_send(&self, to: usize, m: &Msg) -> bool {
+        let Some(seg) = self.links.peers.get(to).and_then(|s| s.as_ref()) else {
+            log::error!("rank {}: no mailbox for rank {to}", self.links.rank);
+            return true;
+        };
+        seg.try_push(self.links.local_index, m)
     }
 
     /// Push queued signals into the peers' rings until one is full (retried on the next call).
     fn flush(&mut self) -> bool {
-        let me = self.links.local_index;
         let mut any = false;
         while let Some((to, m)) = self.outbox.front() {
-            let Some(seg) = self.links.peers.get(*to).and_then(|s| s.as_ref()) else {
-                log::error!("rank {}: no mailbox for rank {to}", self.links.rank);
-                self.outbox.pop_front();
-                continue;
-            };
-            if !seg.try_push(me, m) {
+            if !self.try_send(*to, m) {
                 break;
             }
             self.outbox.pop_front();
@@ -116,6 +138,7 @@ fn signal_of(m: &Msg) -> Option<Signal> {
         },
         MsgKind::Landed => Signal::Landed { k: m.k, len: m.len },
         MsgKind::Fail => Signal::Failed { code: m.code },
+        MsgKind::Progress => Signal::Progress { k: m.k },
     })
 }
 
@@ -172,22 +195,40 @@ impl Transport for SameHost {
             let m = self.imports.acquire(self.dev.as_ref(), peer, &remote.wire)?;
             (Some(m), m.base.add(remote.wire.offset as usize))
         };
-        self.flows.insert(id, Flow { landing: Some((peer, tag, len as u64)), mapped, cancelled: false });
-        self.sched.add(id, src, dst, len);
+        self.flows.insert(id, Flow { landing: Some((peer, tag, len as u64)), mapped, cancelled: false, told: Instant::now() });
+        self.sched.add(id, src, dst, len, false);
         Ok(())
     }
 
     fn start_copy(&mut self, id: FlowId, src: DevPtr, dst: DevPtr, len: usize) -> Result<()> {
-        self.flows.insert(id, Flow { landing: None, mapped: None, cancelled: false });
-        self.sched.add(id, src, dst, len);
+        self.flows.insert(id, Flow { landing: None, mapped: None, cancelled: false, told: Instant::now() });
+        self.sched.add(id, src, dst, len, true);
         Ok(())
     }
 
-    fn progress(&mut self, done: &mut Vec<FlowId>) -> std::result::Result<bool, (u64, Error)> {
-        let mut finished = std::mem::take(&mut self.finished);
+    fn progress(&mut self, done: &mut Vec<FlowId>, advanced: &mut Vec<u64>) -> std::result::Result<bool, (u64, Error)> {
+        if self.sched.is_idle() {
+            return Ok(self.flush());
+        }
+        let (mut finished, mut moved) = (std::mem::take(&mut self.finished), std::mem::take(&mut self.advanced));
         finished.clear();
-        let polled = self.sched.poll(&mut finished);
+        moved.clear();
+        let polled = self.sched.poll(&mut finished, &mut moved);
         let mut progressed = matches!(polled, Ok(true));
+        let mut now = None;
+        for id in moved.drain(..) {
+            if advanced.last() != Some(&id.seq) {
+                advanced.push(id.seq);
+            }
+            let Some(f) = self.flows.get_mut(&id) else { continue };
+            let Some((peer, tag, _)) = f.landing.filter(|_| !f.cancelled) else { continue };
+            let t = *now.get_or_insert_with(Instant::now);
+            if t.duration_since(f.told) >= PROGRESS_EVERY {
+                f.told = t;
+                self.post(peer, Msg::new(MsgKind::Progress, tag.pair_seq, tag.k));
+            }
+        }
+        self.advanced = moved;
         for id in finished.drain(..) {
             let Some(f) = self.flows.remove(&id) else { continue };
             if let Some(m) = f.mapped {
@@ -269,10 +310,10 @@ mod tests {
 
     /// Drive `t` until `until` holds (or fail after a while); returns the flows it reported.
     fn drive(t: &mut SameHost, until: impl Fn(&SameHost, &[FlowId]) -> bool) -> Vec<FlowId> {
-        let mut done = Vec::new();
+        let (mut done, mut advanced) = (Vec::new(), Vec::new());
         let t0 = Instant::now();
         while !until(t, &done) {
-            t.progress(&mut done).unwrap();
+            t.progress(&mut done, &mut advanced).unwrap();
             assert!(t0.elapsed() < Duration::from_secs(10), "no progress: {}", t.describe());
             std::thread::yield_now();
         }
@@ -301,6 +342,7 @@ mod tests {
         drive(&mut t1, |t, _| !t.signals_queued());
         let got = signals(&mut t0);
         let [Incoming { from: 1, pair_seq: 1, signal: Signal::Ready { k: 0, remote } }] = got[..] else { panic!("{got:?}") };
+        assert!(!t1.signals_queued(), "a signal goes into the ring when it is posted");
         assert_eq!(remote.len, len as u64);
 
         let id = FlowId { seq: 9, idx: 0 };
