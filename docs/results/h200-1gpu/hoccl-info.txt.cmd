@@ -1,2 +1,2 @@
-# 2026-12-01T22:11:16Z, binaries of commit d901ad6, 1 GPU(s) (h200-1gpu)
+# 2026-12-01T22:55:44Z, binaries of commit fcf094d, 1 GPU(s) (h200-1gpu)
 $HOCCL_BIN_DIR/hoccl-info
