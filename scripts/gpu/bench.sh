@@ -21,11 +21,8 @@
 set -uo pipefail
 # shellcheck source=common.sh
 source "$(dirname "$0")/common.sh"
+need bench
 BIN="$bin/bench"
-if [ ! -x "$BIN" ]; then
-  echo "bench.sh: $BIN missing (scripts/gpu/build.sh makes it)" >&2
-  exit 2
-fi
 export HOCCL_LOG="${HOCCL_LOG:-warn}"
 
 # NCCL and cuBLAS from pip's nvidia-* packages when python3 has them.

@@ -15,9 +15,7 @@ set -uo pipefail
 source "$(dirname "$0")/common.sh"
 log_dir="$logs/codec"
 rm -rf "$log_dir" && mkdir -p "$log_dir"
-for f in tests/codec_cuda tests/codec_cpu hoccl-zip codec_bench; do
-  [ -x "$bin/$f" ] || { echo "codec.sh: $bin/$f missing (scripts/gpu/build.sh makes it)" >&2; exit 2; }
-done
+need tests/codec_cuda tests/codec_cpu hoccl-zip codec_bench
 fail=0
 [ -f "$bin/ptxas.log" ] && cp "$bin/ptxas.log" "$results/codec-ptxas.log" && record "$results/codec-ptxas.log" "bash scripts/gpu/build.sh (ptxas.log of the kernels' build, copied)"
 

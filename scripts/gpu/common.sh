@@ -69,3 +69,11 @@ record() {
     echo "$cmd"
   } > "$1.cmd"
 }
+
+# need PROGRAM...: exit 2 unless each is an executable of the binaries folder.
+need() {
+  local p
+  for p in "$@"; do
+    [ -x "$bin/$p" ] || { echo "$(basename "$0"): $bin/$p missing (scripts/gpu/build.sh makes it)" >&2; exit 2; }
+  done
+}

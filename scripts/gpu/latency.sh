@@ -17,11 +17,8 @@
 set -uo pipefail
 # shellcheck source=common.sh
 source "$(dirname "$0")/common.sh"
+need bench
 BIN="$bin/bench"
-if [ ! -x "$BIN" ]; then
-  echo "latency.sh: $BIN missing (scripts/gpu/build.sh makes it)" >&2
-  exit 2
-fi
 export HOCCL_LOG="${HOCCL_LOG:-warn}"
 # Every process on one GPU: the one-rank figures and the MPS runs share it.
 export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0}"
