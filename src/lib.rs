@@ -73,6 +73,7 @@ pub(crate) mod engine;
 pub mod error;
 pub(crate) mod ffi;
 pub mod plan;
+pub mod reduce;
 pub mod sim;
 pub mod topology;
 pub(crate) mod transport;
@@ -85,6 +86,7 @@ pub use comm::{Collective, Communicator, OpDesc};
 pub use config::{BackendChoice, Config, EngineChoice};
 pub use device::{Backend, DevPtr, Device, StreamHandle};
 pub use error::{Error, ErrorCode, Result};
+pub use reduce::RedOp;
 pub use types::DataType;
 
 /// RDMA devices as libibverbs reports them (loaded at run time; none is an empty list, a
