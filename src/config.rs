@@ -35,8 +35,8 @@ pub struct Config {
     /// up to 1 MiB, otherwise spread over the queues, chunks of at least 1 MiB); this bounds
     /// them (`transport::chunk_scheduler`).
     pub chunk_bytes: usize,
-    /// `HOCCL_COPY_QUEUES`: copy-engine queues per rank (H200 has 3 async engines); with two
-    /// or more, the first carries the rank's copies to itself first.
+    /// `HOCCL_COPY_QUEUES`: copy-engine queues per rank for peer traffic (H200 has 3 async
+    /// engines); a rank's copies to itself run on the caller's stream.
     pub copy_queues: usize,
     /// `HOCCL_QPS_PER_PEER`: queue pairs (or sockets) per remote peer, for the inter-node
     /// transport. Validated (1..=64) and otherwise reserved: it has no effect, since every

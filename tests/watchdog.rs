@@ -146,8 +146,10 @@ impl Device for SlowDevice {
     }
 }
 
-/// A one-rank communicator on a host device whose copies block for `block` once armed,
-/// with its buffers, stream and the data to gather.
+/// Rank 0 of two: a communicator on a host device whose copies block for `block` once
+/// armed, with its buffers, stream and the data to gather; rank 1 (`Peer`) runs in its own
+/// thread on a plain host device. Rank 0's block to rank 1 is the copy that blocks (its
+/// own block is copied on its stream, never by the proxy).
 struct Setup {
     dev: Arc<dyn Device>,
     gate: Arc<Gate>,
@@ -156,35 +158,79 @@ struct Setup {
     recv: DevPtr,
     s: StreamHandle,
     data: Vec<u8>,
+    peer: Peer,
 }
 
 const LEN: usize = 4096;
+
+/// Rank 1: answers each of rank 0's AllGathers with its own (`true` on the channel), and
+/// destroys its communicator when the channel closes.
+struct Peer {
+    tx: Option<std::sync::mpsc::Sender<bool>>,
+    h: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Peer {
+    fn start(boot: ThreadBootstrap, cfg: Config) -> Peer {
+        let (tx, rx) = std::sync::mpsc::channel::<bool>();
+        let h = std::thread::spawn(move || {
+            let dev = device::open(BackendChoice::Host, 0).expect("host backend");
+            let c = Communicator::with_bootstrap(Box::new(boot), Some(dev.clone()), cfg).expect("communicator");
+            let send = dev.alloc(LEN).unwrap();
+            let recv = dev.alloc(2 * LEN).unwrap();
+            let s = dev.create_stream().unwrap();
+            while rx.recv().unwrap_or(false) {
+                c.all_gather(send, recv, LEN, DataType::U8, s).unwrap();
+                dev.synchronize(s).unwrap();
+                let _ = c.wait_idle();
+            }
+            drop(c);
+            dev.free(send).unwrap();
+            dev.free(recv).unwrap();
+        });
+        Peer { tx: Some(tx), h: Some(h) }
+    }
+    fn all_gather(&self) {
+        self.tx.as_ref().unwrap().send(true).unwrap();
+    }
+    /// Rank 1 finishes its current op, destroys its communicator and exits.
+    fn stop(&mut self) {
+        self.tx.take();
+        if let Some(h) = self.h.take() {
+            h.join().expect("rank 1");
+        }
+    }
+}
 
 fn setup(timeout: Duration, block: Duration) -> Setup {
     let gate = Arc::new(Gate { armed: AtomicBool::new(false), dur: block, stall: Mutex::new(None), per_chunk: None });
     let dev: Arc<dyn Device> = Arc::new(SlowDevice(device::open(BackendChoice::Host, 0).expect("host backend"), gate.clone()));
     let cfg = Config { timeout, ..Config::default() };
-    let boot = ThreadBootstrap::group(1).pop().unwrap();
-    let c = Communicator::with_bootstrap(Box::new(boot), Some(dev.clone()), cfg).expect("communicator");
+    let mut boots = ThreadBootstrap::group(2);
+    // Rank 1 waits longer than rank 0, so that the failures under test are rank 0's own.
+    let peer = Peer::start(boots.pop().unwrap(), Config { timeout: timeout * 3, ..cfg.clone() });
+    let c = Communicator::with_bootstrap(Box::new(boots.pop().unwrap()), Some(dev.clone()), cfg).expect("communicator");
     let send = dev.alloc(LEN).unwrap();
-    let recv = dev.alloc(LEN).unwrap();
+    let recv = dev.alloc(2 * LEN).unwrap();
     let data: Vec<u8> = (0..LEN as u64).map(|i| device::pattern_byte(5, i)).collect();
     dev.copy_from_host(send, &data).unwrap();
     let s = dev.create_stream().unwrap();
-    Setup { dev, gate, c: Some(c), send, recv, s, data }
+    Setup { dev, gate, c: Some(c), send, recv, s, data, peer }
 }
 
 impl Setup {
     fn comm(&self) -> &Communicator {
         self.c.as_ref().unwrap()
     }
-    /// An AllGather whose first copy blocks the proxy.
+    /// An AllGather whose copy to rank 1 blocks the proxy.
     fn stuck_all_gather(&self) {
         self.gate.armed.store(true, Ordering::Release);
+        self.peer.all_gather();
         self.comm().all_gather(self.send, self.recv, LEN, DataType::U8, self.s).unwrap();
     }
-    fn free(self) {
-        drop(self.c);
+    fn free(mut self) {
+        drop(self.c.take());
+        self.peer.stop();
         self.dev.free(self.send).unwrap();
         self.dev.free(self.recv).unwrap();
     }
@@ -232,7 +278,7 @@ fn reported_and_the_collective_still_ends() {
     if outcome.is_ok() {
         let mut got = vec![0u8; LEN];
         t.dev.copy_to_host(&mut got, t.recv).unwrap();
-        assert_eq!(got, t.data, "a collective that reports success delivered the data");
+        assert_eq!(got, t.data, "a collective that reports success delivered the data (own block)");
     }
     // The watchdog looks every 0.5 s: give it one more look after the proxy moved again.
     std::thread::sleep(Duration::from_millis(1200));
@@ -270,13 +316,14 @@ fn abort_returns_and_releases_the_stream() {
 fn destroy_returns_and_releases_the_stream() {
     let block = Duration::from_secs(6);
     let (t, t0) = stuck(Duration::from_secs(1), block);
-    let Setup { dev, c, send, recv, s, .. } = t;
+    let Setup { dev, c, send, recv, s, mut peer, .. } = t;
     drop(c);
     let took = t0.elapsed();
     assert!(took < Duration::from_millis(4500), "destroy waited for the stuck proxy: {took:?}");
     dev.synchronize(s).unwrap();
     assert!(logs_with("did not stop").iter().any(|l| l.contains("Communicator::destroy")), "{:#?}", logs::lines());
     std::thread::sleep(block);
+    peer.stop();
     dev.free(send).unwrap();
     dev.free(recv).unwrap();
 }
@@ -289,16 +336,17 @@ fn a_stalled_copy_times_out_with_the_state_logged() {
     let t = setup(Duration::from_secs(1), Duration::ZERO);
     *t.gate.stall.lock().unwrap() = Some(Instant::now() + stall);
     let t0 = Instant::now();
+    t.peer.all_gather();
     t.comm().all_gather(t.send, t.recv, LEN, DataType::U8, t.s).unwrap();
     t.dev.synchronize(t.s).unwrap();
     let took = t0.elapsed();
     assert!(took >= Duration::from_secs(1) && took < stall, "the stream is released by the timeout: {took:?}");
     let e = t.comm().wait_idle().expect_err("the collective timed out");
     assert_eq!(e.code(), hoccl::ErrorCode::Timeout);
-    assert!(e.to_string().contains("copies to rank 0"), "{e}");
-    let state = logs_with("state at the first failure");
+    assert!(e.to_string().contains("copies to rank 1"), "{e}");
+    let state = logs_with("rank 0: state at the first failure");
     assert_eq!(state.len(), 1, "{:#?}", logs::lines());
-    for want in ["rank 0:", "all_gather: stream seq ", "started", "sends [0:Copying]", "1 in flight"] {
+    for want in ["rank 0:", "all_gather: stream seq ", "started", "sends [1:Copying]", "1 in flight"] {
         assert!(state[0].contains(want), "{want:?} not in {}", state[0]);
     }
     // The stream reached the op (start = its seq) and was not yet released (finish below).

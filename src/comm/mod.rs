@@ -304,13 +304,19 @@ impl Communicator {
         self.launch(&mut st, name, stream, sends, recvs)
     }
 
-    fn launch(&self, st: &mut State, name: &'static str, stream: StreamHandle, sends: Vec<Transfer>, recvs: Vec<Transfer>) -> Result<()> {
-        let mut peers: Vec<usize> = sends.iter().chain(recvs.iter()).map(|x| x.peer).filter(|p| *p != self.rank).collect();
+    fn launch(&self, st: &mut State, name: &'static str, stream: StreamHandle, mut sends: Vec<Transfer>, mut recvs: Vec<Transfer>) -> Result<()> {
+        let local = take_local(name, self.rank, &mut sends, &mut recvs)?;
+        if sends.is_empty() && recvs.is_empty() {
+            // Nothing crosses to a peer: the copies go on the caller's stream itself, which
+            // orders them after the work before the call and before the work after it.
+            return local.iter().try_for_each(|&(dst, src, len)| self.dev.memcpy_async(stream, dst, src, len).map_err(|e| e.with_op(name)));
+        }
+        let mut peers: Vec<usize> = sends.iter().chain(recvs.iter()).map(|x| x.peer).collect();
         peers.sort_unstable();
         peers.dedup();
         let stop = || self.stopped(name);
         let adm = Admission { max: self.wait_limit, timeout: self.config.timeout, stop: &stop };
-        let hs = st.streams.enqueue(self.dev.as_ref(), stream, name, &adm)?;
+        let hs = st.streams.enqueue(self.dev.as_ref(), stream, name, &local, &adm)?;
         let pair_seqs = peers
             .into_iter()
             .map(|p| {
@@ -336,6 +342,34 @@ impl Communicator {
     fn bytes(op: &'static str, count: usize, dtype: DataType) -> Result<usize> {
         dtype.bytes(op, count)
     }
+}
+
+/// Remove this rank's transfers to itself from `sends` and `recvs` and pair them: the k-th
+/// send to self lands in the k-th receive from self. Returns the copies still to make as
+/// (dst, src, len), leaving out empty and in-place ones. A send to self without its receive
+/// (or the reverse), or two of different lengths, is a usage error.
+fn take_local(name: &'static str, me: usize, sends: &mut Vec<Transfer>, recvs: &mut Vec<Transfer>) -> Result<Vec<(DevPtr, DevPtr, usize)>> {
+    let mine = |x: &Transfer| x.peer == me;
+    if !sends.iter().any(mine) && !recvs.iter().any(mine) {
+        return Ok(Vec::new());
+    }
+    let (out, keep): (Vec<Transfer>, Vec<Transfer>) = sends.drain(..).partition(mine);
+    *sends = keep;
+    let (inn, keep): (Vec<Transfer>, Vec<Transfer>) = recvs.drain(..).partition(mine);
+    *recvs = keep;
+    if out.len() != inn.len() {
+        return Err(Error::invalid_usage(name, format!("{} sends to self but {} receives from self", out.len(), inn.len())));
+    }
+    let mut copies = Vec::with_capacity(out.len());
+    for (s, r) in out.iter().zip(&inn) {
+        if s.len != r.len {
+            return Err(Error::invalid_usage(name, format!("send to self of {} bytes but receive from self of {}", s.len, r.len)));
+        }
+        if s.len > 0 && s.ptr != r.ptr {
+            copies.push((r.ptr, s.ptr, s.len));
+        }
+    }
+    Ok(copies)
 }
 
 /// A validated user buffer.

@@ -353,7 +353,7 @@ impl Proxy {
     }
 
     /// The stream reached op `seq` (work before the call is done): expose and announce its
-    /// receives, start its local copies and the writes whose receivers are ready.
+    /// receives and start the writes whose receivers are ready.
     fn start_op(&mut self, seq: u64) -> Result<()> {
         let me = self.rank;
         let Some(st) = self.ops.get_mut(&seq) else { return Ok(()) };
@@ -381,7 +381,6 @@ impl Proxy {
         }
         self.ready = ready;
         exposed?;
-        self.match_self_sends(seq)?;
         let n = self.ops.get(&seq).map_or(0, |st| st.sends.len());
         for idx in 0..n {
             self.start_write(seq, idx)?;
@@ -472,39 +471,6 @@ impl Proxy {
 
     // ---------------------------------------------------------------- ops ----------------
 
-    /// Sends to self become local copies into the matching receive from self.
-    fn match_self_sends(&mut self, seq: u64) -> Result<()> {
-        let me = self.rank;
-        let Some(st) = self.ops.get_mut(&seq) else { return Ok(()) };
-        for idx in 0..st.sends.len() {
-            let s = &st.sends[idx];
-            if s.x.peer != me {
-                continue;
-            }
-            let Some(r) = st.recvs.iter().find(|r| r.x.peer == me && r.k == s.k) else {
-                return Err(Error::invalid_usage(st.op.name, "a send to self has no matching receive from self"));
-            };
-            if r.x.len != s.x.len {
-                return Err(Error::invalid_usage(st.op.name, format!("send to self of {} bytes but receive from self of {}", s.x.len, r.x.len)));
-            }
-            let (src, dst, len) = (s.x.ptr, r.x.ptr, s.x.len);
-            let s = &mut st.sends[idx];
-            if len == 0 || src == dst {
-                s.phase = SendPhase::Done; // in place: nothing to move
-            } else {
-                self.transport.start_copy(FlowId { seq, idx }, src, dst, len)?;
-                s.phase = SendPhase::Copying;
-            }
-        }
-        if let Some(r) = st.recvs.iter().find(|r| r.x.peer == me && !st.sends.iter().any(|s| s.x.peer == me && s.k == r.k)) {
-            return Err(Error::invalid_usage(st.op.name, format!("a receive from self ({} bytes) has no matching send to self", r.x.len)));
-        }
-        for idx in 0..st.sends.len() {
-            mark_self_landed(st, me, idx);
-        }
-        Ok(())
-    }
-
     /// Let the transport move data and send signals; account for the flows it completed and
     /// the ops whose chunks landed.
     fn progress_transport(&mut self) -> bool {
@@ -526,12 +492,10 @@ impl Proxy {
                 }
             }
         }
-        let me = self.rank;
         for id in done.drain(..) {
             let Some(st) = self.ops.get_mut(&id.seq) else { continue };
             st.last_progress = Instant::now();
             st.sends[id.idx].phase = SendPhase::Done;
-            mark_self_landed(st, me, id.idx);
             self.finish_if_complete(id.seq);
         }
         self.done = done;
@@ -617,18 +581,6 @@ impl Proxy {
 fn next_k(counts: &mut [u32], peer: usize) -> u32 {
     counts[peer] += 1;
     counts[peer] - 1
-}
-
-/// A local copy (send `idx` to self) that is done lands its matching receive from self.
-fn mark_self_landed(st: &mut OpState, me: usize, idx: usize) {
-    let s = &st.sends[idx];
-    if s.x.peer != me || s.phase != SendPhase::Done {
-        return;
-    }
-    let k = s.k;
-    if let Some(r) = st.recvs.iter_mut().find(|r| r.x.peer == me && r.k == k) {
-        r.landed = true;
-    }
 }
 
 fn since_too_long(since: Instant, timeout: Duration) -> bool {

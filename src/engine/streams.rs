@@ -9,7 +9,7 @@
 //! Nothing is ever reset, so several ops of one stream can be enqueued at once; the stream
 //! itself serialises them (op s+1's start is written only after op s's finish). Work before
 //! the call completes before start is written; work after the call waits for finish.
-use crate::device::{Backend, Device, FlagSlab, StreamHandle};
+use crate::device::{Backend, DevPtr, Device, FlagSlab, StreamHandle};
 use crate::error::{Error, Result};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -164,9 +164,11 @@ pub struct Handshake {
 }
 
 impl StreamManager {
-    /// Enqueue `write start := s; wait finish >= s` on `stream` and return the flags.
+    /// Enqueue `write start := s; the copies in local; wait finish >= s` on `stream` and
+    /// return the flags. `local` (dst, src, len) are this rank's copies to itself: on the
+    /// caller's stream they run beside the proxy's transfers, on the stream's copy engine.
     /// With `adm`'s limit reached by other streams, first blocks until one is released.
-    pub fn enqueue(&mut self, dev: &dyn Device, stream: StreamHandle, op: &'static str, adm: &Admission) -> Result<Handshake> {
+    pub fn enqueue(&mut self, dev: &dyn Device, stream: StreamHandle, op: &'static str, local: &[(DevPtr, DevPtr, usize)], adm: &Admission) -> Result<Handshake> {
         if !self.slots.contains_key(&stream) {
             let (slab, idx, seq) = self.take_pair(dev)?;
             self.slots.insert(stream, Slot { slab, start: idx, seq });
@@ -177,6 +179,7 @@ impl StreamManager {
         admit(key, stream, &slot.slab, slot.start + 1, s, op, adm)?;
         let enqueued = dev
             .write_value(stream, slot.slab.dev_addr(slot.start), s)
+            .and_then(|_| local.iter().try_for_each(|&(dst, src, len)| dev.memcpy_async(stream, dst, src, len)))
             .and_then(|_| dev.wait_value_geq(stream, slot.slab.dev_addr(slot.start + 1), s));
         if let Err(e) = enqueued {
             // Not submitted: the stream waits for no more than before.
@@ -263,13 +266,13 @@ mod tests {
         let dev = HostDevice::new().unwrap();
         let mut m = StreamManager::default();
         let s: Vec<StreamHandle> = (0..3).map(|_| dev.create_stream().unwrap()).collect();
-        m.enqueue(&dev, s[0], "t", &adm(2, 5000)).unwrap();
-        let h1 = m.enqueue(&dev, s[1], "t", &adm(2, 5000)).unwrap();
+        m.enqueue(&dev, s[0], "t", &[], &adm(2, 5000)).unwrap();
+        let h1 = m.enqueue(&dev, s[1], "t", &[], &adm(2, 5000)).unwrap();
         let t = Instant::now();
-        let h0b = m.enqueue(&dev, s[0], "t", &adm(2, 5000)).unwrap(); // s[0] already waits: no new queue
+        let h0b = m.enqueue(&dev, s[0], "t", &[], &adm(2, 5000)).unwrap(); // s[0] already waits: no new queue
         assert!(t.elapsed() < Duration::from_millis(500));
         let t = Instant::now();
-        let e = m.enqueue(&dev, s[2], "t", &adm(2, 300)).err().expect("timeout");
+        let e = m.enqueue(&dev, s[2], "t", &[], &adm(2, 300)).err().expect("timeout");
         assert_eq!(e.code(), crate::error::ErrorCode::Timeout, "{e}");
         assert!(e.to_string().contains("HOCCL_MAX_WAITING_STREAMS = 2"), "{e}");
         assert!(t.elapsed() >= Duration::from_millis(300));
@@ -282,12 +285,12 @@ mod tests {
             flags.store(finish, target);
         });
         let t = Instant::now();
-        let h2 = m.enqueue(&dev, s[2], "t", &adm(2, 5000)).unwrap();
+        let h2 = m.enqueue(&dev, s[2], "t", &[], &adm(2, 5000)).unwrap();
         assert!(t.elapsed() >= Duration::from_millis(150), "admitted before the release");
         releaser.join().unwrap();
         // Unlimited: never waits.
         let s3 = dev.create_stream().unwrap();
-        let h3 = m.enqueue(&dev, s3, "t", &adm(usize::MAX, 1)).unwrap();
+        let h3 = m.enqueue(&dev, s3, "t", &[], &adm(usize::MAX, 1)).unwrap();
         for h in [&h0b, &h2, &h3] {
             h.flags.store(h.finish_flag, h.stream_seq);
         }
@@ -305,10 +308,10 @@ mod tests {
         let mut m = StreamManager::default();
         let s0 = dev.create_stream().unwrap();
         let s1 = dev.create_stream().unwrap();
-        let h0 = m.enqueue(&dev, s0, "t", &adm(1, 5000)).unwrap();
+        let h0 = m.enqueue(&dev, s0, "t", &[], &adm(1, 5000)).unwrap();
         let stop = || Some(Error::Aborted { op: "t" });
         let t = Instant::now();
-        let e = m.enqueue(&dev, s1, "t", &Admission { max: 1, timeout: Duration::from_secs(5), stop: &stop }).err().expect("stopped");
+        let e = m.enqueue(&dev, s1, "t", &[], &Admission { max: 1, timeout: Duration::from_secs(5), stop: &stop }).err().expect("stopped");
         assert_eq!(e.code(), crate::error::ErrorCode::Aborted);
         assert!(t.elapsed() < Duration::from_secs(1));
         h0.flags.store(h0.finish_flag, h0.stream_seq);

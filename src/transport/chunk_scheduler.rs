@@ -13,11 +13,8 @@
 //! flows together each go in few large chunks, and a flow's chunks stay large enough to
 //! amortise their fixed cost.
 //!
-//! **Local copies apart.** A rank's copies to itself do not share the queues of peer
-//! traffic: with two or more queues, queue 0 carries local copies first (up to
-//! [`LOCAL_DEPTH`] chunks in flight, since a device-local copy runs several times faster
-//! than a link) and takes peer chunks only while no local chunk waits; the other queues
-//! carry peer flows only. With one queue, everything shares it.
+//! Only peer traffic comes here: a rank's copies to itself run on the caller's stream
+//! (`engine::streams`), so they never wait behind a link.
 use crate::device::{CopyQueue, DevPtr};
 use crate::error::Error;
 use crate::transport::FlowId;
@@ -29,8 +26,6 @@ pub const MIN_CHUNK: usize = 1 << 20;
 /// Chunks kept in flight per peer queue: enough to hide the proxy's reaction time behind
 /// one chunk crossing a link.
 const PEER_DEPTH: usize = 2;
-/// Chunks kept in flight on the local queue.
-const LOCAL_DEPTH: usize = 4;
 /// Chunk sizes are multiples of this (keeps copies aligned).
 const ALIGN: usize = 64 << 10;
 
@@ -41,8 +36,6 @@ struct Flow {
     len: usize,
     /// This flow's chunk size.
     chunk: usize,
-    /// A copy between two buffers of this rank.
-    local: bool,
     issued: usize,
     outstanding: usize,
     cancelled: bool,
@@ -68,21 +61,11 @@ impl ChunkScheduler {
         ChunkScheduler { queues: queues.into_iter().map(|q| Queue { q, inflight: VecDeque::new() }).collect(), flows: Vec::new(), cap: cap.max(1), active: 0 }
     }
 
-    /// The queue reserved for local copies (None with one queue: it is shared).
-    fn local_queue(&self) -> Option<usize> {
-        (self.queues.len() >= 2).then_some(0)
-    }
-
-    /// Queues peer flows are spread over when sizing their chunks.
-    fn peer_queues(&self) -> usize {
-        self.queues.len() - usize::from(self.local_queue().is_some())
-    }
-
-    /// Add a flow of `len` bytes; `local` for a copy between two buffers of this rank.
-    pub fn add(&mut self, id: FlowId, src: DevPtr, dst: DevPtr, len: usize, local: bool) {
-        let peer_flows = 1 + self.flows.iter().flatten().filter(|f| !f.local && !f.cancelled && f.issued < f.len).count();
-        let spread = if local { 1 } else { (self.peer_queues() / peer_flows).max(1) };
-        let f = Flow { id, src, dst, len, chunk: chunk_size(len, spread, self.cap), local, issued: 0, outstanding: 0, cancelled: false };
+    /// Add a flow of `len` bytes.
+    pub fn add(&mut self, id: FlowId, src: DevPtr, dst: DevPtr, len: usize) {
+        let flows = 1 + self.flows.iter().flatten().filter(|f| !f.cancelled && f.issued < f.len).count();
+        let spread = (self.queues.len() / flows).max(1);
+        let f = Flow { id, src, dst, len, chunk: chunk_size(len, spread, self.cap), issued: 0, outstanding: 0, cancelled: false };
         self.active += 1;
         match self.flows.iter().position(Option::is_none) {
             Some(i) => self.flows[i] = Some(f),
@@ -138,19 +121,9 @@ impl ChunkScheduler {
         for qi in 0..self.queues.len() {
             progressed |= self.reap(qi, advanced)?;
         }
-        let local_q = self.local_queue();
         for qi in 0..self.queues.len() {
-            let depth = if Some(qi) == local_q { LOCAL_DEPTH } else { PEER_DEPTH };
-            while self.queues[qi].inflight.len() < depth {
-                // The local queue takes local chunks first and peer chunks while none
-                // waits (at most `PEER_DEPTH` of them, so a local copy that arrives waits
-                // for little); peer queues never take local chunks.
-                let slot = match local_q {
-                    None => self.pick(None),
-                    Some(l) if l == qi => self.pick(Some(true)).or_else(|| if self.queues[qi].inflight.len() < PEER_DEPTH { self.pick(Some(false)) } else { None }),
-                    Some(_) => self.pick(Some(false)),
-                };
-                let Some(slot) = slot else { break };
+            while self.queues[qi].inflight.len() < PEER_DEPTH {
+                let Some(slot) = self.pick() else { break };
                 self.issue(qi, slot)?;
                 progressed = true;
             }
@@ -190,13 +163,12 @@ impl ChunkScheduler {
         Ok(any)
     }
 
-    /// The flow least far along relative to its size (oldest slot first on ties), among
-    /// local flows (`Some(true)`), peer flows (`Some(false)`) or all (`None`).
-    fn pick(&self, local: Option<bool>) -> Option<usize> {
+    /// The flow least far along relative to its size (oldest slot first on ties).
+    fn pick(&self) -> Option<usize> {
         let mut best: Option<(usize, usize, usize)> = None; // (slot, issued, len)
         for (i, f) in self.flows.iter().enumerate() {
             let Some(f) = f else { continue };
-            if f.cancelled || f.issued == f.len || local.is_some_and(|l| l != f.local) {
+            if f.cancelled || f.issued == f.len {
                 continue;
             }
             // issued_f/len_f < issued_b/len_b, compared without division.
@@ -256,14 +228,14 @@ mod tests {
         }
     }
 
-    /// Run flows (id, src, len, local) on `queues` recording queues with chunk cap `cap`;
-    /// every copy made and the order flows finished.
-    fn run(queues: usize, cap: usize, flows: &[(usize, u64, usize, bool)]) -> (Vec<(usize, u64, usize)>, Vec<usize>) {
+    /// Run flows (id, src, len) on `queues` recording queues with chunk cap `cap`; every
+    /// copy made and the order flows finished.
+    fn run(queues: usize, cap: usize, flows: &[(usize, u64, usize)]) -> (Vec<(usize, u64, usize)>, Vec<usize>) {
         let log = Arc::new(Mutex::new(Vec::new()));
         let qs: Vec<Box<dyn CopyQueue>> = (0..queues).map(|i| Box::new(Recorder(i, log.clone(), 0)) as Box<dyn CopyQueue>).collect();
         let mut s = ChunkScheduler::new(qs, cap);
-        for &(idx, src, len, local) in flows {
-            s.add(FlowId { seq: 1, idx }, DevPtr(src), DevPtr(0), len, local);
+        for &(idx, src, len) in flows {
+            s.add(FlowId { seq: 1, idx }, DevPtr(src), DevPtr(0), len);
         }
         let (mut done, mut advanced) = (Vec::new(), Vec::new());
         while !s.is_idle() {
@@ -273,26 +245,23 @@ mod tests {
         (copies, done.iter().map(|f| f.idx).collect())
     }
 
-    /// Local copies go to the first queue only and peer flows to the others while a local
-    /// chunk waits; a small flow is one copy; every byte is copied once.
+    /// A large flow alone spreads over every queue, a small flow is one copy, flows that
+    /// run together finish together, and every byte is copied once.
     #[test]
-    fn local_copies_keep_off_the_peer_queues() {
+    fn flows_spread_over_the_queues() {
         const M: usize = 1 << 20;
-        let local = 1u64 << 40;
-        let (copies, done) = run(3, M, &[(0, local, 8 * M, true), (1, 0, 8 * M, false), (2, 1 << 41, 4096, false)]);
+        let (a, b) = (1u64 << 40, 1u64 << 41);
+        let (copies, done) = run(3, M, &[(0, a, 8 * M), (1, 0, 8 * M), (2, b, 4096)]);
         assert_eq!(done.len(), 3);
-        let on = |q: usize| copies.iter().filter(move |c| c.0 == q);
-        assert!(copies.iter().filter(|c| c.1 >= local && c.1 < 1 << 41).all(|c| c.0 == 0), "local chunks on peer queues: {copies:?}");
-        assert!(on(1).chain(on(2)).count() > 0);
-        let small: Vec<_> = copies.iter().filter(|c| c.1 == 1 << 41).collect();
+        for q in 0..3 {
+            assert!(copies.iter().any(|c| c.0 == q), "queue {q} unused: {copies:?}");
+        }
+        let small: Vec<_> = copies.iter().filter(|c| c.1 == b).collect();
         assert_eq!(small.len(), 1, "a small flow is one copy: {copies:?}");
-        for (src, len) in [(local, 8 * M), (0, 8 * M)] {
+        for (src, len) in [(a, 8 * M), (0, 8 * M)] {
             let total: usize = copies.iter().filter(|c| c.1 >= src && c.1 < src + len as u64).map(|c| c.2).sum();
             assert_eq!(total, len);
         }
-        // With one queue everything shares it.
-        let (copies, _) = run(1, M, &[(0, local, 2 * M, true), (1, 0, 2 * M, false)]);
-        assert!(copies.iter().all(|c| c.0 == 0));
     }
 
     #[test]

@@ -143,10 +143,6 @@ pub trait Transport: Send {
     /// and the transport signals `Landed` for `tag` to `peer`.
     fn start_write(&mut self, id: FlowId, peer: usize, tag: Tag, src: DevPtr, remote: &RemoteBuffer, len: usize) -> Result<()>;
 
-    /// Start copying `len` bytes between two buffers of this rank (a send to self); when
-    /// done, `progress` reports `id`. Nothing is signalled.
-    fn start_copy(&mut self, id: FlowId, src: DevPtr, dst: DevPtr, len: usize) -> Result<()>;
-
     /// Move data on (reap what completed, start what may start), signal landings, send
     /// queued signals, append the flows now complete to `done` and the ops whose data
     /// moved (a chunk landed) to `advanced` (an op may appear more than once); whether

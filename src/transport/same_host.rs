@@ -2,8 +2,7 @@
 //! the device's copy queues, through a cached mapping of the receiver's allocation, and the
 //! proxies tell each other "ready", "landed" and "failed" through shared-memory mailboxes.
 //!
-//! A flow is split into chunks by the [`ChunkScheduler`] (sized from the flow, local copies
-//! on their own queue); each chunk is one copy and one fence on a copy queue, and the proxy
+//! A flow is split into chunks by the [`ChunkScheduler`] (sized from the flow); each chunk is one copy and one fence on a copy queue, and the proxy
 //! polls the fences. `Landed` goes out once the last chunk's fence has completed; while a
 //! long write's chunks keep landing, `Progress` goes out at most every [`PROGRESS_EVERY`],
 //! so the receiver's op, which waits on nothing else meanwhile, does not time out.
@@ -38,9 +37,9 @@ pub struct Links {
 
 /// What a flow in the scheduler is for.
 struct Flow {
-    /// The peer and transfer to signal `Landed` for, and its length; None for a copy to self.
-    landing: Option<(usize, Tag, u64)>,
-    /// The peer allocation the flow writes into (None for self copies and empty writes).
+    /// The peer and transfer to signal `Landed` for, and its length.
+    landing: (usize, Tag, u64),
+    /// The peer allocation the flow writes into (None for empty writes).
     mapped: Option<Mapped>,
     cancelled: bool,
     /// When the receiver was last told of this write's progress (its start, at first).
@@ -195,14 +194,8 @@ impl Transport for SameHost {
             let m = self.imports.acquire(self.dev.as_ref(), peer, &remote.wire)?;
             (Some(m), m.base.add(remote.wire.offset as usize))
         };
-        self.flows.insert(id, Flow { landing: Some((peer, tag, len as u64)), mapped, cancelled: false, told: Instant::now() });
-        self.sched.add(id, src, dst, len, false);
-        Ok(())
-    }
-
-    fn start_copy(&mut self, id: FlowId, src: DevPtr, dst: DevPtr, len: usize) -> Result<()> {
-        self.flows.insert(id, Flow { landing: None, mapped: None, cancelled: false, told: Instant::now() });
-        self.sched.add(id, src, dst, len, true);
+        self.flows.insert(id, Flow { landing: (peer, tag, len as u64), mapped, cancelled: false, told: Instant::now() });
+        self.sched.add(id, src, dst, len);
         Ok(())
     }
 
@@ -221,7 +214,10 @@ impl Transport for SameHost {
                 advanced.push(id.seq);
             }
             let Some(f) = self.flows.get_mut(&id) else { continue };
-            let Some((peer, tag, _)) = f.landing.filter(|_| !f.cancelled) else { continue };
+            if f.cancelled {
+                continue;
+            }
+            let (peer, tag, _) = f.landing;
             let t = *now.get_or_insert_with(Instant::now);
             if t.duration_since(f.told) >= PROGRESS_EVERY {
                 f.told = t;
@@ -237,11 +233,10 @@ impl Transport for SameHost {
             if f.cancelled {
                 continue;
             }
-            if let Some((peer, tag, len)) = f.landing {
-                let mut m = Msg::new(MsgKind::Landed, tag.pair_seq, tag.k);
-                m.len = len;
-                self.post(peer, m);
-            }
+            let (peer, tag, len) = f.landing;
+            let mut m = Msg::new(MsgKind::Landed, tag.pair_seq, tag.k);
+            m.len = len;
+            self.post(peer, m);
             done.push(id);
         }
         self.finished = finished;
