@@ -73,6 +73,12 @@ pub struct Config {
     /// devices are open on the GPU (several ranks in one process); `Some(true)`: always;
     /// `Some(false)`: never.
     pub serial_enqueue: Option<bool>,
+    /// `HOCCL_TRACE_OPS` = `A-B` (or `N`, meaning `1-N`): the proxy logs, at info level, the
+    /// timeline of ops A..=B of each communicator (call order, from 1): when it saw the op
+    /// submitted, its stream reach it, its buffer-ready sent and received, its writes handed
+    /// to the transport and done, its data-landed received, and its stream released, in
+    /// CLOCK_MONOTONIC nanoseconds (comparable between the processes of one host).
+    pub trace_ops: Option<(u64, u64)>,
 }
 
 impl Default for Config {
@@ -91,6 +97,7 @@ impl Default for Config {
             codec_tickets: false,
             max_waiting_streams: None,
             serial_enqueue: None,
+            trace_ops: None,
         }
     }
 }
@@ -177,6 +184,13 @@ impl Config {
         }
         if let Some(v) = get("HOCCL_TIMEOUT_MS") {
             self.timeout = Duration::from_millis(parse_num("HOCCL_TIMEOUT_MS", &v)? as u64);
+        }
+        if let Some(v) = get("HOCCL_TRACE_OPS") {
+            let range = match v.trim().split_once('-') {
+                Some((a, b)) => (parse_num("HOCCL_TRACE_OPS", a)? as u64, parse_num("HOCCL_TRACE_OPS", b)? as u64),
+                None => (1, parse_num("HOCCL_TRACE_OPS", &v)? as u64),
+            };
+            self.trace_ops = (range.1 >= range.0 && range.1 > 0).then_some(range);
         }
         if let Some(v) = get("HOCCL_LOG") {
             self.log = Some(v);

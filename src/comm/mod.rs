@@ -117,7 +117,7 @@ impl Communicator {
         let engine = Engine::start(
             dev.clone(),
             links,
-            EngineConfig { chunk_bytes: config.chunk_bytes, copy_queues: config.copy_queues, timeout: config.timeout },
+            EngineConfig { chunk_bytes: config.chunk_bytes, copy_queues: config.copy_queues, timeout: config.timeout, trace_ops: config.trace_ops },
         )?;
         bootstrap.barrier().map_err(|e| e.with_op(OP))?;
         log::info!("rank {rank}/{size}: communicator {comm_id:016x} on {} ({})", dev.name(), dev.pci_bus_id());

@@ -140,6 +140,8 @@ pub struct EngineConfig {
     pub copy_queues: usize,
     /// An op making no progress for this long fails.
     pub timeout: Duration,
+    /// Ops (call order, inclusive) whose timeline the proxy logs (`Config::trace_ops`).
+    pub trace_ops: Option<(u64, u64)>,
 }
 
 enum Cmd {
@@ -172,7 +174,7 @@ impl Engine {
         let (tx, rx) = channel();
         let (ready_tx, ready_rx) = sync_channel(1);
         let sh = shared.clone();
-        let (rank, nranks, timeout) = (links.rank, links.peers.len(), cfg.timeout);
+        let (rank, nranks, timeout, trace) = (links.rank, links.peers.len(), cfg.timeout, cfg.trace_ops);
         // The transport is made on the proxy thread: its device resources (copy queues)
         // belong to the thread that binds the device.
         let connect = move || -> Result<Box<dyn Transport>> {
@@ -184,7 +186,7 @@ impl Engine {
             .spawn(move || match connect() {
                 Ok(t) => {
                     let _ = ready_tx.send(Ok(()));
-                    proxy::Proxy::new(rank, nranks, t, timeout, rx, sh).run();
+                    proxy::Proxy::new(rank, nranks, t, timeout, rx, sh).trace(trace).run();
                 }
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));

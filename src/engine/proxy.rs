@@ -60,6 +60,8 @@ struct RecvState {
 
 struct OpState {
     op: Op,
+    /// The op's timeline, when it is traced (`Config::trace_ops`).
+    trace: Option<Box<[u64; STEPS]>>,
     started: bool,
     last_progress: Instant,
     sends: Vec<SendState>,
@@ -73,7 +75,7 @@ impl OpState {
         op.sends.iter().for_each(|x| counts[x.peer] = 0);
         let recvs: Vec<RecvState> = op.recvs.iter().map(|x| RecvState { x: *x, k: next_k(counts, x.peer), landed: false }).collect();
         op.recvs.iter().for_each(|x| counts[x.peer] = 0);
-        OpState { op, started: false, last_progress: Instant::now(), sends, recvs }
+        OpState { op, trace: None, started: false, last_progress: Instant::now(), sends, recvs }
     }
 
     /// Which stream the op runs on: its start flag.
@@ -113,6 +115,18 @@ impl OpState {
         )
     }
 
+    /// Note that the op reached `step` now (the first time for the steps that happen once
+    /// per transfer and are traced at their first: buffer-ready sent and received, writes
+    /// handed; the last time for sends done and data landed).
+    fn mark(&mut self, step: Step) {
+        if let Some(t) = self.trace.as_mut() {
+            let i = step as usize;
+            if t[i] == 0 || matches!(step, Step::SendsDone | Step::LandedIn) {
+                t[i] = monotonic_ns();
+            }
+        }
+    }
+
     /// What the op still waits for (for timeout messages).
     fn waiting_for(&self) -> String {
         if !self.started {
@@ -129,6 +143,43 @@ impl OpState {
             None => "completion".into(),
         }
     }
+}
+
+/// The steps of an op's timeline (`Config::trace_ops`), in the order they are logged.
+#[derive(Clone, Copy)]
+enum Step {
+    Submitted,
+    StreamReached,
+    ReadySent,
+    ReadyIn,
+    WriteHanded,
+    SendsDone,
+    LandedIn,
+    Released,
+}
+const STEPS: usize = 8;
+const STEP_NAMES: [&str; STEPS] = ["submitted", "stream_reached", "ready_sent", "ready_in", "writes_handed", "sends_done", "landed_in", "released"];
+
+/// CLOCK_MONOTONIC in nanoseconds: one clock for every process of the host, so the
+/// timelines of two ranks line up.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid out-pointer; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// One traced op's log line: each step's time relative to when its stream reached the op
+/// (the absolute time of that is given), "-" for steps the op did not have.
+fn timeline(rank: usize, st: &OpState, t: &[u64; STEPS]) -> String {
+    let t0 = t[Step::StreamReached as usize];
+    let bytes: usize = st.op.sends.iter().chain(st.op.recvs.iter()).map(|x| x.len).sum();
+    let steps: Vec<String> = STEP_NAMES
+        .iter()
+        .zip(t.iter())
+        .map(|(n, &v)| if v == 0 { format!("{n} -") } else { format!("{n} {:+.1}", (v as i64 - t0 as i64) as f64 / 1e3) })
+        .collect();
+    format!("hoccl trace: rank {rank} op {} {} ({bytes} B moved by this rank): stream reached it at {t0} ns; us from then: {}", st.op.seq, st.op.name, steps.join(", "))
 }
 
 /// Turns without progress spent spinning before the proxy yields.
@@ -170,6 +221,8 @@ pub(super) struct Proxy {
     /// Whether the state was logged at a failure (once per communicator).
     reported: bool,
     last_check: Instant,
+    /// Ops whose timeline is logged (`Config::trace_ops`).
+    trace: Option<(u64, u64)>,
     /// Reused buffers: these serve every op or every turn.
     counts: Vec<u32>,
     ready: Vec<(usize, Tag, RemoteBuffer)>,
@@ -196,12 +249,19 @@ impl Proxy {
             stopping: None,
             reported: false,
             last_check: Instant::now(),
+            trace: None,
             counts: vec![0; nranks],
             ready: Vec::new(),
             incoming: Vec::new(),
             done: Vec::new(),
             advanced: Vec::new(),
         }
+    }
+
+    /// Log the timelines of ops `range` (call order, inclusive).
+    pub(super) fn trace(mut self, range: Option<(u64, u64)>) -> Self {
+        self.trace = range;
+        self
     }
 
     pub(super) fn run(mut self) {
@@ -297,7 +357,11 @@ impl Proxy {
             let m = self.max_pair.entry(peer).or_insert(0);
             *m = (*m).max(ps);
         }
-        let st = OpState::new(op, &mut self.counts);
+        let mut st = OpState::new(op, &mut self.counts);
+        if self.trace.is_some_and(|(a, b)| (a..=b).contains(&seq)) {
+            st.trace = Some(Box::new([0; STEPS]));
+            st.mark(Step::Submitted);
+        }
         let (key, stream_seq) = (st.stream(), st.op.stream_seq);
         let q = match self.streams.iter().position(|q| q.key == key) {
             Some(i) => &mut self.streams[i],
@@ -358,6 +422,7 @@ impl Proxy {
         let me = self.rank;
         let Some(st) = self.ops.get_mut(&seq) else { return Ok(()) };
         st.started = true;
+        st.mark(Step::StreamReached);
         st.last_progress = Instant::now();
         log::debug!("rank {me}: op {seq} {} started (stream seq {})", st.op.name, st.op.stream_seq);
         // Every receive is exposed before any is announced: a failure then leaves the
@@ -378,6 +443,9 @@ impl Proxy {
             for (peer, tag, remote) in ready.drain(..) {
                 self.transport.post_ready(peer, tag, remote);
             }
+            if !st.recvs.is_empty() {
+                st.mark(Step::ReadySent);
+            }
         }
         self.ready = ready;
         exposed?;
@@ -397,6 +465,7 @@ impl Proxy {
         let tag = Tag { pair_seq: pair_seq(&st.op, s.x.peer), k: s.k };
         self.transport.start_write(FlowId { seq, idx }, s.x.peer, tag, s.x.ptr, &remote, s.x.len)?;
         s.phase = SendPhase::Copying;
+        st.mark(Step::WriteHanded);
         Ok(())
     }
 
@@ -445,6 +514,7 @@ impl Proxy {
                     return self.fail_op(seq, e);
                 }
                 s.remote = Some(remote);
+                st.mark(Step::ReadyIn);
                 // Before its start the write waits: work before the call may still run.
                 if let Err(e) = self.start_write(seq, idx) {
                     self.fail_op(seq, e);
@@ -453,6 +523,7 @@ impl Proxy {
             Signal::Landed { k, len } => match st.recvs.iter_mut().find(|r| r.x.peer == from && r.k == k) {
                 Some(r) if r.x.len == len as usize => {
                     r.landed = true;
+                    st.mark(Step::LandedIn);
                     self.finish_if_complete(seq);
                 }
                 _ => {
@@ -496,6 +567,7 @@ impl Proxy {
             let Some(st) = self.ops.get_mut(&id.seq) else { continue };
             st.last_progress = Instant::now();
             st.sends[id.idx].phase = SendPhase::Done;
+            st.mark(Step::SendsDone);
             self.finish_if_complete(id.seq);
         }
         self.done = done;
@@ -505,7 +577,7 @@ impl Proxy {
 
     /// Release the stream (finish flag) and forget the op.
     fn finish_op(&mut self, seq: u64, err: Option<&Error>) {
-        let Some(st) = self.ops.remove(&seq) else { return };
+        let Some(mut st) = self.ops.remove(&seq) else { return };
         for (peer, ps) in &st.op.pair_seqs {
             self.index.remove(&(*peer, *ps));
         }
@@ -514,6 +586,12 @@ impl Proxy {
         }
         log::debug!("rank {}: op {seq} {} finished{}", self.rank, st.op.name, if err.is_some() { " (failed)" } else { "" });
         self.shared.release_op(st.op.seq);
+        if st.trace.is_some() {
+            st.mark(Step::Released);
+            if let Some(t) = st.trace.as_deref() {
+                log::info!("{}", timeline(self.rank, &st, t));
+            }
+        }
     }
 
     fn fail_op(&mut self, seq: u64, e: Error) {
