@@ -8,6 +8,8 @@
 #   2. under MPS (nvidia-cuda-mps-control -d, stopped when the script exits, whatever
 #      happened): 2, 3 and 4 processes on the GPU, sendrecv 4K..1G, the handshake probe and
 #      the copies of every process at once, appended to the same file (mps: true)
+#   3. under MPS, 2 processes, sendrecv 4K and 2M with HOCCL_TRACE_OPS: the proxies'
+#      per-step timelines of four ops in the middle of the timed loop   -> latency_timeline.log
 #   and every run's output                                              -> latency.log
 # The last run prints the targets over every record of latency.json (PASS/FAIL lines,
 # informational). The records' fields: examples/bench/latency.rs. ~3 minutes.
@@ -73,6 +75,14 @@ if [ -n "$mps_np" ]; then
         [ "$np" -ge 3 ] && conn=(CUDA_DEVICE_MAX_CONNECTIONS=16)
         run 180 NCCL_NVLS_ENABLE=0 "${conn[@]}" -- -np "$np" "$BIN" --latency --mps --ops sendrecv --json "$json" --append
       done
+      tl="$results/latency_timeline.log"
+      : > "$tl"
+      for size in 4K 2M; do
+        n0=$(wc -l < "$log")
+        run 120 NCCL_NVLS_ENABLE=0 HOCCL_LOG=hoccl=info HOCCL_TRACE_OPS=300-303 -- -np 2 "$BIN" --ops sendrecv --min $size --max $size
+        { echo "# ${cmds[-1]}"; tail -n +"$((n0 + 1))" "$log" | grep -E 'hoccl trace|^  sendrecv'; } >> "$tl"
+      done
+      record "$tl" "bash scripts/gpu/latency.sh (under MPS: ${cmds[-2]}; ${cmds[-1]})"
       cmds+=("echo quit | nvidia-cuda-mps-control")
       sed 's/^/# MPS log: /' "$CUDA_MPS_LOG_DIRECTORY"/control.log 2>/dev/null | tail -n 5 >> "$log"
     else
