@@ -153,12 +153,15 @@ enum Step {
     ReadySent,
     ReadyIn,
     WriteHanded,
+    Issued,
     SendsDone,
     LandedIn,
     Released,
 }
-const STEPS: usize = 8;
-const STEP_NAMES: [&str; STEPS] = ["submitted", "stream_reached", "ready_sent", "ready_in", "writes_handed", "sends_done", "landed_in", "released"];
+const STEPS: usize = 9;
+/// `copies_issued`: the return of the first transport turn after the writes were handed
+/// (that turn issues their first chunks).
+const STEP_NAMES: [&str; STEPS] = ["submitted", "stream_reached", "ready_sent", "ready_in", "writes_handed", "copies_issued", "sends_done", "landed_in", "released"];
 
 /// CLOCK_MONOTONIC in nanoseconds: one clock for every process of the host, so the
 /// timelines of two ranks line up.
@@ -555,6 +558,11 @@ impl Proxy {
                 true
             }
         };
+        if self.trace.is_some() {
+            for st in self.ops.values_mut().filter(|st| st.trace.as_ref().is_some_and(|t| t[Step::WriteHanded as usize] != 0)) {
+                st.mark(Step::Issued);
+            }
+        }
         if !advanced.is_empty() {
             let now = Instant::now();
             for seq in &advanced {
