@@ -4,10 +4,10 @@
 //! that run together finish together (the paper's flow-size-aware chunk schedule), and a
 //! flow that becomes ready late joins at once.
 //!
-//! **Chunk size from the flow.** Every chunk costs a copy, a fence and a poll (about a
-//! microsecond of proxy and driver time each), so a flow is cut only where cutting buys
-//! something: a flow up to [`MIN_CHUNK`] is one copy; a larger one is cut into pieces of
-//! at least `MIN_CHUNK` and at most the configured chunk (`HOCCL_CHUNK_BYTES`, an upper
+//! **Chunk size from the flow.** Every chunk costs a copy, a fence and a poll (5–6 µs of
+//! proxy and driver time for the copy and fence under MPS on the H200, `HOCCL_TRACE_OPS`),
+//! so a flow is cut only where cutting buys something: a flow up to [`MIN_CHUNK`] is one
+//! copy; a larger one is cut into pieces of at least `MIN_CHUNK` and at most the configured chunk (`HOCCL_CHUNK_BYTES`, an upper
 //! bound), as many as spread it over the queues its peer traffic may use divided among the
 //! peer flows active when it starts. So one large flow alone keeps every queue busy, many
 //! flows together each go in few large chunks, and a flow's chunks stay large enough to
@@ -21,8 +21,11 @@ use crate::transport::FlowId;
 use std::collections::VecDeque;
 
 /// Flows up to this size are one copy; larger ones are cut into chunks at least this big
-/// (or the configured chunk, when that is smaller).
-pub const MIN_CHUNK: usize = 1 << 20;
+/// (or the configured chunk, when that is smaller). Measured on one H200, two processes
+/// under MPS, sendrecv: one copy per flow beats spreading it over three queues up to
+/// 32 MiB (4 MiB: 28.7 against 46.5 µs; 8 MiB: 30.4 against 57.0 µs), and loses from
+/// 64 MiB (`docs/results/h200-1gpu/chunking.txt`).
+pub const MIN_CHUNK: usize = 8 << 20;
 /// Chunks kept in flight per peer queue: enough to hide the proxy's reaction time behind
 /// one chunk crossing a link.
 const PEER_DEPTH: usize = 2;
@@ -266,8 +269,8 @@ mod tests {
 
     #[test]
     fn chunks_follow_the_flow_size() {
-        const M: usize = 1 << 20;
-        let cap = 16 * M;
+        const M: usize = MIN_CHUNK;
+        let cap = 4 * M;
         // Small flows: one copy.
         assert_eq!(chunk_size(4096, 2, cap), 4096);
         assert_eq!(chunk_size(M, 2, cap), M);
@@ -276,9 +279,9 @@ mod tests {
         assert_eq!(chunk_size(3 * M, 2, cap), 3 * M / 2);
         assert_eq!(chunk_size(M + 1, 2, cap), M);
         // Large flows: the cap.
-        assert_eq!(chunk_size(1 << 30, 2, cap), cap);
+        assert_eq!(chunk_size(1 << 34, 2, cap), cap);
         // The cap bounds everything, the floor included.
         assert_eq!(chunk_size(M, 1, 64 << 10), 64 << 10);
-        assert_eq!(chunk_size(8 * M, 1, 4 * M), 4 * M);
+        assert_eq!(chunk_size(8 * M, 1, M / 2), M / 2);
     }
 }
