@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Command two: everything CI checks, from a fresh clone.
 #   1. setup (apt packages, pinned nvcc wheels; idempotent)
-#   2. cargo: cargo test --all-targets, cargo test --doc (every test binary runs)
+#   2. cargo: cargo test --all-targets, the collectives again with HOCCL_ENGINE=compressed,
+#      cargo test --doc (every test binary runs)
 #   3. examples: every self-checking example under mpirun -np 2 and -np 4 (debug build:
 #      it links the library cargo test built, so only the examples compile)
 #   4. cmake: CMake configure, build, install; ctest --output-on-failure (which also builds
@@ -66,10 +67,14 @@ part_cargo() {
   # --no-fail-fast: every test binary runs, so the summary counts them all.
   cargo test --all-targets --no-fail-fast 2>&1 | tee "$logs/cargo-test.log"
   [ "${PIPESTATUS[0]}" = 0 ] || failed+=("cargo test --all-targets")
+  stage "collectives under HOCCL_ENGINE=compressed"
+  HOCCL_ENGINE=compressed cargo test --test collectives 2>&1 | tee "$logs/cargo-compressed.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || failed+=("HOCCL_ENGINE=compressed cargo test --test collectives")
   stage "cargo test --doc"
   cargo test --doc --no-fail-fast 2>&1 | tee "$logs/cargo-doc.log"
   [ "${PIPESTATUS[0]}" = 0 ] || failed+=("cargo test --doc")
   summary+=("cargo test: $(count "$logs/cargo-test.log")")
+  summary+=("collectives, compressed engine: $(count "$logs/cargo-compressed.log")")
   summary+=("doc-tests: $(count "$logs/cargo-doc.log")")
 }
 

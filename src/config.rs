@@ -6,12 +6,13 @@ use std::time::Duration;
 /// Which data engine moves bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EngineChoice {
-    /// The default. Every call runs on the copy-engine path (as `CopyEngine`); choosing
-    /// per call between the engines by size comes with the compressed engine.
+    /// The default. Every call runs on the copy-engine path (as `CopyEngine`).
     Auto,
     /// Copy engines driven by the CPU proxy: no kernel, no SM.
     CopyEngine,
-    /// Fused compression kernels (uses SMs, fewer bytes on the wire).
+    /// Transfers to peers of bf16/f16/f32 data of 64 KiB or more cross compressed: the codec
+    /// kernels compress on the sender's stream and decompress on the receiver's (SMs), the
+    /// copy engines move the compressed bytes (`comm::compressed`).
     Compressed,
 }
 

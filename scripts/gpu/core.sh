@@ -4,7 +4,8 @@
 #   2. every test executable but the codec's (scripts/gpu/codec.sh) and the CLI tests (they
 #      run the build tree's programs; CPU only): first as built (host backend, CPU tests),
 #      then with --ignored (the same bodies on CUDA), one test at a time; with several
-#      GPUs, device_conformance's CUDA part again on the last GPU
+#      GPUs, device_conformance's CUDA part again on the last GPU; the collectives' CUDA
+#      bodies again under HOCCL_ENGINE=compressed
 #   3. the C and C++ checks and the C++ example under mpirun with 2 and 4 ranks, and one
 #      rank per GPU when there are more than 4 (ranks share a GPU when there are fewer)
 #   4. streams_check: many streams waiting on collectives at once, one rank per process
@@ -52,6 +53,11 @@ for t in "$bin"/tests/*; do
   check "test-$n-host" "${TEST_LIMIT:-150}" "$t" --test-threads=1
   check "test-$n-cuda" "${TEST_LIMIT:-150}" "$t" --ignored --test-threads=1
 done
+# The collectives' bodies again with the compressed engine (their data is mostly random:
+# this checks the machinery; tests/compressed.rs checks real tensors).
+if [ -x "$bin/tests/collectives" ]; then
+  HOCCL_ENGINE=compressed check "test-collectives-cuda-compressed" "${TEST_LIMIT:-150}" "$bin/tests/collectives" --ignored --test-threads=1
+fi
 if [ "$ngpu" -gt 1 ] && [ -x "$bin/tests/device_conformance" ]; then
   HOCCL_TEST_DEVICE=$((ngpu - 1)) check "test-device_conformance-gpu$((ngpu - 1))" "${TEST_LIMIT:-150}" \
     "$bin/tests/device_conformance" cuda_conformance --exact --ignored --test-threads=1

@@ -32,7 +32,7 @@ impl Communicator {
             Collective::Gather { root } => self.gather_ranges(name, op, root)?,
             Collective::Scatter { root } => self.scatter_ranges(name, op, root)?,
         };
-        self.submit(name, op.stream, sends, recvs)
+        self.submit(name, op.stream, op.dtype, sends, recvs)
     }
 
     fn check_root(&self, op: &'static str, root: usize) -> Result<()> {

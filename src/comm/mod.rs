@@ -4,16 +4,17 @@
 //! handshake on the caller's stream and hands the op to its engine. Calls are
 //! stream-ordered and asynchronous, as NCCL's.
 use crate::bootstrap::Bootstrap;
-use crate::config::{init_logging, Config};
+use crate::config::{init_logging, Config, EngineChoice};
 use crate::device::{self, DevPtr, Device, StreamHandle};
 use crate::engine::streams::{Admission, StreamManager};
-use crate::engine::{Engine, EngineConfig, Op, Transfer};
+use crate::engine::{Engine, EngineConfig, Fill, Op, Transfer};
 use crate::error::{Error, Result};
 use crate::types::DataType;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 mod collectives;
+pub(crate) mod compressed;
 mod enqueue;
 mod op;
 mod setup;
@@ -28,6 +29,9 @@ struct Group {
     stream: Option<StreamHandle>,
     sends: Vec<Transfer>,
     recvs: Vec<Transfer>,
+    /// The calls' data type, None once two calls differ (the group then moves raw).
+    dtype: Option<DataType>,
+    calls: usize,
 }
 
 struct State {
@@ -36,6 +40,8 @@ struct State {
     pair_counts: Vec<u64>,
     streams: StreamManager,
     group: Group,
+    /// The compressed engine's staging and status words.
+    codec: compressed::CodecState,
     destroyed: bool,
 }
 
@@ -83,12 +89,6 @@ impl Communicator {
         const OP: &str = "Communicator::new";
         config.validate()?;
         init_logging(config.log.as_deref());
-        if config.engine == crate::config::EngineChoice::Compressed {
-            return Err(Error::invalid_usage(
-                OP,
-                "HOCCL_ENGINE=compressed: the fused compressed collectives are not implemented yet (the codec is, see compress::); use auto or ce",
-            ));
-        }
         let (rank, size) = (bootstrap.rank(), bootstrap.size());
         let topo = setup::build_topology(bootstrap.as_ref(), &config)?;
         let me = topo.ranks()[rank].clone();
@@ -135,6 +135,7 @@ impl Communicator {
                 pair_counts: vec![0; size],
                 streams: StreamManager::default(),
                 group: Group::default(),
+                codec: compressed::CodecState::default(),
                 destroyed: false,
             }),
         })
@@ -171,6 +172,7 @@ impl Communicator {
     /// The first asynchronous error (a peer died, a timeout, mismatched calls), if any.
     /// Once set, every later call fails with it, as NCCL's `ncclCommGetAsyncError`.
     pub fn async_error(&self) -> Option<Error> {
+        self.engine.shared.scan_codec_status();
         self.engine.shared.error()
     }
 
@@ -246,7 +248,7 @@ impl Communicator {
         }
         let g = std::mem::take(&mut st.group);
         match g.stream {
-            Some(stream) => self.launch(&mut st, "group", stream, g.sends, g.recvs),
+            Some(stream) => self.launch(&mut st, "group", stream, g.dtype, g.sends, g.recvs),
             None => Ok(()),
         }
     }
@@ -290,27 +292,47 @@ impl Communicator {
     }
 
     /// Queue one op (or add it to the open group).
-    fn submit(&self, name: &'static str, stream: StreamHandle, sends: Vec<Transfer>, recvs: Vec<Transfer>) -> Result<()> {
+    fn submit(&self, name: &'static str, stream: StreamHandle, dtype: DataType, sends: Vec<Transfer>, recvs: Vec<Transfer>) -> Result<()> {
         let mut st = self.lock(name)?;
         if st.group.depth > 0 {
             if st.group.stream.is_some_and(|s| s != stream) {
                 return Err(Error::invalid_usage(name, "all calls of one group must use the same stream"));
             }
-            st.group.stream = Some(stream);
-            st.group.sends.extend(sends);
-            st.group.recvs.extend(recvs);
+            let g = &mut st.group;
+            g.stream = Some(stream);
+            g.dtype = if g.calls == 0 || g.dtype == Some(dtype) { Some(dtype) } else { None };
+            g.calls += 1;
+            g.sends.extend(sends);
+            g.recvs.extend(recvs);
             return Ok(());
         }
-        self.launch(&mut st, name, stream, sends, recvs)
+        self.launch(&mut st, name, stream, Some(dtype), sends, recvs)
     }
 
-    fn launch(&self, st: &mut State, name: &'static str, stream: StreamHandle, mut sends: Vec<Transfer>, mut recvs: Vec<Transfer>) -> Result<()> {
+    /// Enqueue one op (or a group's gathered transfers): the copies to self, the compressed
+    /// engine's work when it applies (`dtype`: the calls' common type), the handshake, and
+    /// the proxy's part.
+    fn launch(&self, st: &mut State, name: &'static str, stream: StreamHandle, dtype: Option<DataType>, mut sends: Vec<Transfer>, mut recvs: Vec<Transfer>) -> Result<()> {
         let local = take_local(name, self.rank, &mut sends, &mut recvs)?;
         if sends.is_empty() && recvs.is_empty() {
             // Nothing crosses to a peer: the copies go on the caller's stream itself, which
             // orders them after the work before the call and before the work after it.
             return local.iter().try_for_each(|&(dst, src, len)| self.dev.memcpy_async(stream, dst, src, len).map_err(|e| e.with_op(name)));
         }
+        let plan = match dtype {
+            Some(dt) if self.config.engine == EngineChoice::Compressed => {
+                let dev = self.dev.as_ref();
+                let plan = st.codec.prepare(dev, stream, dt, self.rank, &mut sends, &mut recvs).map_err(|e| e.with_op(name))?;
+                if plan.is_some() {
+                    let ring = st.codec.status_ring(dev)?;
+                    if let Ok(mut g) = self.engine.shared.codec_status.lock() {
+                        g.get_or_insert(ring);
+                    }
+                }
+                plan
+            }
+            _ => None,
+        };
         let mut peers: Vec<usize> = sends.iter().chain(recvs.iter()).map(|x| x.peer).collect();
         peers.sort_unstable();
         peers.dedup();
@@ -336,7 +358,12 @@ impl Communicator {
             sends,
             recvs,
             pair_seqs,
-        })
+            len_words: plan.as_ref().and_then(|p| p.len_words.clone()),
+        })?;
+        match plan {
+            Some(p) => p.finish(self.dev.as_ref(), stream).map_err(|e| e.with_op(name)),
+            None => Ok(()),
+        }
     }
 
     fn bytes(op: &'static str, count: usize, dtype: DataType) -> Result<usize> {
@@ -385,10 +412,10 @@ impl Region {
     /// The transfer of `len` bytes at `off` within this buffer, to or from `peer`.
     fn part(&self, off: usize, len: usize, peer: usize) -> Result<Transfer> {
         if len == 0 {
-            return Ok(Transfer { peer, ptr: self.ptr.add(off), len: 0, alloc: None });
+            return Ok(Transfer { peer, ptr: self.ptr.add(off), len: 0, alloc: None, fill: Fill::Exact });
         }
         match off.checked_add(len) {
-            Some(end) if end <= self.len => Ok(Transfer { peer, ptr: self.ptr.add(off), len, alloc: self.alloc }),
+            Some(end) if end <= self.len => Ok(Transfer { peer, ptr: self.ptr.add(off), len, alloc: self.alloc, fill: Fill::Exact }),
             _ => Err(Error::invalid_arg(self.op, format!("{} range {off}+{len} exceeds the {}-byte buffer", self.what, self.len))),
         }
     }
@@ -409,6 +436,7 @@ impl Drop for Communicator {
         let clean = self.engine.pending() == 0 && self.engine.shared.error().is_none() && !self.engine.shared.aborted.load(Ordering::Acquire);
         if let Ok(mut st) = self.state.lock() {
             st.streams.release(self.dev.as_ref(), clean);
+            st.codec.release(self.dev.as_ref(), clean);
         }
     }
 }

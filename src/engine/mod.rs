@@ -34,6 +34,22 @@ pub struct Transfer {
     pub ptr: DevPtr,
     pub len: usize,
     pub alloc: Option<Allocation>,
+    /// How many of the `len` bytes move.
+    pub fill: Fill,
+}
+
+/// How many bytes of a transfer's range move. Both sides agree on `len` (it is checked
+/// against the peer's); a compressed transfer moves a stream of at most `len` bytes whose
+/// exact length only the sender's stream knows when it reaches the op.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fill {
+    /// All `len` bytes.
+    Exact,
+    /// A send of as many bytes as word `i` of the op's `len_words` holds once the stream
+    /// has reached the op (written by work the stream ran before it; at most `len`).
+    Word(usize),
+    /// A receive that accepts any length up to `len`.
+    UpTo,
 }
 
 /// One operation as the proxy runs it.
@@ -53,6 +69,9 @@ pub struct Op {
     /// involve this rank and that peer. Both sides count the same calls, so this matches
     /// the peer's op even when other ranks take no part (point-to-point).
     pub pair_seqs: Vec<(usize, u64)>,
+    /// The words `Fill::Word` sends read their length from (host-visible, written by the
+    /// stream before it reaches the op).
+    pub len_words: Option<Arc<FlagSlab>>,
 }
 
 /// How to release one op's stream: its flags, finish flag and stream seq.
@@ -75,6 +94,9 @@ pub struct Shared {
     /// flags, finish flag and stream seq. Whoever removes an entry (the proxy finishing the
     /// op, or a teardown forced past a stuck proxy) counts the op as finished.
     releases: Mutex<BTreeMap<u64, Release>>,
+    /// The compressed engine's decompression status words (`comm::compressed`), scanned for
+    /// rejected input by the proxy's periodic checks and by `scan_codec_status`.
+    pub codec_status: Mutex<Option<Arc<FlagSlab>>>,
 }
 
 impl Shared {
@@ -97,6 +119,14 @@ impl Shared {
             log::error!("hoccl: {e}");
         }
         self.set_error(e);
+    }
+
+    /// Report the first decompression that rejected its input as the asynchronous error.
+    pub fn scan_codec_status(&self) {
+        let ring = self.codec_status.lock().ok().and_then(|g| g.clone());
+        if let Some(e) = ring.and_then(|r| crate::comm::compressed::scan_status(&r)) {
+            self.report(e);
+        }
     }
 
     /// Ops submitted but not finished.

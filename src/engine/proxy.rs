@@ -28,7 +28,7 @@
 //!
 //! The proxy reaches peers only through [`Transport`]; which transport it holds is decided
 //! where the engine starts.
-use super::{Cmd, Op, Shared, Transfer};
+use super::{Cmd, Fill, Op, Shared, Transfer};
 use crate::error::{Error, Result};
 use crate::transport::{FlowId, Incoming, Region, RemoteBuffer, Signal, Tag, Transport};
 use std::collections::{HashMap, VecDeque};
@@ -466,7 +466,17 @@ impl Proxy {
         let s = &mut st.sends[idx];
         let (SendPhase::WaitReady, Some(remote), true) = (s.phase, s.remote, st.started) else { return Ok(()) };
         let tag = Tag { pair_seq: pair_seq(&st.op, s.x.peer), k: s.k };
-        self.transport.start_write(FlowId { seq, idx }, s.x.peer, tag, s.x.ptr, &remote, s.x.len)?;
+        let len = match s.x.fill {
+            Fill::Word(i) => {
+                let n = st.op.len_words.as_ref().map_or(u64::MAX, |w| w.load(i));
+                if n > s.x.len as u64 {
+                    return Err(Error::internal(st.op.name, format!("send of {n} bytes into a {}-byte range (length word {i})", s.x.len)));
+                }
+                n as usize
+            }
+            Fill::Exact | Fill::UpTo => s.x.len,
+        };
+        self.transport.start_write(FlowId { seq, idx }, s.x.peer, tag, s.x.ptr, &remote, len)?;
         s.phase = SendPhase::Copying;
         st.mark(Step::WriteHanded);
         Ok(())
@@ -524,7 +534,7 @@ impl Proxy {
                 }
             }
             Signal::Landed { k, len } => match st.recvs.iter_mut().find(|r| r.x.peer == from && r.k == k) {
-                Some(r) if r.x.len == len as usize => {
+                Some(r) if r.x.len == len as usize || (r.x.fill == Fill::UpTo && len as usize <= r.x.len) => {
                     r.landed = true;
                     st.mark(Step::LandedIn);
                     self.finish_if_complete(seq);
@@ -640,6 +650,7 @@ impl Proxy {
             return;
         }
         self.last_check = Instant::now();
+        self.shared.scan_codec_status();
         self.streams.retain(|q| !q.ops.is_empty());
         // A peer may have sent its last messages and then closed: read them first, so only
         // ops that still wait on a gone peer fail.
