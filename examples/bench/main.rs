@@ -24,6 +24,8 @@ mod timing;
 mod verify;
 
 use ctx::{Ctx, Res};
+use hoccl::device::DevPtr;
+use std::sync::Arc;
 use hoccl::bootstrap::mpi::MpiBootstrap;
 use hoccl::comm::Communicator;
 use hoccl::device::kernels::{launch_count, module_loaded};
@@ -52,15 +54,58 @@ fn op_header(op: OpKind, n: usize) -> String {
     }
 }
 
+/// What the send buffers hold while timing: `--data`'s bytes tiled (kept in a device copy
+/// and copied in before every point, since the check after each point overwrites them),
+/// or else random bytes (the verification pattern; incompressible).
+enum Inputs {
+    File(DevPtr, Arc<dyn hoccl::Device>),
+    Random,
+}
+
+impl Inputs {
+    fn new(ctx: &Ctx, len: usize) -> Res<Inputs> {
+        let Some(path) = ctx.opts.data.as_deref() else { return Ok(Inputs::Random) };
+        let bytes = std::fs::read(path).map_err(|e| format!("--data {path}: {e}"))?;
+        if bytes.is_empty() || len == 0 {
+            return Ok(Inputs::Random);
+        }
+        let tiled: Vec<u8> = bytes.iter().copied().cycle().take(len).collect();
+        let p = ctx.dev.alloc(len).map_err(|e| format!("--data buffer: {e}"))?;
+        ctx.dev.copy_from_host(p, &tiled).map_err(|e| format!("--data buffer: {e}"))?;
+        Ok(Inputs::File(p, ctx.dev.clone()))
+    }
+
+    fn fill(&self, ctx: &Ctx, b: &Bufs, len: usize) -> Res<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        match self {
+            Inputs::File(p, dev) => dev.memcpy_async(ctx.stream, b.send, *p, len).map_err(|e| format!("--data copy: {e}"))?,
+            Inputs::Random => ctx.fill(ctx.stream, b.send, len, 0x5EED)?,
+        }
+        ctx.sync()
+    }
+}
+
+impl Drop for Inputs {
+    fn drop(&mut self) {
+        if let Inputs::File(p, dev) = self {
+            let _ = dev.free(*p);
+        }
+    }
+}
+
 /// Time (and check) every size of `op` with every implementation.
 fn run_op(ctx: &Ctx, oi: usize, op: OpKind, sizes: &[usize], imps: &[Impl]) -> Res<Vec<Point>> {
     let es = ctx.opts.dtype.size();
     let geoms: Vec<_> = sizes.iter().filter_map(|s| geom(op, *s, ctx.n, es, ctx.rank)).collect();
     let Some(largest) = geoms.last() else { return Ok(Vec::new()) };
     let bufs = Bufs::new(&ctx.dev, largest.send_len, largest.recv_len)?;
+    let inputs = Inputs::new(ctx, largest.send_len)?;
     let mut pts = Vec::new();
     for (si, g) in geoms.iter().enumerate() {
         for (ii, imp) in imps.iter().enumerate() {
+            inputs.fill(ctx, &bufs, g.send_len)?;
             let before = launch_count();
             let t = time_point(ctx, *imp, g, &bufs).map_err(|e| format!("{} {} {}: {e}", imp.label(), op.name(), g.bytes))?;
             if launch_count() != before {

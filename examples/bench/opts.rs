@@ -14,6 +14,8 @@ usage: mpirun -np N bench [options]
                       or 2 with --iters); the cold first op is always run and reported apart
   --min-time-ms MS    adaptive target time per point (default 20)
   --dtype T           bf16 (default), f16, f32, f64, u8, i8, i32, u32, i64, u64
+  --data FILE         time on this file's bytes (tiled over every send buffer, e.g. real
+                      bf16 weights for HOCCL_ENGINE=compressed) instead of random bytes
   --json FILE         write every point (and launch/interference results) as JSON
   --compare nccl      run every point through NCCL too (dlopen libnccl.so.2 at run time)
   --nccl-ctas LIST    extra NCCL communicators limited to these CTA counts (default 1,4,8;
@@ -65,6 +67,8 @@ pub struct Opts {
     pub mps: bool,
     pub append: bool,
     pub handshake_rounds: usize,
+    /// `--data`: the file whose bytes fill the send buffers while timing.
+    pub data: Option<String>,
 }
 
 impl Default for Opts {
@@ -93,6 +97,7 @@ impl Default for Opts {
             mps: false,
             append: false,
             handshake_rounds: 2000,
+            data: None,
         }
     }
 }
@@ -193,6 +198,7 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
                 o.min_time_ms = value()?.trim().parse::<f64>().ok().filter(|v| *v > 0.0 && *v < 1e5).ok_or("--min-time-ms: want a number in (0, 100000)")?
             }
             "--dtype" | "-d" => o.dtype = parse_dtype(&value()?)?,
+            "--data" => o.data = Some(value()?),
             "--json" => o.json = Some(value()?),
             "--compare" => match value()?.to_ascii_lowercase().as_str() {
                 "nccl" => o.compare_nccl = true,
