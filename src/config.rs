@@ -73,6 +73,10 @@ pub struct Config {
     /// devices are open on the GPU (several ranks in one process); `Some(true)`: always;
     /// `Some(false)`: never.
     pub serial_enqueue: Option<bool>,
+    /// `HOCCL_REDUCE_CTAS`: CTAs of a CopyReduce kernel launch (`CudaDevice::reduce_kernel_async`);
+    /// `None` (the default): `device::cuda::DEFAULT_REDUCE_CTAS`, chosen by measurement
+    /// (docs/results/h200-1gpu/reduce_kernels.json).
+    pub reduce_ctas: Option<usize>,
 }
 
 impl Default for Config {
@@ -91,6 +95,7 @@ impl Default for Config {
             codec_tickets: false,
             max_waiting_streams: None,
             serial_enqueue: None,
+            reduce_ctas: None,
         }
     }
 }
@@ -195,6 +200,12 @@ impl Config {
                 "0" => Some(false),
                 _ => return Err(Error::invalid_arg(OP, format!("HOCCL_SERIAL_ENQUEUE={v}: want auto|1|0"))),
             };
+        }
+        if let Some(v) = get("HOCCL_REDUCE_CTAS") {
+            match parse_num("HOCCL_REDUCE_CTAS", &v)? {
+                0 => return Err(Error::invalid_arg(OP, "HOCCL_REDUCE_CTAS=0: want at least one CTA")),
+                n => self.reduce_ctas = Some(n),
+            }
         }
         if let Some(v) = get("HOCCL_MAX_WAITING_STREAMS") {
             self.max_waiting_streams = match parse_num("HOCCL_MAX_WAITING_STREAMS", &v)? {
