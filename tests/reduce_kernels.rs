@@ -409,3 +409,210 @@ fn reference_spot_checks() {
     assert_eq!(step(DataType::F32, RedOp::Max, f32::NAN.to_bits() as u64, 1.0f32.to_bits() as u64), 1.0f32.to_bits() as u64);
     assert_eq!(step(DataType::F32, RedOp::Max, 1.0f32.to_bits() as u64, f32::NAN.to_bits() as u64), 1.0f32.to_bits() as u64);
 }
+
+// ------------------------------------------------------------------ fused kernels ------
+
+mod fused {
+    use super::*;
+    use hoccl::compress::{self, fused, Dtype, Params};
+
+    /// The bf16 fixtures of tests/data (HOCCL_TEST_DATA when run away from the checkout).
+    fn bf16_fixtures() -> Vec<(String, Vec<u8>)> {
+        let dir = std::env::var_os("HOCCL_TEST_DATA")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data"));
+        let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e} (set HOCCL_TEST_DATA)", dir.display()))
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "bf16"))
+            .map(|p| (p.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&p).unwrap()))
+            .collect();
+        v.sort();
+        assert!(v.len() >= 5, "bf16 fixtures missing in {}", dir.display());
+        v
+    }
+
+    struct Case<'a> {
+        dev: &'a Arc<dyn Device>,
+        s: hoccl::device::StreamHandle,
+    }
+
+    impl Case<'_> {
+        /// Compress `data` on the GPU; returns (device stream, its capacity).
+        fn compress(&self, data: &[u8], p: &Params) -> (DevPtr, usize) {
+            let d = &**self.dev;
+            let n = data.len() / 2;
+            let cap = compress::max_compressed_len(Dtype::Bf16, n, p).unwrap();
+            let input = d.alloc(data.len().max(2)).unwrap();
+            let out = d.alloc(cap).unwrap();
+            let words = d.alloc(16).unwrap();
+            d.copy_from_host(input, data).unwrap();
+            compress::compress_async(d, self.s, Dtype::Bf16, input, n, out, cap, words, p).unwrap();
+            d.synchronize(self.s).unwrap();
+            d.free(input).unwrap();
+            d.free(words).unwrap();
+            (out, cap)
+        }
+
+        /// The fused kernel over `streams` with `local` at `pos`, dst/local at element offset
+        /// `shift`; returns (dst bytes, status word).
+        fn fused(&self, streams: &[(DevPtr, usize)], local: &[u8], pos: usize, op: RedOp, shift: usize, in_place: bool) -> (Vec<u8>, u32) {
+            let d = &**self.dev;
+            let n = local.len() / 2;
+            let lp = d.alloc(local.len() + 64).unwrap();
+            let dp = d.alloc(local.len() + 64).unwrap();
+            let st = d.alloc(16).unwrap();
+            d.copy_from_host(lp.add(2 * shift), local).unwrap();
+            let dst = if in_place { lp.add(2 * shift) } else { dp.add(2 * shift) };
+            fused::decompress_reduce_async(d, self.s, Dtype::Bf16, streams, lp.add(2 * shift), pos, dst, n, op, st).unwrap();
+            d.synchronize(self.s).unwrap();
+            let mut got = vec![0u8; local.len()];
+            d.copy_to_host(&mut got, dst).unwrap();
+            let mut w = [0u8; 4];
+            d.copy_to_host(&mut w, st).unwrap();
+            for p in [lp, dp, st] {
+                d.free(p).unwrap();
+            }
+            (got, u32::from_le_bytes(w))
+        }
+
+        /// fused == reference(inputs in fold order) for every op and local position.
+        fn check(&self, name: &str, inputs: &[Vec<u8>], p: &Params, shift: usize) {
+            let m = inputs.len() - 1;
+            let streams: Vec<(DevPtr, usize)> = inputs[..m].iter().map(|x| self.compress(x, p)).collect();
+            let local = &inputs[m];
+            for op in RedOp::ALL {
+                for pos in 0..=m {
+                    let mut order: Vec<&[u8]> = inputs[..m].iter().map(|v| v.as_slice()).collect();
+                    order.insert(pos, local);
+                    let want = reference(DataType::BF16, op, &order, local.len() / 2);
+                    let (got, status) = self.fused(&streams, local, pos, op, shift, pos == m && op == RedOp::Sum);
+                    assert_eq!(status, 0, "{name}: {} pos {pos}: status {:#x} ({:?})", op.name(), status, compress::status_result(status));
+                    if got != want {
+                        let i = (0..got.len() / 2).find(|&i| got[2 * i..2 * i + 2] != want[2 * i..2 * i + 2]).unwrap();
+                        panic!("{name}: m={m} {} local at {pos} shift {shift}: value {i} of {}: got {:#x}, want {:#x}", op.name(), local.len() / 2, get(&got, i, 2), get(&want, i, 2));
+                    }
+                }
+            }
+            for (p, _) in streams {
+                self.dev.free(p).unwrap();
+            }
+        }
+    }
+
+    fn normal_bf16(rng: &mut Rng, n: usize, sigma: f64, specials: bool) -> Vec<u8> {
+        (0..n)
+            .flat_map(|_| {
+                let v = if specials && rng.below(64) == 0 { rng.next() as u16 } else { f32_to_bf16((rng.normal() * sigma) as f32) };
+                v.to_le_bytes()
+            })
+            .collect()
+    }
+
+    #[test]
+    #[ignore = "needs a GPU: run with --ignored"]
+    fn fused_reduce_of_real_fixtures_bit_exact() {
+        let dev = gpu();
+        let c = Case { dev: &dev, s: dev.create_stream().unwrap() };
+        let fx = bf16_fixtures();
+        let len = fx.iter().map(|(_, d)| d.len()).min().unwrap() & !1;
+        for m in [1usize, 3, 4] {
+            let inputs: Vec<Vec<u8>> = (0..=m).map(|k| fx[k % fx.len()].1[..len].to_vec()).collect();
+            let names: Vec<&str> = (0..=m).map(|k| fx[k % fx.len()].0.as_str()).collect();
+            c.check(&format!("fixtures {names:?}"), &inputs, &Params::default(), 0);
+        }
+        // one tier, and every fixture against its neighbours at full length (tiled)
+        let inputs: Vec<Vec<u8>> = fx.iter().take(4).map(|(_, d)| d.iter().cycle().take(len).copied().collect()).collect();
+        c.check("fixtures, one tier", &inputs, &Params { block: 0, tiers: 1 }, 0);
+    }
+
+    #[test]
+    #[ignore = "needs a GPU: run with --ignored"]
+    fn fused_reduce_random_sizes_alignments_and_raw_blocks() {
+        let dev = gpu();
+        let c = Case { dev: &dev, s: dev.create_stream().unwrap() };
+        let mut rng = Rng(0x5eed_0003);
+        for &n in &[1usize, 31, 1000, 16383, 16384, 16385, 3 * 16384 + 7, 40 * 16384 + 5] {
+            for &shift in &[0usize, 1, 2] {
+                let m = 1 + rng.below(4) as usize;
+                let inputs: Vec<Vec<u8>> = (0..=m)
+                    .map(|k| match k % 3 {
+                        0 => normal_bf16(&mut rng, n, 0.02, true),
+                        1 => normal_bf16(&mut rng, n, 3.0, false),
+                        _ => rng.bytes(2 * n), // incompressible: raw blocks
+                    })
+                    .collect();
+                c.check(&format!("random n={n}"), &inputs, &Params::default(), shift);
+            }
+        }
+        // eight compressed inputs at once
+        let inputs: Vec<Vec<u8>> = (0..9).map(|_| normal_bf16(&mut rng, 5 * 16384 + 3, 1.0, true)).collect();
+        c.check("random m=8", &inputs, &Params::default(), 0);
+    }
+
+    #[test]
+    #[ignore = "needs a GPU: run with --ignored"]
+    fn fused_reduce_reports_corrupt_inputs() {
+        let dev = gpu();
+        let c = Case { dev: &dev, s: dev.create_stream().unwrap() };
+        let d = &*dev;
+        let mut rng = Rng(0x5eed_0004);
+        let n = 10 * 16384 + 3;
+        let good = normal_bf16(&mut rng, n, 0.02, false);
+        let local = normal_bf16(&mut rng, n, 0.02, false);
+        let host = compress::compress(Dtype::Bf16, &good, &Params::default()).unwrap();
+        let nblocks = u32::from_le_bytes(host[20..24].try_into().unwrap()) as usize;
+        let first_block = 24 + 4 * nblocks;
+        let block3 = first_block + (0..3).map(|j| u32::from_le_bytes(host[24 + 4 * j..28 + 4 * j].try_into().unwrap()) as usize).sum::<usize>();
+        // (what, byte offset, xor): the magic, a block size, block 3's header, its planes
+        let cases: [(&str, usize, u8); 5] = [
+            ("magic", 0, 0x01),
+            ("value count", 8, 0x01),
+            ("size of block 2", 24 + 8, 0x04),
+            ("header of block 3", block3, 0xc0),
+            ("n_esc1 of block 3", block3 + 6, 0x01),
+        ];
+        for (what, at, x) in cases {
+            let mut bad = host.clone();
+            bad[at] ^= x;
+            let p = d.alloc(bad.len()).unwrap();
+            let q = d.alloc(host.len()).unwrap();
+            d.copy_from_host(p, &bad).unwrap();
+            d.copy_from_host(q, &host).unwrap();
+            for streams in [vec![(p, bad.len())], vec![(q, host.len()), (p, bad.len())]] {
+                let (_, status) = c.fused(&streams, &local, 0, RedOp::Sum, 0, false);
+                assert_ne!(status, 0, "corrupt {what}: not reported");
+                eprintln!("corrupt {what}: {:?}", compress::status_result(status).unwrap_err());
+            }
+            d.free(p).unwrap();
+            d.free(q).unwrap();
+        }
+        // a stream of another block size than the first
+        let other = compress::compress(Dtype::Bf16, &good, &Params { block: 8192, tiers: 2 }).unwrap();
+        let p = d.alloc(host.len()).unwrap();
+        let q = d.alloc(other.len()).unwrap();
+        d.copy_from_host(p, &host).unwrap();
+        d.copy_from_host(q, &other).unwrap();
+        let (_, status) = c.fused(&[(p, host.len()), (q, other.len())], &local, 1, RedOp::Sum, 0, false);
+        assert_ne!(status, 0, "mixed block sizes not reported");
+        d.free(p).unwrap();
+        d.free(q).unwrap();
+    }
+
+    #[test]
+    #[ignore = "needs a GPU: run with --ignored"]
+    fn fused_reduce_argument_errors() {
+        let dev = gpu();
+        let s = dev.create_stream().unwrap();
+        let p = dev.alloc(4096).unwrap();
+        let r = |inputs: &[(DevPtr, usize)], pos: usize, dt: Dtype| {
+            fused::decompress_reduce_async(&*dev, s, dt, inputs, p, pos, p, 16, RedOp::Sum, p.add(1024))
+        };
+        assert!(r(&[], 0, Dtype::Bf16).is_err(), "no inputs");
+        assert!(r(&[(p, 64); 9], 0, Dtype::Bf16).is_err(), "9 inputs");
+        assert!(r(&[(p, 64)], 2, Dtype::Bf16).is_err(), "local position past the end");
+        assert!(r(&[(p, 64)], 0, Dtype::F16).is_err(), "f16 not yet");
+        dev.synchronize(s).unwrap();
+        dev.free(p).unwrap();
+    }
+}
