@@ -554,8 +554,12 @@ __device__ uint32_t decode_block(DecSmem& sm, BlockDesc& d, uint32_t bytes, uint
                 if ((len & 3) && tid == 0)
                     O::put16(d.out + len - 2, *reinterpret_cast<const uint16_t*>(d.blk + 8 + len - 2));
             } else {
-                for (uint32_t h = tid; h < len / 2; h += DT)
-                    O::put16(d.out + 2 * h, reinterpret_cast<const uint16_t*>(d.blk + 8)[h]);
+                for (uint32_t h = tid; h < len / 2; h += DT) {
+                    if constexpr (std::is_same<O, PlainOut>::value)  // as written before O (the same registers)
+                        reinterpret_cast<uint16_t*>(d.out)[h] = reinterpret_cast<const uint16_t*>(d.blk + 8)[h];
+                    else
+                        O::put16(d.out + 2 * (size_t)h, reinterpret_cast<const uint16_t*>(d.blk + 8)[h]);
+                }
             }
             return ST_OK;
         }
@@ -640,8 +644,8 @@ __device__ __forceinline__ uint32_t cta_start(uint32_t nb, uint32_t P, uint32_t 
 // The permute tables of every decoder CTA, mg[m] (merge_spread) and nsp[m], one m per
 // thread (DT = 256 = the number of 8-bit masks); published by decode_block's barrier before
 // any use.
-__device__ __forceinline__ void init_tables(DecSmem& sm) {
-    const uint32_t m = (uint32_t)threadIdx.x;
+__device__ __forceinline__ void init_tables(DecSmem& sm, int tid) {
+    const uint32_t m = (uint32_t)tid;
     uint32_t sx = 0, r = 0;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -698,7 +702,7 @@ __device__ void decompress_kernel(const uint8_t* in, uint64_t in_len, uint8_t* o
     // here misaligned, a fault. The CTA of the first such block reports it (ST_BLOCK_SIZE:
     // its own offset is aligned); the others stop.
     if (off & 3) return;
-    init_tables(sm);
+    init_tables(sm, tid);
     // A block's size and header words are copied to sm.next one block ahead (cp.async, no
     // registers held), so that their latency hides behind the previous block instead of
     // delaying its staging by two dependent round trips.

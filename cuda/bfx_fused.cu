@@ -179,7 +179,7 @@ __device__ void fused_reduce_kernel(const FusedArgs& a) {
         if (off & 3) return;
         if (tid == 0) offs[k] = off;
     }
-    init_tables(sm);
+    init_tables(sm, tid);
     __syncthreads();
     for (uint64_t j = b0; j < b1; ++j) {
         const uint32_t nb = (uint32_t)(a.n - j * B < B ? a.n - j * B : B);
