@@ -142,6 +142,36 @@ __device__ void fold_local(const uint8_t* loc, uint32_t nb, uint32_t mode, bool 
     }
 }
 
+// Item (block j of a stream at `in`, at byte offset `off`): its size from the table and its
+// two header words (0 when past the stream's end; the size check then reports it) into
+// `next`, by cp.async (the caller waits). `off` must be 4-byte aligned.
+__device__ __forceinline__ void fetch_item(uint32_t* next, const uint8_t* in, uint64_t in_len, uint64_t j, uint64_t off) {
+    cp_async4(next, in + 24 + 4 * j);
+    if (off + 8 <= in_len) {
+        cp_async4(next + 1, in + off);
+        cp_async4(next + 2, in + off + 4);
+    } else {
+        next[1] = next[2] = 0;
+    }
+}
+
+// Ask L2 for up to `want` bytes from p (at most `avail` exist there): whole 16-byte units
+// inside them (cp.async.bulk.prefetch.L2, sm_90; timing only, nothing waits for it).
+__device__ __forceinline__ void l2_prefetch(const uint8_t* p, uint64_t avail, uint64_t want) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const uint64_t lead = (16 - (reinterpret_cast<uintptr_t>(p) & 15)) & 15;
+    uint64_t len = avail < want ? avail : want;
+    if (len <= lead) return;
+    len = (len - lead) & ~(uint64_t)15;
+    if (len == 0) return;
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + lead), "r"((uint32_t)len) : "memory");
+#else
+    (void)p;
+    (void)avail;
+    (void)want;
+#endif
+}
+
 template <class D, class R, int OP>
 __device__ void fused_reduce_kernel(const FusedArgs& a) {
     pdl_enter();
@@ -180,29 +210,53 @@ __device__ void fused_reduce_kernel(const FusedArgs& a) {
         if (tid == 0) offs[k] = off;
     }
     init_tables(sm, tid);
+    // Latency: a compressed block's size and header words are copied to sm.next one item
+    // ahead (cp.async, as the decompressor does one block ahead), and the bytes the next
+    // step reads (the next item's coded block, the local input's next block) are asked of L2
+    // one step ahead (bulk prefetch, sm_90), so that staging and the local fold find them
+    // there. Items: the compressed blocks in the order they are decoded, (j, k) for j in
+    // b0..b1, k in 0..m; sm.next[i & 1] holds item i's.
+    const uint32_t kfirst = 0;
+    if (tid == 0) {
+        fetch_item(sm.next[0], a.in[kfirst], a.in_len[kfirst], b0, offs[kfirst]);
+        l2_prefetch(a.in[kfirst] + offs[kfirst], a.in_len[kfirst] - offs[kfirst], 8 + D::SIZE * B);
+        l2_prefetch(a.local + b0 * B * D::SIZE, (a.n - b0 * B) * D::SIZE, B * D::SIZE);
+        cp_async_wait_all();
+    }
     __syncthreads();
+    uint32_t item = 0;
     for (uint64_t j = b0; j < b1; ++j) {
         const uint32_t nb = (uint32_t)(a.n - j * B < B ? a.n - j * B : B);
         for (uint32_t pos = 0; pos <= m; ++pos) {
             const uint32_t mode = pos == 0 ? FOLD_FIRST : (pos == m ? FOLD_LAST : FOLD_MID);
+            const bool local = pos == a.local_pos;
             const uint32_t k = pos < a.local_pos ? pos : pos - 1;  // the stream, unless local
+            const uint32_t* cur = sm.next[item & 1];
             if (tid == 0) {
                 fold_state.mode = mode;
                 fold_state.dst = a.dst + j * B * D::SIZE;
-                if (pos != a.local_pos) {  // the block's size and header words
-                    const uint64_t off = offs[k];
-                    sm.next[0][0] = ld32(a.in[k] + 24 + 4 * j);
-                    const bool hdr = off + 8 <= a.in_len[k];
-                    sm.next[0][1] = hdr ? ld32(a.in[k] + off) : 0u;
-                    sm.next[0][2] = hdr ? ld32(a.in[k] + off + 4) : 0u;
+                if (!local) {  // the next item's size and header, and its block into L2
+                    const bool wrap = k + 1 == m;
+                    const uint64_t jn = wrap ? j + 1 : j;
+                    const uint32_t kn = wrap ? 0 : k + 1;
+                    const uint32_t bytes = cur[0];
+                    // with one stream the next item is its next block, past this one (whose
+                    // size is validated below: a misaligned one is not used for the copy)
+                    const uint64_t on = kn == k ? offs[k] + bytes : offs[kn];
+                    if (jn < b1 && (kn != k || bytes % 4 == 0)) {
+                        fetch_item(sm.next[(item + 1) & 1], a.in[kn], a.in_len[kn], jn, on);
+                        l2_prefetch(a.in[kn] + on, a.in_len[kn] > on ? a.in_len[kn] - on : 0, 8 + D::SIZE * B);
+                    }
+                    if (wrap && jn < b1)
+                        l2_prefetch(a.local + jn * B * D::SIZE, (a.n - jn * B) * D::SIZE, B * D::SIZE);
                 }
             }
             __syncthreads();
-            if (pos == a.local_pos) {
+            if (local) {
                 fold_local<D, R, OP>(a.local + j * B * D::SIZE, nb, mode, a.flags & 1);
             } else {
                 const uint64_t off = offs[k];
-                const uint32_t bytes = sm.next[0][0];
+                const uint32_t bytes = cur[0];
                 BlockDesc d;
                 d.nb = (int)nb;
                 d.blk = a.in[k] + off;
@@ -210,11 +264,11 @@ __device__ void fused_reduce_kernel(const FusedArgs& a) {
                 uint32_t s = ST_OK;
                 if (bytes % 4 || bytes < 8 + nb || bytes > 8 + D::SIZE * B) s = ST_BLOCK_SIZE;
                 else if (off + bytes > a.in_len[k]) s = ST_TRUNCATED;
-                else s = decode_block<D, FoldOut<R, OP>>(sm, d, bytes, sm.next[0][1], sm.next[0][2], a.flags);
+                else s = decode_block<D, FoldOut<R, OP>>(sm, d, bytes, cur[1], cur[2], a.flags);
                 if (s) {
                     if (tid == 0) {
                         report(a.status, s, j);
-                        cp_async_wait_all();
+                        cp_async_wait_all();  // nothing lands in shared memory after the CTA ends
                     }
                     return;
                 }
@@ -222,8 +276,9 @@ __device__ void fused_reduce_kernel(const FusedArgs& a) {
                     offs[k] = off + bytes;
                     cp_async_wait_all();
                 }
+                ++item;
             }
-            __syncthreads();  // the accumulator, offs and sm.stage for the next step
+            __syncthreads();  // the accumulator, offs, sm.next and sm.stage for the next step
         }
     }
 }
