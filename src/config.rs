@@ -307,6 +307,9 @@ mod tests {
         assert_eq!(serial("0"), Some(false));
         assert_eq!(serial("1"), Some(true));
         assert_eq!(serial("auto"), None);
+        assert_eq!(Config::default().reduce_ctas, None);
+        let ctas = |v: &str| Config::default().with_env(env(&[("HOCCL_REDUCE_CTAS", v)])).unwrap().reduce_ctas;
+        assert_eq!(ctas("66"), Some(66));
     }
 
     #[test]
@@ -321,6 +324,8 @@ mod tests {
             ("HOCCL_CODEC_TICKETS", "yes"),
             ("HOCCL_MAX_WAITING_STREAMS", "-1"),
             ("HOCCL_SERIAL_ENQUEUE", "on"),
+            ("HOCCL_REDUCE_CTAS", "0"),
+            ("HOCCL_REDUCE_CTAS", "many"),
         ] {
             let e = Config::default().with_env(env(&[(k, v)])).unwrap_err();
             assert_eq!(e.code(), crate::error::ErrorCode::InvalidArgument, "{k}={v}");

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The reduction kernels on a GPU machine (scripts/gpu/common.sh: binaries, folders):
 #   1. tests/reduce_kernels.rs: CopyReduce (every dtype x op x source count x count x
-#      alignment) and the fused BFX1 decompress+reduce(+compress) kernels, bit for bit
-#      against host references                                  -> build/gpu-logs/reduce/
+#      alignment) and the fused BFX1 decompress+reduce kernels, bit for bit against a host
+#      reference of src/reduce.rs                                -> reduce-tests.log
 #   2. reduce_bench: CopyReduce of 4 bf16 inputs of 256 MiB vs the device-to-device copy at
 #      the default CTA count and a sweep, the fused kernels vs the standalone codec
 #                                                  -> reduce_kernels.json / reduce_kernels.txt
@@ -18,7 +18,9 @@ need tests/reduce_kernels reduce_bench codec_bench
 fail=0
 
 echo "== GPU tests (tests/reduce_kernels.rs)"
+record "$results/reduce-tests.log" "$bin/tests/reduce_kernels --include-ignored --test-threads=1"
 timeout 150 "$bin/tests/reduce_kernels" --include-ignored --test-threads=1 > "$log_dir/reduce_kernels.log" 2>&1 || fail=1
+cp "$log_dir/reduce_kernels.log" "$results/reduce-tests.log"
 grep -E "^test |test result|panicked|cases" "$log_dir/reduce_kernels.log" | head -n 40
 
 echo "== benchmark"
