@@ -3,6 +3,11 @@
 // CTA c decodes the contiguous range of blocks [c·n/G, (c+1)·n/G) of the n blocks, starting
 // at the offset it sums from block_bytes; a block is decoded in tiles of 2048 values (any B
 // works). Every header field is validated; corrupt input stops the CTA and sets *status.
+//
+// Where decoded values go is a template parameter `O` of the decoding functions (PlainOut:
+// at their place in the output); the fused kernels of bfx_fused.cu, which include this
+// file, pass one that folds them into an accumulator instead.
+#pragma once
 #include "bfx.cuh"
 
 #include <type_traits>
@@ -129,6 +134,15 @@ __device__ uint32_t fill_escapes(DecSmem& sm, const BlockDesc& d, uint32_t run, 
     return sm.err;
 }
 
+// The decoder's stores of values at o (an address inside the block's output d.out; put128:
+// 16-byte aligned, 8 bf16/fp16 or 4 fp32 values; put32: 4-byte aligned; put16: one 16-bit
+// value).
+struct PlainOut {
+    static __device__ __forceinline__ void put128(uint8_t* o, uint4 v) { st128(o, v); }
+    static __device__ __forceinline__ void put32(uint8_t* o, uint32_t v) { st32(o, v); }
+    static __device__ __forceinline__ void put16(uint8_t* o, uint16_t v) { *reinterpret_cast<uint16_t*>(o) = v; }
+};
+
 // The payload words of one chunk, loaded at the start of its tile so that their latency
 // overlaps the tile's scans and escape decoding.
 template <class D>
@@ -153,7 +167,7 @@ __device__ __forceinline__ Payload<D> load_payload(const BlockDesc& d, int c, in
 }
 
 // Values of one chunk from its exponents `ex` (packed) and its payload.
-template <class D, bool WHOLE = false>
+template <class D, bool WHOLE = false, class O = PlainOut>
 __device__ __forceinline__ void put_values(const BlockDesc& d, int v0, int valid, uint2 ex, const Payload<D>& p,
                                            bool aligned) {
     uint32_t pair[4];
@@ -195,26 +209,26 @@ __device__ __forceinline__ void put_values(const BlockDesc& d, int v0, int valid
             f[2 * k + 1] = __byte_perm(l, pair[k], 0x7632);
         }
         if (aligned && valid == 8) {
-            reinterpret_cast<uint4*>(o)[0] = make_uint4(f[0], f[1], f[2], f[3]);
-            reinterpret_cast<uint4*>(o)[1] = make_uint4(f[4], f[5], f[6], f[7]);
+            O::put128(o, make_uint4(f[0], f[1], f[2], f[3]));
+            O::put128(o + 16, make_uint4(f[4], f[5], f[6], f[7]));
         } else {
 #pragma unroll
             for (int v = 0; v < 8; ++v)
-                if (v < valid) reinterpret_cast<uint32_t*>(o)[v] = f[v];
+                if (v < valid) O::put32(o + 4 * v, f[v]);
         }
     } else {
         if (aligned && valid == 8) {
-            *reinterpret_cast<uint4*>(o) = make_uint4(pair[0], pair[1], pair[2], pair[3]);
+            O::put128(o, make_uint4(pair[0], pair[1], pair[2], pair[3]));
         } else {
 #pragma unroll
             for (int v = 0; v < 8; ++v)
-                if (v < valid) reinterpret_cast<uint16_t*>(o)[v] = (uint16_t)(pair[v >> 1] >> (16 * (v & 1)));
+                if (v < valid) O::put16(o + 2 * v, (uint16_t)(pair[v >> 1] >> (16 * (v & 1))));
         }
     }
 }
 
 // One tile of a coded block: codes, escape ordinals, escapes, values. K1 = d.k1.
-template <class D, int K1>
+template <class D, int K1, class O>
 __device__ uint32_t decode_tile(DecSmem& sm, const BlockDesc& d, int t0, uint32_t& esc_run, uint32_t& raw_run, bool aligned) {
     const int tid = threadIdx.x, v0 = t0 + 8 * tid;
     const int valid = d.nb - v0 < 0 ? 0 : (d.nb - v0 > 8 ? 8 : d.nb - v0);
@@ -261,7 +275,7 @@ __device__ uint32_t decode_tile(DecSmem& sm, const BlockDesc& d, int t0, uint32_
                 }
             }
         }
-        put_values<D>(d, v0, valid, ex, pl, aligned);
+        put_values<D, false, O>(d, v0, valid, ex, pl, aligned);
     }
     esc_run += cnt;
     __syncthreads();  // also ends the block's reads of sm.stage before the next block's copy
@@ -320,7 +334,7 @@ __device__ __forceinline__ uint2 lookup8(uint2 tw, uint32_t sel) {
 //     permutes), raw bytes from the group's raw prefix + popc spread over the raw codes;
 //  3. every chunk independently: codes from the plane words, tier-1 exponents (byte
 //     permutes of the table when K1 <= 3), escapes at the group's prefix + popc, values.
-template <class D, int K1>
+template <class D, int K1, class O>
 __device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& staged, bool aligned) {
     // The sections as shared-memory addresses: a BlockDesc's pointers are generic (they
     // point into global memory or the stage), so loads through them compile to generic
@@ -460,7 +474,7 @@ __device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& staged, bool ali
                 // can fail: check the merged values
                 if (D::NSYM < 256 && ((ex.x | ex.y) & 0xe0e0e0e0u)) sm.err = ST_SYMBOL;
             }
-            put_values<D, WHOLE>(d, v0, valid, ex, pl, WHOLE || aligned);
+            put_values<D, WHOLE, O>(d, v0, valid, ex, pl, WHOLE || aligned);
         }
     };
     if (whole) values(std::true_type{});
@@ -470,11 +484,11 @@ __device__ uint32_t decode_staged(DecSmem& sm, const BlockDesc& staged, bool ali
 }
 
 // The tiles of a coded block, with the code width K1 fixed at compile time.
-template <class D, int K1>
+template <class D, int K1, class O>
 __device__ uint32_t decode_tiles(DecSmem& sm, const BlockDesc& d, uint32_t flags) {
     uint32_t esc_run = 0, raw_run = 0;
     for (int t0 = 0; t0 < d.nb; t0 += DTILE) {
-        const uint32_t s = decode_tile<D, K1>(sm, d, t0, esc_run, raw_run, flags & 1);
+        const uint32_t s = decode_tile<D, K1, O>(sm, d, t0, esc_run, raw_run, flags & 1);
         if (s) return s;
     }
     if (esc_run != d.n_esc1) return ST_ESCAPES;
@@ -510,22 +524,23 @@ __device__ __forceinline__ void stage_block(DecSmem& sm, BlockDesc& d, uint32_t 
 // shifted by (src & 15) / 4 words; a partial last unit by thread 0. (The staging's copies
 // are all in flight at once; 4-byte loads and stores straight from global memory would
 // take one round trip per 1 KB of each thread.)
+template <class O>
 __device__ __forceinline__ void copy_out_raw(const uint8_t* src, uint8_t* out, uint32_t len) {
     const uint32_t tid = threadIdx.x, sw = (uint32_t)(reinterpret_cast<uintptr_t>(src) & 15) / 4, nv = len / 16;
     const uint4* u = reinterpret_cast<const uint4*>(src - 4 * sw);
     for (uint32_t v = tid; v < nv; v += DT) {
         const uint4 p = u[v];
-        st128(out + 16 * v, sw ? shift_words(p, u[v + 1], 4 - sw) : p);
+        O::put128(out + 16 * v, sw ? shift_words(p, u[v + 1], 4 - sw) : p);
     }
     if (tid == 0) {
         for (uint32_t b = 16 * nv; b < len; b += 4) {
-            if (b + 4 <= len) st32(out + b, *reinterpret_cast<const uint32_t*>(src + b));
-            else *reinterpret_cast<uint16_t*>(out + b) = *reinterpret_cast<const uint16_t*>(src + b);
+            if (b + 4 <= len) O::put32(out + b, *reinterpret_cast<const uint32_t*>(src + b));
+            else O::put16(out + b, *reinterpret_cast<const uint16_t*>(src + b));
         }
     }
 }
 
-template <class D>
+template <class D, class O = PlainOut>
 __device__ uint32_t decode_block(DecSmem& sm, BlockDesc& d, uint32_t bytes, uint32_t w0, uint32_t w1, uint32_t flags) {
     const int tid = threadIdx.x;
     const uint32_t st = parse_block<D>(d, bytes, w0, w1);
@@ -535,12 +550,16 @@ __device__ uint32_t decode_block(DecSmem& sm, BlockDesc& d, uint32_t bytes, uint
         const uint32_t len = D::SIZE * (uint32_t)d.nb;
         if (!staged || !(flags & 1) || (reinterpret_cast<uintptr_t>(d.out) & 15)) {  // from global memory
             if (flags & 2) {
-                for (uint32_t w = tid; w < len / 4; w += DT) st32(d.out + 4 * w, ld32(d.blk + 8 + 4 * w));
+                for (uint32_t w = tid; w < len / 4; w += DT) O::put32(d.out + 4 * w, ld32(d.blk + 8 + 4 * w));
                 if ((len & 3) && tid == 0)
-                    *reinterpret_cast<uint16_t*>(d.out + len - 2) = *reinterpret_cast<const uint16_t*>(d.blk + 8 + len - 2);
+                    O::put16(d.out + len - 2, *reinterpret_cast<const uint16_t*>(d.blk + 8 + len - 2));
             } else {
-                for (uint32_t h = tid; h < len / 2; h += DT)
-                    reinterpret_cast<uint16_t*>(d.out)[h] = reinterpret_cast<const uint16_t*>(d.blk + 8)[h];
+                for (uint32_t h = tid; h < len / 2; h += DT) {
+                    if constexpr (std::is_same<O, PlainOut>::value)  // as written before O (the same registers)
+                        reinterpret_cast<uint16_t*>(d.out)[h] = reinterpret_cast<const uint16_t*>(d.blk + 8)[h];
+                    else
+                        O::put16(d.out + 2 * (size_t)h, reinterpret_cast<const uint16_t*>(d.blk + 8)[h]);
+                }
             }
             return ST_OK;
         }
@@ -561,25 +580,25 @@ __device__ uint32_t decode_block(DecSmem& sm, BlockDesc& d, uint32_t bytes, uint
     if (staged) cp_async_wait_all();
     __syncthreads();
     if (d.k1 == 0) {  // a staged raw block: out in 16-byte stores (the output is 16-byte aligned)
-        copy_out_raw(d.blk + 8, d.out, D::SIZE * (uint32_t)d.nb);
+        copy_out_raw<O>(d.blk + 8, d.out, D::SIZE * (uint32_t)d.nb);
         return ST_OK;
     }
     if (sm.err) return sm.err;
     if (staged && (uint32_t)d.nb <= STAGED_MAX_NB) {
         switch (d.k1) {
-            case 1: return decode_staged<D, 1>(sm, d, flags & 1);
-            case 2: return decode_staged<D, 2>(sm, d, flags & 1);
-            case 3: return decode_staged<D, 3>(sm, d, flags & 1);
-            case 4: return decode_staged<D, 4>(sm, d, flags & 1);
-            default: return decode_staged<D, 5>(sm, d, flags & 1);
+            case 1: return decode_staged<D, 1, O>(sm, d, flags & 1);
+            case 2: return decode_staged<D, 2, O>(sm, d, flags & 1);
+            case 3: return decode_staged<D, 3, O>(sm, d, flags & 1);
+            case 4: return decode_staged<D, 4, O>(sm, d, flags & 1);
+            default: return decode_staged<D, 5, O>(sm, d, flags & 1);
         }
     }
     switch (d.k1) {
-        case 1: return decode_tiles<D, 1>(sm, d, flags);
-        case 2: return decode_tiles<D, 2>(sm, d, flags);
-        case 3: return decode_tiles<D, 3>(sm, d, flags);
-        case 4: return decode_tiles<D, 4>(sm, d, flags);
-        default: return decode_tiles<D, 5>(sm, d, flags);
+        case 1: return decode_tiles<D, 1, O>(sm, d, flags);
+        case 2: return decode_tiles<D, 2, O>(sm, d, flags);
+        case 3: return decode_tiles<D, 3, O>(sm, d, flags);
+        case 4: return decode_tiles<D, 4, O>(sm, d, flags);
+        default: return decode_tiles<D, 5, O>(sm, d, flags);
     }
 }
 
@@ -622,6 +641,29 @@ __device__ __forceinline__ uint32_t cta_start(uint32_t nb, uint32_t P, uint32_t 
     return (uint32_t)((uint64_t)a * h / head) + 2 * (t < p ? t : p) + (t > p ? t - p : 0u);
 }
 
+// The permute tables of every decoder CTA, mg[m] (merge_spread) and nsp[m], one m per
+// thread (DT = 256 = the number of 8-bit masks); published by decode_block's barrier before
+// any use.
+__device__ __forceinline__ void init_tables(DecSmem& sm, int tid) {
+    const uint32_t m = (uint32_t)tid;
+    uint32_t sx = 0, r = 0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        if (h) r = 0;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const bool set = (m >> (4 * h + k)) & 1u;
+            sx |= (set ? 4u + r : (uint32_t)k) << (16 * h + 4 * k);
+            r += set;
+        }
+    }
+    sm.mg[m] = make_uint2(sx, 8u * (uint32_t)__popc(m & 15u));  // published by decode_block's barrier before any use
+    uint32_t ns = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) ns |= ((m >> k) & 1u) << (4 * k);
+    sm.nsp[m] = ns;
+}
+
 // flags bit 0: `out` is 16-byte aligned; bit 1: `out` is 4-byte aligned; bits 8..19: SMs,
 // 20..23: CTAs per SM (the grid's wave is their product; 0: unknown); bit 24: the grid ends
 // in a tail (cta_start) of that wave.
@@ -660,25 +702,7 @@ __device__ void decompress_kernel(const uint8_t* in, uint64_t in_len, uint8_t* o
     // here misaligned, a fault. The CTA of the first such block reports it (ST_BLOCK_SIZE:
     // its own offset is aligned); the others stop.
     if (off & 3) return;
-    {  // mg[m] (merge_spread) and nsp[m], one m per thread
-        const uint32_t m = (uint32_t)tid;
-        uint32_t sx = 0, r = 0;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            if (h) r = 0;
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                const bool set = (m >> (4 * h + k)) & 1u;
-                sx |= (set ? 4u + r : (uint32_t)k) << (16 * h + 4 * k);
-                r += set;
-            }
-        }
-        sm.mg[m] = make_uint2(sx, 8u * (uint32_t)__popc(m & 15u));  // published by decode_block's barrier before any use
-        uint32_t ns = 0;
-#pragma unroll
-        for (int k = 0; k < 8; ++k) ns |= ((m >> k) & 1u) << (4 * k);
-        sm.nsp[m] = ns;
-    }
+    init_tables(sm, tid);
     // A block's size and header words are copied to sm.next one block ahead (cp.async, no
     // registers held), so that their latency hides behind the previous block instead of
     // delaying its staging by two dependent round trips.

@@ -80,6 +80,10 @@ pub struct Config {
     /// to the transport and done, its data-landed received, and its stream released, in
     /// CLOCK_MONOTONIC nanoseconds (comparable between the processes of one host).
     pub trace_ops: Option<(u64, u64)>,
+    /// `HOCCL_REDUCE_CTAS`: CTAs of a CopyReduce kernel launch (`CudaDevice::reduce_kernel_async`);
+    /// `None` (the default): `device::cuda::DEFAULT_REDUCE_CTAS`, chosen by measurement
+    /// (docs/results/h200-1gpu/reduce_kernels.json).
+    pub reduce_ctas: Option<usize>,
 }
 
 impl Default for Config {
@@ -99,6 +103,7 @@ impl Default for Config {
             max_waiting_streams: None,
             serial_enqueue: None,
             trace_ops: None,
+            reduce_ctas: None,
         }
     }
 }
@@ -211,6 +216,12 @@ impl Config {
                 _ => return Err(Error::invalid_arg(OP, format!("HOCCL_SERIAL_ENQUEUE={v}: want auto|1|0"))),
             };
         }
+        if let Some(v) = get("HOCCL_REDUCE_CTAS") {
+            match parse_num("HOCCL_REDUCE_CTAS", &v)? {
+                0 => return Err(Error::invalid_arg(OP, "HOCCL_REDUCE_CTAS=0: want at least one CTA")),
+                n => self.reduce_ctas = Some(n),
+            }
+        }
         if let Some(v) = get("HOCCL_MAX_WAITING_STREAMS") {
             self.max_waiting_streams = match parse_num("HOCCL_MAX_WAITING_STREAMS", &v)? {
                 0 => Some(usize::MAX),
@@ -311,6 +322,9 @@ mod tests {
         assert_eq!(serial("0"), Some(false));
         assert_eq!(serial("1"), Some(true));
         assert_eq!(serial("auto"), None);
+        assert_eq!(Config::default().reduce_ctas, None);
+        let ctas = |v: &str| Config::default().with_env(env(&[("HOCCL_REDUCE_CTAS", v)])).unwrap().reduce_ctas;
+        assert_eq!(ctas("66"), Some(66));
     }
 
     #[test]
@@ -325,6 +339,8 @@ mod tests {
             ("HOCCL_CODEC_TICKETS", "yes"),
             ("HOCCL_MAX_WAITING_STREAMS", "-1"),
             ("HOCCL_SERIAL_ENQUEUE", "on"),
+            ("HOCCL_REDUCE_CTAS", "0"),
+            ("HOCCL_REDUCE_CTAS", "many"),
         ] {
             let e = Config::default().with_env(env(&[(k, v)])).unwrap_err();
             assert_eq!(e.code(), crate::error::ErrorCode::InvalidArgument, "{k}={v}");

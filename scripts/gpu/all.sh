@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Everything a GPU machine checks and measures, in one command, from the repository root:
-#   bash scripts/gpu/all.sh [core] [codec] [bench] [latency] [compressed]  (default: core codec bench)
+#   bash scripts/gpu/all.sh [core] [codec] [reduce] [bench] [latency] [compressed]  (default: core codec bench)
 # With Rust installed (and HOCCL_BIN_DIR unset) it first builds the binaries here
 # (scripts/gpu/build.sh into build/gpu-bin); otherwise it runs those in HOCCL_BIN_DIR, a
 # folder that build.sh made on another machine. Then each part:
 #   core   the tests that need a GPU: every test executable on the host and CUDA backends,
 #          the C and C++ checks, the self-checking examples (scripts/gpu/core.sh)
 #   codec  the codec's GPU tests and codec_bench (scripts/gpu/codec.sh)
+#   reduce the CopyReduce and fused codec+reduce kernels' tests and benchmark
+#          -> reduce_kernels.json (scripts/gpu/reduce.sh)
 #   bench  the collective benchmarks against NCCL (scripts/gpu/bench.sh)
 #   latency  per-op latency on one GPU: one rank beside NCCL, handshake probe, D2D copies,
 #          2-4 processes under MPS -> latency.json (scripts/gpu/latency.sh)
@@ -15,7 +17,8 @@
 # Results go to docs/results/<machine>/ (e.g. h200-1gpu; HOCCL_MACHINE names it), each with
 # a .cmd file saying which command made it; full logs to build/gpu-logs/. Prints one line
 # per part and the end of its output; exits non-zero if any part failed.
-#   LIMIT_<part>  seconds for that part (default: core 900, codec 300, bench 600, latency 600)
+#   LIMIT_<part>  seconds for that part (default: core 900, codec 300, reduce 300, bench 600,
+#                 latency 600)
 set -u
 cd "$(dirname "$0")/../.."
 [ -x "${HOME:-/root}/.cargo/bin/cargo" ] && export PATH="${HOME:-/root}/.cargo/bin:$PATH"
@@ -31,10 +34,10 @@ mkdir -p "$logs"
 parts=("$@"); [ ${#parts[@]} -gt 0 ] || parts=(core codec bench)
 status=0
 for p in "${parts[@]}"; do
-  case "$p" in core|codec|bench|latency|compressed) ;; *) echo "all.sh: unknown part '$p' (core, codec, bench, latency, compressed)" >&2; exit 2 ;; esac
+  case "$p" in core|codec|reduce|bench|latency|compressed) ;; *) echo "all.sh: unknown part '$p' (core, codec, reduce, bench, latency, compressed)" >&2; exit 2 ;; esac
   t0=$SECONDS
   limit_var="LIMIT_$p"
-  case "$p" in core) limit=900 ;; codec) limit=300 ;; *) limit=600 ;; esac
+  case "$p" in core) limit=900 ;; codec|reduce) limit=300 ;; *) limit=600 ;; esac
   timeout "${!limit_var:-$limit}" bash "scripts/gpu/$p.sh" > "$logs/$p.console.log" 2>&1
   rc=$?
   [ $rc = 0 ] || status=1

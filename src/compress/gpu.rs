@@ -29,17 +29,17 @@ const COMPRESS_STAGGER_GLOBAL: &str = "hoccl_bfx_compress_stagger";
 /// Compressor flag: take blocks by atomic tickets (`kEncTickets` in bfx.cu).
 const ENC_TICKETS: u32 = 1 << 25;
 /// Module global: threads per decoder CTA (the kernel file's choice).
-const DECODE_THREADS_GLOBAL: &str = "hoccl_bfx_decode_threads";
+pub(super) const DECODE_THREADS_GLOBAL: &str = "hoccl_bfx_decode_threads";
 /// Module global: the most waves (CTAs that fit the SMs at once) in the decoder's grid.
-const DECODE_WAVES_GLOBAL: &str = "hoccl_bfx_decode_waves";
+pub(super) const DECODE_WAVES_GLOBAL: &str = "hoccl_bfx_decode_waves";
 /// Module global: 1 when every codec kernel starts with `griddepcontrol.wait` (so it may be
 /// launched as a programmatic dependent of the stream's previous kernel).
-const PDL_GLOBAL: &str = "hoccl_bfx_pdl";
+pub(super) const PDL_GLOBAL: &str = "hoccl_bfx_pdl";
 /// Blocks per decoder CTA the grid aims at, beyond one wave (at the default block size).
 const DECODE_BLOCKS_PER_CTA: u64 = 8;
 /// Module global: nonzero when the decoder places its CTAs' ranges with a tail: the fewest
 /// blocks per CTA before it (`decode_grid`).
-const DECODE_TAIL_GLOBAL: &str = "hoccl_bfx_decode_tail";
+pub(super) const DECODE_TAIL_GLOBAL: &str = "hoccl_bfx_decode_tail";
 
 /// Largest block the GPU encoder takes (values): 8 chunks per thread (4 for fp32).
 pub fn max_gpu_block(dtype: Dtype) -> u32 {
@@ -127,19 +127,19 @@ fn kernel_suffix(dtype: Dtype) -> &'static str {
 }
 
 /// One kernel parameter, by value, with the exact type of the kernel's parameter.
-enum Arg {
+pub(super) enum Arg {
     U64(u64),
     U32(u32),
 }
 
 /// Arguments of one launch, in parameter order.
-struct Args(Vec<Arg>);
+pub(super) struct Args(Vec<Arg>);
 
 impl Args {
-    fn new() -> Args {
+    pub(super) fn new() -> Args {
         Args(Vec::new())
     }
-    fn u64(mut self, v: u64) -> Args {
+    pub(super) fn u64(mut self, v: u64) -> Args {
         self.0.push(Arg::U64(v));
         self
     }
@@ -159,7 +159,7 @@ impl Args {
     }
 }
 
-fn launch(cuda: &CudaDevice, s: StreamHandle, name: &str, grid: u32, args: Args) -> Result<()> {
+pub(super) fn launch(cuda: &CudaDevice, s: StreamHandle, name: &str, grid: u32, args: Args) -> Result<()> {
     launch_smem(cuda, s, name, grid, THREADS, 0, args)
 }
 
@@ -314,7 +314,7 @@ pub(crate) fn decompress(
 
 /// The grid's shape as both codec kernels read it from their flags: SMs in bits 8..19, CTAs
 /// per SM in bits 20..23 (their product is a wave); None when either does not fit.
-fn grid_shape(sms: u64, per_sm: u64) -> Option<u32> {
+pub(super) fn grid_shape(sms: u64, per_sm: u64) -> Option<u32> {
     (sms < 4096 && per_sm < 16).then_some(((sms as u32) << 8) | ((per_sm as u32) << 20))
 }
 
@@ -330,7 +330,7 @@ fn grid_shape(sms: u64, per_sm: u64) -> Option<u32> {
 /// tail out when a CTA of the head would get none). CTAs start in order as earlier ones end,
 /// so the CTAs that start last, as the SMs run out of work at unequal times, are short: the
 /// kernel's end is not held by a few late CTAs of eight blocks.
-fn decode_grid(n: u64, dtype: Dtype, wave: u64, waves: u64, tail: u64) -> (u32, u64) {
+pub(super) fn decode_grid(n: u64, dtype: Dtype, wave: u64, waves: u64, tail: u64) -> (u32, u64) {
     let nblocks = n.div_ceil(u64::from(dtype.default_block()));
     if tail > 0 && nblocks >= (tail.min(DECODE_BLOCKS_PER_CTA) + 3) * wave {
         let head = ((nblocks - 3 * wave) / DECODE_BLOCKS_PER_CTA).clamp(wave, wave * waves);

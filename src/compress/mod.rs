@@ -25,6 +25,7 @@ use crate::types::DataType;
 
 pub mod cpu;
 pub mod format;
+pub mod fused;
 pub mod gpu;
 pub mod select;
 

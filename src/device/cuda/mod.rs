@@ -37,11 +37,13 @@ mod kernel;
 mod memory;
 mod probe;
 mod queue;
+mod reduce;
 mod stream;
 
 pub use driver::hardware_queues;
 pub use probe::{probe, GpuInfo, Probe};
 pub use queue::CudaCopyQueue;
+pub use reduce::{reduce_ctas, DEFAULT_REDUCE_CTAS, MAX_REDUCE_SRCS};
 
 use driver::{check, CtxGuard};
 

@@ -1,0 +1,301 @@
+// Fused decompress + reduce: dst = fold(inputs) over m compressed streams (BFX1/HFX1/FFX1,
+// all of the same n and block size B) and one raw local input, folded in the order given
+// (the local input at position `local_pos` of the m + 1), with the arithmetic of
+// src/reduce.rs (reduce.cuh). Launched by src/compress/fused.rs.
+//
+// A CTA takes a contiguous range of block indices (cta_start, as the decompressor), and for
+// each block j walks the fold order: a compressed input's block j is decoded by the
+// decompressor's own code (decode_block, bfx_decode.cu) with FoldOut as its output, which
+// folds each decoded value into an accumulator in shared memory (the first input of the
+// order sets it; the last writes acc op x to dst instead); the local input's values are
+// folded the same way. Decoded values never reach global memory. Limits: B * value size <=
+// 32 KiB (every block is staged: the default B of every dtype); other streams report
+// ST_GEOMETRY. A corrupt stream stops the CTA and sets *status (code | block << 8, as the
+// decompressor); dst's values for that CTA's blocks are then undefined.
+//
+// dst may be the local input (in place): each value of the local input is read before dst's
+// value at the same place is written (by the same block step).
+#include "bfx_decode.cu"
+#include "reduce.cuh"
+
+namespace bfx {
+
+constexpr int FUSE_MAX = 8;                 // compressed inputs per launch
+constexpr uint32_t FUSE_ACC_BYTES = 32768;  // the accumulator: one block of values
+
+// Mirror of compress::fused `FusedArgs` (#[repr(C)], 176 bytes).
+struct FusedArgs {
+    const uint8_t* in[FUSE_MAX];
+    uint64_t in_len[FUSE_MAX];
+    const uint8_t* local;
+    uint8_t* dst;
+    uint64_t n;
+    uint32_t* status;
+    uint32_t m;          // compressed inputs, 1..=FUSE_MAX
+    uint32_t local_pos;  // 0..=m
+    uint32_t flags;      // as the decompressor's (bit 0: dst 16-byte aligned, bit 1: 4-byte, shape, tail)
+    uint32_t pad;
+};
+
+enum FoldMode : uint32_t { FOLD_FIRST = 0, FOLD_MID = 1, FOLD_LAST = 2 };
+
+// The fold step the CTA is in, set by thread 0 before a barrier that precedes every
+// decode_block (FoldOut's functions are static: the decoder calls them by type).
+struct FoldState {
+    uint8_t* acc;  // generic address of the accumulator (dynamic shared memory)
+    uint8_t* dst;  // dst's values of the current block
+    uint32_t mode;
+    uint32_t n_inputs;  // m + 1 (Avg's divisor)
+};
+__shared__ FoldState fold_state;
+
+// R: the element arithmetic (reduce.cuh); the decoder's output address o is inside the
+// accumulator (d.out = fold_state.acc).
+template <class R, int OP>
+struct FoldOut {
+    using T = typename R::U;
+    // 2 or 4 bytes at o (aligned to their size; dst too: flags bit 1 for 4-byte steps)
+    template <class W>
+    static __device__ __forceinline__ void fold(uint8_t* o, W v) {
+        constexpr int E = sizeof(W) / sizeof(T);
+        const uint32_t mode = fold_state.mode;
+        if (mode == FOLD_FIRST) {
+            *reinterpret_cast<W*>(o) = v;
+            return;
+        }
+        T x[E], a[E];
+        const W w = *reinterpret_cast<const W*>(o);
+        memcpy(x, &v, sizeof(W));
+        memcpy(a, &w, sizeof(W));
+#pragma unroll
+        for (int i = 0; i < E; ++i) a[i] = R::template step<OP>(a[i], x[i]);
+        if constexpr (OP == red::AVG) {
+            if (mode == FOLD_LAST) {
+#pragma unroll
+                for (int i = 0; i < E; ++i) a[i] = R::avg(a[i], fold_state.n_inputs);
+            }
+        }
+        W r;
+        memcpy(&r, a, sizeof(W));
+        *reinterpret_cast<W*>(mode == FOLD_MID ? o : fold_state.dst + (o - fold_state.acc)) = r;
+    }
+    static __device__ __forceinline__ void put128(uint8_t* o, uint4 v) {
+        const uint32_t mode = fold_state.mode;
+        if (mode == FOLD_FIRST) {
+            *reinterpret_cast<uint4*>(o) = v;
+            return;
+        }
+        uint4 r = red::step16<R, OP>(*reinterpret_cast<const uint4*>(o), v);
+        if (mode == FOLD_MID) {
+            *reinterpret_cast<uint4*>(o) = r;
+            return;
+        }
+        if constexpr (OP == red::AVG) r = red::avg16<R>(r, fold_state.n_inputs);
+        *reinterpret_cast<uint4*>(fold_state.dst + (o - fold_state.acc)) = r;
+    }
+    static __device__ __forceinline__ void put32(uint8_t* o, uint32_t v) { fold<uint32_t>(o, v); }
+    static __device__ __forceinline__ void put16(uint8_t* o, uint16_t v) {
+        if constexpr (sizeof(T) == 2) fold<uint16_t>(o, v);
+    }
+};
+
+// The local input's values of one block (nb values at `loc`) folded into the accumulator
+// in `mode` (FOLD_LAST: acc op x to dst). 16-byte steps when loc and dst allow them.
+template <class D, class R, int OP>
+__device__ void fold_local(const uint8_t* loc, uint32_t nb, uint32_t mode, bool dst16) {
+    using T = typename R::U;
+    const uint32_t tid = threadIdx.x, bytes = nb * D::SIZE;
+    uint8_t* acc = fold_state.acc;
+    uint32_t done = 0;
+    if ((reinterpret_cast<uintptr_t>(loc) & 15) == 0 && (mode != FOLD_LAST || dst16)) {
+        done = bytes & ~15u;
+        for (uint32_t u = tid; u < done / 16; u += DT) {
+            const uint4 x = reinterpret_cast<const uint4*>(loc)[u];
+            uint4* a = reinterpret_cast<uint4*>(acc) + u;
+            if (mode == FOLD_FIRST) {
+                *a = x;
+                continue;
+            }
+            uint4 r = red::step16<R, OP>(*a, x);
+            if (mode == FOLD_MID) {
+                *a = r;
+                continue;
+            }
+            if constexpr (OP == red::AVG) r = red::avg16<R>(r, fold_state.n_inputs);
+            reinterpret_cast<uint4*>(fold_state.dst)[u] = r;
+        }
+    }
+    for (uint32_t i = done / sizeof(T) + tid; i < nb; i += DT) {
+        const T x = reinterpret_cast<const T*>(loc)[i];
+        T* a = reinterpret_cast<T*>(acc) + i;
+        if (mode == FOLD_FIRST) {
+            *a = x;
+            continue;
+        }
+        T r = R::template step<OP>(*a, x);
+        if (mode == FOLD_MID) {
+            *a = r;
+            continue;
+        }
+        if constexpr (OP == red::AVG) r = R::avg(r, fold_state.n_inputs);
+        reinterpret_cast<T*>(fold_state.dst)[i] = r;
+    }
+}
+
+// Item (block j of a stream at `in`, at byte offset `off`): its size from the table and its
+// two header words (0 when past the stream's end; the size check then reports it) into
+// `next`, by cp.async (the caller waits). `off` must be 4-byte aligned.
+__device__ __forceinline__ void fetch_item(uint32_t* next, const uint8_t* in, uint64_t in_len, uint64_t j, uint64_t off) {
+    cp_async4(next, in + 24 + 4 * j);
+    if (off + 8 <= in_len) {
+        cp_async4(next + 1, in + off);
+        cp_async4(next + 2, in + off + 4);
+    } else {
+        next[1] = next[2] = 0;
+    }
+}
+
+// Ask L2 for up to `want` bytes from p (at most `avail` exist there): whole 16-byte units
+// inside them (cp.async.bulk.prefetch.L2, sm_90; timing only, nothing waits for it).
+__device__ __forceinline__ void l2_prefetch(const uint8_t* p, uint64_t avail, uint64_t want) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const uint64_t lead = (16 - (reinterpret_cast<uintptr_t>(p) & 15)) & 15;
+    uint64_t len = avail < want ? avail : want;
+    if (len <= lead) return;
+    len = (len - lead) & ~(uint64_t)15;
+    if (len == 0) return;
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + lead), "r"((uint32_t)len) : "memory");
+#else
+    (void)p;
+    (void)avail;
+    (void)want;
+#endif
+}
+
+template <class D, class R, int OP>
+__device__ void fused_reduce_kernel(const FusedArgs& a) {
+    pdl_enter();
+    BFX_DYN_SMEM(DecSmem, sm);
+    __shared__ uint64_t offs[FUSE_MAX];  // each stream's offset of its next block
+    const int tid = threadIdx.x;
+    const uint32_t m = a.m;
+    if (tid == 0) {
+        sm.err = 0;
+        fold_state.acc = bfx_dyn_smem_ + ((sizeof(DecSmem) + 15) & ~(size_t)15);
+        fold_state.n_inputs = m + 1;
+    }
+    uint32_t B = 0, nblocks = 0;
+    for (uint32_t k = 0; k < m; ++k) {
+        uint32_t Bk = 0, nbk = 0;
+        uint32_t st = check_stream<D>(a.in[k], a.in_len[k], a.n, Bk, nbk);
+        if (!st && ((k && Bk != B) || Bk * D::SIZE > FUSE_ACC_BYTES)) st = ST_GEOMETRY;
+        if (st) {
+            if (blockIdx.x == 0 && tid == 0) report(a.status, st, 0);
+            return;
+        }
+        B = Bk;
+        nblocks = nbk;
+    }
+    const uint32_t wave = ((a.flags >> 24) & 1u) ? shape_sms(a.flags) * shape_per_sm(a.flags) : 0u;
+    const uint64_t b0 = cta_start(nblocks, wave, blockIdx.x), b1 = cta_start(nblocks, wave, blockIdx.x + 1);
+    if (b0 == b1) return;
+    // each stream's bytes before block b0 (as the decompressor, one stream at a time)
+    for (uint32_t k = 0; k < m; ++k) {
+        const uint32_t* tab = reinterpret_cast<const uint32_t*>(a.in[k] + 24);
+        uint64_t part = 0;
+        for (uint64_t i = tid; i < b0; i += DT) part += tab[i];
+        const uint64_t off = 24 + 4 * (uint64_t)nblocks + block_sum64<DT>(part, sm.wtmp64);
+        // a misaligned offset (a corrupt table): the CTA of the first such block reports it
+        if (off & 3) return;
+        if (tid == 0) offs[k] = off;
+    }
+    init_tables(sm, tid);
+    // Latency: a compressed block's size and header words are copied to sm.next one item
+    // ahead (cp.async, as the decompressor does one block ahead), and the bytes the next
+    // step reads (the next item's coded block, the local input's next block) are asked of L2
+    // one step ahead (bulk prefetch, sm_90), so that staging and the local fold find them
+    // there. Items: the compressed blocks in the order they are decoded, (j, k) for j in
+    // b0..b1, k in 0..m; sm.next[i & 1] holds item i's.
+    const uint32_t kfirst = 0;
+    if (tid == 0) {
+        fetch_item(sm.next[0], a.in[kfirst], a.in_len[kfirst], b0, offs[kfirst]);
+        l2_prefetch(a.in[kfirst] + offs[kfirst], a.in_len[kfirst] - offs[kfirst], 8 + D::SIZE * B);
+        l2_prefetch(a.local + b0 * B * D::SIZE, (a.n - b0 * B) * D::SIZE, B * D::SIZE);
+        cp_async_wait_all();
+    }
+    __syncthreads();
+    uint32_t item = 0;
+    for (uint64_t j = b0; j < b1; ++j) {
+        const uint32_t nb = (uint32_t)(a.n - j * B < B ? a.n - j * B : B);
+        for (uint32_t pos = 0; pos <= m; ++pos) {
+            const uint32_t mode = pos == 0 ? FOLD_FIRST : (pos == m ? FOLD_LAST : FOLD_MID);
+            const bool local = pos == a.local_pos;
+            const uint32_t k = pos < a.local_pos ? pos : pos - 1;  // the stream, unless local
+            const uint32_t* cur = sm.next[item & 1];
+            if (tid == 0) {
+                fold_state.mode = mode;
+                fold_state.dst = a.dst + j * B * D::SIZE;
+                if (!local) {  // the next item's size and header, and its block into L2
+                    const bool wrap = k + 1 == m;
+                    const uint64_t jn = wrap ? j + 1 : j;
+                    const uint32_t kn = wrap ? 0 : k + 1;
+                    const uint32_t bytes = cur[0];
+                    // with one stream the next item is its next block, past this one (whose
+                    // size is validated below: a misaligned one is not used for the copy)
+                    const uint64_t on = kn == k ? offs[k] + bytes : offs[kn];
+                    if (jn < b1 && (kn != k || bytes % 4 == 0)) {
+                        fetch_item(sm.next[(item + 1) & 1], a.in[kn], a.in_len[kn], jn, on);
+                        l2_prefetch(a.in[kn] + on, a.in_len[kn] > on ? a.in_len[kn] - on : 0, 8 + D::SIZE * B);
+                    }
+                    if (wrap && jn < b1)
+                        l2_prefetch(a.local + jn * B * D::SIZE, (a.n - jn * B) * D::SIZE, B * D::SIZE);
+                }
+            }
+            __syncthreads();
+            if (local) {
+                fold_local<D, R, OP>(a.local + j * B * D::SIZE, nb, mode, a.flags & 1);
+            } else {
+                const uint64_t off = offs[k];
+                const uint32_t bytes = cur[0];
+                BlockDesc d;
+                d.nb = (int)nb;
+                d.blk = a.in[k] + off;
+                d.out = fold_state.acc;
+                uint32_t s = ST_OK;
+                if (bytes % 4 || bytes < 8 + nb || bytes > 8 + D::SIZE * B) s = ST_BLOCK_SIZE;
+                else if (off + bytes > a.in_len[k]) s = ST_TRUNCATED;
+                else s = decode_block<D, FoldOut<R, OP>>(sm, d, bytes, cur[1], cur[2], a.flags);
+                if (s) {
+                    if (tid == 0) {
+                        report(a.status, s, j);
+                        cp_async_wait_all();  // nothing lands in shared memory after the CTA ends
+                    }
+                    return;
+                }
+                if (tid == 0) {
+                    offs[k] = off + bytes;
+                    cp_async_wait_all();
+                }
+                ++item;
+            }
+            __syncthreads();  // the accumulator, offs, sm.next and sm.stage for the next step
+        }
+    }
+}
+
+}  // namespace bfx
+
+// Dynamic shared memory of a fused CTA: the decoder's state, then the accumulator.
+extern "C" __device__ uint32_t hoccl_bfx_fused_smem = ((sizeof(bfx::DecSmem) + 15) & ~15u) + bfx::FUSE_ACC_BYTES;
+
+#define BFX_FUSED(NAME, D, R, OP)                                                        \
+    extern "C" __global__ void __launch_bounds__(bfx::DT, 2) NAME(bfx::FusedArgs a) { \
+        bfx::fused_reduce_kernel<D, R, OP>(a);                                         \
+    }
+#define BFX_FUSED_OPS(DT, D, R)                                                \
+    BFX_FUSED(hoccl_bfx_fused_reduce_##DT##_sum, D, R, red::SUM)   \
+    BFX_FUSED(hoccl_bfx_fused_reduce_##DT##_prod, D, R, red::PROD) \
+    BFX_FUSED(hoccl_bfx_fused_reduce_##DT##_max, D, R, red::MAX)   \
+    BFX_FUSED(hoccl_bfx_fused_reduce_##DT##_min, D, R, red::MIN)   \
+    BFX_FUSED(hoccl_bfx_fused_reduce_##DT##_avg, D, R, red::AVG)
+BFX_FUSED_OPS(bf16, bfx::Bf16T, red::BF16)

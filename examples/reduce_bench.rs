@@ -1,0 +1,266 @@
+//! CopyReduce throughput on one GPU (`CudaDevice::reduce_kernel_async`), in bytes read per
+//! second, against the device-to-device copy measured in the same run (bytes read per
+//! second: one read and one write of every byte), at the default CTA count and a sweep.
+//!
+//! ```text
+//! reduce_bench [--size 256M] [--inputs 4] [--dtype bf16] [--json-out FILE]
+//! ```
+//! Method: `--inputs` sources of `--size` bytes each (far beyond L2) and one destination;
+//! a measurement enqueues R repetitions between two stream synchronizations (host timer),
+//! and the median of 5 measurements is reported. The first launch of every configuration is
+//! checked against a host fold of a sample of elements (bf16 sum).
+use hoccl::config::BackendChoice;
+use hoccl::device::cuda::{reduce_ctas, CudaDevice, DEFAULT_REDUCE_CTAS};
+use hoccl::device::{DevPtr, Device, StreamHandle};
+use hoccl::reduce::RedOp;
+use hoccl::types::DataType;
+use std::time::Instant;
+
+struct Opts {
+    size: usize,
+    inputs: usize,
+    dtype: DataType,
+    json_out: Option<String>,
+}
+
+fn parse_size(s: &str) -> Result<usize, String> {
+    let (num, mul) = match s.chars().last() {
+        Some('K' | 'k') => (&s[..s.len() - 1], 1 << 10),
+        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<usize>().map(|v| v * mul).map_err(|e| format!("size {s}: {e}"))
+}
+
+fn opts() -> Result<Opts, String> {
+    let mut o = Opts { size: 256 << 20, inputs: 4, dtype: DataType::BF16, json_out: None };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut val = || it.next().cloned().ok_or(format!("{a} needs a value"));
+        match a.as_str() {
+            "--size" => o.size = parse_size(&val()?)?,
+            "--inputs" => o.inputs = val()?.parse().map_err(|e| format!("--inputs: {e}"))?,
+            "--dtype" => {
+                let v = val()?;
+                o.dtype = *DataType::ALL.iter().find(|d| d.name() == v).ok_or(format!("--dtype {v}: unknown"))?
+            }
+            "--json-out" => o.json_out = Some(val()?),
+            _ => return Err(format!("unknown argument {a}")),
+        }
+    }
+    Ok(o)
+}
+
+/// Median seconds per repetition of `f` (R repetitions per measurement, 5 measurements).
+fn time(dev: &dyn Device, s: StreamHandle, reps: usize, mut f: impl FnMut() -> Result<(), String>) -> Result<f64, String> {
+    f()?;
+    dev.synchronize(s).map_err(|e| e.to_string())?;
+    let mut t = Vec::new();
+    for _ in 0..5 {
+        let t0 = Instant::now();
+        for _ in 0..reps {
+            f()?;
+        }
+        dev.synchronize(s).map_err(|e| e.to_string())?;
+        t.push(t0.elapsed().as_secs_f64() / reps as f64);
+    }
+    t.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    Ok(t[2])
+}
+
+fn bf16(x: f32) -> u16 {
+    let u = x.to_bits();
+    ((u + 0x7fff + ((u >> 16) & 1)) >> 16) as u16
+}
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("reduce_bench: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<(), String> {
+    let o = opts()?;
+    let dev = hoccl::device::open(BackendChoice::Cuda, 0).map_err(|e| e.to_string())?;
+    let cuda: &CudaDevice = dev.as_cuda().ok_or("not a CUDA device")?;
+    let s = dev.create_stream().map_err(|e| e.to_string())?;
+    let e = |e: hoccl::Error| e.to_string();
+    let count = o.size / o.dtype.size();
+    let srcs: Vec<DevPtr> = (0..o.inputs).map(|_| dev.alloc(o.size)).collect::<Result<_, _>>().map_err(e)?;
+    let dst = dev.alloc(o.size).map_err(e)?;
+    // Data: bf16 values of N(0, 1)-like spread from the device pattern (sign, exponent 120-134).
+    for (k, p) in srcs.iter().enumerate() {
+        dev.fill_pattern_async(s, *p, o.size, 77 + k as u64).map_err(e)?;
+    }
+    dev.synchronize(s).map_err(e)?;
+    if o.dtype == DataType::BF16 {
+        // Sane values: 1 + i/…, so sums stay finite (the pattern's raw bits hold NaNs).
+        let host: Vec<u8> = (0..count).flat_map(|i| bf16(1.0 + (i % 1000) as f32 / 1000.0).to_le_bytes()).collect();
+        for p in &srcs {
+            dev.copy_from_host(*p, &host).map_err(e)?;
+        }
+    }
+    let sm = cuda.sm_count();
+    let gbs = |bytes: usize, t: f64| bytes as f64 / t / 1e9;
+    let reps = (4usize << 30).div_ceil(o.size * (o.inputs + 1)).max(2);
+    let t_copy = time(&*dev, s, reps, || dev.memcpy_async(s, dst, srcs[0], o.size).map_err(|x| x.to_string()))?;
+    let copy_read = gbs(o.size, t_copy);
+    println!("CopyReduce, {} inputs of {} MiB {} (sum), one H200-class GPU with {sm} SMs", o.inputs, o.size >> 20, o.dtype.name());
+    println!("device-to-device copy: {copy_read:.1} GB/s read ({:.1} GB/s read+write)", 2.0 * copy_read);
+    println!("{:>6} {:>10} {:>14} {:>10}", "CTAs", "time ms", "read GB/s", "vs copy");
+    let mut rows = Vec::new();
+    let default = reduce_ctas();
+    let mut sweep = vec![8, 16, 32, 66, 132, 264];
+    if !sweep.contains(&default) {
+        sweep.push(default);
+    }
+    for &ctas in &sweep {
+        cuda.reduce_kernel_ctas_async(s, dst, &srcs, count, o.dtype, RedOp::Sum, ctas).map_err(e)?;
+        dev.synchronize(s).map_err(e)?;
+        if o.dtype == DataType::BF16 {
+            let mut got = vec![0u8; 2 * 4096];
+            dev.copy_to_host(&mut got, dst).map_err(e)?;
+            for i in 0..4096 {
+                let x = f32::from_bits((bf16(1.0 + (i % 1000) as f32 / 1000.0) as u32) << 16);
+                let mut acc = bf16(x);
+                for _ in 1..o.inputs {
+                    acc = bf16(f32::from_bits((acc as u32) << 16) + x);
+                }
+                let g = u16::from_le_bytes([got[2 * i], got[2 * i + 1]]);
+                if g != acc {
+                    return Err(format!("{ctas} CTAs: element {i}: got {g:#x}, want {acc:#x}"));
+                }
+            }
+        }
+        let t = time(&*dev, s, reps, || {
+            cuda.reduce_kernel_ctas_async(s, dst, &srcs, count, o.dtype, RedOp::Sum, ctas).map_err(|x| x.to_string())
+        })?;
+        let read = gbs(o.size * o.inputs, t);
+        let mark = if ctas == default { " (default)" } else { "" };
+        println!("{ctas:>6} {:>10.3} {read:>14.1} {:>9.1}%{mark}", t * 1e3, 100.0 * read / copy_read);
+        rows.push(format!(
+            "{{\"kind\": \"copy_reduce\", \"dtype\": \"{}\", \"op\": \"sum\", \"inputs\": {}, \"bytes_per_input\": {}, \"ctas\": {ctas}, \"default\": {}, \"seconds\": {t:.6e}, \"read_gbps\": {read:.2}, \"copy_read_gbps\": {copy_read:.2}, \"vs_copy\": {:.4}}}",
+            o.dtype.name(),
+            o.inputs,
+            o.size,
+            ctas == default,
+            read / copy_read
+        ));
+    }
+    println!("default CTAs: {default} (DEFAULT_REDUCE_CTAS = {DEFAULT_REDUCE_CTAS}, HOCCL_REDUCE_CTAS overrides)");
+    rows.extend(fused::bench(&*dev, s, &o)?);
+    if let Some(path) = &o.json_out {
+        let body = format!("{{\"sm_count\": {sm}, \"copy_read_gbps\": {copy_read:.2}, \"rows\": [\n  {}\n]}}\n", rows.join(",\n  "));
+        std::fs::write(path, body).map_err(|x| format!("{path}: {x}"))?;
+    }
+    for p in srcs.iter().chain(std::iter::once(&dst)) {
+        dev.free(*p).map_err(e)?;
+    }
+    Ok(())
+}
+
+mod fused {
+    use super::*;
+    use hoccl::compress::{self, Dtype, Params};
+
+    /// The standalone codec on 4 bf16 inputs of `o.size` bytes (the baseline of the fused
+    /// kernels): compress each, then decompress each, in decompressed bytes per second.
+    pub fn bench(dev: &dyn Device, s: StreamHandle, o: &Opts) -> Result<Vec<String>, String> {
+        let e = |e: hoccl::Error| e.to_string();
+        let n = o.size / 2;
+        let p = Params::default();
+        let cap = compress::max_compressed_len(Dtype::Bf16, n, &p).map_err(e)?;
+        let inputs: Vec<DevPtr> = (0..4).map(|_| dev.alloc(o.size)).collect::<Result<_, _>>().map_err(e)?;
+        let packed: Vec<DevPtr> = (0..4).map(|_| dev.alloc(cap)).collect::<Result<_, _>>().map_err(e)?;
+        let out = dev.alloc(o.size).map_err(e)?;
+        let words = dev.alloc(64).map_err(e)?;
+        // N(0, 0.02)-like bf16 values (trained-weight-like), different per input
+        for (k, ptr) in inputs.iter().enumerate() {
+            let mut x = 0x1234_5678u64 + k as u64;
+            let host: Vec<u8> = (0..n)
+                .flat_map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let u = ((x >> 11) as f64) / (1u64 << 53) as f64 - 0.5;
+                    bf16((u * 0.05) as f32).to_le_bytes()
+                })
+                .collect();
+            dev.copy_from_host(*ptr, &host).map_err(e)?;
+        }
+        let reps = 2;
+        let t_c = time(dev, s, reps, || {
+            for k in 0..4 {
+                compress::compress_async(dev, s, Dtype::Bf16, inputs[k], n, packed[k], cap, words.add(8 * k), &p).map_err(|x| x.to_string())?;
+            }
+            Ok(())
+        })?;
+        let t_d = time(dev, s, reps, || {
+            for k in 0..4 {
+                compress::decompress_async(dev, s, Dtype::Bf16, packed[k], cap, out, n, words.add(32 + 4 * k)).map_err(|x| x.to_string())?;
+            }
+            Ok(())
+        })?;
+        let gb = |t: f64| (4 * o.size) as f64 / t / 1e9;
+        println!("standalone codec, 4 bf16 inputs of {} MiB: compress {:.1} GB/s, decompress {:.1} GB/s (uncompressed bytes)", o.size >> 20, gb(t_c), gb(t_d));
+        let mut rows = vec![
+            format!("{{\"kind\": \"compress\", \"dtype\": \"bf16\", \"inputs\": 4, \"bytes_per_input\": {}, \"seconds\": {t_c:.6e}, \"gbps\": {:.2}}}", o.size, gb(t_c)),
+            format!("{{\"kind\": \"decompress\", \"dtype\": \"bf16\", \"inputs\": 4, \"bytes_per_input\": {}, \"seconds\": {t_d:.6e}, \"gbps\": {:.2}}}", o.size, gb(t_d)),
+        ];
+        rows.extend(fused_rows(dev, s, o, &packed, cap, inputs[0], out, words, gb(t_c), gb(t_d))?);
+        for ptr in inputs.iter().chain(&packed).chain([&out, &words]) {
+            dev.free(*ptr).map_err(e)?;
+        }
+        Ok(rows)
+    }
+
+    /// The fused decompress+reduce kernel over 4 (then 3) of the compressed inputs and a raw
+    /// local one (local last in the order), in decompressed bytes of the compressed inputs
+    /// per second, beside the standalone decompressor's figure (4 streams, same data).
+    #[allow(clippy::too_many_arguments)]
+    fn fused_rows(
+        dev: &dyn Device,
+        s: StreamHandle,
+        o: &Opts,
+        packed: &[DevPtr],
+        cap: usize,
+        local: DevPtr,
+        out: DevPtr,
+        words: DevPtr,
+        _compress_gbps: f64,
+        decompress_gbps: f64,
+    ) -> Result<Vec<String>, String> {
+        let n = o.size / 2;
+        let status = words.add(48);
+        let mut rows = Vec::new();
+        // 4 compressed inputs + the local one; then 3 + 1 (a 4-rank AllReduce step)
+        for m in [4usize, 3] {
+            let inputs: Vec<(DevPtr, usize)> = packed[..m].iter().map(|p| (*p, cap)).collect();
+            let run = || {
+                compress::fused::decompress_reduce_async(dev, s, Dtype::Bf16, &inputs, local, m, out, n, RedOp::Sum, status)
+                    .map_err(|x| x.to_string())
+            };
+            run()?;
+            dev.synchronize(s).map_err(|x| x.to_string())?;
+            let mut w = [0u8; 4];
+            dev.copy_to_host(&mut w, status).map_err(|x| x.to_string())?;
+            compress::status_result(u32::from_le_bytes(w)).map_err(|x| format!("fused kernel: {x}"))?;
+            let t = time(dev, s, 2, run)?;
+            let gbps = (m * o.size) as f64 / t / 1e9;
+            println!(
+                "fused decompress+reduce, {m} compressed bf16 inputs + 1 local, {} MiB output: {gbps:.1} GB/s of decompressed inputs ({:.1}% of standalone decompress)",
+                o.size >> 20,
+                100.0 * gbps / decompress_gbps
+            );
+            rows.push(format!(
+                "{{\"kind\": \"fused_decompress_reduce\", \"dtype\": \"bf16\", \"op\": \"sum\", \"compressed_inputs\": {m}, \"local_inputs\": 1, \"bytes_per_input\": {}, \"seconds\": {t:.6e}, \"gbps\": {gbps:.2}, \"decompress_gbps\": {decompress_gbps:.2}, \"vs_decompress\": {:.4}}}",
+                o.size,
+                gbps / decompress_gbps
+            ));
+        }
+        Ok(rows)
+    }
+}

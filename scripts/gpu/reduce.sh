@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The reduction kernels on a GPU machine (scripts/gpu/common.sh: binaries, folders):
+#   1. tests/reduce_kernels.rs: CopyReduce (every dtype x op x source count x count x
+#      alignment) and the fused BFX1 decompress+reduce kernels, bit for bit against a host
+#      reference of src/reduce.rs                                -> reduce-tests.log
+#   2. reduce_bench: CopyReduce of 4 bf16 inputs of 256 MiB vs the device-to-device copy at
+#      the default CTA count and a sweep, the fused kernels vs the standalone codec
+#                                                  -> reduce_kernels.json / reduce_kernels.txt
+#   3. codec_bench bf16 at 256 MiB (the standalone codec, re-measured) -> reduce-codec-check.txt
+# Results go to docs/results/<machine>/ (each with a .cmd file). Exit status: nonzero if a
+# test failed (the benchmark still runs).
+set -uo pipefail
+# shellcheck source=common.sh
+source "$(dirname "$0")/common.sh"
+log_dir="$logs/reduce"
+rm -rf "$log_dir" && mkdir -p "$log_dir"
+need tests/reduce_kernels reduce_bench codec_bench
+fail=0
+
+echo "== GPU tests (tests/reduce_kernels.rs)"
+record "$results/reduce-tests.log" "$bin/tests/reduce_kernels --include-ignored --test-threads=1"
+timeout 150 "$bin/tests/reduce_kernels" --include-ignored --test-threads=1 > "$log_dir/reduce_kernels.log" 2>&1 || fail=1
+cp "$log_dir/reduce_kernels.log" "$results/reduce-tests.log"
+grep -E "^test |test result|panicked|cases" "$log_dir/reduce_kernels.log" | head -n 40
+
+echo "== benchmark"
+out="$results/reduce_kernels"
+record "$out.json" "$bin/reduce_bench --json-out $out.json"
+cp "$out.json.cmd" "$out.txt.cmd"
+timeout 90 "$bin/reduce_bench" --json-out "$out.json" > "$out.txt" 2>> "$log_dir/reduce_bench.log" || fail=1
+cat "$out.txt"
+tail -n 5 "$log_dir/reduce_bench.log"
+
+echo "== standalone codec (bf16, 256 MiB)"
+record "$results/reduce-codec-check.txt" "$bin/codec_bench --min-size 256M --max-size 256M"
+timeout 40 "$bin/codec_bench" --min-size 256M --max-size 256M > "$results/reduce-codec-check.txt" 2>> "$log_dir/codec_bench.log"
+cat "$results/reduce-codec-check.txt"
+echo "tests: $([ $fail = 0 ] && echo passed || echo FAILED)"
+exit $fail
