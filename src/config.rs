@@ -73,6 +73,11 @@ pub struct Config {
     /// devices are open on the GPU (several ranks in one process); `Some(true)`: always;
     /// `Some(false)`: never.
     pub serial_enqueue: Option<bool>,
+    /// `HOCCL_REDUCE_SCRATCH`: bytes of the per-communicator scratch that reductions receive
+    /// peers' contributions into (accepts K/M/G suffixes; at least 4096). A reduction whose
+    /// `count * ranks` does not fit runs in chunks. Allocated at the first reduction; every
+    /// rank must use the same value.
+    pub reduce_scratch: usize,
 }
 
 impl Default for Config {
@@ -91,6 +96,7 @@ impl Default for Config {
             codec_tickets: false,
             max_waiting_streams: None,
             serial_enqueue: None,
+            reduce_scratch: 64 << 20,
         }
     }
 }
@@ -196,6 +202,9 @@ impl Config {
                 _ => return Err(Error::invalid_arg(OP, format!("HOCCL_SERIAL_ENQUEUE={v}: want auto|1|0"))),
             };
         }
+        if let Some(v) = get("HOCCL_REDUCE_SCRATCH") {
+            self.reduce_scratch = parse_bytes("HOCCL_REDUCE_SCRATCH", &v)?;
+        }
         if let Some(v) = get("HOCCL_MAX_WAITING_STREAMS") {
             self.max_waiting_streams = match parse_num("HOCCL_MAX_WAITING_STREAMS", &v)? {
                 0 => Some(usize::MAX),
@@ -222,6 +231,9 @@ impl Config {
         let bad = |what: String| Err(Error::invalid_arg("Config::validate", what));
         if self.chunk_bytes < 4096 || !self.chunk_bytes.is_power_of_two() {
             return bad(format!("chunk_bytes {} must be a power of two >= 4096", self.chunk_bytes));
+        }
+        if self.reduce_scratch < 4096 {
+            return bad(format!("reduce_scratch {} must be at least 4096 bytes", self.reduce_scratch));
         }
         if self.copy_queues == 0 || self.copy_queues > 16 {
             return bad(format!("copy_queues {} must be in 1..=16", self.copy_queues));
@@ -296,6 +308,9 @@ mod tests {
         assert_eq!(serial("0"), Some(false));
         assert_eq!(serial("1"), Some(true));
         assert_eq!(serial("auto"), None);
+        assert_eq!(Config::default().reduce_scratch, 64 << 20);
+        let scratch = Config::default().with_env(env(&[("HOCCL_REDUCE_SCRATCH", "8K")])).unwrap();
+        assert_eq!(scratch.reduce_scratch, 8 << 10);
     }
 
     #[test]
@@ -310,6 +325,7 @@ mod tests {
             ("HOCCL_CODEC_TICKETS", "yes"),
             ("HOCCL_MAX_WAITING_STREAMS", "-1"),
             ("HOCCL_SERIAL_ENQUEUE", "on"),
+            ("HOCCL_REDUCE_SCRATCH", "1K"),
         ] {
             let e = Config::default().with_env(env(&[(k, v)])).unwrap_err();
             assert_eq!(e.code(), crate::error::ErrorCode::InvalidArgument, "{k}={v}");

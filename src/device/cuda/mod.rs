@@ -37,6 +37,7 @@ mod kernel;
 mod memory;
 mod probe;
 mod queue;
+mod reduce;
 mod stream;
 
 pub use driver::hardware_queues;
@@ -276,6 +277,10 @@ impl Device for CudaDevice {
     }
     fn fill_pattern_async(&self, s: StreamHandle, dst: DevPtr, len: usize, seed: u64) -> Result<()> {
         self.fill_pattern(s, dst, len, seed)
+    }
+
+    fn reduce_async(&self, s: StreamHandle, dst: DevPtr, srcs: &[DevPtr], count: usize, dtype: crate::types::DataType, op: crate::reduce::RedOp) -> Result<()> {
+        self.reduce_kernel_async(s, dst, srcs, count, dtype, op)
     }
 
     fn copy_engine_count(&self) -> usize {
