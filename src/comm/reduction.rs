@@ -181,7 +181,7 @@ impl Communicator {
                     return Err(e.with_op(name));
                 }
             };
-            let region = Region { op: name, what: "scratch", ptr: base, len, alloc: Some(alloc) };
+            let region = Region { op: "reduction", what: "scratch", ptr: base, len, alloc: Some(alloc) };
             log::debug!("rank {}: reduction scratch of {len} bytes ({} slots of {slot})", self.rank, self.size);
             st.scratch = Some(Scratch { base, region, slot, flag, uses: 0, last: None });
         }
