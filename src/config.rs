@@ -9,7 +9,9 @@ pub enum EngineChoice {
     /// The default. Every call runs on the copy-engine path (as `CopyEngine`); choosing
     /// per call between the engines by size comes with the compressed engine.
     Auto,
-    /// Copy engines driven by the CPU proxy: no kernel, no SM.
+    /// Copy engines driven by the CPU proxy: no kernel, no SM. Reductions move their data
+    /// this way too, and still add their one reduce step on the device (a kernel on CUDA):
+    /// the arithmetic has nowhere else to run (docs/design.md, "Reductions").
     CopyEngine,
     /// Fused compression kernels (uses SMs, fewer bytes on the wire).
     Compressed,

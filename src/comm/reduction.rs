@@ -315,3 +315,45 @@ impl Communicator {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Shards are contiguous, cover the count, start on 256-byte boundaries, and differ in
+    /// size by at most about one alignment unit from count / n.
+    #[test]
+    fn shards_cover_the_count() {
+        for dtype in [DataType::U8, DataType::BF16, DataType::F32, DataType::F64] {
+            let align = 256 / dtype.size();
+            for n in 1..=9 {
+                for count in [0, 1, 5, n - 1, n, 255, 256, 257, 1000, 4097, 1 << 20, (1 << 20) + 3] {
+                    let starts: Vec<usize> = (0..=n).map(|r| shard_start(count, n, r, dtype)).collect();
+                    assert_eq!((starts[0], starts[n]), (0, count), "{dtype:?} n {n} count {count}");
+                    assert!(starts.windows(2).all(|w| w[0] <= w[1]), "{dtype:?} n {n} count {count}: {starts:?}");
+                    assert!(starts[..n].iter().all(|s| s % align == 0));
+                    let ideal = count / n;
+                    for r in 0..n - 1 {
+                        let len = starts[r + 1] - starts[r];
+                        assert!(len <= ideal + 2 * align && len + 2 * align >= ideal, "{dtype:?} n {n} count {count} shard {r}: {len}");
+                    }
+                }
+            }
+        }
+        // Huge counts do not overflow the product r * count.
+        assert_eq!(shard_start(usize::MAX / 2, 8, 7, DataType::U8) % 256, 0);
+    }
+
+    #[test]
+    fn slots_hold_whole_elements() {
+        assert_eq!(slot_bytes(64 << 20, 8), 8 << 20);
+        assert_eq!(slot_bytes(4096, 3), 1280);
+        assert_eq!(slot_bytes(4096, 8), 512);
+        assert_eq!(slot_bytes(4096, 100), 40);
+        assert_eq!(slot_bytes(4096, 1000), 8);
+        for n in 1..600 {
+            let s = slot_bytes(4096, n);
+            assert!(s % 8 == 0 && s >= 8 && (s * n <= 4096 || s == 8), "n {n}: {s}");
+        }
+    }
+}
