@@ -163,8 +163,12 @@ impl Communicator {
     /// one process on one GPU should call this right after creation: allocating while
     /// another rank's collective is pending can wait for that rank's stream (docs/design.md,
     /// "Several ranks in one process on one GPU").
+    /// With one rank there is no exchange and nothing is allocated.
     pub fn reserve_reduce_scratch(&self) -> Result<()> {
         let mut st = self.lock("reserve_reduce_scratch")?;
+        if self.size == 1 {
+            return Ok(());
+        }
         self.scratch(&mut st, "reserve_reduce_scratch").map(|_| ())
     }
 
@@ -256,9 +260,11 @@ impl Communicator {
             self.dev.reduce_async(s, dst, &srcs, mine, red.dtype, red.op).map_err(|e| e.with_op(name))?;
             if receives {
                 let sc = st.scratch.as_mut().ok_or_else(|| Error::internal(name, "scratch vanished"))?;
-                sc.uses += 1;
-                self.dev.write_value(s, sc.flag.dev_addr(0), sc.uses).map_err(|e| e.with_op(name))?;
+                // The step reads the scratch from now on, whether or not its flag write
+                // can be enqueued (if not, the communicator stops with that error).
                 sc.last = Some(s);
+                self.dev.write_value(s, sc.flag.dev_addr(0), sc.uses + 1).map_err(|e| e.with_op(name))?;
+                sc.uses += 1;
             }
         }
         if let (Kind::AllReduce, Some(recv)) = (red.kind, &red.recv) {
