@@ -316,6 +316,7 @@ fn in_groups(b: Backend) {
 fn invalid_arguments(b: Backend) {
     run_ranks(b, 2, small_scratch(), |c| {
         let (r, dev) = (c.rank(), c.device().clone());
+        c.reserve_reduce_scratch().unwrap();
         let s = new_stream(&dev);
         let buf = Buf::new(&dev, 4096, 0, 1);
         allocated(c);
