@@ -214,7 +214,9 @@ impl Communicator {
         }
         let blocks: Vec<(usize, usize)> = (0..n).map(|q| self.block(red, q)).collect();
         let (my_off, my_len) = blocks[me];
-        let cap = slot_bytes(self.config.reduce_scratch, n) / es;
+        // Elements per chunk: one scratch slot; with one rank nothing is exchanged, so the
+        // whole block is one reduce step.
+        let cap = if n == 1 { red.count } else { slot_bytes(self.config.reduce_scratch, n) / es };
         let chunks = blocks.iter().map(|b| b.1.div_ceil(cap)).max().unwrap_or(0);
         // Receives into the scratch only where this rank owns a block and has peers.
         let receives = n > 1 && my_len > 0;
