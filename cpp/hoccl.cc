@@ -228,6 +228,21 @@ void Communicator::gather(const void* send, void* recv, std::size_t count, DataT
 void Communicator::scatter(const void* send, void* recv, std::size_t count, DataType t, int root, Stream s) {
   enqueue("scatter", op(bridge::OpKind::Scatter, send, recv, count, t, root, s));
 }
+void Communicator::allReduce(const void* send, void* recv, std::size_t count, DataType t, RedOp o, Stream s) {
+  bridge::OpArgs a = op(bridge::OpKind::AllReduce, send, recv, count, t, 0, s);
+  a.red_op = static_cast<std::int32_t>(o);
+  enqueue("allReduce", a);
+}
+void Communicator::reduceScatter(const void* send, void* recv, std::size_t recvCount, DataType t, RedOp o, Stream s) {
+  bridge::OpArgs a = op(bridge::OpKind::ReduceScatter, send, recv, recvCount, t, 0, s);
+  a.red_op = static_cast<std::int32_t>(o);
+  enqueue("reduceScatter", a);
+}
+void Communicator::reduce(const void* send, void* recv, std::size_t count, DataType t, RedOp o, int root, Stream s) {
+  bridge::OpArgs a = op(bridge::OpKind::Reduce, send, recv, count, t, root, s);
+  a.red_op = static_cast<std::int32_t>(o);
+  enqueue("reduce", a);
+}
 
 // ---------------------------------------------------------------- Group ------------------
 

@@ -103,6 +103,72 @@ static void collectives(struct Bufs* b, size_t count) {
   }
 }
 
+/* Element i of rank r's int32 input for the reductions (small, so products stay exact). */
+static int32_t rval(int r, size_t i) { return (int32_t)((r * 7 + (int)(i % 13)) % 11) - 5; }
+
+/* AllReduce (sum, in place and out of place), ReduceScatter (max), Reduce (avg at every
+ * root) on int32, against a fold in rank order computed here. */
+static void reductions(struct Bufs* b, size_t count) {
+  int32_t* in = (int32_t*)b->host;
+  const size_t len = count * 4;
+  for (size_t i = 0; i < count * (size_t)g_size; ++i) in[i] = rval(g_rank, i);
+  expect_rc(hocclMemcpyToDevice(b->comm, b->send, in, len * g_size), hocclSuccess, "hocclMemcpyToDevice");
+  expect_rc(hocclMemcpyToDevice(b->comm, b->recv, in, len), hocclSuccess, "hocclMemcpyToDevice");
+  expect_rc(hocclAllReduce(b->send, b->send, count, hocclInt32, hocclSum, b->comm, b->stream), hocclSuccess,
+            "AllReduce in place");
+  expect_rc(hocclAllReduce(b->recv, b->recv, count, hocclInt32, hocclProd, b->comm, b->stream), hocclSuccess,
+            "AllReduce prod in place");
+  const int32_t* got = (const int32_t*)finish(b, b->send, len);
+  size_t bad = 0;
+  for (size_t i = 0; i < count; ++i) {
+    int32_t s = 0;
+    for (int p = 0; p < g_size; ++p) s += rval(p, i);
+    bad += got[i] != s;
+  }
+  expect(bad == 0, "AllReduce sum: wrong elements");
+  got = (const int32_t*)finish(b, b->recv, len);
+  bad = 0;
+  for (size_t i = 0; i < count; ++i) {
+    int64_t pr = 1;
+    for (int p = 0; p < g_size; ++p) pr = (int32_t)((uint32_t)pr * (uint32_t)rval(p, i));
+    bad += got[i] != (int32_t)pr;
+  }
+  expect(bad == 0, "AllReduce prod: wrong elements");
+
+  for (size_t i = 0; i < count * (size_t)g_size; ++i) in[i] = rval(g_rank, i);
+  expect_rc(hocclMemcpyToDevice(b->comm, b->send, in, len * g_size), hocclSuccess, "hocclMemcpyToDevice");
+  expect_rc(hocclReduceScatter(b->send, b->recv, count, hocclInt32, hocclMax, b->comm, b->stream), hocclSuccess,
+            "ReduceScatter");
+  got = (const int32_t*)finish(b, b->recv, len);
+  bad = 0;
+  for (size_t i = 0; i < count; ++i) {
+    int32_t m = rval(0, g_rank * count + i);
+    for (int p = 1; p < g_size; ++p) m = rval(p, g_rank * count + i) > m ? rval(p, g_rank * count + i) : m;
+    bad += got[i] != m;
+  }
+  expect(bad == 0, "ReduceScatter max: wrong elements");
+
+  for (int root = 0; root < g_size; ++root) {
+    expect_rc(hocclReduce(b->send, b->recv, count, hocclInt32, hocclAvg, root, b->comm, b->stream), hocclSuccess,
+              "Reduce");
+    got = (const int32_t*)finish(b, b->recv, len);
+    bad = 0;
+    for (size_t i = 0; i < count && g_rank == root; ++i) {
+      int32_t s = 0;
+      for (int p = 0; p < g_size; ++p) s += rval(p, i);
+      bad += got[i] != s / g_size; /* C's division truncates toward zero, as hoccl's avg */
+    }
+    expect(bad == 0, "Reduce avg: wrong elements");
+  }
+  expect_rc(hocclAllReduce(b->send, b->recv, count, hocclInt32, (hocclRedOp_t)5, b->comm, b->stream),
+            hocclInvalidArgument, "reduction operator 5");
+  expect(strstr(hocclGetLastError(), "reduction operator") != NULL, "hocclGetLastError names the operator");
+  expect_rc(hocclReduce(b->send, b->recv, count, hocclInt32, hocclSum, g_size, b->comm, b->stream),
+            hocclInvalidArgument, "Reduce root out of range");
+  expect_rc(hocclReduceScatter(b->send, b->recv, count, hocclInt32, (hocclRedOp_t)-1, b->comm, b->stream),
+            hocclInvalidArgument, "reduction operator -1");
+}
+
 /* Rank r sends r + 1 + p bytes to rank p, packed in rank order in both buffers. */
 static void alltoallv(struct Bufs* b) {
   size_t* sc = calloc((size_t)g_size * 4, sizeof(size_t));
@@ -200,6 +266,9 @@ int main(int argc, char** argv) {
   collectives(&a, 0);
   collectives(&a, 1);
   collectives(&a, 40001);
+  reductions(&a, 0);
+  reductions(&a, 1);
+  reductions(&a, 10007);
   alltoallv(&a);
   two_communicator_group(&a, &b);
   bad_arguments(&a);

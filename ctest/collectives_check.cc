@@ -3,8 +3,10 @@
 // variants, every root, groups of sends and receives, stream ordering with other work, and a
 // communicator over a split MPI communicator. Guard bytes around every buffer catch stray
 // writes. Exits non-zero on any wrong element.
+#include <cstring>
 #include <functional>
 #include <numeric>
+#include <type_traits>
 
 #include "test_util.hpp"
 
@@ -207,6 +209,135 @@ void scatter(Ctx& c, DataType t, std::size_t count, int root, bool inPlace, std:
   }
 }
 
+// ---- reductions: a fold in rank order computed here, for types whose arithmetic C++ fixes
+// exactly (integers wrap through their unsigned type; floats hold small integers, so every
+// sum and product is exact and Avg rounds once, as hoccl's).
+template <class T> T elem(std::uint64_t seed, int rank, std::size_t i) {
+  if constexpr (std::is_floating_point_v<T>) {
+    return static_cast<T>(static_cast<int>(test::value(seed, rank, i) % 9) - 4);
+  } else {
+    std::uint64_t u = 0;  // little-endian bytes of the pattern
+    for (std::size_t b = 0; b < sizeof(T); ++b) u |= std::uint64_t{test::value(seed, rank, i * sizeof(T) + b)} << (8 * b);
+    T v;
+    std::memcpy(&v, &u, sizeof(T));
+    return v;
+  }
+}
+
+// The type the arithmetic runs in: T itself for floats, its unsigned type for integers.
+template <class T, bool = std::is_floating_point_v<T>> struct Arith { using type = T; };
+template <class T> struct Arith<T, false> { using type = std::make_unsigned_t<T>; };
+
+template <class T> T step(hoccl::RedOp op, T a, T b) {
+  using U = typename Arith<T>::type;
+  switch (op) {
+    case hoccl::RedOp::Sum: case hoccl::RedOp::Avg: return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+    case hoccl::RedOp::Prod: return static_cast<T>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
+    case hoccl::RedOp::Max: return b > a ? b : a;
+    case hoccl::RedOp::Min: return b < a ? b : a;
+  }
+  return a;
+}
+
+template <class T> Bytes folded(hoccl::RedOp op, std::uint64_t seed, int n, std::size_t from, std::size_t count) {
+  std::vector<T> out(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    T acc = elem<T>(seed, 0, from + i);
+    for (int p = 1; p < n; ++p) acc = step(op, acc, elem<T>(seed, p, from + i));
+    if (op == hoccl::RedOp::Avg) {
+      if constexpr (std::is_floating_point_v<T>) acc = acc / static_cast<T>(n);
+      else acc = static_cast<T>(acc / static_cast<T>(n));
+    }
+    out[i] = acc;
+  }
+  Bytes b(count * sizeof(T));
+  if (count) std::memcpy(b.data(), out.data(), b.size());
+  return b;
+}
+
+template <class T> Bytes inputOf(std::uint64_t seed, int rank, std::size_t count) {
+  std::vector<T> v(count);
+  for (std::size_t i = 0; i < count; ++i) v[i] = elem<T>(seed, rank, i);
+  Bytes b(count * sizeof(T));
+  if (count) std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
+const char* opName(hoccl::RedOp op) {
+  static const char* names[] = {"sum", "prod", "max", "min", "avg"};
+  return names[static_cast<int>(op)];
+}
+
+// AllReduce, ReduceScatter and Reduce (every root) of type T with `op`, in place or not.
+template <class T> void reductions(Ctx& c, hoccl::RedOp op, std::size_t count, bool inPlace, std::uint64_t seed) {
+  const DataType t = hoccl::dataTypeOf<T>();
+  const std::size_t len = count * sizeof(T);
+  const std::string sfx = std::string(" ") + opName(op) + (inPlace ? " in place" : "");
+  {
+    DevBuf send(c.dev, len, true), recv(c.dev, len, count % 2 == 0);
+    DevBuf& in = inPlace ? recv : send;
+    in.upload(inputOf<T>(seed, c.rank, count));
+    c.comm.allReduce(in.ptr(), recv.ptr(), count, t, op, c.s);
+    c.dev.synchronize(c.s);
+    expectBuf(c, label("allReduce", t, count, sfx), recv, folded<T>(op, seed, c.size, 0, count), sizeof(T));
+  }
+  {
+    DevBuf send(c.dev, len * c.size, count % 2 == 1), recv(c.dev, len);
+    send.upload(inputOf<T>(seed + 1, c.rank, count * c.size));
+    void* dst = inPlace ? send.ptr(c.rank * len) : recv.ptr();
+    c.comm.reduceScatter(send.ptr(), dst, count, t, op, c.s);
+    c.dev.synchronize(c.s);
+    Bytes want = folded<T>(op, seed + 1, c.size, c.rank * count, count);
+    if (inPlace) {
+      Bytes all = inputOf<T>(seed + 1, c.rank, count * c.size);
+      std::copy(want.begin(), want.end(), all.begin() + static_cast<std::ptrdiff_t>(c.rank * len));
+      expectBuf(c, label("reduceScatter", t, count, sfx), send, all, sizeof(T));
+    } else {
+      expectBuf(c, label("reduceScatter", t, count, sfx), recv, want, sizeof(T));
+    }
+  }
+  for (int root = 0; root < c.size; ++root) {
+    DevBuf send(c.dev, len), recv(c.dev, len, true);
+    DevBuf& in = inPlace && c.rank == root ? recv : send;
+    in.upload(inputOf<T>(seed + 2, c.rank, count));
+    c.comm.reduce(in.ptr(), recv.ptr(), count, t, op, root, c.s);
+    c.dev.synchronize(c.s);
+    std::string what = label("reduce", t, count, sfx + " root " + std::to_string(root));
+    if (c.rank == root) {
+      expectBuf(c, what, recv, folded<T>(op, seed + 2, c.size, 0, count), sizeof(T));
+    } else {
+      expectBuf(c, what, recv, Bytes(len, test::kPoison), sizeof(T));
+    }
+  }
+}
+
+template <class T> void allReductions(Ctx& c, std::size_t count, std::uint64_t& seed) {
+  for (hoccl::RedOp op : {hoccl::RedOp::Sum, hoccl::RedOp::Prod, hoccl::RedOp::Max, hoccl::RedOp::Min,
+                          hoccl::RedOp::Avg}) {
+    reductions<T>(c, op, count, false, seed += 3);
+    reductions<T>(c, op, count, true, seed += 3);
+  }
+}
+
+// Bad reduction arguments are hoccl::Error(InvalidArgument) and leave the communicator usable.
+void badReductions(Ctx& c) {
+  DevBuf b(c.dev, 64);
+  auto code = [&](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const hoccl::Error& e) {
+      return e.code();
+    }
+    return hoccl::ErrorCode::Success;
+  };
+  c.ck.expect(code([&] { c.comm.allReduce(b.ptr(), b.ptr(), 4, DataType::Int32, static_cast<hoccl::RedOp>(9), c.s); }) ==
+                  hoccl::ErrorCode::InvalidArgument,
+              "allReduce with operator 9 is InvalidArgument");
+  c.ck.expect(code([&] { c.comm.reduce(b.ptr(), b.ptr(), 4, DataType::Int32, hoccl::RedOp::Sum, c.size, c.s); }) ==
+                  hoccl::ErrorCode::InvalidArgument,
+              "reduce with root == size is InvalidArgument");
+}
+
 // Work before and after a collective on the same stream, one synchronize at the end: the
 // collective must wait for the copy before it, and the copy after it must see its result.
 void streamOrder(Ctx& c, std::size_t count, std::uint64_t seed) {
@@ -272,6 +403,20 @@ void run(Ctx& c) {
     }
   }
   streamOrder(c, 100003, ++seed);
+  // Reductions: every operator, zero/one/odd/multi-chunk counts, in place and out of place.
+  for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{4099}, std::size_t{70001}}) {
+    allReductions<std::int32_t>(c, count, seed);
+    allReductions<float>(c, count, seed);
+  }
+  for (std::size_t count : {std::size_t{1}, std::size_t{777}}) {
+    allReductions<std::int8_t>(c, count, seed);
+    allReductions<std::uint8_t>(c, count, seed);
+    allReductions<std::uint32_t>(c, count, seed);
+    allReductions<std::int64_t>(c, count, seed);
+    allReductions<std::uint64_t>(c, count, seed);
+    allReductions<double>(c, count, seed);
+  }
+  badReductions(c);
 }
 
 }  // namespace

@@ -9,12 +9,11 @@
 // and 8-bit storage types are integer code (the contract's NaN and saturation rules, which
 // the cvt intrinsics do not all share).
 //
-// NaN results of f32/f64 arithmetic: the contract names no payload, and the GPU's own
-// arithmetic gives the canonical NaN 0x7fffffff. These helpers give what an x86-64 host
-// (SSE) gives, which is what the Rust reference computes there: a NaN operand, quieted (the
-// first one if both are NaN), else the default NaN (sign set: 0xffc00000, f64
-// 0xfff8000000000000). For the 16- and 8-bit types only the sign of that NaN survives the
-// rounding ("the quiet NaN of its sign").
+// NaN results of f32/f64 arithmetic (the GPU's own arithmetic gives the canonical NaN
+// 0x7fffffff): the contract's rule (src/reduce.rs) is a NaN operand, quieted (the
+// accumulator first), else the positive quiet NaN 0x7fc00000 (f64 0x7ff8000000000000).
+// For the 16- and 8-bit types only the sign of that NaN survives the rounding ("the quiet
+// NaN of its sign").
 #pragma once
 #include <stdint.h>
 #include <string.h>
@@ -30,18 +29,18 @@ enum Op : int { SUM = 0, PROD = 1, MAX = 2, MIN = 3, AVG = 4 };
 __device__ __forceinline__ bool nan32(uint32_t u) { return (u & 0x7fffffffu) > 0x7f800000u; }
 __device__ __forceinline__ bool nan64(uint64_t u) { return (u & 0x7fffffffffffffffull) > 0x7ff0000000000000ull; }
 
-// x86 NaN propagation for r = a op b (see the file comment).
+// The contract's NaN rule for r = a op b (see the file comment).
 __device__ __forceinline__ uint32_t nan_fix32(uint32_t r, uint32_t a, uint32_t b) {
     if (!nan32(r)) return r;
     if (nan32(a)) return a | 0x00400000u;
     if (nan32(b)) return b | 0x00400000u;
-    return 0xffc00000u;
+    return 0x7fc00000u;
 }
 __device__ __forceinline__ uint64_t nan_fix64(uint64_t r, uint64_t a, uint64_t b) {
     if (!nan64(r)) return r;
     if (nan64(a)) return a | 0x0008000000000000ull;
     if (nan64(b)) return b | 0x0008000000000000ull;
-    return 0xfff8000000000000ull;
+    return 0x7ff8000000000000ull;
 }
 
 __device__ __forceinline__ uint32_t add32(uint32_t a, uint32_t b) {

@@ -8,7 +8,9 @@ use std::time::Duration;
 pub enum EngineChoice {
     /// The default. Every call runs on the copy-engine path (as `CopyEngine`).
     Auto,
-    /// Copy engines driven by the CPU proxy: no kernel, no SM.
+    /// Copy engines driven by the CPU proxy: no kernel, no SM. Reductions move their data
+    /// this way too, and still add their one reduce step on the device (a kernel on CUDA):
+    /// the arithmetic has nowhere else to run (docs/design.md, "Reductions").
     CopyEngine,
     /// Transfers to peers of bf16/f16/f32 data of 64 KiB or more cross compressed: the codec
     /// kernels compress on the sender's stream and decompress on the receiver's (SMs), the
@@ -84,6 +86,11 @@ pub struct Config {
     /// `None` (the default): `device::cuda::DEFAULT_REDUCE_CTAS`, chosen by measurement
     /// (docs/results/h200-1gpu/reduce_kernels.json).
     pub reduce_ctas: Option<usize>,
+    /// `HOCCL_REDUCE_SCRATCH`: bytes of the per-communicator scratch that reductions receive
+    /// peers' contributions into (accepts K/M/G suffixes; at least 4096). A reduction whose
+    /// `count * ranks` does not fit runs in chunks. Allocated at the first reduction; every
+    /// rank must use the same value.
+    pub reduce_scratch: usize,
 }
 
 impl Default for Config {
@@ -104,6 +111,7 @@ impl Default for Config {
             serial_enqueue: None,
             trace_ops: None,
             reduce_ctas: None,
+            reduce_scratch: 64 << 20,
         }
     }
 }
@@ -222,6 +230,9 @@ impl Config {
                 n => self.reduce_ctas = Some(n),
             }
         }
+        if let Some(v) = get("HOCCL_REDUCE_SCRATCH") {
+            self.reduce_scratch = parse_bytes("HOCCL_REDUCE_SCRATCH", &v)?;
+        }
         if let Some(v) = get("HOCCL_MAX_WAITING_STREAMS") {
             self.max_waiting_streams = match parse_num("HOCCL_MAX_WAITING_STREAMS", &v)? {
                 0 => Some(usize::MAX),
@@ -248,6 +259,9 @@ impl Config {
         let bad = |what: String| Err(Error::invalid_arg("Config::validate", what));
         if self.chunk_bytes < 4096 || !self.chunk_bytes.is_power_of_two() {
             return bad(format!("chunk_bytes {} must be a power of two >= 4096", self.chunk_bytes));
+        }
+        if self.reduce_scratch < 4096 {
+            return bad(format!("reduce_scratch {} must be at least 4096 bytes", self.reduce_scratch));
         }
         if self.copy_queues == 0 || self.copy_queues > 16 {
             return bad(format!("copy_queues {} must be in 1..=16", self.copy_queues));
@@ -325,6 +339,9 @@ mod tests {
         assert_eq!(Config::default().reduce_ctas, None);
         let ctas = |v: &str| Config::default().with_env(env(&[("HOCCL_REDUCE_CTAS", v)])).unwrap().reduce_ctas;
         assert_eq!(ctas("66"), Some(66));
+        assert_eq!(Config::default().reduce_scratch, 64 << 20);
+        let scratch = Config::default().with_env(env(&[("HOCCL_REDUCE_SCRATCH", "8K")])).unwrap();
+        assert_eq!(scratch.reduce_scratch, 8 << 10);
     }
 
     #[test]
@@ -341,6 +358,7 @@ mod tests {
             ("HOCCL_SERIAL_ENQUEUE", "on"),
             ("HOCCL_REDUCE_CTAS", "0"),
             ("HOCCL_REDUCE_CTAS", "many"),
+            ("HOCCL_REDUCE_SCRATCH", "1K"),
         ] {
             let e = Config::default().with_env(env(&[(k, v)])).unwrap_err();
             assert_eq!(e.code(), crate::error::ErrorCode::InvalidArgument, "{k}={v}");

@@ -182,6 +182,73 @@ fn memcpy_async_unaligned(dev: &dyn Device) {
     dev.free(dst).expect("free");
 }
 
+/// `reduce_async` against `reduce::reduce_into`, bit for bit: every data type and operator,
+/// 1 to 5 inputs at odd offsets (one of them `dst` itself, one input given twice), counts
+/// that are not multiples of anything, stream-ordered behind a copy that writes an input
+/// and before a copy that reads the result; bytes around `dst` untouched; count 0 does
+/// nothing. The contract a reduce kernel must meet.
+fn reduce_step(dev: &dyn Device) {
+    use hoccl::reduce::reduce_into;
+    use hoccl::{DataType, RedOp};
+    let s = dev.create_stream().expect("create_stream");
+    let cap = 3000 * 8 + 64;
+    let bufs: Vec<DevPtr> = (0..6).map(|_| dev.alloc(cap).expect("alloc")).collect();
+    let out = dev.alloc(cap).expect("alloc");
+    let mut case = 0u64;
+    for dtype in DataType::ALL {
+        for op in RedOp::ALL {
+            case += 1;
+            let es = dtype.size();
+            let count = [1usize, 7, 2999][case as usize % 3];
+            let len = count * es;
+            let k = 1 + case as usize % 5; // inputs
+            let offs: Vec<usize> = (0..6).map(|i| (case as usize * 7 + i * 13) % 61).collect();
+            for (i, b) in bufs.iter().enumerate() {
+                dev.copy_from_host(*b, &pattern(case * 10 + i as u64, cap)).expect("copy_from_host");
+            }
+            // Input 0 is written on the stream just before the reduce step.
+            dev.copy_from_host(bufs[5], &pattern(case * 10 + 99, cap)).expect("copy_from_host");
+            dev.memcpy_async(s, bufs[0].add(offs[0]), bufs[5].add(offs[5]), len).expect("memcpy_async");
+            let mut srcs: Vec<DevPtr> = (0..k).map(|i| bufs[i].add(offs[i])).collect();
+            if k >= 3 {
+                srcs[2] = srcs[1]; // the same input twice
+            }
+            // In place: dst is the last input.
+            let dst = *srcs.last().unwrap();
+            let host_in = |p: DevPtr| -> Vec<u8> {
+                let i = bufs.iter().position(|b| p.0 >= b.0 && p.0 < b.0 + cap as u64).unwrap();
+                let off = (p.0 - bufs[i].0) as usize;
+                let seed = if i == 0 { case * 10 + 99 } else { case * 10 + i as u64 };
+                let from = if i == 0 { offs[5] } else { off };
+                pattern(seed, from + len)[from..].to_vec()
+            };
+            let inputs: Vec<Vec<u8>> = srcs.iter().map(|p| host_in(*p)).collect();
+            let refs: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
+            let mut want = vec![0u8; len];
+            reduce_into(dtype, op, &mut want, &refs).unwrap();
+            dev.reduce_async(s, dst, &srcs, count, dtype, op).expect("reduce_async");
+            dev.reduce_async(s, dst, &srcs, 0, dtype, op).expect("reduce_async with count 0");
+            dev.memcpy_async(s, out, dst, len).expect("memcpy_async");
+            dev.synchronize(s).expect("synchronize");
+            let got = read(dev, out, len);
+            let what = format!("{} {} count {count} inputs {k}", dtype.name(), op.name());
+            assert_eq!(got, want, "{what}");
+            // Bytes around dst are untouched.
+            let i = bufs.iter().position(|b| dst.0 >= b.0 && dst.0 < b.0 + cap as u64).unwrap();
+            let whole = read(dev, bufs[i], cap);
+            let off = (dst.0 - bufs[i].0) as usize;
+            let orig = pattern(case * 10 + i as u64, cap);
+            let (lo, hi) = (off, off + len);
+            assert!(whole[..lo].iter().zip(&orig[..lo]).all(|(a, b)| a == b), "{what}: bytes before dst");
+            assert!(whole[hi..].iter().zip(&orig[hi..]).all(|(a, b)| a == b), "{what}: bytes after dst");
+        }
+    }
+    dev.destroy_stream(s).expect("destroy_stream");
+    for b in bufs.into_iter().chain([out]) {
+        dev.free(b).expect("free");
+    }
+}
+
 fn fill_pattern_matches_cpu(dev: &dyn Device) {
     let len = 300_007;
     let s = dev.create_stream().expect("create_stream");
@@ -309,6 +376,18 @@ fn open_cuda_or_fail() -> Arc<dyn Device> {
 #[ignore = "needs a GPU: run with --ignored"]
 fn cuda_conformance() {
     conformance(open_cuda_or_fail());
+}
+
+#[test]
+fn host_reduce_step() {
+    reduce_step(device::open(BackendChoice::Host, 0).expect("host backend").as_ref());
+}
+
+/// The reduce kernel (`CudaDevice::reduce_kernel_async`) against the reference.
+#[test]
+#[ignore = "needs a GPU: run with --ignored"]
+fn cuda_reduce_step() {
+    reduce_step(open_cuda_or_fail().as_ref());
 }
 
 /// Two ranks on one GPU in one process: separate `CudaDevice`s, memory exported by one is

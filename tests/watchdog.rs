@@ -138,6 +138,9 @@ impl Device for SlowDevice {
     fn fill_pattern_async(&self, s: StreamHandle, dst: DevPtr, len: usize, seed: u64) -> Result<()> {
         self.0.fill_pattern_async(s, dst, len, seed)
     }
+    fn reduce_async(&self, s: StreamHandle, dst: DevPtr, srcs: &[DevPtr], count: usize, dtype: hoccl::DataType, op: hoccl::RedOp) -> Result<()> {
+        self.0.reduce_async(s, dst, srcs, count, dtype, op)
+    }
     fn copy_engine_count(&self) -> usize {
         self.0.copy_engine_count()
     }

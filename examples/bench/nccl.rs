@@ -3,7 +3,7 @@
 //! to k CTAs through `ncclConfig_t.minCTAs/maxCTAs`).
 use crate::ctx::{Ctx, Res};
 use crate::dl::{site_packages, Lib};
-use crate::ops::{Bufs, Geom, OpKind, ROOT};
+use crate::ops::{Bufs, Geom, OpKind, RED_OP, ROOT};
 use hoccl::device::{DevPtr, StreamHandle};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::Arc;
@@ -68,6 +68,8 @@ type FnSend = unsafe extern "C" fn(*const c_void, usize, c_int, c_int, RawComm, 
 type FnRecv = unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, RawComm, RawStream) -> NcclResult;
 type FnColl = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, RawComm, RawStream) -> NcclResult;
 type FnRooted = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, RawComm, RawStream) -> NcclResult;
+type FnRed = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, RawComm, RawStream) -> NcclResult;
+type FnRedRooted = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, c_int, RawComm, RawStream) -> NcclResult;
 type FnErrStr = unsafe extern "C" fn(NcclResult) -> *const c_char;
 type FnLastErr = unsafe extern "C" fn(RawComm) -> *const c_char;
 type FnAsyncErr = unsafe extern "C" fn(RawComm, *mut NcclResult) -> NcclResult;
@@ -86,6 +88,9 @@ pub struct Api {
     recv: FnRecv,
     all_gather: FnColl,
     broadcast: FnRooted,
+    all_reduce: FnRed,
+    reduce_scatter: FnRed,
+    reduce: FnRedRooted,
     all_to_all: Option<FnColl>,
     gather: Option<FnRooted>,
     scatter: Option<FnRooted>,
@@ -143,6 +148,9 @@ impl Api {
             recv: req!("ncclRecv"),
             all_gather: req!("ncclAllGather"),
             broadcast: req!("ncclBroadcast"),
+            all_reduce: req!("ncclAllReduce"),
+            reduce_scatter: req!("ncclReduceScatter"),
+            reduce: req!("ncclReduce"),
             all_to_all: opt!("ncclAlltoAll"),
             gather: opt!("ncclGather"),
             scatter: opt!("ncclScatter"),
@@ -286,6 +294,10 @@ impl NcclComm {
                 (0..n).filter(|_| rank == ROOT).try_for_each(|j| send(off(sb, j), j))?;
                 recv(rb, ROOT)
             }),
+            // ncclRedOp_t and hoccl's RedOp share their numbering.
+            (OpKind::AllReduce, ..) => a.check("ncclAllReduce", (a.all_reduce)(sb, rb, cnt, t, RED_OP as c_int, c, st), c),
+            (OpKind::ReduceScatter, ..) => a.check("ncclReduceScatter", (a.reduce_scatter)(sb, rb, cnt, t, RED_OP as c_int, c, st), c),
+            (OpKind::Reduce, ..) => a.check("ncclReduce", (a.reduce)(sb, rb, cnt, t, RED_OP as c_int, root, c, st), c),
         }
     }
 

@@ -3,10 +3,10 @@
 //! every block of every buffer holds.
 use hoccl::comm::Communicator;
 use hoccl::device::{DevPtr, Device, StreamHandle};
-use hoccl::DataType;
+use hoccl::{DataType, RedOp};
 use std::sync::Arc;
 
-/// The root of the rooted operations (broadcast, gather, scatter).
+/// The root of the rooted operations (broadcast, gather, scatter, reduce).
 pub const ROOT: usize = 0;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -17,10 +17,27 @@ pub enum OpKind {
     Broadcast,
     Gather,
     Scatter,
+    /// The reductions run with `RedOp::Sum`.
+    AllReduce,
+    ReduceScatter,
+    Reduce,
 }
 
 /// Every operation the benchmark knows, in its table order.
-pub const ALL_OPS: [OpKind; 6] = [OpKind::SendRecv, OpKind::AllGather, OpKind::AlltoAll, OpKind::Broadcast, OpKind::Gather, OpKind::Scatter];
+pub const ALL_OPS: [OpKind; 9] = [
+    OpKind::SendRecv,
+    OpKind::AllGather,
+    OpKind::AlltoAll,
+    OpKind::Broadcast,
+    OpKind::Gather,
+    OpKind::Scatter,
+    OpKind::AllReduce,
+    OpKind::ReduceScatter,
+    OpKind::Reduce,
+];
+
+/// The operator the reductions are benchmarked with.
+pub const RED_OP: RedOp = RedOp::Sum;
 
 impl OpKind {
     pub fn name(self) -> &'static str {
@@ -31,7 +48,15 @@ impl OpKind {
             OpKind::Broadcast => "broadcast",
             OpKind::Gather => "gather",
             OpKind::Scatter => "scatter",
+            OpKind::AllReduce => "allreduce",
+            OpKind::ReduceScatter => "reducescatter",
+            OpKind::Reduce => "reduce",
         }
+    }
+    /// Whether the result is a reduction of the inputs (checked against `reduce_into`, not
+    /// against input patterns), and the op launches its reduce step (a kernel on CUDA).
+    pub fn is_reduction(self) -> bool {
+        matches!(self, OpKind::AllReduce | OpKind::ReduceScatter | OpKind::Reduce)
     }
     pub fn from_name(s: &str) -> Option<OpKind> {
         ALL_OPS.into_iter().find(|o| o.name() == s.to_ascii_lowercase())
@@ -39,14 +64,16 @@ impl OpKind {
     /// busbw / algbw, as nccl-tests defines it.
     pub fn bus_factor(self, n: usize) -> f64 {
         match self {
-            OpKind::SendRecv | OpKind::Broadcast => 1.0,
+            OpKind::SendRecv | OpKind::Broadcast | OpKind::Reduce => 1.0,
+            OpKind::AllReduce => 2.0 * (n as f64 - 1.0) / n as f64,
             _ => (n as f64 - 1.0) / n as f64,
         }
     }
 }
 
 /// One point's shape. `bytes` is nccl-tests' "size": AllGather/Gather/Scatter the total over
-/// ranks, AlltoAll one rank's send total, sendrecv/broadcast the message.
+/// ranks, AlltoAll and ReduceScatter one rank's send total, sendrecv/broadcast/allreduce/
+/// reduce the message.
 #[derive(Clone, Copy, Debug)]
 pub struct Geom {
     pub op: OpKind,
@@ -86,6 +113,9 @@ pub fn geom(op: OpKind, size: usize, n: usize, es: usize, rank: usize) -> Option
         OpKind::AlltoAll if per > 0 => Some(g(per, b * n, b * n, b * n, b)),
         OpKind::Gather if per > 0 => Some(g(per, b * n, b, if root { b * n } else { 0 }, b)),
         OpKind::Scatter if per > 0 => Some(g(per, b * n, if root { b * n } else { 0 }, b, b)),
+        OpKind::AllReduce if whole > 0 => Some(g(whole, whole * es, whole * es, whole * es, whole * es)),
+        OpKind::ReduceScatter if per > 0 => Some(g(per, b * n, b * n, b, b)),
+        OpKind::Reduce if whole > 0 => Some(g(whole, whole * es, whole * es, if root { whole * es } else { 0 }, whole * es)),
         _ => None,
     }
 }
@@ -139,6 +169,9 @@ pub fn issue_hoccl(c: &Communicator, g: &Geom, b: &Bufs, dt: DataType, s: Stream
         OpKind::Broadcast => c.broadcast(b.send, b.recv, g.count, dt, ROOT, s),
         OpKind::Gather => c.gather(b.send, b.recv, g.count, dt, ROOT, s),
         OpKind::Scatter => c.scatter(b.send, b.recv, g.count, dt, ROOT, s),
+        OpKind::AllReduce => c.all_reduce(b.send, b.recv, g.count, dt, RED_OP, s),
+        OpKind::ReduceScatter => c.reduce_scatter(b.send, b.recv, g.count, dt, RED_OP, s),
+        OpKind::Reduce => c.reduce(b.send, b.recv, g.count, dt, RED_OP, ROOT, s),
     }
 }
 
@@ -159,8 +192,8 @@ pub fn seed_of(tag: u64, rank: usize, block: usize) -> u64 {
 pub fn input_blocks(g: &Geom, tag: u64, rank: usize, n: usize) -> Vec<Block> {
     let blk = |j: usize, seed: u64| Block { off: j * g.block, len: g.block, seed };
     match g.op {
-        OpKind::SendRecv | OpKind::AllGather | OpKind::Gather => vec![blk(0, seed_of(tag, rank, 0))],
-        OpKind::AlltoAll => (0..n).map(|j| blk(j, seed_of(tag, rank, j))).collect(),
+        OpKind::SendRecv | OpKind::AllGather | OpKind::Gather | OpKind::AllReduce | OpKind::Reduce => vec![blk(0, seed_of(tag, rank, 0))],
+        OpKind::AlltoAll | OpKind::ReduceScatter => (0..n).map(|j| blk(j, seed_of(tag, rank, j))).collect(),
         OpKind::Broadcast if rank == ROOT => vec![blk(0, seed_of(tag, ROOT, 0))],
         OpKind::Scatter if rank == ROOT => (0..n).map(|j| blk(j, seed_of(tag, ROOT, j))).collect(),
         OpKind::Broadcast | OpKind::Scatter => Vec::new(),
@@ -168,7 +201,7 @@ pub fn input_blocks(g: &Geom, tag: u64, rank: usize, n: usize) -> Vec<Block> {
 }
 
 /// What `rank`'s receive buffer must hold afterwards, derived from the op's definition
-/// (not from what any rank sent).
+/// (not from what any rank sent). The reductions' results are [`reduced_inputs`] instead.
 pub fn expected_blocks(g: &Geom, tag: u64, rank: usize, n: usize) -> Vec<Block> {
     let blk = |j: usize, seed: u64| Block { off: j * g.block, len: g.block, seed };
     match g.op {
@@ -179,6 +212,20 @@ pub fn expected_blocks(g: &Geom, tag: u64, rank: usize, n: usize) -> Vec<Block> 
         OpKind::Gather if rank == ROOT => (0..n).map(|p| blk(p, seed_of(tag, p, 0))).collect(),
         OpKind::Gather => Vec::new(),
         OpKind::Scatter => vec![blk(0, seed_of(tag, ROOT, rank))],
+        OpKind::AllReduce | OpKind::ReduceScatter | OpKind::Reduce => Vec::new(),
+    }
+}
+
+/// For a reduction: the bytes of `rank`'s receive buffer that must hold the fold, in rank
+/// order, of one input block per rank, as (length, the inputs' seeds by rank); each input
+/// block holds the pattern of its seed from index 0. None for the other ops and for Reduce
+/// off the root.
+pub fn reduced_inputs(g: &Geom, tag: u64, rank: usize, n: usize) -> Option<(usize, Vec<u64>)> {
+    match g.op {
+        OpKind::AllReduce => Some((g.bytes, (0..n).map(|p| seed_of(tag, p, 0)).collect())),
+        OpKind::Reduce if rank == ROOT => Some((g.bytes, (0..n).map(|p| seed_of(tag, p, 0)).collect())),
+        OpKind::ReduceScatter => Some((g.block, (0..n).map(|p| seed_of(tag, p, rank)).collect())),
+        _ => None,
     }
 }
 
@@ -194,8 +241,22 @@ mod tests {
         let a = geom(OpKind::AlltoAll, 1 << 20, 4, 2, 0).unwrap();
         assert_eq!((a.send_len, a.block), (1 << 20, 1 << 18));
         assert!(geom(OpKind::Scatter, 4, 4, 2, 0).is_none());
-        // Every expected block of every rank is some rank's input block.
+        let r = geom(OpKind::ReduceScatter, 1 << 20, 4, 2, 1).unwrap();
+        assert_eq!((r.send_len, r.recv_len, r.count), (1 << 20, 1 << 18, 1 << 17));
+        assert_eq!(OpKind::AllReduce.bus_factor(4), 1.5);
+        // Every expected block of every rank is some rank's input block; every reduced
+        // input is an input block.
         for op in ALL_OPS {
+            if op.is_reduction() {
+                let n = 3;
+                let inputs: Vec<u64> = (0..n).flat_map(|r| input_blocks(&geom(op, 6000, n, 2, r).unwrap(), 7, r, n)).map(|b| b.seed).collect();
+                for r in 0..n {
+                    if let Some((_, seeds)) = reduced_inputs(&geom(op, 6000, n, 2, r).unwrap(), 7, r, n) {
+                        assert!(seeds.iter().all(|s| inputs.contains(s)), "{op:?} rank {r}");
+                    }
+                }
+                continue;
+            }
             let n = 3;
             let inputs: Vec<u64> = (0..n).flat_map(|r| input_blocks(&geom(op, 6000, n, 2, r).unwrap(), 7, r, n)).map(|b| b.seed).collect();
             for r in 0..n {

@@ -5,7 +5,8 @@ use hoccl::DataType;
 
 pub const USAGE: &str = "\
 usage: mpirun -np N bench [options]
-  --ops LIST          sendrecv,allgather,alltoall,broadcast,gather,scatter
+  --ops LIST          sendrecv,allgather,alltoall,broadcast,gather,scatter,
+                      allreduce,reducescatter,reduce (reductions with sum)
                       (default sendrecv,allgather,alltoall,broadcast)
   --min SIZE          smallest size (default 2M on CUDA, 64K on the host backend)
   --max SIZE          largest size, factor 2 between sizes (default 1G / 16M)
@@ -224,7 +225,8 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
     if o.latency {
         let has = |f: &[&str]| f.iter().any(|f| given.iter().any(|g| g == f));
         if !has(&["--ops"]) {
-            o.ops = ALL_OPS.to_vec();
+            // The copy-engine operations; reductions only when --ops names them.
+            o.ops = ALL_OPS.into_iter().filter(|op| !op.is_reduction()).collect();
         }
         if !has(&["--min", "-b"]) {
             o.min = Some(4 << 10);

@@ -2,8 +2,9 @@
 //! run the op once, copy the outputs back and count wrong ELEMENTS against expectations
 //! computed on the host from (seed, rank, block) alone.
 use crate::ctx::{Ctx, Res};
-use crate::ops::{expected_blocks, input_blocks, Block, Bufs, Geom};
+use crate::ops::{expected_blocks, input_blocks, reduced_inputs, Block, Bufs, Geom};
 use hoccl::device::{pattern_word, DevPtr};
+use hoccl::DataType;
 
 /// Bytes copied back per step (bounds host memory at 1 GiB points).
 const CHUNK: usize = 64 << 20;
@@ -24,7 +25,56 @@ pub fn check_point(ctx: &Ctx, g: &Geom, b: &Bufs, tag: u64, issue: &dyn Fn() -> 
     for blk in expected_blocks(g, tag, ctx.rank, ctx.n) {
         wrong += count_wrong_block(ctx, b.recv, &blk, g.es)?;
     }
+    if let Some((len, seeds)) = reduced_inputs(g, tag, ctx.rank, ctx.n) {
+        wrong += count_wrong_reduced(ctx, b.recv, len, &seeds, ctx.opts.dtype)?;
+    }
     ctx.sum_u64(wrong)
+}
+
+/// Wrong elements of the `len` bytes at `base` against `reduce_into` (the library's
+/// reference, in rank order) over inputs holding the patterns of `seeds`, piece by piece.
+fn count_wrong_reduced(ctx: &Ctx, base: DevPtr, len: usize, seeds: &[u64], dtype: DataType) -> Res<u64> {
+    let mut host = vec![0u8; len.min(CHUNK)];
+    let mut wrong = 0u64;
+    let mut off = 0;
+    while off < len {
+        let l = (len - off).min(CHUNK);
+        ctx.dev.copy_to_host(&mut host[..l], base.add(off)).map_err(|e| format!("copy back: {e}"))?;
+        let threads = ctx.verify_threads.max(1);
+        let piece = l.div_ceil(threads).div_ceil(8) * 8;
+        let got = &host[..l];
+        wrong += std::thread::scope(|sc| {
+            let hs: Vec<_> = got
+                .chunks(piece)
+                .enumerate()
+                .map(|(i, part)| sc.spawn(move || wrong_reduced(part, off + i * piece, seeds, dtype)))
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap_or(u64::MAX / 64)).sum::<u64>()
+        });
+        off += l;
+    }
+    Ok(wrong)
+}
+
+/// Wrong elements of `got`, bytes `start..` of the reduction (`start` a multiple of 8).
+fn wrong_reduced(got: &[u8], start: usize, seeds: &[u64], dtype: DataType) -> u64 {
+    let inputs: Vec<Vec<u8>> = seeds
+        .iter()
+        .map(|s| {
+            let mut v = vec![0u8; got.len().div_ceil(4) * 4];
+            for (w, out) in v.chunks_exact_mut(4).enumerate() {
+                out.copy_from_slice(&pattern_word(*s, (start / 4 + w) as u64).to_le_bytes());
+            }
+            v.truncate(got.len());
+            v
+        })
+        .collect();
+    let refs: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
+    let mut want = vec![0u8; got.len()];
+    if hoccl::reduce::reduce_into(dtype, crate::ops::RED_OP, &mut want, &refs).is_err() {
+        return u64::MAX / 64;
+    }
+    got.chunks(dtype.size()).zip(want.chunks(dtype.size())).filter(|(a, b)| a != b).count() as u64
 }
 
 fn count_wrong_block(ctx: &Ctx, base: DevPtr, blk: &Block, es: usize) -> Res<u64> {

@@ -75,6 +75,19 @@ typedef enum {
   hocclNumTypes = 12
 } hocclDataType_t;
 
+/* Reduction operators, NCCL's numbering (ncclRedOp_t values pass through unchanged). Every
+ * reduction folds the ranks' inputs in rank order 0..n-1 with the arithmetic of
+ * src/reduce.rs (16- and 8-bit floats computed in f32 and rounded each step; hocclAvg is
+ * the sum divided by the number of ranks), so results are deterministic, bit for bit. */
+typedef enum {
+  hocclSum = 0,
+  hocclProd = 1,
+  hocclMax = 2,
+  hocclMin = 3,
+  hocclAvg = 4,
+  hocclNumOps = 5
+} hocclRedOp_t;
+
 typedef struct hocclComm* hocclComm_t;
 
 /* ---- library ------------------------------------------------------------------------- */
@@ -140,6 +153,19 @@ hocclResult_t hocclGather(const void* sendbuff, void* recvbuff, size_t count, ho
 /* Block j of root's sendbuff (size * count elements) into rank j's recvbuff. */
 hocclResult_t hocclScatter(const void* sendbuff, void* recvbuff, size_t count, hocclDataType_t datatype, int root,
                            hocclComm_t comm, struct CUstream_st* stream);
+
+/* Every rank's count elements of sendbuff reduced with op into every rank's recvbuff (in
+ * place when sendbuff == recvbuff). */
+hocclResult_t hocclAllReduce(const void* sendbuff, void* recvbuff, size_t count, hocclDataType_t datatype,
+                             hocclRedOp_t op, hocclComm_t comm, struct CUstream_st* stream);
+/* sendbuff holds size * recvcount elements; block j of every rank's sendbuff, reduced with
+ * op, into rank j's recvbuff (in place when recvbuff == sendbuff + rank * recvcount). */
+hocclResult_t hocclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, hocclDataType_t datatype,
+                                 hocclRedOp_t op, hocclComm_t comm, struct CUstream_st* stream);
+/* Every rank's count elements reduced with op into root's recvbuff (used on the root only;
+ * in place when the root's sendbuff == recvbuff). */
+hocclResult_t hocclReduce(const void* sendbuff, void* recvbuff, size_t count, hocclDataType_t datatype,
+                          hocclRedOp_t op, int root, hocclComm_t comm, struct CUstream_st* stream);
 
 /* ---- device helpers --------------------------------------------------------------------
  * On the communicator's device. With CUDA, an application's own cudaMalloc memory and

@@ -69,6 +69,17 @@ enum class DataType : int {
   Float8e5m2 = 11,
 };
 
+// Reduction operators, numbered as NCCL's ncclRedOp_t. Reductions fold the ranks' inputs
+// in rank order 0..n-1 with one documented arithmetic (src/reduce.rs), so results are
+// deterministic, bit for bit; Avg is the sum divided by the number of ranks.
+enum class RedOp : int {
+  Sum = 0,
+  Prod = 1,
+  Max = 2,
+  Min = 3,
+  Avg = 4,
+};
+
 // Bytes per element (0 for a value outside the enum).
 constexpr std::size_t sizeOf(DataType t) noexcept {
   switch (t) {
@@ -274,6 +285,15 @@ class Communicator {
   void gather(const void* send, void* recv, std::size_t count, DataType t, int root, Stream s);
   // Block j of root's send (size() * count elements) into rank j's recv.
   void scatter(const void* send, void* recv, std::size_t count, DataType t, int root, Stream s);
+  // Every rank's count elements of send, reduced with op, into every rank's recv (in place
+  // when send == recv).
+  void allReduce(const void* send, void* recv, std::size_t count, DataType t, RedOp op, Stream s);
+  // send holds size() * recvCount elements; block j of every rank's send, reduced with op,
+  // into rank j's recv (in place when recv == send + rank() * recvCount elements).
+  void reduceScatter(const void* send, void* recv, std::size_t recvCount, DataType t, RedOp op, Stream s);
+  // Every rank's count elements, reduced with op, into root's recv (used on the root only;
+  // in place when the root's send == recv).
+  void reduce(const void* send, void* recv, std::size_t count, DataType t, RedOp op, int root, Stream s);
 
  private:
   // A communicator over the MPI communicator with this Fortran handle (MPI_Comm_c2f).

@@ -6,6 +6,7 @@ use super::op::{Collective, OpDesc};
 use super::Communicator;
 use crate::device::{DevPtr, StreamHandle};
 use crate::error::Result;
+use crate::reduce::RedOp;
 use crate::types::DataType;
 
 impl Communicator {
@@ -70,5 +71,25 @@ impl Communicator {
     /// Block j of the root's `send` (`size * count` elements) into rank j's `recv`.
     pub fn scatter(&self, send: DevPtr, recv: DevPtr, count: usize, dtype: DataType, root: usize, stream: StreamHandle) -> Result<()> {
         self.op(Collective::Scatter { root }, send, recv, count, dtype, stream)
+    }
+
+    /// Every rank's `count` elements, reduced element-wise with `op` in rank order (bit for
+    /// bit `reduce::reduce_into`), into every rank's `recv`. In place when `send == recv`.
+    pub fn all_reduce(&self, send: DevPtr, recv: DevPtr, count: usize, dtype: DataType, op: RedOp, stream: StreamHandle) -> Result<()> {
+        self.op(Collective::AllReduce { op }, send, recv, count, dtype, stream)
+    }
+
+    /// Block j (`recvcount` elements) of every rank's `send` (`size * recvcount` elements),
+    /// reduced in rank order, into rank j's `recv`. In place when
+    /// `recv == send + rank * recvcount`.
+    pub fn reduce_scatter(&self, send: DevPtr, recv: DevPtr, recvcount: usize, dtype: DataType, op: RedOp, stream: StreamHandle) -> Result<()> {
+        self.op(Collective::ReduceScatter { op }, send, recv, recvcount, dtype, stream)
+    }
+
+    /// Every rank's `count` elements, reduced in rank order, into the root's `recv` (only
+    /// used on the root; in place when the root's `send == recv`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn reduce(&self, send: DevPtr, recv: DevPtr, count: usize, dtype: DataType, op: RedOp, root: usize, stream: StreamHandle) -> Result<()> {
+        self.op(Collective::Reduce { op, root }, send, recv, count, dtype, stream)
     }
 }

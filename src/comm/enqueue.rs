@@ -31,18 +31,22 @@ impl Communicator {
             Collective::Broadcast { root } => self.broadcast_ranges(name, op, root)?,
             Collective::Gather { root } => self.gather_ranges(name, op, root)?,
             Collective::Scatter { root } => self.scatter_ranges(name, op, root)?,
+            Collective::AllReduce { .. } | Collective::ReduceScatter { .. } | Collective::Reduce { .. } => {
+                let red = self.reduction(name, op)?;
+                return self.submit_reduction(name, red);
+            }
         };
         self.submit(name, op.stream, op.dtype, sends, recvs)
     }
 
-    fn check_root(&self, op: &'static str, root: usize) -> Result<()> {
+    pub(super) fn check_root(&self, op: &'static str, root: usize) -> Result<()> {
         if root >= self.size {
             return Err(Error::invalid_arg(op, format!("root {root} out of range (size {})", self.size)));
         }
         Ok(())
     }
 
-    fn total(&self, op: &'static str, bytes: usize) -> Result<usize> {
+    pub(super) fn total(&self, op: &'static str, bytes: usize) -> Result<usize> {
         bytes.checked_mul(self.size).filter(|t| *t <= isize::MAX as usize).ok_or_else(|| Error::invalid_arg(op, "count times ranks overflows"))
     }
 

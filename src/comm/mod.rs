@@ -10,19 +10,24 @@ use crate::engine::streams::{Admission, StreamManager};
 use crate::engine::{Engine, EngineConfig, Fill, Op, Transfer};
 use crate::error::{Error, Result};
 use crate::types::DataType;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 mod collectives;
 pub(crate) mod compressed;
 mod enqueue;
 mod op;
+mod reduction;
 mod setup;
 
 pub use crate::topology::{RankPlacement, Topology};
 pub use op::{Collective, OpDesc};
+pub use reduction::shard_start;
 
-/// Point-to-point calls gathered between `group_start` and `group_end`.
+/// Calls gathered between `group_start` and `group_end`: the byte ranges of every
+/// point-to-point call and copy-engine collective (one op at the end), and the reductions,
+/// which run after it in call order (each is several steps on the stream, see
+/// `reduction.rs`, so they cannot merge into one op).
 #[derive(Default)]
 struct Group {
     depth: usize,
@@ -32,6 +37,7 @@ struct Group {
     /// The calls' data type, None once two calls differ (the group then moves raw).
     dtype: Option<DataType>,
     calls: usize,
+    reductions: Vec<reduction::Reduction>,
 }
 
 struct State {
@@ -42,6 +48,8 @@ struct State {
     group: Group,
     /// The compressed engine's staging and status words.
     codec: compressed::CodecState,
+    /// The reductions' scratch, once allocated (`reduction.rs`).
+    scratch: Option<reduction::Scratch>,
     destroyed: bool,
 }
 
@@ -56,6 +64,8 @@ pub struct Communicator {
     /// Streams of this process that may wait for collectives on this GPU at once
     /// (`Config::max_waiting_streams`, resolved for the backend).
     wait_limit: usize,
+    /// Whether the debug line about reductions under `HOCCL_ENGINE=ce` was logged.
+    ce_reduce_logged: AtomicBool,
     state: Mutex<State>,
 }
 
@@ -130,12 +140,14 @@ impl Communicator {
             topo,
             config,
             wait_limit,
+            ce_reduce_logged: AtomicBool::new(false),
             state: Mutex::new(State {
                 next_seq: 1,
                 pair_counts: vec![0; size],
                 streams: StreamManager::default(),
                 group: Group::default(),
                 codec: compressed::CodecState::default(),
+                scratch: None,
                 destroyed: false,
             }),
         })
@@ -235,7 +247,9 @@ impl Communicator {
         Ok(())
     }
 
-    /// End a group; the outermost end launches the gathered sends and receives.
+    /// End a group; the outermost end launches the gathered sends and receives (and the
+    /// byte ranges of other copy-engine collectives) as one operation, then the group's
+    /// reductions in call order.
     pub fn group_end(&self) -> Result<()> {
         const OP: &str = "group_end";
         let mut st = self.lock(OP)?;
@@ -247,10 +261,14 @@ impl Communicator {
             return Ok(());
         }
         let g = std::mem::take(&mut st.group);
-        match g.stream {
-            Some(stream) => self.launch(&mut st, "group", stream, g.dtype, g.sends, g.recvs),
-            None => Ok(()),
+        let Some(stream) = g.stream else { return Ok(()) };
+        if !g.sends.is_empty() || !g.recvs.is_empty() || g.reductions.is_empty() {
+            self.launch(&mut st, "group", stream, g.dtype, g.sends, g.recvs)?;
         }
+        for red in &g.reductions {
+            self.run_reduction(&mut st, red)?;
+        }
+        Ok(())
     }
 
     /// Run `f` inside `group_start`/`group_end`; the group is closed even if `f` fails.
@@ -307,6 +325,20 @@ impl Communicator {
             return Ok(());
         }
         self.launch(&mut st, name, stream, Some(dtype), sends, recvs)
+    }
+
+    /// Run a validated reduction now, or add it to the open group.
+    fn submit_reduction(&self, name: &'static str, red: reduction::Reduction) -> Result<()> {
+        let mut st = self.lock(name)?;
+        if st.group.depth > 0 {
+            if st.group.stream.is_some_and(|s| s != red.stream) {
+                return Err(Error::invalid_usage(name, "all calls of one group must use the same stream"));
+            }
+            st.group.stream = Some(red.stream);
+            st.group.reductions.push(red);
+            return Ok(());
+        }
+        self.run_reduction(&mut st, &red)
     }
 
     /// Enqueue one op (or a group's gathered transfers): the copies to self, the compressed
@@ -400,6 +432,7 @@ fn take_local(name: &'static str, me: usize, sends: &mut Vec<Transfer>, recvs: &
 }
 
 /// A validated user buffer.
+#[derive(Clone, Copy)]
 struct Region {
     op: &'static str,
     what: &'static str,
@@ -437,6 +470,7 @@ impl Drop for Communicator {
         if let Ok(mut st) = self.state.lock() {
             st.streams.release(self.dev.as_ref(), clean);
             st.codec.release(self.dev.as_ref(), clean);
+            self.release_scratch(&mut st, self.config.timeout);
         }
     }
 }

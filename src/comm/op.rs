@@ -8,6 +8,7 @@
 //!
 //! [`Communicator::enqueue`]: super::Communicator::enqueue
 use crate::device::{DevPtr, StreamHandle};
+use crate::reduce::RedOp;
 use crate::types::DataType;
 
 /// Which operation, with the arguments only it has. Ranks (`peer`, `root`) are checked
@@ -38,6 +39,16 @@ pub enum Collective<'a> {
     /// Block j of the root's `send` (`size * count` elements) into rank j's `recv` (in
     /// place when the root's `recv` is its block).
     Scatter { root: usize },
+    /// Every rank's `count` elements of `send`, reduced element-wise with `op` in rank order
+    /// (`reduce::reduce_into`), into every rank's `recv`. In place when `send == recv`.
+    AllReduce { op: RedOp },
+    /// `send` holds `size * count` elements; block j of every rank's `send`, reduced in rank
+    /// order, into rank j's `recv` (`count` elements). In place when
+    /// `recv == send + rank * count`.
+    ReduceScatter { op: RedOp },
+    /// Every rank's `count` elements of `send`, reduced in rank order, into the root's
+    /// `recv` (only used on the root; in place when the root's `send == recv`).
+    Reduce { op: RedOp, root: usize },
 }
 
 impl Collective<'_> {
@@ -52,6 +63,9 @@ impl Collective<'_> {
             Collective::Broadcast { .. } => "broadcast",
             Collective::Gather { .. } => "gather",
             Collective::Scatter { .. } => "scatter",
+            Collective::AllReduce { .. } => "all_reduce",
+            Collective::ReduceScatter { .. } => "reduce_scatter",
+            Collective::Reduce { .. } => "reduce",
         }
     }
 }

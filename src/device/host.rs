@@ -6,6 +6,8 @@
 //! allocations, imported mappings and flag slabs first, so a bad pointer is an error, not UB.
 use super::*;
 use crate::error::{Error, Result};
+use crate::reduce::RedOp;
+use crate::types::DataType;
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::CString;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -156,6 +158,8 @@ enum Task {
     Wait { addr: u64, v: u64 },
     Copy { dst: u64, src: u64, len: usize },
     Fill { dst: u64, len: usize, seed: u64 },
+    /// `reduce_into` over `srcs` (each `len` bytes) into `dst`.
+    Reduce { dst: u64, srcs: Vec<u64>, len: usize, dtype: DataType, op: RedOp },
     Marker,
 }
 
@@ -214,6 +218,28 @@ fn run_task(t: Task, st: &QueueState) {
             for (w, chunk) in out.chunks_mut(4).enumerate() {
                 let v = pattern_word(seed, w as u64).to_le_bytes();
                 chunk.copy_from_slice(&v[..chunk.len()]);
+            }
+        }
+        Task::Reduce { dst, srcs, len, dtype, op } => {
+            // SAFETY: every range was checked against a live region when the task was
+            // enqueued; the stream order guarantees nothing else writes them meanwhile.
+            let inputs: Vec<&[u8]> = srcs.iter().map(|p| unsafe { std::slice::from_raw_parts(*p as *const u8, len) }).collect();
+            let r = if srcs.iter().any(|p| *p < dst + len as u64 && dst < *p + len as u64) {
+                // `dst` is one of the inputs: fold into a copy, then write it back (no
+                // mutable slice may alias an input).
+                let mut tmp = vec![0u8; len];
+                let r = crate::reduce::reduce_into(dtype, op, &mut tmp, &inputs);
+                drop(inputs);
+                // SAFETY: dst range checked as above; tmp is a distinct allocation.
+                unsafe { std::ptr::copy(tmp.as_ptr(), dst as *mut u8, len) };
+                r
+            } else {
+                // SAFETY: dst range checked as above and disjoint from every input.
+                let out = unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, len) };
+                crate::reduce::reduce_into(dtype, op, out, &inputs)
+            };
+            if let Err(e) = r {
+                log::error!("host backend: reduce step: {e}");
             }
         }
         Task::Marker => {}
@@ -554,6 +580,26 @@ impl Device for HostDevice {
         const OP: &str = "HostDevice::fill_pattern_async";
         Self::check(OP, dst, len)?;
         self.stream(OP, s)?.push(OP, Task::Fill { dst: dst.0, len, seed }).map(|_| ())
+    }
+
+    fn reduce_async(&self, s: StreamHandle, dst: DevPtr, srcs: &[DevPtr], count: usize, dtype: DataType, op: RedOp) -> Result<()> {
+        const OP: &str = "HostDevice::reduce_async";
+        if srcs.is_empty() {
+            return Err(Error::invalid_arg(OP, "no inputs"));
+        }
+        let len = dtype.bytes(OP, count)?;
+        if len == 0 {
+            return Ok(());
+        }
+        {
+            let reg = lock_registry(OP)?;
+            reg.check(OP, dst, len)?;
+            for p in srcs {
+                reg.check(OP, *p, len)?;
+            }
+        }
+        let srcs = srcs.iter().map(|p| p.0).collect();
+        self.stream(OP, s)?.push(OP, Task::Reduce { dst: dst.0, srcs, len, dtype, op }).map(|_| ())
     }
 
     fn copy_engine_count(&self) -> usize {

@@ -9,6 +9,8 @@
 //! Backends: [`cuda`] (driver API through cudarc) and [`host`] (POSIX shared memory, worker
 //! threads as copy engines, an in-order host queue as the stream).
 use crate::error::Result;
+use crate::reduce::RedOp;
+use crate::types::DataType;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -174,6 +176,14 @@ pub trait Device: Send + Sync + 'static {
     /// part of the library's API.
     #[doc(hidden)]
     fn fill_pattern_async(&self, s: StreamHandle, dst: DevPtr, len: usize, seed: u64) -> Result<()>;
+    /// Enqueue the reduce step: element i of `dst` becomes the fold of element i of every
+    /// input in the order given, exactly as [`crate::reduce::reduce_into`] defines it (`Avg`
+    /// divides by `srcs.len()`). Stream-ordered like `memcpy_async`. Every buffer holds
+    /// `count` elements of `dtype`, any alignment; `dst` may be one of the inputs exactly
+    /// (same address: each element is read before it is written), other overlaps of `dst`
+    /// with an input are not allowed. `srcs` is not empty; `count == 0` enqueues nothing. The
+    /// one device call of the reductions that uses SMs on CUDA (a kernel).
+    fn reduce_async(&self, s: StreamHandle, dst: DevPtr, srcs: &[DevPtr], count: usize, dtype: DataType, op: RedOp) -> Result<()>;
 
     // ---- copy engines -------------------------------------------------------------------
     /// Number of copy engines the hardware reports (async engine count on CUDA).

@@ -15,6 +15,7 @@ use crate::comm::{Collective, Communicator, OpDesc};
 use crate::config::Config;
 use crate::device::{Backend, DevPtr, Device, StreamHandle};
 use crate::error::{Error, Result};
+use crate::reduce::RedOp;
 use crate::types::DataType;
 pub(super) use ffi::{CUstream_st, OpArgs, OpKind, Status};
 use std::sync::Arc;
@@ -38,6 +39,9 @@ mod ffi {
         Broadcast,
         Gather,
         Scatter,
+        AllReduce,
+        ReduceScatter,
+        Reduce,
     }
 
     /// One operation as C++ and the C ABI describe it: `comm::OpDesc` with C's integer
@@ -51,8 +55,12 @@ mod ffi {
         count: usize,
         /// A `DataType` value (NCCL's numbering).
         dtype: i32,
-        /// The peer of `Send` and `Recv`, the root of `Broadcast`, `Gather`, `Scatter`.
+        /// The peer of `Send` and `Recv`, the root of `Broadcast`, `Gather`, `Scatter`,
+        /// `Reduce`.
         root: i32,
+        /// The reduction operator of `AllReduce`, `ReduceScatter`, `Reduce`: a `RedOp` value
+        /// (NCCL's `ncclRedOp_t` numbering); ignored by the other operations.
+        red_op: i32,
         send_counts: &'a [usize],
         send_displs: &'a [usize],
         recv_counts: &'a [usize],
@@ -198,6 +206,9 @@ impl OpKind {
             OpKind::Broadcast => "broadcast",
             OpKind::Gather => "gather",
             OpKind::Scatter => "scatter",
+            OpKind::AllReduce => "allReduce",
+            OpKind::ReduceScatter => "reduceScatter",
+            OpKind::Reduce => "reduce",
             _ => "enqueue",
         }
     }
@@ -206,14 +217,21 @@ impl OpKind {
 impl<'a> OpArgs<'a> {
     /// An operation with no per-peer counts; `root` is the peer or root where `kind` has one.
     pub(super) fn new(kind: OpKind, send: *const u8, recv: *mut u8, count: usize, dtype: i32, root: i32, stream: *mut CUstream_st) -> Self {
-        OpArgs { kind, send, recv, count, dtype, root, send_counts: &[], send_displs: &[], recv_counts: &[], recv_displs: &[], stream }
+        OpArgs { kind, send, recv, count, dtype, root, red_op: 0, send_counts: &[], send_displs: &[], recv_counts: &[], recv_displs: &[], stream }
     }
 
-    /// The descriptor `Communicator::enqueue` validates: the data type and rank decoded,
+    /// A reduction: as [`new`](Self::new) with the operator `red_op` (a `RedOp` value).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn reduction(kind: OpKind, send: *const u8, recv: *mut u8, count: usize, dtype: i32, red_op: i32, root: i32, stream: *mut CUstream_st) -> Self {
+        OpArgs { red_op, ..Self::new(kind, send, recv, count, dtype, root, stream) }
+    }
+
+    /// The descriptor `Communicator::enqueue` validates: the data type, operator and rank decoded,
     /// the addresses taken as device pointers (never dereferenced here). `op` names the
     /// failures found here.
     pub(super) fn desc(&self, op: &'static str) -> Result<OpDesc<'a>> {
         let root = |what| rank_arg(op, what, self.root);
+        let red_op = || RedOp::from_raw(op, self.red_op);
         let coll = match self.kind {
             OpKind::Send => Collective::Send { peer: root("peer")? },
             OpKind::Recv => Collective::Recv { peer: root("peer")? },
@@ -228,6 +246,9 @@ impl<'a> OpArgs<'a> {
             OpKind::Broadcast => Collective::Broadcast { root: root("root")? },
             OpKind::Gather => Collective::Gather { root: root("root")? },
             OpKind::Scatter => Collective::Scatter { root: root("root")? },
+            OpKind::AllReduce => Collective::AllReduce { op: red_op()? },
+            OpKind::ReduceScatter => Collective::ReduceScatter { op: red_op()? },
+            OpKind::Reduce => Collective::Reduce { op: red_op()?, root: root("root")? },
             other => return Err(Error::invalid_arg(op, format!("unknown operation {}", other.repr))),
         };
         let (send, recv, count, stream) = (dev_ptr(self.send), dev_ptr(self.recv), self.count, stream(self.stream));
@@ -405,6 +426,15 @@ mod tests {
             assert_eq!(code(op(OpKind::Broadcast, buf, buf, U8, -1)), ErrorCode::InvalidArgument as i32);
             assert_eq!(code(op(OpKind::Send, buf, null, U8, -3)), ErrorCode::InvalidArgument as i32);
             assert_eq!(code(op(OpKind { repr: 99 }, buf, buf, U8, 0)), ErrorCode::InvalidArgument as i32);
+            let red = |kind, red_op, root| comm.enqueue(&OpArgs::reduction(kind, buf, buf, 4, U8, red_op, root, s));
+            for kind in [OpKind::AllReduce, OpKind::ReduceScatter, OpKind::Reduce] {
+                let e = red(kind, 5, 0);
+                assert_eq!(e.code, ErrorCode::InvalidArgument as i32, "{}", e.message);
+                assert!(e.message.contains("reduction operator 5"), "{}", e.message);
+                assert_eq!(code(red(kind, -1, 0)), ErrorCode::InvalidArgument as i32);
+            }
+            assert_eq!(code(red(OpKind::Reduce, 0, 2)), ErrorCode::InvalidArgument as i32);
+            assert_eq!(code(red(OpKind::Reduce, 0, -1)), ErrorCode::InvalidArgument as i32);
             let counts = [4usize, 4];
             let short = OpArgs { send_counts: &counts[..1], send_displs: &counts, recv_counts: &counts, recv_displs: &counts, ..OpArgs::new(OpKind::AllToAllV, buf, buf, 0, U8, 0, s) };
             let e = comm.enqueue(&short);

@@ -33,6 +33,10 @@ pub type hocclResult_t = c_int;
 /// that an out-of-range value is an error, not undefined behaviour.
 pub type hocclDataType_t = c_int;
 
+/// `hocclRedOp_t`: a [`RedOp`](crate::RedOp) value (NCCL's `ncclRedOp_t` numbering),
+/// received as a plain int so that an out-of-range value is an error.
+pub type hocclRedOp_t = c_int;
+
 /// CUDA's `cudaStream_t` / `CUstream` (`struct CUstream_st*`, `hoccl/cuda_stream.h`): a
 /// stream of the communicator's GPU, or on the host backend one from `hocclStreamCreate`.
 pub type cudaStream_t = *mut CUstream_st;
@@ -403,6 +407,47 @@ pub extern "C" fn hocclScatter(
     stream: cudaStream_t,
 ) -> hocclResult_t {
     enqueue("hocclScatter", comm, |_| Ok(args(OpKind::Scatter, sendbuff, recvbuff, count, datatype, root, stream)))
+}
+
+#[no_mangle]
+pub extern "C" fn hocclAllReduce(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: hocclDataType_t,
+    op: hocclRedOp_t,
+    comm: hocclComm_t,
+    stream: cudaStream_t,
+) -> hocclResult_t {
+    enqueue("hocclAllReduce", comm, |_| Ok(OpArgs::reduction(OpKind::AllReduce, sendbuff.cast(), recvbuff.cast(), count, datatype, op, 0, stream)))
+}
+
+#[no_mangle]
+pub extern "C" fn hocclReduceScatter(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    recvcount: usize,
+    datatype: hocclDataType_t,
+    op: hocclRedOp_t,
+    comm: hocclComm_t,
+    stream: cudaStream_t,
+) -> hocclResult_t {
+    enqueue("hocclReduceScatter", comm, |_| Ok(OpArgs::reduction(OpKind::ReduceScatter, sendbuff.cast(), recvbuff.cast(), recvcount, datatype, op, 0, stream)))
+}
+
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub extern "C" fn hocclReduce(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: hocclDataType_t,
+    op: hocclRedOp_t,
+    root: c_int,
+    comm: hocclComm_t,
+    stream: cudaStream_t,
+) -> hocclResult_t {
+    enqueue("hocclReduce", comm, |_| Ok(OpArgs::reduction(OpKind::Reduce, sendbuff.cast(), recvbuff.cast(), count, datatype, op, root, stream)))
 }
 
 /// The live communicator behind `comm` outside any group (device and stream helpers).

@@ -33,6 +33,9 @@ fn null_pointers_are_invalid_arguments() {
     assert_eq!(hocclAllGather(null(), null_mut(), 1, U8, null_mut(), null_mut()), INVALID_ARG);
     assert_eq!(hocclSend(null(), 1, U8, 0, null_mut(), null_mut()), INVALID_ARG);
     assert_eq!(hocclBroadcast(null(), null_mut(), 1, U8, 0, null_mut(), null_mut()), INVALID_ARG);
+    assert_eq!(hocclAllReduce(null(), null_mut(), 1, U8, 0, null_mut(), null_mut()), INVALID_ARG);
+    assert_eq!(hocclReduceScatter(null(), null_mut(), 1, U8, 0, null_mut(), null_mut()), INVALID_ARG);
+    assert_eq!(hocclReduce(null(), null_mut(), 1, U8, 0, 0, null_mut(), null_mut()), INVALID_ARG);
     let mut p = null_mut();
     assert_eq!(hocclMemAlloc(null_mut(), &mut p, 8), INVALID_ARG);
     assert_eq!(hocclStreamCreate(null_mut(), null_mut()), INVALID_ARG);
@@ -132,6 +135,34 @@ fn calls_through_the_c_abi() {
         assert_eq!(hocclMemcpyToHost(comm, got.as_mut_ptr().cast(), recv, 8), OK);
         let want: Vec<u8> = (0..3).chain(0..5).map(|k| ((8 * r + k) * 3) as u8).collect();
         assert_eq!(&got[..], &want[..]);
+        // Reductions: a bad operator or root is an error; then a real AllReduce, in place,
+        // and a ReduceScatter and a Reduce out of place (u8 sums wrap).
+        let red = (buf as usize + 192) as *mut c_void;
+        assert_eq!(hocclAllReduce(send, send, 16, U8, 5, comm, s), INVALID_ARG);
+        assert!(last_error().contains("reduction operator 5"), "{}", last_error());
+        assert_eq!(hocclAllReduce(send, send, 16, U8, -1, comm, s), INVALID_ARG);
+        assert_eq!(hocclReduceScatter(send, red, 8, U8, 7, comm, s), INVALID_ARG);
+        assert_eq!(hocclReduce(send, red, 16, U8, 0, 2, comm, s), INVALID_ARG);
+        assert_eq!(hocclReduce(send, red, 16, U8, 9, 0, comm, s), INVALID_ARG);
+        assert_eq!(hocclAllReduce(own, own, 64, U8, 0, comm, s), OK);
+        assert_eq!(hocclReduceScatter(buf, red, 32, U8, 2, comm, s), OK); // max
+        assert_eq!(hocclReduce(buf, (red as usize + 32) as *mut c_void, 32, U8, 1, 1, comm, s), OK); // prod at rank 1
+        assert_eq!(hocclStreamSynchronize(comm, s), OK);
+        let mut all = vec![0u8; 256];
+        assert_eq!(hocclMemcpyToHost(comm, all.as_mut_ptr().cast(), buf, 256), OK);
+        let x = |p: u32, i: u32| (i * 3 + p * 101) as u8;
+        let sum: Vec<u8> = (0..64u32).map(|i| x(0, i).wrapping_add(x(1, i))).collect();
+        assert_eq!(&all[r * 64..][..64], &sum[..], "all_reduce in place");
+        // The first 64 bytes, the ReduceScatter's and the Reduce's input: the sum on rank
+        // 0, rank 0's gathered block on rank 1.
+        let first = |p: usize, i: usize| if p == 0 { sum[i] } else { x(0, i as u32) };
+        let max: Vec<u8> = (0..32).map(|i| first(0, r * 32 + i).max(first(1, r * 32 + i))).collect();
+        assert_eq!(&all[192..224], &max[..], "reduce_scatter max");
+        if r == 1 {
+            let prod: Vec<u8> = (0..32).map(|i| first(0, i).wrapping_mul(first(1, i))).collect();
+            assert_eq!(&all[224..256], &prod[..], "reduce prod at the root");
+        }
+
         let mut v = 0;
         assert_eq!(hocclCommGetAsyncError(comm, &mut v), OK);
         assert_eq!(v, OK);
@@ -202,6 +233,17 @@ fn header_enums_match_the_rust_ones() {
     ] {
         assert_eq!(code(name), Some(d as i32), "{name}");
     }
+}
+
+#[test]
+fn header_red_ops_match_the_rust_ones() {
+    let ops = header_enum("hoccl");
+    let code = |n: &str| ops.iter().find(|(k, _)| k == n).map(|(_, v)| *v);
+    use crate::reduce::RedOp;
+    for (name, o) in [("hocclSum", RedOp::Sum), ("hocclProd", RedOp::Prod), ("hocclMax", RedOp::Max), ("hocclMin", RedOp::Min), ("hocclAvg", RedOp::Avg)] {
+        assert_eq!(code(name), Some(o as i32), "{name}");
+    }
+    assert_eq!(code("hocclNumOps"), Some(RedOp::ALL.len() as i32));
 }
 
 #[test]

@@ -280,6 +280,10 @@ impl Device for CudaDevice {
         self.fill_pattern(s, dst, len, seed)
     }
 
+    fn reduce_async(&self, s: StreamHandle, dst: DevPtr, srcs: &[DevPtr], count: usize, dtype: crate::types::DataType, op: crate::reduce::RedOp) -> Result<()> {
+        self.reduce_kernel_async(s, dst, srcs, count, dtype, op)
+    }
+
     fn copy_engine_count(&self) -> usize {
         self.info.async_engines
     }

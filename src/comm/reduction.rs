@@ -1,0 +1,367 @@
+//! AllReduce, ReduceScatter and Reduce on one node, as a composition of the copy-engine
+//! exchange and one reduce step on the caller's stream (docs/design.md, "Reductions").
+//!
+//! Every reduction is described the same way: each rank `q` owns one *block* of the result
+//! (ReduceScatter: `count` elements; AllReduce: its shard; Reduce: the root owns all of it,
+//! the others nothing), and every rank contributes the matching range of its send buffer.
+//! In chunks of at most one scratch slot:
+//!
+//! 1. **Exchange** (one engine op, the stream handshake): every rank copies its contribution
+//!    to block `q` into slot `rank` of rank q's scratch; its own contribution stays in place.
+//! 2. **Reduce step** (`Device::reduce_async` on the caller's stream, after the exchange's
+//!    finish wait): the block is the fold, in rank order 0..n-1, of slot p for p != rank and
+//!    the own contribution read in place. So every rank's block is computed from the same
+//!    inputs in the same order on every engine, bit for bit `reduce::reduce_into`.
+//!
+//! AllReduce then runs one copy-engine AllGather of the shards into `recv`.
+//!
+//! **Scratch.** One allocation per communicator, `n` slots of `Config::reduce_scratch / n`
+//! bytes (rounded down to 256), allocated at the first reduction that receives (or by
+//! [`Communicator::reserve_reduce_scratch`]) and freed at destroy. Peers write into a slot only
+//! after this rank's `Ready` for the exchange, which its proxy sends only once the stream
+//! has reached the op, i.e. after the previous reduce step on that stream has read the
+//! scratch. A reduction on another stream first waits (a stream memory wait) for a flag that
+//! each reduce step raises when it is done, so reduce steps that share the scratch never
+//! overlap with the next exchange whatever the streams.
+use super::op::{Collective, OpDesc};
+use super::{Communicator, Region, State};
+use crate::device::{DevPtr, FlagSlab, StreamHandle};
+use crate::error::{Error, Result};
+use crate::reduce::RedOp;
+use crate::types::DataType;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// First element of AllReduce shard `r` of `count` elements over `n` ranks: `r * count / n`
+/// rounded down to a multiple of 256 bytes' worth of elements (shard `n` starts at `count`).
+/// Shards are contiguous and cover `[0, count)`; some are empty when `count` is small.
+pub fn shard_start(count: usize, n: usize, r: usize, dtype: DataType) -> usize {
+    if r >= n {
+        return count;
+    }
+    let align = (256 / dtype.size()).max(1);
+    let x = (r as u128 * count as u128 / n as u128) as usize;
+    x / align * align
+}
+
+/// Bytes of one scratch slot for `n` ranks: `scratch / n`, rounded down to 256 bytes (to 8
+/// below 256 bytes, at least 8), so a slot holds a whole number of elements of any type.
+fn slot_bytes(scratch: usize, n: usize) -> usize {
+    let s = scratch / n.max(1);
+    if s >= 256 {
+        s & !255
+    } else {
+        (s & !7).max(8)
+    }
+}
+
+/// What kind of reduction, with its arguments.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    AllReduce,
+    ReduceScatter,
+    Reduce { root: usize },
+}
+
+/// A validated reduction, ready to run (now, or at the end of the open group).
+#[derive(Clone, Copy)]
+pub(super) struct Reduction {
+    name: &'static str,
+    kind: Kind,
+    op: RedOp,
+    dtype: DataType,
+    /// Elements of the result: AllReduce and Reduce `count`, ReduceScatter `recvcount`.
+    count: usize,
+    send: Region,
+    /// The receive buffer (AllReduce, ReduceScatter; Reduce on the root); None otherwise.
+    recv: Option<Region>,
+    pub(super) stream: StreamHandle,
+}
+
+/// The per-communicator scratch and the flag its reduce steps raise.
+pub(super) struct Scratch {
+    base: DevPtr,
+    region: Region,
+    slot: usize,
+    flag: FlagSlab,
+    /// Reduce steps that read the scratch so far; the flag reaches this when the last is done.
+    uses: u64,
+    /// The stream of the last of them.
+    last: Option<StreamHandle>,
+}
+
+fn overlaps(a: DevPtr, alen: usize, b: DevPtr, blen: usize) -> bool {
+    alen > 0 && blen > 0 && a.0 < b.0 + blen as u64 && b.0 < a.0 + alen as u64
+}
+
+impl Communicator {
+    /// Validate a reduction (`enqueue`'s arm for AllReduce, ReduceScatter and Reduce).
+    pub(super) fn reduction(&self, name: &'static str, op: &OpDesc) -> Result<Reduction> {
+        let (kind, rop) = match op.coll {
+            Collective::AllReduce { op } => (Kind::AllReduce, op),
+            Collective::ReduceScatter { op } => (Kind::ReduceScatter, op),
+            Collective::Reduce { op, root } => {
+                self.check_root(name, root)?;
+                (Kind::Reduce { root }, op)
+            }
+            _ => return Err(Error::internal(name, "not a reduction")),
+        };
+        let len = Self::bytes(name, op.count, op.dtype)?;
+        let (send, recv) = match kind {
+            Kind::AllReduce => {
+                let r = self.region(name, "receive", op.recv, len)?;
+                if op.send == op.recv {
+                    (r, Some(r))
+                } else if overlaps(op.send, len, op.recv, len) {
+                    return Err(Error::invalid_arg(name, "send and receive buffers partially overlap (in place is send == recv)"));
+                } else {
+                    (self.region(name, "send", op.send, len)?, Some(r))
+                }
+            }
+            Kind::ReduceScatter => {
+                let total = self.total(name, len)?;
+                let s = self.region(name, "send", op.send, total)?;
+                let own = op.send.add(self.rank * len);
+                if op.recv == own {
+                    (s, Some(s.sub(self.rank * len, len)?))
+                } else if overlaps(op.send, total, op.recv, len) {
+                    return Err(Error::invalid_arg(name, "receive buffer overlaps the send buffer but is not this rank's block (in place is recv == send + rank * recvcount)"));
+                } else {
+                    (s, Some(self.region(name, "receive", op.recv, len)?))
+                }
+            }
+            Kind::Reduce { root } if root == self.rank => {
+                let r = self.region(name, "receive", op.recv, len)?;
+                if op.send == op.recv {
+                    (r, Some(r))
+                } else if overlaps(op.send, len, op.recv, len) {
+                    return Err(Error::invalid_arg(name, "send and receive buffers partially overlap (in place is the root's send == recv)"));
+                } else {
+                    (self.region(name, "send", op.send, len)?, Some(r))
+                }
+            }
+            Kind::Reduce { .. } => (self.region(name, "send", op.send, len)?, None),
+        };
+        Ok(Reduction { name, kind, op: rop, dtype: op.dtype, count: op.count, send, recv, stream: op.stream })
+    }
+
+    /// Rank q's block of the result: its first element in `send` and its length (elements).
+    fn block(&self, red: &Reduction, q: usize) -> (usize, usize) {
+        let n = self.size;
+        match red.kind {
+            Kind::AllReduce => {
+                let s = shard_start(red.count, n, q, red.dtype);
+                (s, shard_start(red.count, n, q + 1, red.dtype) - s)
+            }
+            Kind::ReduceScatter => (q * red.count, red.count),
+            Kind::Reduce { root } => (0, if q == root { red.count } else { 0 }),
+        }
+    }
+
+    /// Allocate the scratch now, if this communicator has none yet (it is otherwise
+    /// allocated by the first reduction that needs it). Several ranks that are threads of
+    /// one process on one GPU should call this right after creation: allocating while
+    /// another rank's collective is pending can wait for that rank's stream (docs/design.md,
+    /// "Several ranks in one process on one GPU").
+    /// With one rank there is no exchange and nothing is allocated.
+    pub fn reserve_reduce_scratch(&self) -> Result<()> {
+        let mut st = self.lock("reserve_reduce_scratch")?;
+        if self.size == 1 {
+            return Ok(());
+        }
+        self.scratch(&mut st, "reserve_reduce_scratch").map(|_| ())
+    }
+
+    fn scratch<'s>(&self, st: &'s mut State, name: &'static str) -> Result<&'s mut Scratch> {
+        if st.scratch.is_none() {
+            let slot = slot_bytes(self.config.reduce_scratch, self.size);
+            let len = slot * self.size;
+            let base = self.dev.alloc(len).map_err(|e| e.with_op(name))?;
+            let made = self.dev.allocation(base).and_then(|a| Ok((a, self.dev.alloc_flags(1)?)));
+            let (alloc, flag) = match made {
+                Ok(x) => x,
+                Err(e) => {
+                    let _ = self.dev.free(base);
+                    return Err(e.with_op(name));
+                }
+            };
+            let region = Region { op: "reduction", what: "scratch", ptr: base, len, alloc: Some(alloc) };
+            log::debug!("rank {}: reduction scratch of {len} bytes ({} slots of {slot})", self.rank, self.size);
+            st.scratch = Some(Scratch { base, region, slot, flag, uses: 0, last: None });
+        }
+        st.scratch.as_mut().ok_or_else(|| Error::internal(name, "scratch vanished"))
+    }
+
+    /// Run `red` on its stream: every chunk's exchange and reduce step, then (AllReduce) the
+    /// AllGather of the shards. A failure after the first op was submitted also becomes the
+    /// communicator's asynchronous error: the peers' matching ops cannot complete.
+    pub(super) fn run_reduction(&self, st: &mut State, red: &Reduction) -> Result<()> {
+        if self.config.engine == crate::config::EngineChoice::CopyEngine && !self.ce_reduce_logged.swap(true, Ordering::Relaxed) {
+            log::debug!("HOCCL_ENGINE=ce: reductions move their data on the copy engines, but their reduce step always runs on the device (a kernel on CUDA)");
+        }
+        let mut submitted = false;
+        let r = self.run_reduction_steps(st, red, &mut submitted);
+        if let (Err(e), true) = (&r, submitted) {
+            self.engine.shared.set_error(e.clone());
+        }
+        r
+    }
+
+    fn run_reduction_steps(&self, st: &mut State, red: &Reduction, submitted: &mut bool) -> Result<()> {
+        let (n, me, es, name, s) = (self.size, self.rank, red.dtype.size(), red.name, red.stream);
+        if red.count == 0 {
+            return Ok(());
+        }
+        let blocks: Vec<(usize, usize)> = (0..n).map(|q| self.block(red, q)).collect();
+        let (my_off, my_len) = blocks[me];
+        // Elements per chunk: one scratch slot; with one rank nothing is exchanged, so the
+        // whole block is one reduce step.
+        let cap = if n == 1 { red.count } else { slot_bytes(self.config.reduce_scratch, n) / es };
+        let chunks = blocks.iter().map(|b| b.1.div_ceil(cap)).max().unwrap_or(0);
+        // Receives into the scratch only where this rank owns a block and has peers.
+        let receives = n > 1 && my_len > 0;
+        let scratch = if receives { Some(self.scratch(st, name)?.region) } else { None };
+        let slot = st.scratch.as_ref().map_or(0, |x| x.slot);
+        for k in 0..chunks {
+            let part = |len: usize| len.saturating_sub(k * cap).min(cap);
+            let mut sends = Vec::new();
+            for (q, &(off, len)) in blocks.iter().enumerate() {
+                if q != me && len > 0 {
+                    sends.push(red.send.part((off + k * cap) * es, part(len) * es, q)?);
+                }
+            }
+            let mine = part(my_len);
+            let mut recvs = Vec::new();
+            if let Some(sc) = &scratch {
+                for p in (0..n).filter(|p| *p != me) {
+                    recvs.push(sc.part(p * slot, mine * es, p)?);
+                }
+            }
+            if !sends.is_empty() || !recvs.is_empty() {
+                if mine > 0 && receives {
+                    self.wait_for_scratch(st, s)?;
+                }
+                self.launch(st, name, s, Some(red.dtype), sends, recvs)?;
+                *submitted = true;
+            }
+            if mine == 0 {
+                continue;
+            }
+            let Some(recv) = &red.recv else { continue };
+            let own = red.send.ptr.add((my_off + k * cap) * es);
+            let dst = recv.ptr.add(k * cap * es);
+            let srcs: Vec<DevPtr> = match &scratch {
+                Some(sc) => (0..n).map(|p| if p == me { own } else { sc.ptr.add(p * slot) }).collect(),
+                None => vec![own],
+            };
+            // The AllReduce result is the shard's place in recv; the others' is recv itself.
+            let dst = match red.kind {
+                Kind::AllReduce => dst.add(my_off * es),
+                _ => dst,
+            };
+            self.dev.reduce_async(s, dst, &srcs, mine, red.dtype, red.op).map_err(|e| e.with_op(name))?;
+            if receives {
+                let sc = st.scratch.as_mut().ok_or_else(|| Error::internal(name, "scratch vanished"))?;
+                // The step reads the scratch from now on, whether or not its flag write
+                // can be enqueued (if not, the communicator stops with that error).
+                sc.last = Some(s);
+                self.dev.write_value(s, sc.flag.dev_addr(0), sc.uses + 1).map_err(|e| e.with_op(name))?;
+                sc.uses += 1;
+            }
+        }
+        if let (Kind::AllReduce, Some(recv)) = (red.kind, &red.recv) {
+            // AllGather of the shards: this rank's shard to every peer, theirs into place.
+            let mut sends = Vec::new();
+            let mut recvs = Vec::new();
+            for (q, &(off, len)) in blocks.iter().enumerate().filter(|(q, _)| *q != me) {
+                if my_len > 0 {
+                    sends.push(recv.part(my_off * es, my_len * es, q)?);
+                }
+                if len > 0 {
+                    recvs.push(recv.part(off * es, len * es, q)?);
+                }
+            }
+            if !sends.is_empty() || !recvs.is_empty() {
+                self.launch(st, name, s, Some(red.dtype), sends, recvs)?;
+                *submitted = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// Before an exchange into the scratch on `s`: if the last reduce step that read the
+    /// scratch was on another stream, make `s` wait until it is done.
+    fn wait_for_scratch(&self, st: &mut State, s: StreamHandle) -> Result<()> {
+        let Some(sc) = st.scratch.as_ref() else { return Ok(()) };
+        match sc.last {
+            Some(t) if t != s => self.dev.wait_value_geq(s, sc.flag.dev_addr(0), sc.uses),
+            _ => Ok(()),
+        }
+    }
+
+    /// At teardown: once every reduce step that read the scratch is done (its flag, polled
+    /// on the host, never a stream query), free it. After `bound` without that, the scratch
+    /// and its flag are left allocated (a stream may still read or write them) and a warning
+    /// says so.
+    pub(super) fn release_scratch(&self, st: &mut State, bound: Duration) {
+        let Some(sc) = st.scratch.take() else { return };
+        let t0 = Instant::now();
+        while sc.flag.load(0) < sc.uses {
+            if t0.elapsed() > bound {
+                log::warn!(
+                    "hoccl: rank {}: a reduce step had not run {bound:?} after destroy; its scratch ({} bytes) stays allocated",
+                    self.rank,
+                    sc.region.len
+                );
+                std::mem::forget(sc.flag);
+                return;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        if let Err(e) = self.dev.free(sc.base) {
+            log::warn!("hoccl: rank {}: freeing the reduction scratch: {e}", self.rank);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Shards are contiguous, cover the count, start on 256-byte boundaries, and differ in
+    /// size by at most about one alignment unit from count / n.
+    #[test]
+    fn shards_cover_the_count() {
+        for dtype in [DataType::U8, DataType::BF16, DataType::F32, DataType::F64] {
+            let align = 256 / dtype.size();
+            for n in 1..=9 {
+                for count in [0, 1, 5, n - 1, n, 255, 256, 257, 1000, 4097, 1 << 20, (1 << 20) + 3] {
+                    let starts: Vec<usize> = (0..=n).map(|r| shard_start(count, n, r, dtype)).collect();
+                    assert_eq!((starts[0], starts[n]), (0, count), "{dtype:?} n {n} count {count}");
+                    assert!(starts.windows(2).all(|w| w[0] <= w[1]), "{dtype:?} n {n} count {count}: {starts:?}");
+                    assert!(starts[..n].iter().all(|s| s % align == 0));
+                    let ideal = count / n;
+                    for r in 0..n - 1 {
+                        let len = starts[r + 1] - starts[r];
+                        assert!(len <= ideal + 2 * align && len + 2 * align >= ideal, "{dtype:?} n {n} count {count} shard {r}: {len}");
+                    }
+                }
+            }
+        }
+        // Huge counts do not overflow the product r * count.
+        assert_eq!(shard_start(usize::MAX / 2, 8, 7, DataType::U8) % 256, 0);
+    }
+
+    #[test]
+    fn slots_hold_whole_elements() {
+        assert_eq!(slot_bytes(64 << 20, 8), 8 << 20);
+        assert_eq!(slot_bytes(4096, 3), 1280);
+        assert_eq!(slot_bytes(4096, 8), 512);
+        assert_eq!(slot_bytes(4096, 100), 40);
+        assert_eq!(slot_bytes(4096, 1000), 8);
+        for n in 1..600 {
+            let s = slot_bytes(4096, n);
+            assert!(s % 8 == 0 && s >= 8 && (s * n <= 4096 || s == 8), "n {n}: {s}");
+        }
+    }
+}
