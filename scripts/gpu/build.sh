@@ -76,7 +76,9 @@ find "$bin" -type f -perm -u+x -exec strip --strip-debug {} +
 { git rev-parse --short HEAD 2>/dev/null || echo unknown; } | tr -d '\n' > "$bin/commit.txt"
 git diff --quiet HEAD 2>/dev/null || echo -n "+changes" >> "$bin/commit.txt"
 if [ -n "$archive" ]; then
-  tar cf - -C "$bin" . | xz -T0 -6 > "$archive"
+  # One thread and a dictionary larger than the folder: every binary embeds the same
+  # kernel fatbin, which the dictionary then stores once (~10 MB instead of ~110).
+  tar cf - -C "$bin" . | xz -T1 --lzma2=preset=6,dict=768MiB > "$archive"
   echo "build.sh: $archive ($(du -h "$archive" | cut -f1)): unpack it or put it at \$HOCCL_BIN_DIR/bundle.txz"
 fi
 echo "build.sh: binaries in $bin ($(du -sh "$bin" | cut -f1))"
