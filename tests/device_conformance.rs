@@ -191,7 +191,7 @@ fn reduce_step(dev: &dyn Device) {
     use hoccl::reduce::reduce_into;
     use hoccl::{DataType, RedOp};
     let s = dev.create_stream().expect("create_stream");
-    let cap = 3000 * 8 + 64;
+    let cap = 3000 * 8 + 61 * 8;
     let bufs: Vec<DevPtr> = (0..6).map(|_| dev.alloc(cap).expect("alloc")).collect();
     let out = dev.alloc(cap).expect("alloc");
     let mut case = 0u64;
@@ -202,7 +202,8 @@ fn reduce_step(dev: &dyn Device) {
             let count = [1usize, 7, 2999][case as usize % 3];
             let len = count * es;
             let k = 1 + case as usize % 5; // inputs
-            let offs: Vec<usize> = (0..6).map(|i| (case as usize * 7 + i * 13) % 61).collect();
+            // Offsets in whole elements, different per buffer (the reduce step's contract).
+            let offs: Vec<usize> = (0..6).map(|i| (case as usize * 7 + i * 13) % 61 * es).collect();
             for (i, b) in bufs.iter().enumerate() {
                 dev.copy_from_host(*b, &pattern(case * 10 + i as u64, cap)).expect("copy_from_host");
             }

@@ -214,13 +214,19 @@ impl Communicator {
         }
         let blocks: Vec<(usize, usize)> = (0..n).map(|q| self.block(red, q)).collect();
         let (my_off, my_len) = blocks[me];
+        // The reduce step needs its inputs and output aligned to the value size (a kernel on
+        // CUDA); a user buffer that is not goes through this rank's own scratch slot, which
+        // no peer writes, by a plain copy (offsets within a buffer are whole elements, so one
+        // check per buffer holds for every chunk).
+        let misaligned = |p: DevPtr| p.0 % es as u64 != 0;
+        let stage = my_len > 0 && red.recv.is_some_and(|r| misaligned(r.ptr) || misaligned(red.send.ptr));
         // Elements per chunk: one scratch slot; with one rank nothing is exchanged, so the
-        // whole block is one reduce step.
-        let cap = if n == 1 { red.count } else { slot_bytes(self.config.reduce_scratch, n) / es };
+        // whole block is one reduce step (unless it is staged).
+        let cap = if n == 1 && !stage { red.count } else { slot_bytes(self.config.reduce_scratch, n) / es };
         let chunks = blocks.iter().map(|b| b.1.div_ceil(cap)).max().unwrap_or(0);
         // Receives into the scratch only where this rank owns a block and has peers.
         let receives = n > 1 && my_len > 0;
-        let scratch = if receives { Some(self.scratch(st, name)?.region) } else { None };
+        let scratch = if receives || stage { Some(self.scratch(st, name)?.region) } else { None };
         let slot = st.scratch.as_ref().map_or(0, |x| x.slot);
         for k in 0..chunks {
             let part = |len: usize| len.saturating_sub(k * cap).min(cap);
@@ -232,15 +238,15 @@ impl Communicator {
             }
             let mine = part(my_len);
             let mut recvs = Vec::new();
-            if let Some(sc) = &scratch {
+            if let (Some(sc), true) = (&scratch, receives) {
                 for p in (0..n).filter(|p| *p != me) {
                     recvs.push(sc.part(p * slot, mine * es, p)?);
                 }
             }
+            if (mine > 0 && stage) || (!sends.is_empty() || !recvs.is_empty()) && mine > 0 && receives {
+                self.wait_for_scratch(st, s)?;
+            }
             if !sends.is_empty() || !recvs.is_empty() {
-                if mine > 0 && receives {
-                    self.wait_for_scratch(st, s)?;
-                }
                 self.launch(st, name, s, Some(red.dtype), sends, recvs)?;
                 *submitted = true;
             }
@@ -250,17 +256,30 @@ impl Communicator {
             let Some(recv) = &red.recv else { continue };
             let own = red.send.ptr.add((my_off + k * cap) * es);
             let dst = recv.ptr.add(k * cap * es);
-            let srcs: Vec<DevPtr> = match &scratch {
-                Some(sc) => (0..n).map(|p| if p == me { own } else { sc.ptr.add(p * slot) }).collect(),
-                None => vec![own],
-            };
             // The AllReduce result is the shard's place in recv; the others' is recv itself.
             let dst = match red.kind {
                 Kind::AllReduce => dst.add(my_off * es),
                 _ => dst,
             };
-            self.dev.reduce_async(s, dst, &srcs, mine, red.dtype, red.op).map_err(|e| e.with_op(name))?;
-            if receives {
+            let own_slot = scratch.as_ref().map(|sc| sc.ptr.add(me * slot));
+            let (src_own, out) = match own_slot.filter(|_| stage) {
+                Some(o) => {
+                    if misaligned(own) {
+                        self.dev.memcpy_async(s, o, own, mine * es).map_err(|e| e.with_op(name))?;
+                    }
+                    (if misaligned(own) { o } else { own }, if misaligned(dst) { o } else { dst })
+                }
+                None => (own, dst),
+            };
+            let srcs: Vec<DevPtr> = match (&scratch, receives) {
+                (Some(sc), true) => (0..n).map(|p| if p == me { src_own } else { sc.ptr.add(p * slot) }).collect(),
+                _ => vec![src_own],
+            };
+            self.dev.reduce_async(s, out, &srcs, mine, red.dtype, red.op).map_err(|e| e.with_op(name))?;
+            if out != dst {
+                self.dev.memcpy_async(s, dst, out, mine * es).map_err(|e| e.with_op(name))?;
+            }
+            if receives || stage {
                 let sc = st.scratch.as_mut().ok_or_else(|| Error::internal(name, "scratch vanished"))?;
                 // The step reads the scratch from now on, whether or not its flag write
                 // can be enqueued (if not, the communicator stops with that error).

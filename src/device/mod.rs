@@ -179,7 +179,8 @@ pub trait Device: Send + Sync + 'static {
     /// Enqueue the reduce step: element i of `dst` becomes the fold of element i of every
     /// input in the order given, exactly as [`crate::reduce::reduce_into`] defines it (`Avg`
     /// divides by `srcs.len()`). Stream-ordered like `memcpy_async`. Every buffer holds
-    /// `count` elements of `dtype`, any alignment; `dst` may be one of the inputs exactly
+    /// `count` elements of `dtype` and is aligned to the element size (the reductions stage
+    /// a user buffer that is not, `comm::reduction`); `dst` may be one of the inputs exactly
     /// (same address: each element is read before it is written), other overlaps of `dst`
     /// with an input are not allowed. `srcs` is not empty; `count == 0` enqueues nothing. The
     /// one device call of the reductions that uses SMs on CUDA (a kernel).
