@@ -1,2 +1,2 @@
-# 2026-12-01T22:59:34Z, binaries of commit fcf094d, 1 GPU(s) (h200-1gpu)
+# 2026-12-02T01:11:33Z, binaries of commit cdc0e54, 1 GPU(s) (h200-1gpu)
 mpirun --oversubscribe --bind-to none -np 4 $HOCCL_BIN_DIR/demo
