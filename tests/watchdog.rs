@@ -13,7 +13,8 @@ use common::logs::{self, lines_with as logs_with};
 use hoccl::bootstrap::thread::ThreadBootstrap;
 use hoccl::comm::Communicator;
 use hoccl::config::BackendChoice;
-use hoccl::device::{self, Allocation, Backend, CopyQueue, DevPtr, Device, ExportHandle, FlagSlab, StreamHandle};
+use common::wrap::Wrapped;
+use hoccl::device::{self, CopyQueue, DevPtr, Device, StreamHandle};
 use hoccl::{Config, DataType, Result};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -70,82 +71,10 @@ impl CopyQueue for SlowQueue {
 }
 
 /// The host device, with copy queues that can block.
-struct SlowDevice(Arc<dyn Device>, Arc<Gate>);
-impl Device for SlowDevice {
-    fn backend(&self) -> Backend {
-        self.0.backend()
-    }
-    fn ordinal(&self) -> usize {
-        self.0.ordinal()
-    }
-    fn name(&self) -> String {
-        self.0.name()
-    }
-    fn pci_bus_id(&self) -> String {
-        self.0.pci_bus_id()
-    }
-    fn bind_thread(&self) -> Result<()> {
-        self.0.bind_thread()
-    }
-    fn alloc(&self, len: usize) -> Result<DevPtr> {
-        self.0.alloc(len)
-    }
-    fn free(&self, p: DevPtr) -> Result<()> {
-        self.0.free(p)
-    }
-    fn allocation(&self, p: DevPtr) -> Result<Allocation> {
-        self.0.allocation(p)
-    }
-    fn export(&self, a: &Allocation) -> Result<ExportHandle> {
-        self.0.export(a)
-    }
-    fn import(&self, h: &ExportHandle, len: usize) -> Result<DevPtr> {
-        self.0.import(h, len)
-    }
-    fn unimport(&self, base: DevPtr, len: usize) -> Result<()> {
-        self.0.unimport(base, len)
-    }
-    fn alloc_flags(&self, n: usize) -> Result<FlagSlab> {
-        self.0.alloc_flags(n)
-    }
-    fn copy_to_host(&self, dst: &mut [u8], src: DevPtr) -> Result<()> {
-        self.0.copy_to_host(dst, src)
-    }
-    fn copy_from_host(&self, dst: DevPtr, src: &[u8]) -> Result<()> {
-        self.0.copy_from_host(dst, src)
-    }
-    fn create_stream(&self) -> Result<StreamHandle> {
-        self.0.create_stream()
-    }
-    fn destroy_stream(&self, s: StreamHandle) -> Result<()> {
-        self.0.destroy_stream(s)
-    }
-    fn write_value(&self, s: StreamHandle, flag: DevPtr, v: u64) -> Result<()> {
-        self.0.write_value(s, flag, v)
-    }
-    fn wait_value_geq(&self, s: StreamHandle, flag: DevPtr, v: u64) -> Result<()> {
-        self.0.wait_value_geq(s, flag, v)
-    }
-    fn synchronize(&self, s: StreamHandle) -> Result<()> {
-        self.0.synchronize(s)
-    }
-    fn stream_query(&self, s: StreamHandle) -> Result<bool> {
-        self.0.stream_query(s)
-    }
-    fn memcpy_async(&self, s: StreamHandle, dst: DevPtr, src: DevPtr, len: usize) -> Result<()> {
-        self.0.memcpy_async(s, dst, src, len)
-    }
-    fn fill_pattern_async(&self, s: StreamHandle, dst: DevPtr, len: usize, seed: u64) -> Result<()> {
-        self.0.fill_pattern_async(s, dst, len, seed)
-    }
-    fn reduce_async(&self, s: StreamHandle, dst: DevPtr, srcs: &[DevPtr], count: usize, dtype: hoccl::DataType, op: hoccl::RedOp) -> Result<()> {
-        self.0.reduce_async(s, dst, srcs, count, dtype, op)
-    }
-    fn copy_engine_count(&self) -> usize {
-        self.0.copy_engine_count()
-    }
-    fn create_copy_queue(&self) -> Result<Box<dyn CopyQueue>> {
-        Ok(Box::new(SlowQueue(self.0.create_copy_queue()?, self.1.clone(), 0, VecDeque::new())))
+struct Slow(Arc<Gate>);
+impl common::wrap::Hooks for Slow {
+    fn copy_queue(&self, q: Box<dyn CopyQueue>) -> Box<dyn CopyQueue> {
+        Box::new(SlowQueue(q, self.0.clone(), 0, VecDeque::new()))
     }
 }
 
@@ -207,7 +136,7 @@ impl Peer {
 
 fn setup(timeout: Duration, block: Duration) -> Setup {
     let gate = Arc::new(Gate { armed: AtomicBool::new(false), dur: block, stall: Mutex::new(None), per_chunk: None });
-    let dev: Arc<dyn Device> = Arc::new(SlowDevice(device::open(BackendChoice::Host, 0).expect("host backend"), gate.clone()));
+    let dev: Arc<dyn Device> = Arc::new(Wrapped(device::open(BackendChoice::Host, 0).expect("host backend"), Slow(gate.clone())));
     let cfg = Config { timeout, ..Config::default() };
     let mut boots = ThreadBootstrap::group(2);
     // Rank 1 waits longer than rank 0, so that the failures under test are rank 0's own.
@@ -375,7 +304,7 @@ fn slow_sendrecv(len: usize, per_chunk: Duration, timeout: Duration) -> Vec<(Res
             let (cfg, gone) = (cfg.clone(), gone.clone());
             std::thread::spawn(move || {
                 let gate = Arc::new(Gate { armed: AtomicBool::new(false), dur: Duration::ZERO, stall: Mutex::new(None), per_chunk: Some(per_chunk) });
-                let dev: Arc<dyn Device> = Arc::new(SlowDevice(device::open(BackendChoice::Host, 0).expect("host backend"), gate));
+                let dev: Arc<dyn Device> = Arc::new(Wrapped(device::open(BackendChoice::Host, 0).expect("host backend"), Slow(gate)));
                 let c = Communicator::with_bootstrap(Box::new(boot), Some(dev.clone()), cfg).expect("communicator");
                 let buf = dev.alloc(len).unwrap();
                 let data: Vec<u8> = (0..len as u64).map(|i| device::pattern_byte(11, i)).collect();
