@@ -174,4 +174,69 @@ fn back_to_back(b: Backend) {
     });
 }
 
+/// A copy queue that breaks every copy of 64 KiB or more in transit: byte 0 of the
+/// destination (a compressed stream's magic) gets the source's byte 1.
+struct Breaks(Box<dyn hoccl::device::CopyQueue>);
+impl hoccl::device::CopyQueue for Breaks {
+    fn copy(&mut self, dst: hoccl::DevPtr, src: hoccl::DevPtr, len: usize) -> hoccl::Result<()> {
+        self.0.copy(dst, src, len)?;
+        if len >= MIN / 2 {
+            self.0.copy(dst, src.add(1), 1)?;
+        }
+        Ok(())
+    }
+    fn fence(&mut self) -> hoccl::Result<u64> {
+        self.0.fence()
+    }
+    fn completed(&mut self) -> hoccl::Result<u64> {
+        self.0.completed()
+    }
+}
+struct Corrupting;
+impl common::wrap::Hooks for Corrupting {
+    fn copy_queue(&self, q: Box<dyn hoccl::device::CopyQueue>) -> Box<dyn hoccl::device::CopyQueue> {
+        Box::new(Breaks(q))
+    }
+}
+
+/// A compressed stream damaged on the way (rank 0's copy queues corrupt what they move) is
+/// rejected by the receiver's decoder: the receiver's communicator reports `CorruptData`
+/// as its asynchronous error, never a silent success. Host backend only (the damage is
+/// done by a wrapped host device).
+#[test]
+fn a_stream_damaged_in_transit_is_an_error() {
+    let boots = hoccl::bootstrap::thread::ThreadBootstrap::group(2);
+    let ranks: Vec<_> = boots
+        .into_iter()
+        .enumerate()
+        .map(|(r, boot)| {
+            std::thread::spawn(move || {
+                let host = hoccl::device::open(hoccl::BackendChoice::Host, 0).expect("host backend");
+                let dev: std::sync::Arc<dyn hoccl::Device> =
+                    if r == 0 { std::sync::Arc::new(common::wrap::Wrapped(host, Corrupting)) } else { host };
+                let c = hoccl::Communicator::with_bootstrap(Box::new(boot), Some(dev.clone()), config()).expect("communicator");
+                let (count, dtype) = (MIN, DataType::BF16);
+                let buf = dev.alloc(count * 2).unwrap();
+                dev.copy_from_host(buf, &data(dtype, count * 2, 2)).unwrap();
+                let s = dev.create_stream().unwrap();
+                if r == 0 {
+                    c.send(buf, count, dtype, 1, s).unwrap();
+                } else {
+                    c.recv(buf, count, dtype, 0, s).unwrap();
+                }
+                dev.synchronize(s).unwrap();
+                let outcome = c.wait_idle();
+                drop(c);
+                dev.destroy_stream(s).unwrap();
+                dev.free(buf).unwrap();
+                outcome
+            })
+        })
+        .collect();
+    let got: Vec<hoccl::Result<()>> = ranks.into_iter().map(|h| h.join().expect("rank")).collect();
+    assert!(got[0].is_ok(), "the sender saw nothing wrong: {:?}", got[0]);
+    let e = got[1].clone().expect_err("the damaged stream is reported");
+    assert_eq!(e.code(), hoccl::ErrorCode::CorruptData, "{e}");
+}
+
 backend_tests!(every_op, back_to_back);
