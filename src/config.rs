@@ -12,6 +12,11 @@ pub enum EngineChoice {
     /// this way too, and still add their one reduce step on the device (a kernel on CUDA):
     /// the arithmetic has nowhere else to run (docs/design.md, "Reductions").
     CopyEngine,
+    /// The `sm` engine of the reductions: their reduce step is the CopyReduce kernel on a
+    /// few SMs, their data and every other op move on the copy engines. That is what `ce`
+    /// and `auto` do too today (a reduction always reduces on the device); the name keeps
+    /// the engine selectable as the others gain choices.
+    Sm,
     /// Transfers to peers of bf16/f16/f32 data of 64 KiB or more cross compressed: the codec
     /// kernels compress on the sender's stream and decompress on the receiver's (SMs), the
     /// copy engines move the compressed bytes (`comm::compressed`).
@@ -29,7 +34,7 @@ pub enum BackendChoice {
 
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// `HOCCL_ENGINE` = auto | ce | compressed.
+    /// `HOCCL_ENGINE` = auto | ce | sm | compressed.
     pub engine: EngineChoice,
     /// `HOCCL_BACKEND` = auto | cuda | host.
     pub backend: BackendChoice,
@@ -158,8 +163,9 @@ impl Config {
             self.engine = match v.to_ascii_lowercase().as_str() {
                 "auto" => EngineChoice::Auto,
                 "ce" | "copy" | "copyengine" | "copy_engine" => EngineChoice::CopyEngine,
-                "compressed" | "sm" => EngineChoice::Compressed,
-                _ => return Err(Error::invalid_arg(OP, format!("HOCCL_ENGINE={v}: want auto|ce|compressed"))),
+                "sm" => EngineChoice::Sm,
+                "compressed" => EngineChoice::Compressed,
+                _ => return Err(Error::invalid_arg(OP, format!("HOCCL_ENGINE={v}: want auto|ce|sm|compressed"))),
             };
         }
         if let Some(v) = get("HOCCL_BACKEND") {
@@ -316,6 +322,10 @@ mod tests {
             .unwrap();
         assert!(c.codec_tickets);
         assert!(!Config::default().codec_tickets);
+        let engine = |v: &str| Config::default().with_env(env(&[("HOCCL_ENGINE", v)])).unwrap().engine;
+        assert_eq!(engine("sm"), EngineChoice::Sm);
+        assert_eq!(engine("compressed"), EngineChoice::Compressed);
+        assert_eq!(engine("AUTO"), EngineChoice::Auto);
         assert_eq!(c.chunk_bytes, 8 << 20);
         assert_eq!(c.engine, EngineChoice::CopyEngine);
         assert_eq!(c.virtual_nodes, 2);
