@@ -234,3 +234,17 @@ fn communicator_from_unique_id() {
     }
     free_deferred();
 }
+
+#[test]
+fn socket_ifname_picks_the_root_interface() {
+    logs::capture();
+    let id = UniqueId::with_ifname(Some("=lo")).expect("loopback id");
+    let a = id.root_addr().expect("root address");
+    assert!(a.ip().is_loopback(), "{a}");
+    assert_eq!(UniqueId::from_hex(&id.to_hex()).expect("hex"), id);
+    let b = TcpBootstrap::init(&id, 1, 0, TMO).expect("single rank over loopback");
+    assert_eq!(b.all_gather(b"x").expect("all_gather"), vec![b"x".to_vec()]);
+    let e = UniqueId::with_ifname(Some("=no-such-if0")).err().expect("no such interface");
+    assert_eq!(e.code(), ErrorCode::InvalidArgument, "{e}");
+    assert!(e.to_string().contains("HOCCL_SOCKET_IFNAME"), "{e}");
+}
