@@ -248,3 +248,23 @@ fn socket_ifname_picks_the_root_interface() {
     assert_eq!(e.code(), ErrorCode::InvalidArgument, "{e}");
     assert!(e.to_string().contains("HOCCL_SOCKET_IFNAME"), "{e}");
 }
+
+#[test]
+fn silent_and_garbage_clients_delay_nobody() {
+    logs::capture();
+    let id = UniqueId::new().expect("unique id");
+    let root = id.root_addr().expect("root address");
+    // One connects and says nothing; one claims a 2 GiB join request.
+    let _silent = std::net::TcpStream::connect(root).expect("connect");
+    let mut liar = std::net::TcpStream::connect(root).expect("connect");
+    let mut h = [0u8; 13];
+    h[5..13].copy_from_slice(&(2u64 << 30).to_be_bytes());
+    std::io::Write::write_all(&mut liar, &h).expect("write");
+    let t = Instant::now();
+    let r1 = std::thread::spawn(move || TcpBootstrap::init(&id, 2, 1, TMO).and_then(|b| b.barrier()));
+    let b0 = TcpBootstrap::init(&id, 2, 0, TMO).expect("rank 0");
+    b0.barrier().expect("barrier");
+    r1.join().expect("rank 1").expect("rank 1 init and barrier");
+    assert!(t.elapsed() < Duration::from_secs(3), "took {:?}", t.elapsed());
+    logs::expect_logged(log::Level::Warn, "no join request (frame of 2147483648 bytes)");
+}

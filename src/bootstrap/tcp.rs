@@ -32,6 +32,8 @@ const VERSION: u8 = 1;
 /// Frames longer than this are refused as corrupt (bootstrap traffic is small; 1 MiB+
 /// records are allowed, gigabytes are not).
 const MAX_FRAME: u64 = 1 << 32;
+/// Largest join request, greeting or root reply (the address table of 2^16 ranks fits).
+const MAX_CONTROL: u64 = 4 << 20;
 const KIND_USER: u8 = 0;
 const KIND_GATHER: u8 = 1;
 const REPLY_OK: u8 = 0;
@@ -302,13 +304,19 @@ fn write_frame(s: &mut impl Write, kind: u8, tag: u32, data: &[u8]) -> std::io::
 }
 
 fn read_frame(s: &mut impl Read) -> std::io::Result<(u8, u32, Vec<u8>)> {
+    read_frame_max(s, MAX_FRAME)
+}
+
+/// As `read_frame`, refusing frames over `max` bytes before allocating for them (`MAX_CONTROL`
+/// for anything read from a side not yet authenticated).
+fn read_frame_max(s: &mut impl Read, max: u64) -> std::io::Result<(u8, u32, Vec<u8>)> {
     let mut h = [0u8; 13];
     s.read_exact(&mut h)?;
     let tag = u32::from_be_bytes([h[1], h[2], h[3], h[4]]);
     let mut l = [0u8; 8];
     l.copy_from_slice(&h[5..13]);
     let len = u64::from_be_bytes(l);
-    if len > MAX_FRAME {
+    if len > max {
         return Err(std::io::Error::new(ErrorKind::InvalidData, format!("frame of {len} bytes")));
     }
     let mut data = vec![0u8; len as usize];
@@ -383,6 +391,7 @@ fn root_serve(listener: TcpListener, secret: [u8; 16]) {
     let mut joined: Vec<Option<(TcpStream, SocketAddr)>> = Vec::new();
     let mut nranks = 0usize;
     let mut deadline: Option<Instant> = None;
+    let (tx, rx) = std::sync::mpsc::channel::<(TcpStream, SocketAddr, std::result::Result<Hello, String>)>();
     loop {
         if nranks > 0 && joined.iter().all(Option::is_some) {
             break;
@@ -398,32 +407,38 @@ fn root_serve(listener: TcpListener, secret: [u8; 16]) {
             }
             return;
         }
-        let (mut s, from) = match listener.accept() {
-            Ok(x) => x,
-            Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => {
-                std::thread::sleep(Duration::from_millis(5));
-                continue;
-            }
-            Err(e) => {
-                log::warn!("hoccl: tcp bootstrap root: accept: {e}");
-                std::thread::sleep(Duration::from_millis(5));
-                continue;
-            }
-        };
-        let _ = s.set_nonblocking(false);
-        let _ = s.set_nodelay(true);
-        let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-        let _ = s.set_write_timeout(Some(Duration::from_secs(5)));
-        let h = match read_frame(&mut s) {
-            Ok((_, _, b)) => match parse_hello(&b) {
-                Some(h) => h,
-                None => {
-                    refuse(s, from, "malformed join request".into());
-                    continue;
+        match listener.accept() {
+            Ok((s, from)) => {
+                // Each join request is read on its own thread, so a slow or silent client
+                // delays nobody else.
+                let tx = tx.clone();
+                let spawned = std::thread::Builder::new().name("hoccl-tcp-join".into()).spawn(move || {
+                    let _ = s.set_nonblocking(false);
+                    let _ = s.set_nodelay(true);
+                    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+                    let _ = s.set_write_timeout(Some(Duration::from_secs(5)));
+                    let mut r = &s;
+                    let h = match read_frame_max(&mut r, MAX_CONTROL) {
+                        Ok((_, _, b)) => parse_hello(&b).ok_or_else(|| "malformed join request".to_string()),
+                        Err(e) => Err(format!("no join request ({e})")),
+                    };
+                    let _ = tx.send((s, from, h));
+                });
+                if let Err(e) = spawned {
+                    log::warn!("hoccl: tcp bootstrap root: cannot read the join from {from}: {e}");
                 }
-            },
-            Err(e) => {
-                refuse(s, from, format!("no join request ({e})"));
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => log::warn!("hoccl: tcp bootstrap root: accept: {e}"),
+        }
+        let (s, from, h) = match rx.recv_timeout(Duration::from_millis(5)) {
+            Ok(x) => x,
+            Err(_) => continue,
+        };
+        let h = match h {
+            Ok(h) => h,
+            Err(why) => {
+                refuse(s, from, why);
                 continue;
             }
         };
@@ -550,7 +565,7 @@ impl TcpBootstrap {
         rs.set_write_timeout(Some(tmo("joining")?)).ok();
         write_frame(&mut rs, 0, 0, &hello(&secret, rank, nranks, timeout, listen)).map_err(|e| root_io(e, "joining"))?;
         rs.set_read_timeout(Some(tmo("waiting for the other ranks to join")?)).ok();
-        let (_, _, reply) = read_frame(&mut rs).map_err(|e| root_io(e, "waiting for the other ranks to join"))?;
+        let (_, _, reply) = read_frame_max(&mut rs, MAX_CONTROL).map_err(|e| root_io(e, "waiting for the other ranks to join"))?;
         drop(rs);
         match reply.first() {
             Some(&REPLY_OK) => {}
@@ -596,7 +611,7 @@ impl TcpBootstrap {
             };
             let _ = s.set_nonblocking(false);
             let _ = s.set_read_timeout(Some(left));
-            let greet = read_frame(&mut s).ok().and_then(|(_, _, b)| {
+            let greet = read_frame_max(&mut s, MAX_CONTROL).ok().and_then(|(_, _, b)| {
                 let sec: [u8; 16] = b.get(0..16)?.try_into().ok()?;
                 let p = u32::from_be_bytes(b.get(16..20)?.try_into().ok()?) as usize;
                 Some((sec, p))
