@@ -96,6 +96,10 @@ pub struct Config {
     /// `count * ranks` does not fit runs in chunks. Allocated at the first reduction; every
     /// rank must use the same value.
     pub reduce_scratch: usize,
+    /// `HOCCL_SOCKET_IFNAME`: the interfaces the TCP bootstrap's root may listen on (NCCL
+    /// syntax: comma list of name prefixes, `=` first for exact names, `^` first to
+    /// exclude). `None`: the first non-loopback interface that is up, else loopback.
+    pub socket_ifname: Option<String>,
 }
 
 impl Default for Config {
@@ -117,6 +121,7 @@ impl Default for Config {
             trace_ops: None,
             reduce_ctas: None,
             reduce_scratch: 64 << 20,
+            socket_ifname: None,
         }
     }
 }
@@ -244,6 +249,9 @@ impl Config {
                 0 => Some(usize::MAX),
                 n => Some(n),
             };
+        }
+        if let Some(v) = get("HOCCL_SOCKET_IFNAME") {
+            self.socket_ifname = Some(v.trim().to_owned()).filter(|s| !s.is_empty() && s != "^" && s != "=");
         }
         self.validate()?;
         Ok(self)
@@ -373,5 +381,14 @@ mod tests {
             let e = Config::default().with_env(env(&[(k, v)])).unwrap_err();
             assert_eq!(e.code(), crate::error::ErrorCode::InvalidArgument, "{k}={v}");
         }
+    }
+
+    #[test]
+    fn socket_ifname() {
+        assert_eq!(Config::default().socket_ifname, None);
+        let get = |v: &str| Config::default().with_env(env(&[("HOCCL_SOCKET_IFNAME", v)])).unwrap().socket_ifname;
+        assert_eq!(get("^lo,docker").as_deref(), Some("^lo,docker"));
+        assert_eq!(get(" eth0 ").as_deref(), Some("eth0"));
+        assert_eq!(get(""), None);
     }
 }

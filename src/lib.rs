@@ -80,6 +80,7 @@ pub(crate) mod transport;
 pub mod types;
 
 pub use bootstrap::mpi::{MpiBootstrap, Threading};
+pub use bootstrap::tcp::{TcpBootstrap, UniqueId};
 pub use bootstrap::thread::ThreadBootstrap;
 pub use bootstrap::Bootstrap;
 pub use comm::{Collective, Communicator, OpDesc};

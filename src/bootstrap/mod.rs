@@ -3,11 +3,12 @@
 //! traffic, never on the data path.
 //!
 //! Implementations: [`mpi::MpiBootstrap`] (rsmpi; from `MPI_COMM_WORLD` or any communicator
-//! handed in from C++) and [`thread::ThreadBootstrap`] (several ranks in one process, for
-//! unit tests).
+//! handed in from C++), [`tcp::TcpBootstrap`] (plain TCP from a [`tcp::UniqueId`], no MPI)
+//! and [`thread::ThreadBootstrap`] (several ranks in one process, for unit tests).
 use crate::error::Result;
 
 pub mod mpi;
+pub mod tcp;
 pub mod thread;
 
 pub trait Bootstrap: Send + Sync {

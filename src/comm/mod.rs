@@ -92,6 +92,35 @@ impl Communicator {
         Self::with_bootstrap(Box::new(b), None, config)
     }
 
+    /// On the process that will host the TCP rendezvous: a fresh [`UniqueId`] on the
+    /// interface `config.socket_ifname` chooses (its root thread serves one communicator's
+    /// creation). Hand the id to every rank, then each calls [`from_unique_id`](Self::from_unique_id).
+    ///
+    /// [`UniqueId`]: crate::bootstrap::tcp::UniqueId
+    pub fn unique_id(config: &Config) -> Result<crate::bootstrap::tcp::UniqueId> {
+        crate::bootstrap::tcp::UniqueId::with_ifname(config.socket_ifname.as_deref())
+    }
+
+    /// Create as `rank` of `nranks` over a TCP bootstrap joined through `id` (no MPI), with
+    /// `config.timeout` bounding every bootstrap wait. The backend follows `config.backend`.
+    /// Collective over the `nranks` ranks.
+    pub fn from_unique_id(id: &crate::bootstrap::tcp::UniqueId, nranks: usize, rank: usize, config: Config) -> Result<Communicator> {
+        Self::from_unique_id_on(id, nranks, rank, None, config)
+    }
+
+    /// As [`from_unique_id`](Self::from_unique_id) on a given device (tests pass a host one).
+    pub fn from_unique_id_on(
+        id: &crate::bootstrap::tcp::UniqueId,
+        nranks: usize,
+        rank: usize,
+        device: Option<Arc<dyn Device>>,
+        config: Config,
+    ) -> Result<Communicator> {
+        config.validate()?;
+        let b = crate::bootstrap::tcp::TcpBootstrap::init(id, nranks, rank, config.timeout)?;
+        Self::with_bootstrap(Box::new(b), device, config)
+    }
+
     /// Create over any bootstrap. `device` overrides the backend choice (tests pass a host
     /// device); otherwise `config.backend` decides and the GPU is `config.device` or the
     /// local rank modulo the GPU count. Collective over the bootstrap's ranks.
