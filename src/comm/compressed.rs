@@ -21,7 +21,8 @@
 //! plain copy first (sends) or after (receives).
 //!
 //! **Corrupt input.** Each decompression writes a status word (a ring of [`STATUS_SLOTS`]
-//! host-visible words); the proxy scans the ring and a nonzero word becomes the
+//! host-visible words); the proxy scans the ring (`compress::first_rejection`) and a nonzero
+//! word becomes the
 //! communicator's asynchronous error (`Corrupt`): the op's output is then unspecified, and
 //! the communicator runs nothing more, as after any failure.
 use crate::compress::{self, Dtype, Params};
@@ -232,17 +233,4 @@ impl Plan {
         }
         Ok(())
     }
-}
-
-/// The first nonzero status word of `ring` (a decompression that rejected its input), as
-/// the error it stands for; the word is cleared so it is reported once.
-pub fn scan_status(ring: &FlagSlab) -> Option<crate::error::Error> {
-    (0..ring.len()).find_map(|i| {
-        let w = (ring.load(i) & 0xffff_ffff) as u32;
-        if w == 0 {
-            return None;
-        }
-        ring.store(i, 0);
-        compress::status_result(w).err()
-    })
 }

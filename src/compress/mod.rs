@@ -157,6 +157,19 @@ pub fn decompress_async(
     }
 }
 
+/// The first nonzero status word among `words` (decoders that rejected their input), as the
+/// error it stands for; the word is cleared so it is reported once.
+pub fn first_rejection(words: &crate::device::FlagSlab) -> Option<Error> {
+    (0..words.len()).find_map(|i| {
+        let w = (words.load(i) & 0xffff_ffff) as u32;
+        if w == 0 {
+            return None;
+        }
+        words.store(i, 0);
+        status_result(w).err()
+    })
+}
+
 /// The meaning of a decoder status word (0: success).
 pub fn status_result(status: u32) -> Result<()> {
     gpu::Status::from_word(status).map_or(Ok(()), |(s, block)| Err(Error::corrupt("decompress", s.describe(block))))

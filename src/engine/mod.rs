@@ -124,7 +124,7 @@ impl Shared {
     /// Report the first decompression that rejected its input as the asynchronous error.
     pub fn scan_codec_status(&self) {
         let ring = self.codec_status.lock().ok().and_then(|g| g.clone());
-        if let Some(e) = ring.and_then(|r| crate::comm::compressed::scan_status(&r)) {
+        if let Some(e) = ring.and_then(|r| crate::compress::first_rejection(&r)) {
             self.report(e);
         }
     }
