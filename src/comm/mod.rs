@@ -437,19 +437,13 @@ impl Communicator {
 /// (dst, src, len), leaving out empty and in-place ones. A send to self without its receive
 /// (or the reverse), or two of different lengths, is a usage error.
 fn take_local(name: &'static str, me: usize, sends: &mut Vec<Transfer>, recvs: &mut Vec<Transfer>) -> Result<Vec<(DevPtr, DevPtr, usize)>> {
-    let mine = |x: &Transfer| x.peer == me;
-    if !sends.iter().any(mine) && !recvs.iter().any(mine) {
-        return Ok(Vec::new());
-    }
-    let (out, keep): (Vec<Transfer>, Vec<Transfer>) = sends.drain(..).partition(mine);
-    *sends = keep;
-    let (inn, keep): (Vec<Transfer>, Vec<Transfer>) = recvs.drain(..).partition(mine);
-    *recvs = keep;
-    if out.len() != inn.len() {
-        return Err(Error::invalid_usage(name, format!("{} sends to self but {} receives from self", out.len(), inn.len())));
-    }
-    let mut copies = Vec::with_capacity(out.len());
-    for (s, r) in out.iter().zip(&inn) {
+    let mine = |x: &&Transfer| x.peer == me;
+    let mut copies = Vec::new();
+    let mut ins = recvs.iter().filter(mine);
+    for s in sends.iter().filter(mine) {
+        let Some(r) = ins.next() else {
+            return Err(Error::invalid_usage(name, "a send to self has no matching receive from self"));
+        };
         if s.len != r.len {
             return Err(Error::invalid_usage(name, format!("send to self of {} bytes but receive from self of {}", s.len, r.len)));
         }
@@ -457,6 +451,11 @@ fn take_local(name: &'static str, me: usize, sends: &mut Vec<Transfer>, recvs: &
             copies.push((r.ptr, s.ptr, s.len));
         }
     }
+    if let Some(r) = ins.next() {
+        return Err(Error::invalid_usage(name, format!("a receive from self ({} bytes) has no matching send to self", r.len)));
+    }
+    sends.retain(|x| x.peer != me);
+    recvs.retain(|x| x.peer != me);
     Ok(copies)
 }
 

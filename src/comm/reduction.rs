@@ -243,10 +243,11 @@ impl Communicator {
                     recvs.push(sc.part(p * slot, mine * es, p)?);
                 }
             }
-            if (mine > 0 && stage) || (!sends.is_empty() || !recvs.is_empty()) && mine > 0 && receives {
+            let exchanges = !sends.is_empty() || !recvs.is_empty();
+            if mine > 0 && (stage || receives && exchanges) {
                 self.wait_for_scratch(st, s)?;
             }
-            if !sends.is_empty() || !recvs.is_empty() {
+            if exchanges {
                 self.launch(st, name, s, Some(red.dtype), sends, recvs)?;
                 *submitted = true;
             }
