@@ -1,2 +1,2 @@
-# 2026-12-01T22:15:57Z, binaries of commit d901ad6, 1 GPU(s) (h200-1gpu)
+# 2026-12-02T02:56:52Z, binaries of commit 6f9ac7d, 1 GPU(s) (h200-1gpu)
 bash scripts/gpu/codec.sh
