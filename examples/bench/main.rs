@@ -181,7 +181,7 @@ fn launch_accounting(ctx: &Ctx) -> Res<(Json, bool)> {
     let fills = ctx.sum_u64(ctx.fill_launches())?;
     let loaded = ctx.sum_u64(module_loaded() as u64)?;
     let by_collectives = total.saturating_sub(fills);
-    let reductions = ctx.opts.ops.iter().any(|o| o.is_reduction());
+    let reductions = ctx.opts.ops.iter().any(|o| o.is_reduction()) || (ctx.opts.interference && ctx.opts.bg_op.is_reduction());
     let ok = total == fills || !zero_sm(ctx) || reductions;
     let mut s = format!(
         "\n# hoccl kernel launches, all ranks: {total} = {fills} verification fills (never inside a timed section) + {by_collectives} by collectives{}\n",

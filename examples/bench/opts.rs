@@ -25,8 +25,11 @@ usage: mpirun -np N bench [options]
   --launch-size SIZE  message size for --launch-cost (default 64K)
   --launch-calls N    calls per op for --launch-cost (default 1000, sync every 100)
   --interference      bf16 GEMM (cuBLAS) on rank 0's GPU alone and under background
-                      AllGathers of hoccl and NCCL
-  --bg-size SIZE      background AllGather size (recv total, default 256M)
+                      collectives (--bg-op) of hoccl and NCCL
+  --bg-op OP          the background collective: allgather (default) or allreduce (hoccl's
+                      engine as HOCCL_ENGINE says: sm or compressed; give --data for
+                      compressed, unfilled buffers compress unrealistically well)
+  --bg-size SIZE      background op size (AllGather: recv total; default 256M)
   --gemm N            GEMM m=n=k (default 8192)
   --no-check          skip the correctness pass (and with it every fill kernel)
   --no-table          skip the bandwidth table (run only --launch-cost/--interference)
@@ -59,6 +62,7 @@ pub struct Opts {
     pub launch_size: usize,
     pub launch_calls: usize,
     pub interference: bool,
+    pub bg_op: OpKind,
     pub bg_size: usize,
     pub gemm_n: usize,
     pub check: bool,
@@ -89,6 +93,7 @@ impl Default for Opts {
             launch_size: 64 << 10,
             launch_calls: 1000,
             interference: false,
+            bg_op: OpKind::AllGather,
             bg_size: 256 << 20,
             gemm_n: 8192,
             check: true,
@@ -210,6 +215,12 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
             "--launch-size" => o.launch_size = parse_size(&value()?)?,
             "--launch-calls" => o.launch_calls = parse_count(flag, &value()?)?,
             "--interference" => o.interference = true,
+            "--bg-op" => {
+                o.bg_op = match OpKind::from_name(&value()?) {
+                    Some(op @ (OpKind::AllGather | OpKind::AllReduce)) => op,
+                    _ => return Err("--bg-op: want allgather or allreduce".into()),
+                }
+            }
             "--bg-size" => o.bg_size = parse_size(&value()?)?,
             "--gemm" => o.gemm_n = parse_count(flag, &value()?)?,
             "--no-check" => o.check = false,

@@ -6,6 +6,9 @@
 #   (nvidia-cuda-mps-control -d, stopped when the script exits), where both engines are
 #   bound by the one GPU's memory: the ratio is then a cost figure, not the link gain.
 #   HOCCL_ENGINE=ce, then HOCCL_ENGINE=compressed               -> compressed.log, compressed.json
+# Then the GEMM interference of a background AllReduce (bench --interference --bg-op
+# allreduce, 64 MiB on the real weights) under HOCCL_ENGINE=sm and =compressed, with NCCL
+# beside it when there are several GPUs                       -> interference-allreduce-*.json
 set -uo pipefail
 # shellcheck source=common.sh
 source "$(dirname "$0")/common.sh"
@@ -58,6 +61,15 @@ for k in sorted(a, key=lambda k: (k[0], k[1])):
         print(f"  {k[0]:<10} {k[1]:>10}  {x:9.1f}  {y:16.1f}   {r:5.2f}")
 json.dump({"what": "compressed engine vs copy-engine engine, real bf16 weights, algbw", "rows": rows}, open(out, "w"), indent=1)
 PY
+for engine in sm compressed; do
+  out="$results/interference-allreduce-$engine.json"
+  nccl=(); [ "$ngpu" -ge 2 ] && nccl=(--compare nccl)
+  cmd=(env HOCCL_ENGINE=$engine "${HOCCL_MPIRUN[@]}" --bind-to none -x HOCCL_ENGINE -np "$np" "$BIN" --no-table --interference --bg-op allreduce --bg-size 64M --data "$data" --no-check "${nccl[@]}" --json "$out")
+  record "$out" "${cmd[*]}"
+  echo "=== ${cmd[*]}" | tee -a "$log"
+  timeout --kill-after=15 150 "${cmd[@]}" 2>&1 | tee -a "$log"
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+done
 joined=$(printf '%s; ' "${cmds[@]}")
 [ -s "$json" ] && record "$json" "${joined%; }"
 record "$log" "bash scripts/gpu/compressed.sh (${joined%; })"
