@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything a GPU machine checks and measures, in one command, from the repository root:
-#   bash scripts/gpu/all.sh [core] [codec] [reduce] [bench] [latency] [compressed]  (default: core codec bench)
+#   bash scripts/gpu/all.sh [core] [codec] [reduce] [bench] [latency] [compressed] [sanitize]
+#   (default: core codec bench)
 # With Rust installed (and HOCCL_BIN_DIR unset) it first builds the binaries here
 # (scripts/gpu/build.sh into build/gpu-bin); otherwise it runs those in HOCCL_BIN_DIR, a
 # folder that build.sh made on another machine. Then each part:
@@ -14,6 +15,8 @@
 #          2-4 processes under MPS -> latency.json (scripts/gpu/latency.sh)
 #   compressed  the compressed engine against the copy-engine engine on real bf16 weights
 #          (scripts/gpu/compressed.sh)
+#   sanitize  the CUDA kernels' GPU tests under compute-sanitizer memcheck, racecheck and
+#          synccheck (scripts/gpu/sanitize.sh)
 # Results go to docs/results/<machine>/ (e.g. h200-1gpu; HOCCL_MACHINE names it), each with
 # a .cmd file saying which command made it; full logs to build/gpu-logs/. Prints one line
 # per part and the end of its output; exits non-zero if any part failed.
@@ -34,7 +37,7 @@ mkdir -p "$logs"
 parts=("$@"); [ ${#parts[@]} -gt 0 ] || parts=(core codec bench)
 status=0
 for p in "${parts[@]}"; do
-  case "$p" in core|codec|reduce|bench|latency|compressed) ;; *) echo "all.sh: unknown part '$p' (core, codec, reduce, bench, latency, compressed)" >&2; exit 2 ;; esac
+  case "$p" in core|codec|reduce|bench|latency|compressed|sanitize) ;; *) echo "all.sh: unknown part '$p' (core, codec, reduce, bench, latency, compressed, sanitize)" >&2; exit 2 ;; esac
   t0=$SECONDS
   limit_var="LIMIT_$p"
   case "$p" in core) limit=900 ;; codec|reduce) limit=300 ;; *) limit=600 ;; esac
