@@ -68,6 +68,7 @@ pub mod bootstrap;
 pub mod comm;
 pub mod compress;
 pub mod config;
+pub mod cost;
 pub mod device;
 pub(crate) mod engine;
 pub mod error;
