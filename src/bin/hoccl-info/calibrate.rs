@@ -87,18 +87,13 @@ fn sample_ratio(path: &str) -> Result<(Dtype, f64), String> {
 
 /// Values drawn from N(0, 0.02) (like trained weights), `len` bytes of `dtype`.
 fn synthetic(dtype: Dtype, len: usize) -> Vec<u8> {
-    let mut s = 0x1234_5678_9abc_def0u64;
-    let mut next = move || {
-        s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = s;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
-    };
+    let mut rng = hoccl::plan::rng::Rng::new(2026);
     let unit = (4usize << 20).min(len);
     let mut v = Vec::with_capacity(unit);
     while v.len() < unit {
-        let x = ((-2.0 * (next() + 1e-300).ln()).sqrt() * (2.0 * std::f64::consts::PI * next()).cos() * 0.02) as f32;
+        // Box-Muller; 1 - unit() is in (0, 1], so its logarithm is finite.
+        let (u1, u2) = (1.0 - rng.unit(), rng.unit());
+        let x = ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos() * 0.02) as f32;
         match dtype {
             Dtype::Bf16 => v.extend_from_slice(&(((x.to_bits() + 0x8000) >> 16) as u16).to_le_bytes()),
             Dtype::F16 => v.extend_from_slice(&hoccl::reduce::f32_to_f16(x).to_le_bytes()),
