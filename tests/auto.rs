@@ -97,4 +97,44 @@ fn alltoallv_straddles_threshold(b: Backend) {
     });
 }
 
-backend_tests!(choices, alltoallv_straddles_threshold);
+/// Ranks whose `HOCCL_COST_MODEL` differ all use rank 0's: here rank 1's own model would
+/// compress a 1 MiB bf16 message that rank 0's moves raw, and the transfer would not match.
+fn rank0_model_wins(b: Backend) {
+    let n = 2;
+    let handles: Vec<_> = hoccl::ThreadBootstrap::group_with_timeout(n, std::time::Duration::from_secs(30))
+        .into_iter()
+        .enumerate()
+        .map(|(r, boot)| {
+            std::thread::spawn(move || {
+                let cfg = if r == 0 { Config { engine: EngineChoice::Auto, ..test_config() } } else { auto_config() };
+                let dev = open_device(b, r);
+                let c = hoccl::Communicator::with_bootstrap(Box::new(boot), Some(dev.clone()), cfg).expect("communicator");
+                let s = new_stream(&dev);
+                let count = 1 << 19;
+                let op = OpDesc { coll: Collective::Send { peer: 1 - r }, send: DevPtr(0), recv: DevPtr(0), count, dtype: DataType::BF16, stream: s };
+                assert_eq!(c.predicted_engine(&op).0, Engine::Ce, "rank {r}");
+                let (send, recv) = (Buf::new(&dev, 2 * count, 0, 1), Buf::new(&dev, 2 * count, 0, 2));
+                let data: Vec<u8> = (0..2 * count).map(|i| (i * 31 + r * 7) as u8).collect();
+                dev.copy_from_host(send.ptr, &data).unwrap();
+                c.group(|c| {
+                    c.send(send.ptr, count, DataType::BF16, 1 - r, s)?;
+                    c.recv(recv.ptr, count, DataType::BF16, 1 - r, s)
+                })
+                .unwrap();
+                sync(&dev, s);
+                c.wait_idle().unwrap();
+                let got = recv.read_all();
+                let want: Vec<u8> = (0..2 * count).map(|i| (i * 31 + (1 - r) * 7) as u8).collect();
+                assert!(got[..2 * count] == want[..], "rank {r}: wrong data");
+                if c.bootstrap().barrier().is_ok() {
+                    free_deferred();
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        assert!(h.join().is_ok(), "a rank failed");
+    }
+}
+
+backend_tests!(choices, alltoallv_straddles_threshold, rank0_model_wins);
