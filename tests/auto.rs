@@ -72,8 +72,8 @@ fn alltoallv_straddles_threshold(b: Backend) {
         let send = Buf::new(&dev, send_total * 2, 0, 1);
         let recv = Buf::new(&dev, recv_total * 2, 0, 2);
         let mut data = Vec::with_capacity(send_total * 2);
-        for p in 0..n {
-            for i in 0..send_counts[p] {
+        for (p, &k) in send_counts.iter().enumerate() {
+            for i in 0..k {
                 data.extend_from_slice(&value(r, p, i));
             }
         }
@@ -87,8 +87,8 @@ fn alltoallv_straddles_threshold(b: Backend) {
         c.wait_idle().unwrap();
         let got = recv.read_all();
         let mut want = Vec::with_capacity(recv_total * 2);
-        for p in 0..n {
-            for i in 0..recv_counts[p] {
+        for (p, &k) in recv_counts.iter().enumerate() {
+            for i in 0..k {
                 want.extend_from_slice(&value(p, r, i));
             }
         }

@@ -45,8 +45,10 @@ const SIZES: [(usize, &str); 5] = [(4 << 10, "4K"), (64 << 10, "64K"), (1 << 20,
 const CALLS: [(CallKind, &str); 3] = [(CallKind::PointToPoint, "sendrecv"), (CallKind::FanOut, "allgather"), (CallKind::AllReduce, "allreduce")];
 const DTYPES: [DataType; 3] = [DataType::BF16, DataType::F32, DataType::I32];
 
-/// One row: call, dtype, size (bytes), the engine, predicted raw µs, compressed µs.
-fn auto_rows(t: &AutoTable, m: &CostModel) -> Vec<(&'static str, DataType, &'static str, cost::Engine, f64, Option<f64>)> {
+/// One row: call, dtype, size, the engine, predicted raw µs, compressed µs.
+type Row = (&'static str, DataType, &'static str, cost::Engine, f64, Option<f64>);
+
+fn auto_rows(t: &AutoTable, m: &CostModel) -> Vec<Row> {
     let scratch = hoccl::Config::default().reduce_scratch;
     let mut rows = Vec::new();
     for (kind, name) in CALLS {

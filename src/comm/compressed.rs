@@ -105,6 +105,7 @@ impl CodecState {
     /// Rewrite `sends` and `recvs` of one op of `dtype` on `stream` for the compressed path
     /// and enqueue the compression of its sends; None when nothing of it is compressed (a
     /// dtype the codec does not handle, or only small or local transfers).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn prepare(
         &mut self,
         dev: &dyn Device,
