@@ -61,7 +61,7 @@
 //! ```
 //!
 //! Layers (each only calls those below it; `docs/design.md`): `bootstrap`, `topology`,
-//! `plan`, `sim`, `engine`, `device`, `transport`, `compress`, `comm`, `ffi`. The engine,
+//! `plan`, `sim`, `cost`, `engine`, `device`, `transport`, `compress`, `comm`, `ffi`. The engine,
 //! the transports and the FFI layers are internal; C++ and C reach the library through
 //! `include/hoccl/hoccl.hpp` and `include/hoccl/hoccl.h`.
 pub mod bootstrap;
