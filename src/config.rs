@@ -1,12 +1,16 @@
 //! The one place configuration lives. Built in code (`Config::default()`), then overridden
 //! by `HOCCL_*` environment variables (`Config::from_env`); the README lists them all.
+use crate::cost::CostModel;
 use crate::error::{Error, Result};
 use std::time::Duration;
 
 /// Which data engine moves bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EngineChoice {
-    /// The default. Every call runs on the copy-engine path (as `CopyEngine`).
+    /// The default. Each call runs on the engine the cost model (`Config::cost_model`)
+    /// predicts fastest for its dtype, op, sizes and links: movement on `CopyEngine` and
+    /// reductions on `Sm` unless `Compressed` is predicted faster (`cost::choose`;
+    /// docs/design.md, "Choosing the engine").
     Auto,
     /// Copy engines driven by the CPU proxy: no kernel, no SM. Reductions move their data
     /// this way too, and still add their one reduce step on the device (a kernel on CUDA):
@@ -14,8 +18,8 @@ pub enum EngineChoice {
     CopyEngine,
     /// The `sm` engine of the reductions: their reduce step is the CopyReduce kernel on a
     /// few SMs, their data and every other op move on the copy engines. That is what `ce`
-    /// and `auto` do too today (a reduction always reduces on the device); the name keeps
-    /// the engine selectable as the others gain choices.
+    /// does too (a reduction always reduces on the device); the name keeps the engine
+    /// selectable as the others gain choices.
     Sm,
     /// Transfers to peers of bf16/f16/f32 data of 64 KiB or more cross compressed: the codec
     /// kernels compress on the sender's stream and decompress on the receiver's (SMs), the
@@ -36,6 +40,11 @@ pub enum BackendChoice {
 pub struct Config {
     /// `HOCCL_ENGINE` = auto | ce | sm | compressed.
     pub engine: EngineChoice,
+    /// `HOCCL_COST_MODEL`: the constants `auto` chooses from (`cost::CostModel`; default:
+    /// the H200 figures). The variable holds `key=value,...` overrides, or the path of a file
+    /// of them (`hoccl-info --calibrate` prints the line). Rank 0's model is the
+    /// communicator's: every rank must choose alike.
+    pub cost_model: CostModel,
     /// `HOCCL_BACKEND` = auto | cuda | host.
     pub backend: BackendChoice,
     /// `HOCCL_CHUNK_BYTES`: the largest chunk of copy-engine work (bytes; accepts K/M/G
@@ -106,6 +115,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             engine: EngineChoice::Auto,
+            cost_model: CostModel::default(),
             backend: BackendChoice::Auto,
             chunk_bytes: 16 << 20,
             copy_queues: 3,
@@ -155,6 +165,17 @@ fn parse_num(key: &str, v: &str) -> Result<usize> {
     v.trim().parse().map_err(|_| Error::invalid_arg(OP, format!("{key}={v}: not a number")))
 }
 
+/// `HOCCL_COST_MODEL`: overrides inline when the value holds a `=`, else the path of a file
+/// of them.
+fn parse_cost_model(base: CostModel, v: &str) -> Result<CostModel> {
+    if v.contains('=') || v.trim().is_empty() {
+        return base.with_overrides(v);
+    }
+    let path = v.trim();
+    let text = std::fs::read_to_string(path).map_err(|e| Error::invalid_arg(OP, format!("HOCCL_COST_MODEL={path}: not key=value pairs, and not a readable file ({e})")))?;
+    base.with_overrides(&text).map_err(|e| Error::invalid_arg(OP, format!("HOCCL_COST_MODEL file {path}: {e}")))
+}
+
 impl Config {
     /// Defaults overridden by the process environment.
     pub fn from_env() -> Result<Config> {
@@ -172,6 +193,9 @@ impl Config {
                 "compressed" => EngineChoice::Compressed,
                 _ => return Err(Error::invalid_arg(OP, format!("HOCCL_ENGINE={v}: want auto|ce|sm|compressed"))),
             };
+        }
+        if let Some(v) = get("HOCCL_COST_MODEL") {
+            self.cost_model = parse_cost_model(self.cost_model, &v)?;
         }
         if let Some(v) = get("HOCCL_BACKEND") {
             self.backend = match v.to_ascii_lowercase().as_str() {
@@ -292,6 +316,7 @@ impl Config {
         if self.timeout.is_zero() {
             return bad("timeout must be > 0".into());
         }
+        self.cost_model.validate()?;
         Ok(())
     }
 }
@@ -381,6 +406,29 @@ mod tests {
             let e = Config::default().with_env(env(&[(k, v)])).unwrap_err();
             assert_eq!(e.code(), crate::error::ErrorCode::InvalidArgument, "{k}={v}");
         }
+    }
+
+    #[test]
+    fn cost_model_from_env() {
+        let m = |v: &str| Config::default().with_env(env(&[("HOCCL_COST_MODEL", v)])).map(|c| c.cost_model);
+        assert_eq!(m("").unwrap(), CostModel::default());
+        let inline = m("nvlink_gbps=100,bf16_ratio=0.7").unwrap();
+        assert_eq!((inline.nvlink_gbps, inline.bf16.ratio), (100.0, 0.7));
+        let path = std::env::temp_dir().join(format!("hoccl-cost-model-{}.txt", std::process::id()));
+        std::fs::write(&path, "# calibrated here\npcie_gbps=25\nnic_gbps=12.5\n").unwrap();
+        let file = m(path.to_str().unwrap()).unwrap();
+        assert_eq!((file.pcie_gbps, file.nic_gbps), (25.0, 12.5));
+        std::fs::write(&path, "pcie_gbps=-3\n").unwrap();
+        let e = m(path.to_str().unwrap()).unwrap_err();
+        assert!(e.to_string().contains("pcie_gbps"), "{e}");
+        std::fs::remove_file(&path).unwrap();
+        for bad in ["/nonexistent/hoccl-cost", "nvlink=3", "nvlink_gbps=x"] {
+            let e = m(bad).unwrap_err();
+            assert_eq!(e.code(), crate::error::ErrorCode::InvalidArgument, "{bad}");
+            assert!(e.to_string().contains("HOCCL_COST_MODEL"), "{bad}: {e}");
+        }
+        let zero = Config { cost_model: CostModel { same_gpu_gbps: 0.0, ..CostModel::default() }, ..Config::default() };
+        assert!(zero.validate().is_err());
     }
 
     #[test]

@@ -61,13 +61,14 @@
 //! ```
 //!
 //! Layers (each only calls those below it; `docs/design.md`): `bootstrap`, `topology`,
-//! `plan`, `sim`, `engine`, `device`, `transport`, `compress`, `comm`, `ffi`. The engine,
+//! `plan`, `sim`, `cost`, `engine`, `device`, `transport`, `compress`, `comm`, `ffi`. The engine,
 //! the transports and the FFI layers are internal; C++ and C reach the library through
 //! `include/hoccl/hoccl.hpp` and `include/hoccl/hoccl.h`.
 pub mod bootstrap;
 pub mod comm;
 pub mod compress;
 pub mod config;
+pub mod cost;
 pub mod device;
 pub(crate) mod engine;
 pub mod error;

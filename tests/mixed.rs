@@ -3,12 +3,13 @@
 //! Reduce, random sizes, dtypes, operators and roots, each on a random one of two streams.
 //! Only after the last call are both streams synchronized and every result checked against
 //! an expectation computed here from every rank's inputs (`reduce_into` in rank order for
-//! the reductions). Both engines: the copy-engine one and `HOCCL_ENGINE=compressed`. The
+//! the reductions). Three engines: `ce`, `compressed` and `auto`. The
 //! same bodies run on CUDA with `--ignored` on a GPU machine.
 mod common;
 use common::*;
 
 use hoccl::config::EngineChoice;
+use hoccl::cost::{compress_threshold, CostModel, LinkKind};
 use hoccl::device::pattern_byte;
 use hoccl::reduce::reduce_into;
 use hoccl::{Config, DataType, RedOp};
@@ -46,7 +47,12 @@ fn draw(rng: &mut Rng, n: usize) -> Call {
 }
 
 fn run(b: Backend, engine: EngineChoice) {
-    run_ranks(b, 3, Config { engine, ..test_config() }, move |c| {
+    run_with(b, Config { engine, ..test_config() })
+}
+
+fn run_with(b: Backend, config: Config) {
+    let engine = config.engine;
+    run_ranks(b, 3, config, move |c| {
         let (r, n, dev) = (c.rank(), c.size(), c.device().clone());
         // Thread ranks on one GPU reserve the reductions' scratch before any collective
         // (docs/design.md, "Reductions").
@@ -153,4 +159,16 @@ fn compressed(b: Backend) {
     run(b, EngineChoice::Compressed);
 }
 
-backend_tests!(copy_engine, compressed);
+/// `auto`, with the links slowed down in its model so that it compresses some transfers:
+/// bf16 ones from 64 KiB, f32 ones only from about 100 KB (so this test's 70 KB f32 blocks
+/// move raw), integers never. A rank that chose differently from its peer would fail the op.
+fn auto(b: Backend) {
+    let cost_model = CostModel::default().with_overrides("same_gpu_gbps=1,nvlink_gbps=1").unwrap();
+    let bf16 = compress_threshold(&cost_model, DataType::BF16, LinkKind::SameGpu);
+    let f32 = compress_threshold(&cost_model, DataType::F32, LinkKind::SameGpu).unwrap();
+    assert_eq!(bf16, Some(64 << 10));
+    assert!(f32 > 70_400 && f32 < 128 << 10, "{f32}");
+    run_with(b, Config { engine: EngineChoice::Auto, cost_model, ..test_config() });
+}
+
+backend_tests!(copy_engine, compressed, auto);

@@ -1,44 +1,159 @@
-//! `hoccl-info [--json]`: what hoccl sees on this host — GPUs (name, PCI bus id, memory,
-//! copy engines, compute capability, peer-access matrix), RDMA devices, and the embedded
-//! kernels (fatbin size, architectures, kernel names). Without a driver it prints
-//! "no GPU (reason)" and still exits 0; only bad arguments exit non-zero.
+//! `hoccl-info [--json] [--link KIND] [--ranks N]`: what hoccl sees on this host — GPUs
+//! (name, PCI bus id, memory, copy engines, compute capability, peer-access matrix), RDMA
+//! devices, the embedded kernels (fatbin size, architectures, kernel names), and the engine
+//! `HOCCL_ENGINE=auto` picks for a few calls with the predicted time of each engine
+//! (docs/design.md, "Choosing the engine"). Without a driver it prints "no GPU (reason)" and
+//! still exits 0; only bad arguments exit non-zero.
+//!
+//! `hoccl-info --calibrate [--sample FILE]` measures this machine's GPU 0 (device-to-device
+//! copy, the codec per dtype, the reduce kernel) and prints the `HOCCL_COST_MODEL` line that
+//! carries the figures into the model.
+use hoccl::cost::{self, CallKind, CallShape, CostModel, LinkKind};
 use hoccl::device::cuda::{self, fatbin, Probe};
 use hoccl::rdma::{self as verbs, RdmaDeviceInfo};
+use hoccl::DataType;
 use std::fmt::Write as _;
 
-const USAGE: &str = "usage: hoccl-info [--json]\n  Prints the GPUs, RDMA devices and embedded kernels hoccl sees.";
+#[path = "hoccl-info/calibrate.rs"]
+mod calibrate;
+
+const USAGE: &str = "usage: hoccl-info [--json] [--link same-gpu|nvlink|pcie|nic] [--ranks N]
+       hoccl-info --calibrate [--sample FILE.bf16|FILE.f16|FILE.f32]
+  Prints the GPUs, RDMA devices and embedded kernels hoccl sees, and the engine HOCCL_ENGINE=auto
+  picks per call (for --ranks ranks, default 2, over --link, default: what GPUs 0 and 1 have).
+  --calibrate measures GPU 0 and prints the HOCCL_COST_MODEL line for it (--sample: the
+  compression ratio of that file's values, whose extension names the dtype).";
 
 struct Report {
     cuda: Result<Probe, String>,
     rdma: Result<Vec<RdmaDeviceInfo>, String>,
     fatbin_bytes: usize,
     fatbin: Option<fatbin::Contents>,
+    auto: AutoTable,
+}
+
+/// The engine `auto` picks for a few calls, and the predicted µs of each engine.
+struct AutoTable {
+    model: Result<CostModel, String>,
+    link: LinkKind,
+    /// Why this link: the GPUs seen, or "hypothetical" when they cannot show it.
+    why: String,
+    ranks: usize,
+}
+
+const SIZES: [(usize, &str); 5] = [(4 << 10, "4K"), (64 << 10, "64K"), (1 << 20, "1M"), (16 << 20, "16M"), (256 << 20, "256M")];
+const CALLS: [(CallKind, &str); 3] = [(CallKind::PointToPoint, "sendrecv"), (CallKind::FanOut, "allgather"), (CallKind::AllReduce, "allreduce")];
+const DTYPES: [DataType; 3] = [DataType::BF16, DataType::F32, DataType::I32];
+
+/// One row: call, dtype, size, the engine, predicted raw µs, compressed µs.
+type Row = (&'static str, DataType, &'static str, cost::Engine, f64, Option<f64>);
+
+fn auto_rows(t: &AutoTable, m: &CostModel) -> Vec<Row> {
+    let scratch = hoccl::Config::default().reduce_scratch;
+    let mut rows = Vec::new();
+    for (kind, name) in CALLS {
+        for dt in DTYPES {
+            for (bytes, label) in SIZES {
+                // `bytes`: the call's size (AllGather: per rank; AllReduce: the whole vector).
+                let shape = CallShape::of(kind, dt, bytes / dt.size(), t.ranks, scratch);
+                let p = cost::predict(m, &shape, t.link, None);
+                rows.push((name, dt, label, cost::choose(m, &shape, t.link), p.raw_us, p.compressed_us));
+            }
+        }
+    }
+    rows
+}
+
+/// The link to show: `--link`, else what GPUs 0 and 1 have, else a hypothetical NVLink pair.
+fn auto_link(arg: Option<LinkKind>, cuda: &Result<Probe, String>) -> (LinkKind, String) {
+    if let Some(l) = arg {
+        return (l, "--link".into());
+    }
+    match cuda {
+        Ok(p) if p.count >= 2 => {
+            let peer = p.peer_access.first().and_then(|r| r.get(1)).copied().unwrap_or(false)
+                && p.peer_access.get(1).and_then(|r| r.first()).copied().unwrap_or(false);
+            if peer {
+                (LinkKind::NvLink, "GPUs 0 and 1 have peer access".into())
+            } else {
+                (LinkKind::Pcie, "GPUs 0 and 1 have no peer access".into())
+            }
+        }
+        _ => (LinkKind::NvLink, "hypothetical: this host shows fewer than two GPUs".into()),
+    }
+}
+
+fn bad_usage(why: String) -> ! {
+    eprintln!("hoccl-info: {why}\n{USAGE}");
+    std::process::exit(2);
 }
 
 fn main() {
     let _ = env_logger::Builder::from_env(env_logger::Env::new().filter("HOCCL_LOG")).try_init();
-    let mut json = false;
-    for a in std::env::args().skip(1) {
+    let (mut json, mut calibrate, mut sample, mut link, mut ranks) = (false, false, None, None, 2usize);
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut value = |what: &str| args.next().unwrap_or_else(|| bad_usage(format!("{what} needs a value")));
         match a.as_str() {
             "--json" => json = true,
+            "--calibrate" => calibrate = true,
+            "--sample" => sample = Some(value("--sample")),
+            "--link" => {
+                link = Some(match value("--link").as_str() {
+                    "same-gpu" => LinkKind::SameGpu,
+                    "nvlink" => LinkKind::NvLink,
+                    "pcie" => LinkKind::Pcie,
+                    "nic" => LinkKind::Nic,
+                    other => bad_usage(format!("--link {other:?}: want same-gpu|nvlink|pcie|nic")),
+                })
+            }
+            "--ranks" => {
+                let v = value("--ranks");
+                ranks = v.parse().ok().filter(|n| (2..=1 << 16).contains(n)).unwrap_or_else(|| bad_usage(format!("--ranks {v:?}: want a number of ranks >= 2")));
+            }
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return;
             }
-            other => {
-                eprintln!("hoccl-info: unknown argument {other:?}\n{USAGE}");
-                std::process::exit(2);
-            }
+            other => bad_usage(format!("unknown argument {other:?}")),
         }
     }
+    if sample.is_some() && !calibrate {
+        bad_usage("--sample goes with --calibrate".into());
+    }
+    let model = hoccl::Config::from_env().map(|c| c.cost_model).map_err(|e| e.to_string());
+    if calibrate {
+        std::process::exit(calibrate::run(model, sample.as_deref()));
+    }
+    let cuda = cuda::probe().map_err(|e| e.to_string());
+    let (link, why) = auto_link(link, &cuda);
     let report = Report {
-        cuda: cuda::probe().map_err(|e| e.to_string()),
+        cuda,
         rdma: verbs::probe().map_err(|e| e.to_string()),
         fatbin_bytes: hoccl::device::kernels::fatbin().len(),
         fatbin: fatbin::embedded(),
+        auto: AutoTable { model, link, why, ranks },
     };
     let out = if json { to_json(&report) } else { to_text(&report) };
     print!("{out}");
+}
+
+fn text_auto(s: &mut String, t: &AutoTable) {
+    let m = match &t.model {
+        Ok(m) => m,
+        Err(e) => {
+            let _ = writeln!(s, "Engine choice (HOCCL_ENGINE=auto): ? ({e})");
+            return;
+        }
+    };
+    let _ = writeln!(s, "Engine choice (HOCCL_ENGINE=auto), {} ranks over {} ({}); predicted µs per engine:", t.ranks, t.link.name(), t.why);
+    let _ = writeln!(s, "  (size: sendrecv the message, allgather each rank's block, allreduce the vector)");
+    let _ = writeln!(s, "  {:<10} {:<5} {:>5}  {:<10} {:>10} {:>12}", "call", "dtype", "size", "engine", "ce/sm us", "compressed us");
+    for (call, dt, size, engine, raw, comp) in auto_rows(t, m) {
+        let comp = comp.map_or("-".into(), |c| format!("{c:.1}"));
+        let _ = writeln!(s, "  {call:<10} {:<5} {size:>5}  {:<10} {raw:>10.1} {comp:>12}", format!("{dt:?}").to_lowercase(), engine.name());
+    }
+    let _ = writeln!(s, "  cost model (HOCCL_COST_MODEL): {m}");
 }
 
 fn gib(bytes: usize) -> f64 {
@@ -79,6 +194,7 @@ fn to_text(r: &Report) -> String {
             let _ = writeln!(s, "  kernels: {}", if c.kernels.is_empty() { "(none)".into() } else { c.kernels.join(", ") });
         }
     }
+    text_auto(&mut s, &r.auto);
     s
 }
 
@@ -213,7 +329,30 @@ fn to_json(r: &Report) -> String {
             list(&c.kernels, |k| js(k))
         ),
     };
-    format!("{{\"version\":{},\"cuda\":{cuda},\"rdma\":{rdma},\"fatbin\":{fat}}}\n", js(env!("CARGO_PKG_VERSION")))
+    let t = &r.auto;
+    let auto = match &t.model {
+        Err(e) => format!("{{\"ok\":false,\"reason\":{}}}", js(e)),
+        Ok(m) => {
+            let rows = list(&auto_rows(t, m), |(call, dt, size, engine, raw, comp)| {
+                format!(
+                    "{{\"call\":{},\"dtype\":{},\"size\":{},\"engine\":{},\"raw_us\":{raw:.2},\"compressed_us\":{}}}",
+                    js(call),
+                    js(&format!("{dt:?}").to_lowercase()),
+                    js(size),
+                    js(engine.name()),
+                    comp.map_or("null".into(), |c| format!("{c:.2}"))
+                )
+            });
+            format!(
+                "{{\"ok\":true,\"ranks\":{},\"link\":{},\"why\":{},\"cost_model\":{},\"rows\":{rows}}}",
+                t.ranks,
+                js(t.link.name()),
+                js(&t.why),
+                js(&m.to_spec())
+            )
+        }
+    };
+    format!("{{\"version\":{},\"cuda\":{cuda},\"rdma\":{rdma},\"fatbin\":{fat},\"auto\":{auto}}}\n", js(env!("CARGO_PKG_VERSION")))
 }
 
 fn json_rdma(d: &RdmaDeviceInfo) -> String {

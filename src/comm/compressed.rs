@@ -80,9 +80,11 @@ pub(super) struct Plan {
     pub len_words: Option<Arc<FlagSlab>>,
 }
 
-/// Whether a transfer of `len` bytes to or from `peer` is compressed.
-fn eligible(x: &Transfer, me: usize) -> bool {
-    x.peer != me && x.len >= MIN_BYTES
+/// Whether a transfer of `len` bytes to or from `peer` is compressed: to a peer, at least
+/// [`MIN_BYTES`], and at least `from[peer]` (the communicator's per-peer rule for the dtype,
+/// `cost::CompressFrom`, the same on both ends of the transfer).
+fn eligible(x: &Transfer, me: usize, from: &[usize]) -> bool {
+    x.peer != me && x.len >= MIN_BYTES.max(from.get(x.peer).copied().unwrap_or(usize::MAX))
 }
 
 fn up(x: usize) -> usize {
@@ -103,12 +105,14 @@ impl CodecState {
     /// Rewrite `sends` and `recvs` of one op of `dtype` on `stream` for the compressed path
     /// and enqueue the compression of its sends; None when nothing of it is compressed (a
     /// dtype the codec does not handle, or only small or local transfers).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn prepare(
         &mut self,
         dev: &dyn Device,
         stream: StreamHandle,
         dtype: DataType,
         me: usize,
+        from: &[usize],
         sends: &mut [Transfer],
         recvs: &mut [Transfer],
     ) -> Result<Option<Plan>> {
@@ -116,7 +120,7 @@ impl CodecState {
         let Ok(cdt) = Dtype::from_data_type(OP, dtype) else {
             return Ok(None);
         };
-        if !sends.iter().chain(recvs.iter()).any(|x| eligible(x, me)) {
+        if !sends.iter().chain(recvs.iter()).any(|x| eligible(x, me, from)) {
             return Ok(None);
         }
         let vs = cdt.size();
@@ -125,7 +129,7 @@ impl CodecState {
         // Layout: one compressed range (and a bounce range when misaligned) per distinct send
         // source, then one compressed range (and a bounce range) per receive.
         let mut sources: Vec<(DevPtr, usize)> = Vec::new();
-        for x in sends.iter().filter(|x| eligible(x, me)) {
+        for x in sends.iter().filter(|x| eligible(x, me, from)) {
             if !sources.contains(&(x.ptr, x.len)) {
                 sources.push((x.ptr, x.len));
             }
@@ -139,7 +143,7 @@ impl CodecState {
             total += up(cap) + if bounce.is_some() { up(len) } else { 0 };
         }
         let mut recv_at = Vec::new(); // (recv index, compressed off, cap, bounce off)
-        for (i, x) in recvs.iter().enumerate().filter(|(_, x)| eligible(x, me)) {
+        for (i, x) in recvs.iter().enumerate().filter(|(_, x)| eligible(x, me, from)) {
             let cap = bound(x.len)?;
             let bounce = (x.ptr.0 % vs as u64 != 0).then(|| total + up(cap));
             recv_at.push((i, total, cap, bounce));
@@ -157,7 +161,7 @@ impl CodecState {
                 None => ptr,
             };
             compress::compress_async(dev, stream, cdt, input, len / vs, base.add(off), cap, words.dev_addr(i), &params)?;
-            for x in sends.iter_mut().filter(|x| eligible(x, me) && (x.ptr, x.len) == (ptr, len)) {
+            for x in sends.iter_mut().filter(|x| eligible(x, me, from) && (x.ptr, x.len) == (ptr, len)) {
                 *x = Transfer { peer: x.peer, ptr: base.add(off), len: cap, alloc: Some(alloc), fill: Fill::Word(i) };
             }
         }

@@ -4,6 +4,8 @@
 //! group). Each user buffer is validated once per call.
 use super::op::{Collective, OpDesc};
 use super::{Communicator, Region};
+use crate::config::EngineChoice;
+use crate::cost::{self, CallKind, CallShape, Engine, LinkKind, OpClass, Prediction};
 use crate::device::DevPtr;
 use crate::engine::Transfer;
 use crate::error::{Error, Result};
@@ -20,6 +22,20 @@ impl Communicator {
     /// public operation of every surface comes through here.
     pub fn enqueue(&self, op: &OpDesc) -> Result<()> {
         let name = op.coll.name();
+        if log::log_enabled!(log::Level::Debug) {
+            let (engine, p, link) = self.predicted_engine(op);
+            let comp = p.compressed_us.map_or("-".into(), |c| format!("{c:.1}"));
+            log::debug!(
+                "rank {}: {name} {:?} x{} over {}: engine {} (predicted µs: raw {:.1}, compressed {comp}; HOCCL_ENGINE={:?})",
+                self.rank,
+                op.dtype,
+                op.count,
+                link.name(),
+                engine.name(),
+                p.raw_us,
+                self.config.engine
+            );
+        }
         let (sends, recvs) = match op.coll {
             Collective::Send { peer } => self.point_to_point(name, op, peer, true)?,
             Collective::Recv { peer } => self.point_to_point(name, op, peer, false)?,
@@ -37,6 +53,40 @@ impl Communicator {
             }
         };
         self.submit(name, op.stream, op.dtype, sends, recvs)
+    }
+
+    /// The engine `op` runs on, with the model's prediction and the link it was made for
+    /// (the slowest link among the ranks the call involves). Under `auto` this is the
+    /// model's choice ([`cost::choose`]); otherwise the engine set. The compressed engine
+    /// applies the same rule per transfer ([`cost::CompressFrom`]), which is what a call
+    /// whose transfers differ in size (AlltoAllv, a group) follows.
+    pub fn predicted_engine(&self, op: &OpDesc) -> (Engine, Prediction, LinkKind) {
+        let n = self.size;
+        let (kind, peers): (CallKind, Vec<usize>) = match op.coll {
+            Collective::Send { peer } | Collective::Recv { peer } => (CallKind::PointToPoint, vec![peer]),
+            Collective::AllReduce { .. } => (CallKind::AllReduce, (0..n).collect()),
+            Collective::ReduceScatter { .. } => (CallKind::ReduceScatter, (0..n).collect()),
+            Collective::Reduce { .. } => (CallKind::Reduce, (0..n).collect()),
+            _ => (CallKind::FanOut, (0..n).collect()),
+        };
+        let count = match op.coll {
+            // The largest block: the transfer that decides the call's time.
+            Collective::AllToAllV { send_counts, .. } => send_counts.iter().copied().max().unwrap_or(0),
+            _ => op.count,
+        };
+        let link = peers.iter().filter(|&&p| p != self.rank).filter_map(|&p| self.peer_links.get(p).copied()).max().unwrap_or(LinkKind::SameGpu);
+        let shape = CallShape::of(kind, op.dtype, count, n, self.config.reduce_scratch);
+        let p = cost::predict(&self.cost_model, &shape, link, self.config.reduce_ctas);
+        let raw = match shape.class {
+            OpClass::Movement => Engine::Ce,
+            OpClass::Reduction => Engine::Sm,
+        };
+        let engine = match self.config.engine {
+            EngineChoice::Auto => cost::choose(&self.cost_model, &shape, link),
+            EngineChoice::Compressed if p.compressed_us.is_some() => Engine::Compressed,
+            EngineChoice::Compressed | EngineChoice::CopyEngine | EngineChoice::Sm => raw,
+        };
+        (engine, p, link)
     }
 
     pub(super) fn check_root(&self, op: &'static str, root: usize) -> Result<()> {

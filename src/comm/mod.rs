@@ -4,7 +4,7 @@
 //! handshake on the caller's stream and hands the op to its engine. Calls are
 //! stream-ordered and asynchronous, as NCCL's.
 use crate::bootstrap::Bootstrap;
-use crate::config::{init_logging, Config, EngineChoice};
+use crate::config::{init_logging, Config};
 use crate::device::{self, DevPtr, Device, StreamHandle};
 use crate::engine::streams::{Admission, StreamManager};
 use crate::engine::{Engine, EngineConfig, Fill, Op, Transfer};
@@ -23,6 +23,9 @@ mod setup;
 pub use crate::topology::{RankPlacement, Topology};
 pub use op::{Collective, OpDesc};
 pub use reduction::shard_start;
+
+// The cost model's floor for compression is the compressed engine's.
+const _: () = assert!(compressed::MIN_BYTES == crate::cost::MIN_COMPRESS_BYTES);
 
 /// Calls gathered between `group_start` and `group_end`: the byte ranges of every
 /// point-to-point call and copy-engine collective (one op at the end), and the reductions,
@@ -66,6 +69,12 @@ pub struct Communicator {
     wait_limit: usize,
     /// Whether the debug line about reductions under `HOCCL_ENGINE=ce` was logged.
     ce_reduce_logged: AtomicBool,
+    /// The engine setting resolved for this communicator (docs/design.md, "Choosing the
+    /// engine"): the link to each rank, the cost model every rank uses (rank 0's), and which
+    /// transfers cross compressed. `EngineChoice::Auto` goes no further than this.
+    peer_links: Vec<crate::cost::LinkKind>,
+    cost_model: crate::cost::CostModel,
+    compress_from: crate::cost::CompressFrom,
     state: Mutex<State>,
 }
 
@@ -151,6 +160,7 @@ impl Communicator {
         }
         let wait_limit = config.waiting_stream_limit(dev.backend());
         let comm_id = setup::agree_comm_id(bootstrap.as_ref())?;
+        let (peer_links, cost_model, compress_from) = setup::resolve_engine(bootstrap.as_ref(), &topo, &config)?;
         let local: Vec<usize> = topo.local_peers(rank).to_vec();
         let links = setup::connect_mailboxes(bootstrap.as_ref(), &topo, comm_id, &local)?;
         let engine = Engine::start(
@@ -170,6 +180,9 @@ impl Communicator {
             config,
             wait_limit,
             ce_reduce_logged: AtomicBool::new(false),
+            peer_links,
+            cost_model,
+            compress_from,
             state: Mutex::new(State {
                 next_seq: 1,
                 pair_counts: vec![0; size],
@@ -380,10 +393,10 @@ impl Communicator {
             // orders them after the work before the call and before the work after it.
             return local.iter().try_for_each(|&(dst, src, len)| self.dev.memcpy_async(stream, dst, src, len).map_err(|e| e.with_op(name)));
         }
-        let plan = match dtype {
-            Some(dt) if self.config.engine == EngineChoice::Compressed => {
+        let plan = match dtype.and_then(|dt| Some((dt, self.compress_from.for_dtype(dt)?))) {
+            Some((dt, from)) => {
                 let dev = self.dev.as_ref();
-                let plan = st.codec.prepare(dev, stream, dt, self.rank, &mut sends, &mut recvs).map_err(|e| e.with_op(name))?;
+                let plan = st.codec.prepare(dev, stream, dt, self.rank, from, &mut sends, &mut recvs).map_err(|e| e.with_op(name))?;
                 if plan.is_some() {
                     let ring = st.codec.status_ring(dev)?;
                     if let Ok(mut g) = self.engine.shared.codec_status.lock() {

@@ -1,7 +1,9 @@
 //! Communicator creation steps: exchange what each rank is, agree on an id, connect the
 //! proxies' mailboxes.
 use crate::bootstrap::Bootstrap;
-use crate::config::Config;
+use crate::config::{Config, EngineChoice};
+use crate::cost::{CompressFrom, CostModel, LinkKind};
+use crate::types::DataType;
 use crate::transport::same_host::Links;
 use crate::error::{Error, Result};
 use crate::topology::{RankRecord, Topology};
@@ -67,4 +69,34 @@ pub fn connect_mailboxes(b: &dyn Bootstrap, topo: &Topology, comm_id: u64, local
     }
     b.barrier().map_err(|e| e.with_op(OP))?;
     Ok(Links { rank, inbox, peers, local_index, local_of })
+}
+
+/// The engine setting resolved for rank `b.rank()`: the link to every rank, the cost model
+/// (rank 0's, so every rank chooses alike; a rank whose own differs says so at warn level)
+/// and, per dtype and peer, the smallest transfer that crosses compressed. Collective (one
+/// all-gather of the model), whatever the engine, so ranks whose settings differ still
+/// create the communicator together.
+pub fn resolve_engine(b: &dyn Bootstrap, topo: &Topology, cfg: &Config) -> Result<(Vec<LinkKind>, CostModel, CompressFrom)> {
+    const OP: &str = "Communicator::new";
+    let (me, n) = (b.rank(), b.size());
+    let spec = cfg.cost_model.to_spec();
+    let all = b.all_gather(spec.as_bytes()).map_err(|e| e.with_op(OP))?;
+    let root = std::str::from_utf8(&all[0]).map_err(|_| Error::internal(OP, "rank 0's cost model is not text"))?;
+    let model = CostModel::default().with_overrides(root).map_err(|e| e.with_op(OP))?;
+    if model != cfg.cost_model {
+        log::warn!("hoccl: rank {me}: HOCCL_COST_MODEL differs from rank 0's; using rank 0's ({root})");
+    }
+    let links = crate::cost::links(topo, me);
+    let from = match cfg.engine {
+        EngineChoice::Auto => CompressFrom::by_model(&model, me, &links),
+        EngineChoice::Compressed => CompressFrom::always(me, n),
+        EngineChoice::CopyEngine | EngineChoice::Sm => CompressFrom::never(n),
+    };
+    if cfg.engine == EngineChoice::Auto {
+        for dt in [DataType::BF16, DataType::F16, DataType::F32] {
+            let row = from.for_dtype(dt).unwrap_or(&[]);
+            log::debug!("rank {me}: HOCCL_ENGINE=auto: {dt:?} transfers cross compressed from (bytes, per peer) {row:?}");
+        }
+    }
+    Ok((links, model, from))
 }
