@@ -299,3 +299,5 @@ extern "C" __device__ uint32_t hoccl_bfx_fused_smem = ((sizeof(bfx::DecSmem) + 1
     BFX_FUSED(hoccl_bfx_fused_reduce_##DT##_min, D, R, red::MIN)   \
     BFX_FUSED(hoccl_bfx_fused_reduce_##DT##_avg, D, R, red::AVG)
 BFX_FUSED_OPS(bf16, bfx::Bf16T, red::BF16)
+BFX_FUSED_OPS(f16, bfx::F16T, red::F16)
+BFX_FUSED_OPS(f32, bfx::F32T, red::F32T)

@@ -13,7 +13,8 @@
 //!   take the other positions in the order given;
 //! - `dst` may be `local` (in place), and must not overlap anything else.
 //!
-//! Dtypes: bf16 (the other codec dtypes return `InvalidArgument` for now).
+//! Dtypes: every codec dtype (BFX1 bf16, HFX1 f16, FFX1 f32: one kernel template over the
+//! format, instantiated per dtype and operator).
 use super::format::Dtype;
 use super::gpu::{self, Args};
 use crate::device::{DevPtr, Device, StreamHandle};
@@ -40,6 +41,12 @@ struct FusedArgs {
     pad: u32,
 }
 
+/// Whether a fused kernel exists for `dtype` (every codec dtype; kept as the one question
+/// callers ask, so a format without an instance falls back instead of failing).
+pub fn supports(dtype: Dtype) -> bool {
+    matches!(dtype, Dtype::Bf16 | Dtype::F16 | Dtype::F32)
+}
+
 /// Module global: dynamic shared memory of a fused CTA (decoder state + accumulator).
 const FUSED_SMEM_GLOBAL: &str = "hoccl_bfx_fused_smem";
 
@@ -48,7 +55,7 @@ const FUSED_SMEM_GLOBAL: &str = "hoccl_bfx_fused_smem";
 /// `local` input inserted at position `local_pos`; `Avg` divides by `inputs.len() + 1`.
 /// `status` (a device u32) is zeroed, then set by a failing stream (`status_result` reads
 /// it). Errors: no inputs or more than [`MAX_FUSED_INPUTS`], `local_pos` past the end, a
-/// dtype other than bf16, a device without CUDA, null or misaligned pointers.
+/// device without CUDA, null or misaligned pointers.
 #[allow(clippy::too_many_arguments)]
 pub fn decompress_reduce_async(
     dev: &dyn Device,
@@ -69,8 +76,8 @@ pub fn decompress_reduce_async(
     if local_pos > inputs.len() {
         return Err(Error::invalid_arg(OP, format!("local position {local_pos} past the {} inputs", inputs.len() + 1)));
     }
-    if dtype != Dtype::Bf16 {
-        return Err(Error::invalid_arg(OP, format!("fused kernels exist for bf16 only, not {}", dtype.name())));
+    if !supports(dtype) {
+        return Err(Error::invalid_arg(OP, format!("no fused kernel for {}", dtype.name())));
     }
     let size = dtype.size() as u64;
     n.checked_mul(size as usize).ok_or_else(|| Error::invalid_arg(OP, format!("{n} values overflow")))?;
