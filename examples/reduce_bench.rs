@@ -219,7 +219,9 @@ mod fused {
 
     /// The fused decompress+reduce kernel over 4 (then 3) of the compressed inputs and a raw
     /// local one (local last in the order), in decompressed bytes of the compressed inputs
-    /// per second, beside the standalone decompressor's figure (4 streams, same data).
+    /// per second, beside the standalone decompressor's figure (4 streams, same data), and
+    /// the two passes it replaces (each stream decompressed into a buffer of its own, then
+    /// the CopyReduce kernel over them and the local input, default CTAs), in the same unit.
     #[allow(clippy::too_many_arguments)]
     fn fused_rows(
         dev: &dyn Device,
@@ -236,6 +238,8 @@ mod fused {
         let n = o.size / 2;
         let status = words.add(48);
         let mut rows = Vec::new();
+        let e = |e: hoccl::Error| e.to_string();
+        let scratch: Vec<DevPtr> = (0..4).map(|_| dev.alloc(o.size)).collect::<Result<_, _>>().map_err(e)?;
         // 4 compressed inputs + the local one; then 3 + 1 (a 4-rank AllReduce step)
         for m in [4usize, 3] {
             let inputs: Vec<(DevPtr, usize)> = packed[..m].iter().map(|p| (*p, cap)).collect();
@@ -260,6 +264,35 @@ mod fused {
                 o.size,
                 gbps / decompress_gbps
             ));
+            // The two passes, checked equal to the fused result first.
+            let mut srcs: Vec<DevPtr> = scratch[..m].to_vec();
+            srcs.push(local);
+            let two = || -> Result<(), String> {
+                for k in 0..m {
+                    compress::decompress_async(dev, s, Dtype::Bf16, packed[k], cap, scratch[k], n, words.add(32 + 4 * k)).map_err(|x| x.to_string())?;
+                }
+                dev.reduce_async(s, scratch[3], &srcs, n, DataType::BF16, RedOp::Sum).map_err(|x| x.to_string())
+            };
+            let sample = 1 << 16;
+            let mut fused_out = vec![0u8; sample];
+            dev.copy_to_host(&mut fused_out, out).map_err(|x| x.to_string())?;
+            two()?;
+            dev.synchronize(s).map_err(|x| x.to_string())?;
+            let mut two_out = vec![0u8; sample];
+            dev.copy_to_host(&mut two_out, scratch[3]).map_err(|x| x.to_string())?;
+            if fused_out != two_out {
+                return Err(format!("{m} inputs: the fused kernel and the two passes differ"));
+            }
+            let t2 = time(dev, s, 2, two)?;
+            let gbps2 = (m * o.size) as f64 / t2 / 1e9;
+            println!("  two passes (decompress each, then CopyReduce): {gbps2:.1} GB/s; fused / two passes {:.2}x", gbps / gbps2);
+            rows.push(format!(
+                "{{\"kind\": \"two_pass_decompress_reduce\", \"dtype\": \"bf16\", \"op\": \"sum\", \"compressed_inputs\": {m}, \"local_inputs\": 1, \"bytes_per_input\": {}, \"seconds\": {t2:.6e}, \"gbps\": {gbps2:.2}, \"fused_gbps\": {gbps:.2}}}",
+                o.size
+            ));
+        }
+        for p in scratch {
+            dev.free(p).map_err(|x| x.to_string())?;
         }
         Ok(rows)
     }
