@@ -15,6 +15,13 @@
 //!
 //! AllReduce then runs one copy-engine AllGather of the shards into `recv`.
 //!
+//! **Compressed engine.** When the exchange crosses compressed, the peers' contributions
+//! arrive as codec streams in the stream's staging buffer and the reduce step is one launch
+//! of the fused decompress + reduce kernel over them (peers in rank order, the own
+//! contribution raw at position `rank`): the same fold, with no decompressed copy in the
+//! scratch. Where one launch cannot do it (more than `MAX_FUSED_INPUTS` peers, the host
+//! backend) the plan decompresses into the scratch slots and the step runs as above.
+//!
 //! **Scratch.** One allocation per communicator, `n` slots of `Config::reduce_scratch / n`
 //! bytes (rounded down to 256), allocated at the first reduction that receives (or by
 //! [`Communicator::reserve_reduce_scratch`]) and freed at destroy. Peers write into a slot only
