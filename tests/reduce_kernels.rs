@@ -491,8 +491,9 @@ mod fused {
         }
 
         /// The fused kernel over `streams` with `local` at `pos`, dst/local at element offset
-        /// `shift`; returns (dst bytes, status word).
-        fn fused(&self, streams: &[(DevPtr, usize)], local: &[u8], pos: usize, op: RedOp, shift: usize, in_place: bool) -> (Vec<u8>, u32) {
+        /// `shift`, the accumulator in `acc`; returns (dst bytes, status word).
+        #[allow(clippy::too_many_arguments)]
+        fn fused(&self, streams: &[(DevPtr, usize)], local: &[u8], pos: usize, op: RedOp, shift: usize, in_place: bool, acc: fused::Accumulator) -> (Vec<u8>, u32) {
             let d = &**self.dev;
             let es = self.dt.size();
             let n = local.len() / es;
@@ -501,7 +502,7 @@ mod fused {
             let st = d.alloc(16).unwrap();
             d.copy_from_host(lp.add(es * shift), local).unwrap();
             let dst = if in_place { lp.add(es * shift) } else { dp.add(es * shift) };
-            fused::decompress_reduce_async(d, self.s, self.dt, streams, lp.add(es * shift), pos, dst, n, op, st).unwrap();
+            fused::decompress_reduce_with_async(d, self.s, self.dt, streams, lp.add(es * shift), pos, dst, n, op, st, acc).unwrap();
             d.synchronize(self.s).unwrap();
             let mut got = vec![0u8; local.len()];
             d.copy_to_host(&mut got, dst).unwrap();
@@ -513,7 +514,8 @@ mod fused {
             (got, u32::from_le_bytes(w))
         }
 
-        /// fused == reference(inputs in fold order) for every op and local position.
+        /// fused == reference(inputs in fold order) for every op and local position, with
+        /// either accumulator (the dst one in place only where it allows it).
         fn check(&self, name: &str, inputs: &[Vec<u8>], p: &Params, shift: usize) {
             let m = inputs.len() - 1;
             let streams: Vec<(DevPtr, usize)> = inputs[..m].iter().map(|x| self.compress(x, p)).collect();
@@ -529,18 +531,21 @@ mod fused {
                     let mut order: Vec<&[u8]> = inputs[..m].iter().map(|v| v.as_slice()).collect();
                     order.insert(pos, local);
                     let want = reference(dt, op, &order, local.len() / es);
-                    let (got, status) = self.fused(&streams, local, pos, op, shift, (pos == m || pos == 0) && op == RedOp::Sum);
-                    assert_eq!(status, 0, "{name}: {} pos {pos}: status {:#x} ({:?})", op.name(), status, compress::status_result(status));
-                    if got != want {
-                        let i = (0..got.len() / es).find(|&i| got[es * i..es * (i + 1)] != want[es * i..es * (i + 1)]).unwrap();
-                        panic!(
-                            "{name}: {} m={m} {} local at {pos} shift {shift}: value {i} of {}: got {:#x}, want {:#x}",
-                            dt.name(),
-                            op.name(),
-                            local.len() / es,
-                            get(&got, i, es),
-                            get(&want, i, es)
-                        );
+                    for acc in [fused::Accumulator::Shared, fused::Accumulator::Dst] {
+                        let in_place = (pos == m || pos == 0) && op == RedOp::Sum && (acc == fused::Accumulator::Shared || pos == 0);
+                        let (got, status) = self.fused(&streams, local, pos, op, shift, in_place, acc);
+                        assert_eq!(status, 0, "{name}: {} pos {pos} {acc:?}: status {:#x} ({:?})", op.name(), status, compress::status_result(status));
+                        if got != want {
+                            let i = (0..got.len() / es).find(|&i| got[es * i..es * (i + 1)] != want[es * i..es * (i + 1)]).unwrap();
+                            panic!(
+                                "{name}: {} m={m} {} local at {pos} shift {shift} {acc:?}: value {i} of {}: got {:#x}, want {:#x}",
+                                dt.name(),
+                                op.name(),
+                                local.len() / es,
+                                get(&got, i, es),
+                                get(&want, i, es)
+                            );
+                        }
                     }
                 }
             }
@@ -671,9 +676,11 @@ mod fused {
             d.copy_from_host(p, &bad).unwrap();
             d.copy_from_host(q, &host).unwrap();
             for streams in [vec![(p, bad.len())], vec![(q, host.len()), (p, bad.len())]] {
-                let (_, status) = c.fused(&streams, &local, 0, RedOp::Sum, 0, false);
-                assert_ne!(status, 0, "corrupt {what}: not reported");
-                eprintln!("corrupt {what}: {:?}", compress::status_result(status).unwrap_err());
+                for acc in [fused::Accumulator::Shared, fused::Accumulator::Dst] {
+                    let (_, status) = c.fused(&streams, &local, 0, RedOp::Sum, 0, false, acc);
+                    assert_ne!(status, 0, "corrupt {what} ({acc:?}): not reported");
+                    eprintln!("corrupt {what} ({acc:?}): {:?}", compress::status_result(status).unwrap_err());
+                }
             }
             d.free(p).unwrap();
             d.free(q).unwrap();
@@ -684,7 +691,7 @@ mod fused {
         let q = d.alloc(other.len()).unwrap();
         d.copy_from_host(p, &host).unwrap();
         d.copy_from_host(q, &other).unwrap();
-        let (_, status) = c.fused(&[(p, host.len()), (q, other.len())], &local, 1, RedOp::Sum, 0, false);
+        let (_, status) = c.fused(&[(p, host.len()), (q, other.len())], &local, 1, RedOp::Sum, 0, false, fused::Accumulator::Shared);
         assert_ne!(status, 0, "mixed block sizes not reported");
         d.free(p).unwrap();
         d.free(q).unwrap();
@@ -702,6 +709,8 @@ mod fused {
         assert!(r(&[], 0, Dtype::Bf16).is_err(), "no inputs");
         assert!(r(&[(p, 64); 9], 0, Dtype::Bf16).is_err(), "9 inputs");
         assert!(r(&[(p, 64)], 2, Dtype::Bf16).is_err(), "local position past the end");
+        let dacc = |pos: usize| fused::decompress_reduce_with_async(&*dev, s, Dtype::Bf16, &[(p, 64)], p, pos, p, 16, RedOp::Sum, p.add(1024), fused::Accumulator::Dst);
+        assert!(dacc(1).is_err(), "dst accumulator in place with the local input not first");
         assert!(fused::decompress_reduce_async(&*dev, s, Dtype::F32, &[(p, 64)], p.add(2), 0, p, 16, RedOp::Sum, p.add(1024)).is_err(), "f32 local not 4-byte aligned");
         assert!(fused::decompress_reduce_async(&*dev, s, Dtype::F16, &[(p, 64)], p, 0, p.add(1), 16, RedOp::Sum, p.add(1024)).is_err(), "f16 dst not 2-byte aligned");
         dev.synchronize(s).unwrap();

@@ -47,8 +47,20 @@ pub fn supports(dtype: Dtype) -> bool {
     matches!(dtype, Dtype::Bf16 | Dtype::F16 | Dtype::F32)
 }
 
-/// Module global: dynamic shared memory of a fused CTA (decoder state + accumulator).
+/// Module globals: dynamic shared memory of a fused CTA (decoder state + accumulator; with
+/// the accumulator in dst, the decoder state only).
 const FUSED_SMEM_GLOBAL: &str = "hoccl_bfx_fused_smem";
+const FUSED_DACC_SMEM_GLOBAL: &str = "hoccl_bfx_fused_dacc_smem";
+
+/// Where a fused CTA accumulates a block's fold (bfx_fused.cu, GACC).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Accumulator {
+    /// Shared memory (86 KB per CTA, 2 CTAs per SM): any dst, in place included.
+    Shared,
+    /// dst's block itself, which stays in L2 between the steps (the decoder's 54 KB per
+    /// CTA, 3 CTAs per SM). dst may be `local` only when `local_pos` is 0.
+    Dst,
+}
 
 /// Enqueue on `stream`: `dst[i] = fold(x_0[i], …, x_m[i])` for `i < n`, where the x are the
 /// `inputs` (compressed streams: device pointer and length in bytes) in order, with the raw
@@ -69,7 +81,29 @@ pub fn decompress_reduce_async(
     op: RedOp,
     status: DevPtr,
 ) -> Result<()> {
+    decompress_reduce_with_async(dev, stream, dtype, inputs, local, local_pos, dst, n, op, status, Accumulator::Shared)
+}
+
+/// [`decompress_reduce_async`] with the accumulator in `acc`; [`Accumulator::Dst`] refuses
+/// `dst == local` with `local_pos > 0` (`InvalidArgument`).
+#[allow(clippy::too_many_arguments)]
+pub fn decompress_reduce_with_async(
+    dev: &dyn Device,
+    stream: StreamHandle,
+    dtype: Dtype,
+    inputs: &[(DevPtr, usize)],
+    local: DevPtr,
+    local_pos: usize,
+    dst: DevPtr,
+    n: usize,
+    op: RedOp,
+    status: DevPtr,
+    acc: Accumulator,
+) -> Result<()> {
     const OP: &str = "decompress_reduce_async";
+    if acc == Accumulator::Dst && dst == local && local_pos > 0 {
+        return Err(Error::invalid_arg(OP, "the accumulator in dst cannot run in place unless the local input comes first"));
+    }
     if inputs.is_empty() || inputs.len() > MAX_FUSED_INPUTS {
         return Err(Error::invalid_arg(OP, format!("{} compressed inputs: want 1..={MAX_FUSED_INPUTS}", inputs.len())));
     }
@@ -96,8 +130,12 @@ pub fn decompress_reduce_async(
     if n == 0 {
         return Ok(());
     }
-    let name = format!("hoccl_bfx_fused_reduce_{}_{}", dtype.name(), op.name());
-    let smem = cuda.module_u32(FUSED_SMEM_GLOBAL)?;
+    let (prefix, smem_global) = match acc {
+        Accumulator::Shared => ("", FUSED_SMEM_GLOBAL),
+        Accumulator::Dst => ("dacc_", FUSED_DACC_SMEM_GLOBAL),
+    };
+    let name = format!("hoccl_bfx_fused_reduce_{prefix}{}_{}", dtype.name(), op.name());
+    let smem = cuda.module_u32(smem_global)?;
     let threads = cuda.module_u32(gpu::DECODE_THREADS_GLOBAL)?;
     let waves = u64::from(cuda.module_u32(gpu::DECODE_WAVES_GLOBAL)?).clamp(1, 64);
     // The decompressor's grid (decode_grid: ~8 blocks per CTA, one to `waves` waves, a tail
