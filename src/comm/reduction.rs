@@ -309,7 +309,9 @@ impl Communicator {
             }
             match (fused, why) {
                 (Some(f), None) => {
-                    crate::compress::fused::decompress_reduce_async(self.dev.as_ref(), s, f.dtype, &f.streams, src_own, me, out, mine, red.op, f.status)
+                    use crate::compress::fused;
+                    let acc = fused::accumulator_for(f.dtype, out == src_own && me > 0);
+                    fused::decompress_reduce_with_async(self.dev.as_ref(), s, f.dtype, &f.streams, src_own, me, out, mine, red.op, f.status, acc)
                         .map_err(|e| e.with_op(name))?;
                 }
                 _ => {
