@@ -304,6 +304,24 @@ impl common::wrap::Hooks for Corrupting {
 /// done by a wrapped host device).
 #[test]
 fn a_stream_damaged_in_transit_is_an_error() {
+    let got = damaged(|c, buf, count, r, s| if r == 0 { c.send(buf, count, DataType::BF16, 1, s) } else { c.recv(buf, count, DataType::BF16, 0, s) });
+    assert!(got[0].is_ok(), "the sender saw nothing wrong: {:?}", got[0]);
+    let e = got[1].clone().expect_err("the damaged stream is reported");
+    assert_eq!(e.code(), hoccl::ErrorCode::CorruptData, "{e}");
+}
+
+/// The same for a reduction: the exchange's stream from rank 0 arrives damaged, and rank 1
+/// reports `CorruptData` instead of a result folded from bad values.
+#[test]
+fn a_reduction_stream_damaged_in_transit_is_an_error() {
+    let got = damaged(|c, buf, count, _, s| c.all_reduce(buf, buf, count, DataType::BF16, RedOp::Sum, s));
+    let e = got[1].clone().expect_err("the damaged stream is reported");
+    assert_eq!(e.code(), hoccl::ErrorCode::CorruptData, "{e}");
+}
+
+/// Two host ranks, rank 0's copy queues damaging what they move; `call(comm, buffer, count,
+/// rank, stream)` on each with `MIN` bf16 values of real data; each rank's outcome.
+fn damaged(call: fn(&hoccl::Communicator, hoccl::DevPtr, usize, usize, hoccl::device::StreamHandle) -> hoccl::Result<()>) -> Vec<hoccl::Result<()>> {
     let boots = hoccl::bootstrap::thread::ThreadBootstrap::group(2);
     let ranks: Vec<_> = boots
         .into_iter()
@@ -318,11 +336,7 @@ fn a_stream_damaged_in_transit_is_an_error() {
                 let buf = dev.alloc(count * 2).unwrap();
                 dev.copy_from_host(buf, &data(dtype, count * 2, 2)).unwrap();
                 let s = dev.create_stream().unwrap();
-                if r == 0 {
-                    c.send(buf, count, dtype, 1, s).unwrap();
-                } else {
-                    c.recv(buf, count, dtype, 0, s).unwrap();
-                }
+                call(&c, buf, count, r, s).unwrap();
                 dev.synchronize(s).unwrap();
                 let outcome = c.wait_idle();
                 drop(c);
@@ -332,10 +346,7 @@ fn a_stream_damaged_in_transit_is_an_error() {
             })
         })
         .collect();
-    let got: Vec<hoccl::Result<()>> = ranks.into_iter().map(|h| h.join().expect("rank")).collect();
-    assert!(got[0].is_ok(), "the sender saw nothing wrong: {:?}", got[0]);
-    let e = got[1].clone().expect_err("the damaged stream is reported");
-    assert_eq!(e.code(), hoccl::ErrorCode::CorruptData, "{e}");
+    ranks.into_iter().map(|h| h.join().expect("rank")).collect()
 }
 
 backend_tests!(every_op, back_to_back, reductions);
