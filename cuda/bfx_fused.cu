@@ -15,6 +15,12 @@
 //
 // dst may be the local input (in place): each value of the local input is read before dst's
 // value at the same place is written (by the same block step).
+//
+// GACC (the `_dacc` instances): the accumulator is dst's block itself instead of shared
+// memory (it stays in L2 between the steps of a block), so a CTA needs only the decoder's
+// shared memory and more CTAs fit an SM. dst must then not be the local input unless the
+// local input comes first (the launcher checks), and 16-byte steps over the accumulator
+// need dst 16-byte aligned (flags bit 0), as every store to dst does.
 #include "bfx_decode.cu"
 #include "reduce.cuh"
 
@@ -101,13 +107,13 @@ struct FoldOut {
 
 // The local input's values of one block (nb values at `loc`) folded into the accumulator
 // in `mode` (FOLD_LAST: acc op x to dst). 16-byte steps when loc and dst allow them.
-template <class D, class R, int OP>
+template <class D, class R, int OP, bool GACC>
 __device__ void fold_local(const uint8_t* loc, uint32_t nb, uint32_t mode, bool dst16) {
     using T = typename R::U;
     const uint32_t tid = threadIdx.x, bytes = nb * D::SIZE;
     uint8_t* acc = fold_state.acc;
     uint32_t done = 0;
-    if ((reinterpret_cast<uintptr_t>(loc) & 15) == 0 && (mode != FOLD_LAST || dst16)) {
+    if ((reinterpret_cast<uintptr_t>(loc) & 15) == 0 && ((mode != FOLD_LAST && !GACC) || dst16)) {
         done = bytes & ~15u;
         for (uint32_t u = tid; u < done / 16; u += DT) {
             const uint4 x = reinterpret_cast<const uint4*>(loc)[u];
@@ -172,7 +178,7 @@ __device__ __forceinline__ void l2_prefetch(const uint8_t* p, uint64_t avail, ui
 #endif
 }
 
-template <class D, class R, int OP>
+template <class D, class R, int OP, bool GACC>
 __device__ void fused_reduce_kernel(const FusedArgs& a) {
     pdl_enter();
     BFX_DYN_SMEM(DecSmem, sm);
@@ -235,6 +241,7 @@ __device__ void fused_reduce_kernel(const FusedArgs& a) {
             if (tid == 0) {
                 fold_state.mode = mode;
                 fold_state.dst = a.dst + j * B * D::SIZE;
+                if (GACC) fold_state.acc = fold_state.dst;
                 if (!local) {  // the next item's size and header, and its block into L2
                     const bool wrap = k + 1 == m;
                     const uint64_t jn = wrap ? j + 1 : j;
@@ -253,7 +260,7 @@ __device__ void fused_reduce_kernel(const FusedArgs& a) {
             }
             __syncthreads();
             if (local) {
-                fold_local<D, R, OP>(a.local + j * B * D::SIZE, nb, mode, a.flags & 1);
+                fold_local<D, R, OP, GACC>(a.local + j * B * D::SIZE, nb, mode, a.flags & 1);
             } else {
                 const uint64_t off = offs[k];
                 const uint32_t bytes = cur[0];
@@ -285,17 +292,28 @@ __device__ void fused_reduce_kernel(const FusedArgs& a) {
 
 }  // namespace bfx
 
-// Dynamic shared memory of a fused CTA: the decoder's state, then the accumulator.
+// Dynamic shared memory of a fused CTA: the decoder's state, then the accumulator (the
+// `_dacc` instances: the decoder's state only).
 extern "C" __device__ uint32_t hoccl_bfx_fused_smem = ((sizeof(bfx::DecSmem) + 15) & ~15u) + bfx::FUSE_ACC_BYTES;
+extern "C" __device__ uint32_t hoccl_bfx_fused_dacc_smem = sizeof(bfx::DecSmem);
 
-#define BFX_FUSED(NAME, D, R, OP)                                                        \
-    extern "C" __global__ void __launch_bounds__(bfx::DT, 2) NAME(bfx::FusedArgs a) { \
-        bfx::fused_reduce_kernel<D, R, OP>(a);                                         \
+// Shared-memory accumulator: 86 KB per CTA, 2 CTAs per SM. dst accumulator: 54 KB, and at
+// most 85 registers for 3 CTAs per SM.
+#define BFX_FUSED(NAME, D, R, OP, GACC, PER_SM)                                               \
+    extern "C" __global__ void __launch_bounds__(bfx::DT, PER_SM) NAME(bfx::FusedArgs a) { \
+        bfx::fused_reduce_kernel<D, R, OP, GACC>(a);                                        \
     }
-#define BFX_FUSED_OPS(DT, D, R)                                                \
-    BFX_FUSED(hoccl_bfx_fused_reduce_##DT##_sum, D, R, red::SUM)   \
-    BFX_FUSED(hoccl_bfx_fused_reduce_##DT##_prod, D, R, red::PROD) \
-    BFX_FUSED(hoccl_bfx_fused_reduce_##DT##_max, D, R, red::MAX)   \
-    BFX_FUSED(hoccl_bfx_fused_reduce_##DT##_min, D, R, red::MIN)   \
-    BFX_FUSED(hoccl_bfx_fused_reduce_##DT##_avg, D, R, red::AVG)
+#define BFX_FUSED_OPS(DT, D, R)                                                                \
+    BFX_FUSED(hoccl_bfx_fused_reduce_##DT##_sum, D, R, red::SUM, false, 2)        \
+    BFX_FUSED(hoccl_bfx_fused_reduce_##DT##_prod, D, R, red::PROD, false, 2)      \
+    BFX_FUSED(hoccl_bfx_fused_reduce_##DT##_max, D, R, red::MAX, false, 2)        \
+    BFX_FUSED(hoccl_bfx_fused_reduce_##DT##_min, D, R, red::MIN, false, 2)        \
+    BFX_FUSED(hoccl_bfx_fused_reduce_##DT##_avg, D, R, red::AVG, false, 2)        \
+    BFX_FUSED(hoccl_bfx_fused_reduce_dacc_##DT##_sum, D, R, red::SUM, true, 3)    \
+    BFX_FUSED(hoccl_bfx_fused_reduce_dacc_##DT##_prod, D, R, red::PROD, true, 3)  \
+    BFX_FUSED(hoccl_bfx_fused_reduce_dacc_##DT##_max, D, R, red::MAX, true, 3)    \
+    BFX_FUSED(hoccl_bfx_fused_reduce_dacc_##DT##_min, D, R, red::MIN, true, 3)    \
+    BFX_FUSED(hoccl_bfx_fused_reduce_dacc_##DT##_avg, D, R, red::AVG, true, 3)
 BFX_FUSED_OPS(bf16, bfx::Bf16T, red::BF16)
+BFX_FUSED_OPS(f16, bfx::F16T, red::F16)
+BFX_FUSED_OPS(f32, bfx::F32T, red::F32T)

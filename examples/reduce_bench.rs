@@ -8,7 +8,9 @@
 //! Method: `--inputs` sources of `--size` bytes each (far beyond L2) and one destination;
 //! a measurement enqueues R repetitions between two stream synchronizations (host timer),
 //! and the median of 5 measurements is reported. The first launch of every configuration is
-//! checked against a host fold of a sample of elements (bf16 sum).
+//! checked against a host fold of a sample of elements (bf16 sum). Then the fused
+//! decompress + reduce kernels of every codec dtype against the standalone codec and the two
+//! passes they replace (`fused::bench`).
 use hoccl::config::BackendChoice;
 use hoccl::device::cuda::{reduce_ctas, CudaDevice, DEFAULT_REDUCE_CTAS};
 use hoccl::device::{DevPtr, Device, StreamHandle};
@@ -166,101 +168,214 @@ mod fused {
     use super::*;
     use hoccl::compress::{self, Dtype, Params};
 
-    /// The standalone codec on 4 bf16 inputs of `o.size` bytes (the baseline of the fused
-    /// kernels): compress each, then decompress each, in decompressed bytes per second.
+    fn data_type(dt: Dtype) -> DataType {
+        match dt {
+            Dtype::Bf16 => DataType::BF16,
+            Dtype::F16 => DataType::F16,
+            Dtype::F32 => DataType::F32,
+        }
+    }
+
+    /// `n` values of `dt` spread uniformly in ±0.025 (trained-weight-like exponents),
+    /// different per `seed`.
+    fn weights(dt: Dtype, n: usize, seed: u64) -> Vec<u8> {
+        let mut x = 0x1234_5678u64 + seed;
+        let mut v = Vec::with_capacity(n * dt.size());
+        for _ in 0..n {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let u = (((x >> 11) as f64) / (1u64 << 53) as f64 - 0.5) * 0.05;
+            match dt {
+                Dtype::Bf16 => v.extend_from_slice(&bf16(u as f32).to_le_bytes()),
+                Dtype::F16 => v.extend_from_slice(&hoccl::reduce::f32_to_f16(u as f32).to_le_bytes()),
+                Dtype::F32 => v.extend_from_slice(&(u as f32).to_le_bytes()),
+            }
+        }
+        v
+    }
+
+    /// The fused rows of every codec dtype: bf16 in full (4 and 3 compressed inputs, the two
+    /// passes, the AllReduce step's sequence with compression), f16 and f32 with 4 inputs.
     pub fn bench(dev: &dyn Device, s: StreamHandle, o: &Opts) -> Result<Vec<String>, String> {
+        let mut rows = Vec::new();
+        for dt in Dtype::ALL {
+            rows.extend(bench_dtype(dev, s, o, dt)?);
+        }
+        Ok(rows)
+    }
+
+    /// The standalone codec on 4 inputs of `dt` of `o.size` bytes (the baseline of the fused
+    /// kernels): compress each, then decompress each, in decompressed bytes per second; then
+    /// the fused rows against it.
+    fn bench_dtype(dev: &dyn Device, s: StreamHandle, o: &Opts, dt: Dtype) -> Result<Vec<String>, String> {
         let e = |e: hoccl::Error| e.to_string();
-        let n = o.size / 2;
+        let n = o.size / dt.size();
         let p = Params::default();
-        let cap = compress::max_compressed_len(Dtype::Bf16, n, &p).map_err(e)?;
+        let cap = compress::max_compressed_len(dt, n, &p).map_err(e)?;
         let inputs: Vec<DevPtr> = (0..4).map(|_| dev.alloc(o.size)).collect::<Result<_, _>>().map_err(e)?;
-        let packed: Vec<DevPtr> = (0..4).map(|_| dev.alloc(cap)).collect::<Result<_, _>>().map_err(e)?;
+        let packed: Vec<DevPtr> = (0..5).map(|_| dev.alloc(cap)).collect::<Result<_, _>>().map_err(e)?;
         let out = dev.alloc(o.size).map_err(e)?;
         let words = dev.alloc(64).map_err(e)?;
-        // N(0, 0.02)-like bf16 values (trained-weight-like), different per input
+        // 16 MiB of values per input, tiled, different per input
         for (k, ptr) in inputs.iter().enumerate() {
-            let mut x = 0x1234_5678u64 + k as u64;
-            let host: Vec<u8> = (0..n)
-                .flat_map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    let u = ((x >> 11) as f64) / (1u64 << 53) as f64 - 0.5;
-                    bf16((u * 0.05) as f32).to_le_bytes()
-                })
-                .collect();
+            let unit = weights(dt, (16 << 20) / dt.size(), k as u64);
+            let host: Vec<u8> = unit.iter().copied().cycle().take(o.size).collect();
             dev.copy_from_host(*ptr, &host).map_err(e)?;
         }
         let reps = 2;
         let t_c = time(dev, s, reps, || {
             for k in 0..4 {
-                compress::compress_async(dev, s, Dtype::Bf16, inputs[k], n, packed[k], cap, words.add(8 * k), &p).map_err(|x| x.to_string())?;
+                compress::compress_async(dev, s, dt, inputs[k], n, packed[k], cap, words.add(8 * k), &p).map_err(|x| x.to_string())?;
             }
             Ok(())
         })?;
         let t_d = time(dev, s, reps, || {
             for k in 0..4 {
-                compress::decompress_async(dev, s, Dtype::Bf16, packed[k], cap, out, n, words.add(32 + 4 * k)).map_err(|x| x.to_string())?;
+                compress::decompress_async(dev, s, dt, packed[k], cap, out, n, words.add(32 + 4 * k)).map_err(|x| x.to_string())?;
             }
             Ok(())
         })?;
         let gb = |t: f64| (4 * o.size) as f64 / t / 1e9;
-        println!("standalone codec, 4 bf16 inputs of {} MiB: compress {:.1} GB/s, decompress {:.1} GB/s (uncompressed bytes)", o.size >> 20, gb(t_c), gb(t_d));
+        let name = dt.name();
+        println!("standalone codec, 4 {name} inputs of {} MiB: compress {:.1} GB/s, decompress {:.1} GB/s (uncompressed bytes)", o.size >> 20, gb(t_c), gb(t_d));
         let mut rows = vec![
-            format!("{{\"kind\": \"compress\", \"dtype\": \"bf16\", \"inputs\": 4, \"bytes_per_input\": {}, \"seconds\": {t_c:.6e}, \"gbps\": {:.2}}}", o.size, gb(t_c)),
-            format!("{{\"kind\": \"decompress\", \"dtype\": \"bf16\", \"inputs\": 4, \"bytes_per_input\": {}, \"seconds\": {t_d:.6e}, \"gbps\": {:.2}}}", o.size, gb(t_d)),
+            format!("{{\"kind\": \"compress\", \"dtype\": \"{name}\", \"inputs\": 4, \"bytes_per_input\": {}, \"seconds\": {t_c:.6e}, \"gbps\": {:.2}}}", o.size, gb(t_c)),
+            format!("{{\"kind\": \"decompress\", \"dtype\": \"{name}\", \"inputs\": 4, \"bytes_per_input\": {}, \"seconds\": {t_d:.6e}, \"gbps\": {:.2}}}", o.size, gb(t_d)),
         ];
-        rows.extend(fused_rows(dev, s, o, &packed, cap, inputs[0], out, words, gb(t_c), gb(t_d))?);
+        let r = fused_rows(dev, s, o, dt, &packed, cap, inputs[0], out, words, gb(t_c), gb(t_d));
         for ptr in inputs.iter().chain(&packed).chain([&out, &words]) {
             dev.free(*ptr).map_err(e)?;
         }
+        rows.extend(r?);
         Ok(rows)
     }
 
-    /// The fused decompress+reduce kernel over 4 (then 3) of the compressed inputs and a raw
-    /// local one (local last in the order), in decompressed bytes of the compressed inputs
-    /// per second, beside the standalone decompressor's figure (4 streams, same data).
+    /// The fused decompress+reduce kernel over 4 (bf16: then 3) of the compressed inputs and
+    /// a raw local one (local last in the order), in decompressed bytes of the compressed
+    /// inputs per second, beside the standalone decompressor's figure (4 streams, same data),
+    /// and the two passes it replaces (each stream decompressed into a buffer of its own,
+    /// then the CopyReduce kernel over them and the local input, default CTAs), in the same
+    /// unit. bf16 also: the AllReduce step as it runs (the fused kernel, then the standalone
+    /// compressor over its output, which reads it back), in the same unit, beside the
+    /// standalone compressor.
     #[allow(clippy::too_many_arguments)]
     fn fused_rows(
         dev: &dyn Device,
         s: StreamHandle,
         o: &Opts,
+        dt: Dtype,
         packed: &[DevPtr],
         cap: usize,
         local: DevPtr,
         out: DevPtr,
         words: DevPtr,
-        _compress_gbps: f64,
+        compress_gbps: f64,
         decompress_gbps: f64,
     ) -> Result<Vec<String>, String> {
-        let n = o.size / 2;
+        let n = o.size / dt.size();
+        let name = dt.name();
         let status = words.add(48);
         let mut rows = Vec::new();
-        // 4 compressed inputs + the local one; then 3 + 1 (a 4-rank AllReduce step)
-        for m in [4usize, 3] {
-            let inputs: Vec<(DevPtr, usize)> = packed[..m].iter().map(|p| (*p, cap)).collect();
-            let run = || {
-                compress::fused::decompress_reduce_async(dev, s, Dtype::Bf16, &inputs, local, m, out, n, RedOp::Sum, status)
-                    .map_err(|x| x.to_string())
-            };
-            run()?;
-            dev.synchronize(s).map_err(|x| x.to_string())?;
-            let mut w = [0u8; 4];
-            dev.copy_to_host(&mut w, status).map_err(|x| x.to_string())?;
-            compress::status_result(u32::from_le_bytes(w)).map_err(|x| format!("fused kernel: {x}"))?;
-            let t = time(dev, s, 2, run)?;
-            let gbps = (m * o.size) as f64 / t / 1e9;
-            println!(
-                "fused decompress+reduce, {m} compressed bf16 inputs + 1 local, {} MiB output: {gbps:.1} GB/s of decompressed inputs ({:.1}% of standalone decompress)",
-                o.size >> 20,
-                100.0 * gbps / decompress_gbps
-            );
-            rows.push(format!(
-                "{{\"kind\": \"fused_decompress_reduce\", \"dtype\": \"bf16\", \"op\": \"sum\", \"compressed_inputs\": {m}, \"local_inputs\": 1, \"bytes_per_input\": {}, \"seconds\": {t:.6e}, \"gbps\": {gbps:.2}, \"decompress_gbps\": {decompress_gbps:.2}, \"vs_decompress\": {:.4}}}",
-                o.size,
-                gbps / decompress_gbps
-            ));
+        let e = |e: hoccl::Error| e.to_string();
+        let ms: &[usize] = if dt == Dtype::Bf16 { &[4, 3] } else { &[4] };
+        let scratch: Vec<DevPtr> = (0..ms[0]).map(|_| dev.alloc(o.size)).collect::<Result<_, _>>().map_err(e)?;
+        let result = (|| -> Result<(), String> {
+            for &m in ms {
+                let inputs: Vec<(DevPtr, usize)> = packed[..m].iter().map(|p| (*p, cap)).collect();
+                let run = || {
+                    compress::fused::decompress_reduce_async(dev, s, dt, &inputs, local, m, out, n, RedOp::Sum, status)
+                        .map_err(|x| x.to_string())
+                };
+                run()?;
+                dev.synchronize(s).map_err(|x| x.to_string())?;
+                let mut w = [0u8; 4];
+                dev.copy_to_host(&mut w, status).map_err(|x| x.to_string())?;
+                compress::status_result(u32::from_le_bytes(w)).map_err(|x| format!("fused kernel ({name}): {x}"))?;
+                let t = time(dev, s, 2, run)?;
+                let gbps = (m * o.size) as f64 / t / 1e9;
+                println!(
+                    "fused decompress+reduce, {m} compressed {name} inputs + 1 local, {} MiB output: {gbps:.1} GB/s of decompressed inputs ({:.1}% of standalone decompress)",
+                    o.size >> 20,
+                    100.0 * gbps / decompress_gbps
+                );
+                rows.push(format!(
+                    "{{\"kind\": \"fused_decompress_reduce\", \"accumulator\": \"shared\", \"dtype\": \"{name}\", \"op\": \"sum\", \"compressed_inputs\": {m}, \"local_inputs\": 1, \"bytes_per_input\": {}, \"seconds\": {t:.6e}, \"gbps\": {gbps:.2}, \"decompress_gbps\": {decompress_gbps:.2}, \"vs_decompress\": {:.4}}}",
+                    o.size,
+                    gbps / decompress_gbps
+                ));
+                // The accumulator in dst (L2) instead of shared memory, checked equal first.
+                let sample = (1 << 16).min(o.size);
+                let mut shared_out = vec![0u8; sample];
+                dev.copy_to_host(&mut shared_out, out).map_err(|x| x.to_string())?;
+                let run_d = || {
+                    compress::fused::decompress_reduce_with_async(dev, s, dt, &inputs, local, m, out, n, RedOp::Sum, status, compress::fused::Accumulator::Dst)
+                        .map_err(|x| x.to_string())
+                };
+                run_d()?;
+                dev.synchronize(s).map_err(|x| x.to_string())?;
+                let mut dacc_out = vec![0u8; sample];
+                dev.copy_to_host(&mut dacc_out, out).map_err(|x| x.to_string())?;
+                if dacc_out != shared_out {
+                    return Err(format!("{m} {name} inputs: the two accumulators differ"));
+                }
+                let td = time(dev, s, 2, run_d)?;
+                let gbpsd = (m * o.size) as f64 / td / 1e9;
+                println!("  accumulator in dst: {gbpsd:.1} GB/s ({:.1}% of standalone decompress)", 100.0 * gbpsd / decompress_gbps);
+                rows.push(format!(
+                    "{{\"kind\": \"fused_decompress_reduce\", \"accumulator\": \"dst\", \"dtype\": \"{name}\", \"op\": \"sum\", \"compressed_inputs\": {m}, \"local_inputs\": 1, \"bytes_per_input\": {}, \"seconds\": {td:.6e}, \"gbps\": {gbpsd:.2}, \"decompress_gbps\": {decompress_gbps:.2}, \"vs_decompress\": {:.4}}}",
+                    o.size,
+                    gbpsd / decompress_gbps
+                ));
+                // The two passes, checked equal to the fused result first.
+                let mut srcs: Vec<DevPtr> = scratch[..m].to_vec();
+                srcs.push(local);
+                let two = || -> Result<(), String> {
+                    for k in 0..m {
+                        compress::decompress_async(dev, s, dt, packed[k], cap, scratch[k], n, words.add(32 + 4 * k)).map_err(|x| x.to_string())?;
+                    }
+                    dev.reduce_async(s, scratch[0], &srcs, n, data_type(dt), RedOp::Sum).map_err(|x| x.to_string())
+                };
+                let fused_out = shared_out;
+                two()?;
+                dev.synchronize(s).map_err(|x| x.to_string())?;
+                let mut two_out = vec![0u8; sample];
+                dev.copy_to_host(&mut two_out, scratch[0]).map_err(|x| x.to_string())?;
+                if fused_out != two_out {
+                    return Err(format!("{m} {name} inputs: the fused kernel and the two passes differ"));
+                }
+                let t2 = time(dev, s, 2, two)?;
+                let gbps2 = (m * o.size) as f64 / t2 / 1e9;
+                println!("  two passes (decompress each, then CopyReduce): {gbps2:.1} GB/s; fused / two passes {:.2}x", gbps / gbps2);
+                rows.push(format!(
+                    "{{\"kind\": \"two_pass_decompress_reduce\", \"dtype\": \"{name}\", \"op\": \"sum\", \"compressed_inputs\": {m}, \"local_inputs\": 1, \"bytes_per_input\": {}, \"seconds\": {t2:.6e}, \"gbps\": {gbps2:.2}, \"fused_gbps\": {gbps:.2}}}",
+                    o.size
+                ));
+                if dt == Dtype::Bf16 && m == 3 {
+                    // The AllReduce step of 4 ranks as it runs: fused, then compress the shard.
+                    let step = || -> Result<(), String> {
+                        run()?;
+                        compress::compress_async(dev, s, dt, out, n, packed[4], cap, words.add(56), &Params::default()).map_err(|x| x.to_string())
+                    };
+                    let t3 = time(dev, s, 2, step)?;
+                    let gbps3 = (m * o.size) as f64 / t3 / 1e9;
+                    println!(
+                        "  then compress the {} MiB result (the AllReduce step as it runs, two kernels): {gbps3:.1} GB/s of decompressed inputs ({:.1}% of standalone compress)",
+                        o.size >> 20,
+                        100.0 * gbps3 / compress_gbps
+                    );
+                    rows.push(format!(
+                        "{{\"kind\": \"fused_decompress_reduce_then_compress\", \"dtype\": \"{name}\", \"op\": \"sum\", \"compressed_inputs\": {m}, \"local_inputs\": 1, \"bytes_per_input\": {}, \"seconds\": {t3:.6e}, \"gbps\": {gbps3:.2}, \"compress_gbps\": {compress_gbps:.2}, \"vs_compress\": {:.4}}}",
+                        o.size,
+                        gbps3 / compress_gbps
+                    ));
+                }
+            }
+            Ok(())
+        })();
+        for p in scratch {
+            dev.free(p).map_err(|x| x.to_string())?;
         }
-        Ok(rows)
+        result.map(|_| rows)
     }
 }

@@ -5,11 +5,17 @@
 //! codec is lossless, so the result must be exactly the copy-engine engine's). Run with
 //! `HOCCL_ENGINE=compressed` or not, these bodies set the engine themselves. The same
 //! bodies run on CUDA with `--ignored` on a GPU machine.
+//!
+//! The reductions (`reductions`) are checked bit for bit against `reduce::reduce_into` over
+//! every rank's input in rank order: the result the `sm` engine gives (tests/reductions.rs
+//! checks it against the same reference). On CUDA their compressed reduce steps run the
+//! fused decompress + reduce kernel, on the host backend decompression then the reduce.
 mod common;
 use common::*;
 
 use hoccl::config::EngineChoice;
-use hoccl::{Config, DataType};
+use hoccl::reduce::reduce_into;
+use hoccl::{Config, DataType, RedOp};
 
 /// The transfers below this move raw (`comm::compressed::MIN_BYTES`).
 const MIN: usize = 64 << 10;
@@ -146,6 +152,99 @@ fn every_op(b: Backend) {
     }
 }
 
+/// The reductions' scratch in `reductions`: chunks of `RED_SCRATCH / n` bytes, so that the
+/// larger counts run in several chunks, each well above the compression threshold.
+const RED_SCRATCH: usize = 1 << 20;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Red {
+    AllReduce,
+    ReduceScatter,
+    Reduce,
+}
+
+/// AllReduce, ReduceScatter and Reduce on bf16, f16 and f32, every operator, counts 0, 1,
+/// odd and small (raw transfers), just above the threshold, one chunk ± 1 and several
+/// chunks, in and out of place, buffers at element and at odd byte offsets, real tensors
+/// and random bytes (NaNs, infinities, subnormals), 2–4 ranks: every rank's result equal
+/// bit for bit to `reduce_into` of the inputs in rank order, guard bands untouched.
+fn reductions(b: Backend) {
+    for n in [2usize, 3, 4] {
+        run_ranks(b, n, Config { reduce_scratch: RED_SCRATCH, ..config() }, move |c| {
+            let (r, n, dev) = (c.rank(), c.size(), c.device().clone());
+            c.reserve_reduce_scratch().unwrap();
+            let s = new_stream(&dev);
+            let mut it = 0u64;
+            for kind in [Red::AllReduce, Red::ReduceScatter, Red::Reduce] {
+                for dtype in [DataType::BF16, DataType::F16, DataType::F32] {
+                    let es = dtype.size();
+                    let cap = (RED_SCRATCH / n) / 256 * 256 / es;
+                    // AllReduce chunks the shard (about count / n), the others the block.
+                    let per = if kind == Red::AllReduce { n } else { 1 };
+                    let counts = [0, 1, 777, (MIN / es) * per + 3, cap * per - 1, cap * per + 1, 2 * cap * per + 5];
+                    for (ci, count) in counts.into_iter().enumerate() {
+                        // Every operator up to just above the threshold; one each (in turn)
+                        // for the multi-chunk counts, which cost the most on the host.
+                        let ops: Vec<RedOp> = if ci < 4 { RedOp::ALL.to_vec() } else { vec![RedOp::ALL[(it as usize + ci) % 5]] };
+                        for op in ops {
+                            it += 1;
+                            // A third of the calls on odd byte offsets (the staging path).
+                            let off = |p: usize| if it % 3 == 0 { 2 * p + 1 } else { es * (p + it as usize % 5) };
+                            let in_place = it % 2 == 0;
+                            let root = it as usize % n;
+                            let len = count * es;
+                            let send_len = if kind == Red::ReduceScatter { n * len } else { len };
+                            let seed = |p: usize| (it * 16 + p as u64) << 1 | (it / 2 % 2);
+                            let inputs: Vec<Vec<u8>> = (0..n).map(|p| data(dtype, send_len, seed(p))).collect();
+                            let what = format!("{kind:?} {} {} count {count} n {n} in_place {in_place} root {root} rank {r}", dtype.name(), op.name());
+                            quiesce(c);
+                            let send = Buf::new(&dev, send_len, off(r), 20);
+                            let recv = (!in_place).then(|| Buf::new(&dev, len, off(r + 1), 21));
+                            allocated(c);
+                            put(&dev, &send, 0, &inputs[r]);
+                            let rp = match (&recv, kind) {
+                                (Some(b), _) => b.ptr,
+                                (None, Red::ReduceScatter) => send.ptr.add(r * len),
+                                (None, _) => send.ptr,
+                            };
+                            match kind {
+                                Red::AllReduce => c.all_reduce(send.ptr, rp, count, dtype, op, s),
+                                Red::ReduceScatter => c.reduce_scatter(send.ptr, rp, count, dtype, op, s),
+                                Red::Reduce => c.reduce(send.ptr, rp, count, dtype, op, root, s),
+                            }
+                            .unwrap_or_else(|e| panic!("{what}: {e}"));
+                            sync(&dev, s);
+                            let at = if kind == Red::ReduceScatter { r * len } else { 0 };
+                            let want = (kind != Red::Reduce || r == root).then(|| {
+                                let srcs: Vec<&[u8]> = inputs.iter().map(|v| &v[at..at + len]).collect();
+                                let mut out = vec![0u8; len];
+                                reduce_into(dtype, op, &mut out, &srcs).unwrap();
+                                out
+                            });
+                            let (buf, start) = match &recv {
+                                Some(b) => (b, b.off),
+                                None => (&send, send.off + at),
+                            };
+                            let got = buf.read_all();
+                            if let Some(w) = want {
+                                let bad = (0..len).find(|i| got[start + i] != w[*i]);
+                                assert!(bad.is_none(), "{what}: first wrong byte {bad:?} of {len}");
+                            }
+                            assert_eq!(buf.guard_damage(&got), 0, "{what}: guard bands");
+                            if let Some(rb) = &recv {
+                                assert!(send.read_all()[send.off..][..send_len] == inputs[r][..], "{what}: send buffer modified");
+                                assert_eq!(rb.guard_damage(&got), 0);
+                            }
+                        }
+                    }
+                }
+            }
+            c.wait_idle().unwrap();
+            assert!(c.async_error().is_none());
+        });
+    }
+}
+
 /// Ops back to back on one stream without a sync between them, sizes alternating around
 /// the threshold (the stream's staging buffer grows and is reused while earlier ops are
 /// still in flight), then every result checked.
@@ -205,6 +304,24 @@ impl common::wrap::Hooks for Corrupting {
 /// done by a wrapped host device).
 #[test]
 fn a_stream_damaged_in_transit_is_an_error() {
+    let got = damaged(|c, buf, count, r, s| if r == 0 { c.send(buf, count, DataType::BF16, 1, s) } else { c.recv(buf, count, DataType::BF16, 0, s) });
+    assert!(got[0].is_ok(), "the sender saw nothing wrong: {:?}", got[0]);
+    let e = got[1].clone().expect_err("the damaged stream is reported");
+    assert_eq!(e.code(), hoccl::ErrorCode::CorruptData, "{e}");
+}
+
+/// The same for a reduction: the exchange's stream from rank 0 arrives damaged, and rank 1
+/// reports `CorruptData` instead of a result folded from bad values.
+#[test]
+fn a_reduction_stream_damaged_in_transit_is_an_error() {
+    let got = damaged(|c, buf, count, _, s| c.all_reduce(buf, buf, count, DataType::BF16, RedOp::Sum, s));
+    let e = got[1].clone().expect_err("the damaged stream is reported");
+    assert_eq!(e.code(), hoccl::ErrorCode::CorruptData, "{e}");
+}
+
+/// Two host ranks, rank 0's copy queues damaging what they move; `call(comm, buffer, count,
+/// rank, stream)` on each with `MIN` bf16 values of real data; each rank's outcome.
+fn damaged(call: fn(&hoccl::Communicator, hoccl::DevPtr, usize, usize, hoccl::device::StreamHandle) -> hoccl::Result<()>) -> Vec<hoccl::Result<()>> {
     let boots = hoccl::bootstrap::thread::ThreadBootstrap::group(2);
     let ranks: Vec<_> = boots
         .into_iter()
@@ -219,11 +336,7 @@ fn a_stream_damaged_in_transit_is_an_error() {
                 let buf = dev.alloc(count * 2).unwrap();
                 dev.copy_from_host(buf, &data(dtype, count * 2, 2)).unwrap();
                 let s = dev.create_stream().unwrap();
-                if r == 0 {
-                    c.send(buf, count, dtype, 1, s).unwrap();
-                } else {
-                    c.recv(buf, count, dtype, 0, s).unwrap();
-                }
+                call(&c, buf, count, r, s).unwrap();
                 dev.synchronize(s).unwrap();
                 let outcome = c.wait_idle();
                 drop(c);
@@ -233,10 +346,7 @@ fn a_stream_damaged_in_transit_is_an_error() {
             })
         })
         .collect();
-    let got: Vec<hoccl::Result<()>> = ranks.into_iter().map(|h| h.join().expect("rank")).collect();
-    assert!(got[0].is_ok(), "the sender saw nothing wrong: {:?}", got[0]);
-    let e = got[1].clone().expect_err("the damaged stream is reported");
-    assert_eq!(e.code(), hoccl::ErrorCode::CorruptData, "{e}");
+    ranks.into_iter().map(|h| h.join().expect("rank")).collect()
 }
 
-backend_tests!(every_op, back_to_back);
+backend_tests!(every_op, back_to_back, reductions);

@@ -445,38 +445,45 @@ mod fused {
     use super::*;
     use hoccl::compress::{self, fused, Dtype, Params};
 
-    /// The bf16 fixtures of tests/data (HOCCL_TEST_DATA when run away from the checkout).
-    fn bf16_fixtures() -> Vec<(String, Vec<u8>)> {
+    /// The fixtures of tests/data with extension `ext` (HOCCL_TEST_DATA when run away from
+    /// the checkout).
+    fn fixtures(ext: &str) -> Vec<(String, Vec<u8>)> {
         let dir = std::env::var_os("HOCCL_TEST_DATA")
             .map(std::path::PathBuf::from)
             .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data"));
         let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(&dir)
             .unwrap_or_else(|e| panic!("{}: {e} (set HOCCL_TEST_DATA)", dir.display()))
             .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "bf16"))
+            .filter(|p| p.extension().is_some_and(|x| x == ext))
             .map(|p| (p.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&p).unwrap()))
             .collect();
         v.sort();
-        assert!(v.len() >= 5, "bf16 fixtures missing in {}", dir.display());
+        assert!(!v.is_empty(), "{ext} fixtures missing in {}", dir.display());
+        v
+    }
+    fn bf16_fixtures() -> Vec<(String, Vec<u8>)> {
+        let v = fixtures("bf16");
+        assert!(v.len() >= 5, "bf16 fixtures missing");
         v
     }
 
     struct Case<'a> {
         dev: &'a Arc<dyn Device>,
         s: hoccl::device::StreamHandle,
+        dt: Dtype,
     }
 
     impl Case<'_> {
         /// Compress `data` on the GPU; returns (device stream, its capacity).
         fn compress(&self, data: &[u8], p: &Params) -> (DevPtr, usize) {
             let d = &**self.dev;
-            let n = data.len() / 2;
-            let cap = compress::max_compressed_len(Dtype::Bf16, n, p).unwrap();
+            let n = data.len() / self.dt.size();
+            let cap = compress::max_compressed_len(self.dt, n, p).unwrap();
             let input = d.alloc(data.len().max(2)).unwrap();
             let out = d.alloc(cap).unwrap();
             let words = d.alloc(16).unwrap();
             d.copy_from_host(input, data).unwrap();
-            compress::compress_async(d, self.s, Dtype::Bf16, input, n, out, cap, words, p).unwrap();
+            compress::compress_async(d, self.s, self.dt, input, n, out, cap, words, p).unwrap();
             d.synchronize(self.s).unwrap();
             d.free(input).unwrap();
             d.free(words).unwrap();
@@ -484,16 +491,18 @@ mod fused {
         }
 
         /// The fused kernel over `streams` with `local` at `pos`, dst/local at element offset
-        /// `shift`; returns (dst bytes, status word).
-        fn fused(&self, streams: &[(DevPtr, usize)], local: &[u8], pos: usize, op: RedOp, shift: usize, in_place: bool) -> (Vec<u8>, u32) {
+        /// `shift`, the accumulator in `acc`; returns (dst bytes, status word).
+        #[allow(clippy::too_many_arguments)]
+        fn fused(&self, streams: &[(DevPtr, usize)], local: &[u8], pos: usize, op: RedOp, shift: usize, in_place: bool, acc: fused::Accumulator) -> (Vec<u8>, u32) {
             let d = &**self.dev;
-            let n = local.len() / 2;
+            let es = self.dt.size();
+            let n = local.len() / es;
             let lp = d.alloc(local.len() + 64).unwrap();
             let dp = d.alloc(local.len() + 64).unwrap();
             let st = d.alloc(16).unwrap();
-            d.copy_from_host(lp.add(2 * shift), local).unwrap();
-            let dst = if in_place { lp.add(2 * shift) } else { dp.add(2 * shift) };
-            fused::decompress_reduce_async(d, self.s, Dtype::Bf16, streams, lp.add(2 * shift), pos, dst, n, op, st).unwrap();
+            d.copy_from_host(lp.add(es * shift), local).unwrap();
+            let dst = if in_place { lp.add(es * shift) } else { dp.add(es * shift) };
+            fused::decompress_reduce_with_async(d, self.s, self.dt, streams, lp.add(es * shift), pos, dst, n, op, st, acc).unwrap();
             d.synchronize(self.s).unwrap();
             let mut got = vec![0u8; local.len()];
             d.copy_to_host(&mut got, dst).unwrap();
@@ -505,21 +514,38 @@ mod fused {
             (got, u32::from_le_bytes(w))
         }
 
-        /// fused == reference(inputs in fold order) for every op and local position.
+        /// fused == reference(inputs in fold order) for every op and local position, with
+        /// either accumulator (the dst one in place only where it allows it).
         fn check(&self, name: &str, inputs: &[Vec<u8>], p: &Params, shift: usize) {
             let m = inputs.len() - 1;
             let streams: Vec<(DevPtr, usize)> = inputs[..m].iter().map(|x| self.compress(x, p)).collect();
             let local = &inputs[m];
+            let dt = match self.dt {
+                Dtype::Bf16 => DataType::BF16,
+                Dtype::F16 => DataType::F16,
+                Dtype::F32 => DataType::F32,
+            };
+            let es = self.dt.size();
             for op in RedOp::ALL {
                 for pos in 0..=m {
                     let mut order: Vec<&[u8]> = inputs[..m].iter().map(|v| v.as_slice()).collect();
                     order.insert(pos, local);
-                    let want = reference(DataType::BF16, op, &order, local.len() / 2);
-                    let (got, status) = self.fused(&streams, local, pos, op, shift, (pos == m || pos == 0) && op == RedOp::Sum);
-                    assert_eq!(status, 0, "{name}: {} pos {pos}: status {:#x} ({:?})", op.name(), status, compress::status_result(status));
-                    if got != want {
-                        let i = (0..got.len() / 2).find(|&i| got[2 * i..2 * i + 2] != want[2 * i..2 * i + 2]).unwrap();
-                        panic!("{name}: m={m} {} local at {pos} shift {shift}: value {i} of {}: got {:#x}, want {:#x}", op.name(), local.len() / 2, get(&got, i, 2), get(&want, i, 2));
+                    let want = reference(dt, op, &order, local.len() / es);
+                    for acc in [fused::Accumulator::Shared, fused::Accumulator::Dst] {
+                        let in_place = (pos == m || pos == 0) && op == RedOp::Sum && (acc == fused::Accumulator::Shared || pos == 0);
+                        let (got, status) = self.fused(&streams, local, pos, op, shift, in_place, acc);
+                        assert_eq!(status, 0, "{name}: {} pos {pos} {acc:?}: status {:#x} ({:?})", op.name(), status, compress::status_result(status));
+                        if got != want {
+                            let i = (0..got.len() / es).find(|&i| got[es * i..es * (i + 1)] != want[es * i..es * (i + 1)]).unwrap();
+                            panic!(
+                                "{name}: {} m={m} {} local at {pos} shift {shift} {acc:?}: value {i} of {}: got {:#x}, want {:#x}",
+                                dt.name(),
+                                op.name(),
+                                local.len() / es,
+                                get(&got, i, es),
+                                get(&want, i, es)
+                            );
+                        }
                     }
                 }
             }
@@ -542,7 +568,7 @@ mod fused {
     #[ignore = "needs a GPU: run with --ignored"]
     fn fused_reduce_of_real_fixtures_bit_exact() {
         let dev = gpu();
-        let c = Case { dev: &dev, s: dev.create_stream().unwrap() };
+        let c = Case { dev: &dev, s: dev.create_stream().unwrap(), dt: Dtype::Bf16 };
         let fx = bf16_fixtures();
         let len = fx.iter().map(|(_, d)| d.len()).min().unwrap() & !1;
         for m in [1usize, 3, 4] {
@@ -559,7 +585,7 @@ mod fused {
     #[ignore = "needs a GPU: run with --ignored"]
     fn fused_reduce_random_sizes_alignments_and_raw_blocks() {
         let dev = gpu();
-        let c = Case { dev: &dev, s: dev.create_stream().unwrap() };
+        let c = Case { dev: &dev, s: dev.create_stream().unwrap(), dt: Dtype::Bf16 };
         let mut rng = Rng(0x5eed_0003);
         for &n in &[1usize, 31, 1000, 16383, 16384, 16385, 3 * 16384 + 7, 40 * 16384 + 5] {
             for &shift in &[0usize, 1, 2] {
@@ -579,11 +605,52 @@ mod fused {
         c.check("random m=8", &inputs, &Params::default(), 0);
     }
 
+    /// f16 and f32 (HFX1, FFX1): the real fixtures of each type, then random values of a
+    /// normal spread with specials, random bytes (raw blocks), sizes around the block and
+    /// element offsets, every operator and local position.
+    #[test]
+    #[ignore = "needs a GPU: run with --ignored"]
+    fn fused_reduce_f16_f32_bit_exact() {
+        let dev = gpu();
+        let mut rng = Rng(0x5eed_0005);
+        for (dt, ext) in [(Dtype::F16, "f16"), (Dtype::F32, "f32")] {
+            let c = Case { dev: &dev, s: dev.create_stream().unwrap(), dt };
+            let es = dt.size();
+            let b = (32 << 10) / es; // the default block
+            let fx = fixtures(ext);
+            let len = fx[0].1.len() / es * es;
+            // the fixture against rotations of itself: four different inputs of real data
+            let inputs: Vec<Vec<u8>> = (0..4).map(|k| fx[0].1[..len].iter().cycle().skip(k * 4099 * es).take(len).copied().collect()).collect();
+            c.check(&format!("{ext} fixture {}", fx[0].0), &inputs, &Params::default(), 0);
+            for &n in &[1usize, 31, 1000, b - 1, b, b + 1, 5 * b + 7] {
+                for &shift in &[0usize, 1] {
+                    let m = 1 + rng.below(4) as usize;
+                    let inputs: Vec<Vec<u8>> = (0..=m)
+                        .map(|k| match k % 3 {
+                            2 => rng.bytes(es * n),
+                            _ => (0..n)
+                                .flat_map(|_| {
+                                    let x = (rng.normal() * if k == 0 { 0.02 } else { 3.0 }) as f32;
+                                    let special = rng.below(64) == 0;
+                                    match dt {
+                                        Dtype::F32 => (if special { rng.next() as u32 } else { x.to_bits() }).to_le_bytes().to_vec(),
+                                        _ => (if special { rng.next() as u16 } else { f32_to_f16(x) }).to_le_bytes().to_vec(),
+                                    }
+                                })
+                                .collect(),
+                        })
+                        .collect();
+                    c.check(&format!("{ext} random n={n}"), &inputs, &Params::default(), shift);
+                }
+            }
+        }
+    }
+
     #[test]
     #[ignore = "needs a GPU: run with --ignored"]
     fn fused_reduce_reports_corrupt_inputs() {
         let dev = gpu();
-        let c = Case { dev: &dev, s: dev.create_stream().unwrap() };
+        let c = Case { dev: &dev, s: dev.create_stream().unwrap(), dt: Dtype::Bf16 };
         let d = &*dev;
         let mut rng = Rng(0x5eed_0004);
         let n = 10 * 16384 + 3;
@@ -609,9 +676,11 @@ mod fused {
             d.copy_from_host(p, &bad).unwrap();
             d.copy_from_host(q, &host).unwrap();
             for streams in [vec![(p, bad.len())], vec![(q, host.len()), (p, bad.len())]] {
-                let (_, status) = c.fused(&streams, &local, 0, RedOp::Sum, 0, false);
-                assert_ne!(status, 0, "corrupt {what}: not reported");
-                eprintln!("corrupt {what}: {:?}", compress::status_result(status).unwrap_err());
+                for acc in [fused::Accumulator::Shared, fused::Accumulator::Dst] {
+                    let (_, status) = c.fused(&streams, &local, 0, RedOp::Sum, 0, false, acc);
+                    assert_ne!(status, 0, "corrupt {what} ({acc:?}): not reported");
+                    eprintln!("corrupt {what} ({acc:?}): {:?}", compress::status_result(status).unwrap_err());
+                }
             }
             d.free(p).unwrap();
             d.free(q).unwrap();
@@ -622,7 +691,7 @@ mod fused {
         let q = d.alloc(other.len()).unwrap();
         d.copy_from_host(p, &host).unwrap();
         d.copy_from_host(q, &other).unwrap();
-        let (_, status) = c.fused(&[(p, host.len()), (q, other.len())], &local, 1, RedOp::Sum, 0, false);
+        let (_, status) = c.fused(&[(p, host.len()), (q, other.len())], &local, 1, RedOp::Sum, 0, false, fused::Accumulator::Shared);
         assert_ne!(status, 0, "mixed block sizes not reported");
         d.free(p).unwrap();
         d.free(q).unwrap();
@@ -640,7 +709,10 @@ mod fused {
         assert!(r(&[], 0, Dtype::Bf16).is_err(), "no inputs");
         assert!(r(&[(p, 64); 9], 0, Dtype::Bf16).is_err(), "9 inputs");
         assert!(r(&[(p, 64)], 2, Dtype::Bf16).is_err(), "local position past the end");
-        assert!(r(&[(p, 64)], 0, Dtype::F16).is_err(), "f16 not yet");
+        let dacc = |pos: usize| fused::decompress_reduce_with_async(&*dev, s, Dtype::Bf16, &[(p, 64)], p, pos, p, 16, RedOp::Sum, p.add(1024), fused::Accumulator::Dst);
+        assert!(dacc(1).is_err(), "dst accumulator in place with the local input not first");
+        assert!(fused::decompress_reduce_async(&*dev, s, Dtype::F32, &[(p, 64)], p.add(2), 0, p, 16, RedOp::Sum, p.add(1024)).is_err(), "f32 local not 4-byte aligned");
+        assert!(fused::decompress_reduce_async(&*dev, s, Dtype::F16, &[(p, 64)], p, 0, p.add(1), 16, RedOp::Sum, p.add(1024)).is_err(), "f16 dst not 2-byte aligned");
         dev.synchronize(s).unwrap();
         dev.free(p).unwrap();
     }

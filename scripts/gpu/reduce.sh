@@ -3,10 +3,13 @@
 #   1. tests/reduce_kernels.rs: CopyReduce (every dtype x op x source count x count x
 #      alignment) and the fused BFX1 decompress+reduce kernels, bit for bit against a host
 #      reference of src/reduce.rs                                -> reduce-tests.log
-#   2. reduce_bench: CopyReduce of 4 bf16 inputs of 256 MiB vs the device-to-device copy at
-#      the default CTA count and a sweep, the fused kernels vs the standalone codec
-#                                                  -> reduce_kernels.json / reduce_kernels.txt
-#   3. codec_bench bf16 at 256 MiB (the standalone codec, re-measured) -> reduce-codec-check.txt
+#   2. tests/compressed.rs `reductions` on CUDA: AllReduce, ReduceScatter and Reduce under
+#      the compressed engine (their reduce step the fused kernel), bit for bit against
+#      reduce_into on bf16/f16/f32, 2-4 thread ranks            -> compressed-reductions.log
+#   3. reduce_bench: CopyReduce of 4 bf16 inputs of 256 MiB vs the device-to-device copy at
+#      the default CTA count and a sweep, the fused kernels vs the standalone codec and vs
+#      the two passes they replace          -> reduce_kernels.json / reduce_kernels.txt
+#   4. codec_bench bf16 at 256 MiB (the standalone codec, re-measured) -> reduce-codec-check.txt
 # Results go to docs/results/<machine>/ (each with a .cmd file). Exit status: nonzero if a
 # test failed (the benchmark still runs).
 set -uo pipefail
@@ -14,7 +17,7 @@ set -uo pipefail
 source "$(dirname "$0")/common.sh"
 log_dir="$logs/reduce"
 rm -rf "$log_dir" && mkdir -p "$log_dir"
-need tests/reduce_kernels reduce_bench codec_bench
+need tests/reduce_kernels tests/compressed reduce_bench codec_bench
 fail=0
 
 echo "== GPU tests (tests/reduce_kernels.rs)"
@@ -22,6 +25,12 @@ record "$results/reduce-tests.log" "$bin/tests/reduce_kernels --include-ignored 
 timeout 150 "$bin/tests/reduce_kernels" --include-ignored --test-threads=1 > "$log_dir/reduce_kernels.log" 2>&1 || fail=1
 cp "$log_dir/reduce_kernels.log" "$results/reduce-tests.log"
 grep -E "^test |test result|panicked|cases" "$log_dir/reduce_kernels.log" | head -n 40
+
+echo "== compressed reductions (tests/compressed.rs cuda::reductions)"
+record "$results/compressed-reductions.log" "$bin/tests/compressed --ignored cuda::reductions --test-threads=1"
+timeout 120 "$bin/tests/compressed" --ignored cuda::reductions --test-threads=1 > "$log_dir/compressed_reductions.log" 2>&1 || fail=1
+cp "$log_dir/compressed_reductions.log" "$results/compressed-reductions.log"
+grep -E "^test |test result|panicked" "$log_dir/compressed_reductions.log" | head -n 20
 
 echo "== benchmark"
 out="$results/reduce_kernels"

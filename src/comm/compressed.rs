@@ -226,7 +226,37 @@ impl CodecState {
     }
 }
 
+/// The compressed receives of a reduction's exchange, handed to the fused decompress +
+/// reduce kernel instead of being decompressed (`Plan::fused_inputs`).
+pub(super) struct FusedInputs {
+    pub dtype: Dtype,
+    /// (compressed stream, its capacity in bytes), in the order of the destinations asked for.
+    pub streams: Vec<(DevPtr, usize)>,
+    /// The status word the kernel writes (one of the receives' words, already zeroed).
+    pub status: DevPtr,
+}
+
 impl Plan {
+    /// The compressed streams of the receives whose decompression would have written `outs`
+    /// (in that order), when every receive of the op is one of them, each of `n` values and
+    /// none misaligned; None otherwise (then [`Plan::finish`] decompresses as usual). The
+    /// caller then enqueues a kernel that reads them after the handshake instead of `finish`.
+    pub(super) fn fused_inputs(&self, outs: &[DevPtr], n: usize) -> Option<FusedInputs> {
+        if outs.is_empty() || self.decompress.len() != outs.len() {
+            return None;
+        }
+        let streams = outs
+            .iter()
+            .map(|o| {
+                self.decompress
+                    .iter()
+                    .find(|d| d.out == *o && d.bounce_to.is_none() && d.n == n)
+                    .map(|d| (d.src, d.src_len))
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(FusedInputs { dtype: self.dtype, streams, status: self.decompress[0].status })
+    }
+
     /// Enqueue the decompressions (after the handshake's wait on the same stream).
     pub(super) fn finish(&self, dev: &dyn Device, stream: StreamHandle) -> Result<()> {
         for d in &self.decompress {

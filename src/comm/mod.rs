@@ -386,12 +386,31 @@ impl Communicator {
     /// Enqueue one op (or a group's gathered transfers): the copies to self, the compressed
     /// engine's work when it applies (`dtype`: the calls' common type), the handshake, and
     /// the proxy's part.
-    fn launch(&self, st: &mut State, name: &'static str, stream: StreamHandle, dtype: Option<DataType>, mut sends: Vec<Transfer>, mut recvs: Vec<Transfer>) -> Result<()> {
+    fn launch(&self, st: &mut State, name: &'static str, stream: StreamHandle, dtype: Option<DataType>, sends: Vec<Transfer>, recvs: Vec<Transfer>) -> Result<()> {
+        match self.launch_op(st, name, stream, dtype, sends, recvs)? {
+            Some(p) => p.finish(self.dev.as_ref(), stream).map_err(|e| e.with_op(name)),
+            None => Ok(()),
+        }
+    }
+
+    /// [`Self::launch`] without the compressed receives' decompression: the compressed
+    /// engine's plan, when there is one, is returned for the caller to finish (or to hand
+    /// its streams to a fused kernel, as the reductions do).
+    fn launch_op(
+        &self,
+        st: &mut State,
+        name: &'static str,
+        stream: StreamHandle,
+        dtype: Option<DataType>,
+        mut sends: Vec<Transfer>,
+        mut recvs: Vec<Transfer>,
+    ) -> Result<Option<compressed::Plan>> {
         let local = take_local(name, self.rank, &mut sends, &mut recvs)?;
         if sends.is_empty() && recvs.is_empty() {
             // Nothing crosses to a peer: the copies go on the caller's stream itself, which
             // orders them after the work before the call and before the work after it.
-            return local.iter().try_for_each(|&(dst, src, len)| self.dev.memcpy_async(stream, dst, src, len).map_err(|e| e.with_op(name)));
+            local.iter().try_for_each(|&(dst, src, len)| self.dev.memcpy_async(stream, dst, src, len).map_err(|e| e.with_op(name)))?;
+            return Ok(None);
         }
         let plan = match dtype.and_then(|dt| Some((dt, self.compress_from.for_dtype(dt)?))) {
             Some((dt, from)) => {
@@ -434,10 +453,7 @@ impl Communicator {
             pair_seqs,
             len_words: plan.as_ref().and_then(|p| p.len_words.clone()),
         })?;
-        match plan {
-            Some(p) => p.finish(self.dev.as_ref(), stream).map_err(|e| e.with_op(name)),
-            None => Ok(()),
-        }
+        Ok(plan)
     }
 
     fn bytes(op: &'static str, count: usize, dtype: DataType) -> Result<usize> {

@@ -15,6 +15,13 @@
 //!
 //! AllReduce then runs one copy-engine AllGather of the shards into `recv`.
 //!
+//! **Compressed engine.** When the exchange crosses compressed, the peers' contributions
+//! arrive as codec streams in the stream's staging buffer and the reduce step is one launch
+//! of the fused decompress + reduce kernel over them (peers in rank order, the own
+//! contribution raw at position `rank`): the same fold, with no decompressed copy in the
+//! scratch. Where one launch cannot do it (more than `MAX_FUSED_INPUTS` peers, the host
+//! backend) the plan decompresses into the scratch slots and the step runs as above.
+//!
 //! **Scratch.** One allocation per communicator, `n` slots of `Config::reduce_scratch / n`
 //! bytes (rounded down to 256), allocated at the first reduction that receives (or by
 //! [`Communicator::reserve_reduce_scratch`]) and freed at destroy. Peers write into a slot only
@@ -199,15 +206,16 @@ impl Communicator {
         if self.config.engine == crate::config::EngineChoice::CopyEngine && !self.ce_reduce_logged.swap(true, Ordering::Relaxed) {
             log::debug!("HOCCL_ENGINE=ce: reductions move their data on the copy engines, but their reduce step always runs on the device (a kernel on CUDA)");
         }
-        let mut submitted = false;
-        let r = self.run_reduction_steps(st, red, &mut submitted);
+        let (mut submitted, mut logged) = (false, false);
+        let r = self.run_reduction_steps(st, red, &mut submitted, &mut logged);
         if let (Err(e), true) = (&r, submitted) {
             self.engine.shared.set_error(e.clone());
         }
         r
     }
 
-    fn run_reduction_steps(&self, st: &mut State, red: &Reduction, submitted: &mut bool) -> Result<()> {
+    /// `logged`: whether this reduction said at debug how its compressed reduce steps run.
+    fn run_reduction_steps(&self, st: &mut State, red: &Reduction, submitted: &mut bool, logged: &mut bool) -> Result<()> {
         let (n, me, es, name, s) = (self.size, self.rank, red.dtype.size(), red.name, red.stream);
         if red.count == 0 {
             return Ok(());
@@ -247,14 +255,24 @@ impl Communicator {
             if mine > 0 && (stage || receives && exchanges) {
                 self.wait_for_scratch(st, s)?;
             }
-            if exchanges {
-                self.launch(st, name, s, Some(red.dtype), sends, recvs)?;
+            // Under the compressed engine the exchange's plan holds the received streams;
+            // they are decompressed below, by the fused kernel or by `finish`.
+            let plan = if exchanges {
+                let p = self.launch_op(st, name, s, Some(red.dtype), sends, recvs)?;
                 *submitted = true;
-            }
-            if mine == 0 {
-                continue;
-            }
-            let Some(recv) = &red.recv else { continue };
+                p
+            } else {
+                None
+            };
+            let recv = match (&red.recv, mine) {
+                (Some(r), 1..) => r,
+                _ => {
+                    if let Some(p) = &plan {
+                        p.finish(self.dev.as_ref(), s).map_err(|e| e.with_op(name))?;
+                    }
+                    continue;
+                }
+            };
             let own = red.send.ptr.add((my_off + k * cap) * es);
             let dst = recv.ptr.add(k * cap * es);
             // The AllReduce result is the shard's place in recv; the others' is recv itself.
@@ -276,7 +294,33 @@ impl Communicator {
                 (Some(sc), true) => (0..n).map(|p| if p == me { src_own } else { sc.ptr.add(p * slot) }).collect(),
                 _ => vec![src_own],
             };
-            self.dev.reduce_async(s, out, &srcs, mine, red.dtype, red.op).map_err(|e| e.with_op(name))?;
+            // The peers' slots are where the plan would decompress their streams; the fused
+            // kernel reads the streams instead, in rank order with the own contribution at
+            // position `me`, and writes the block once.
+            let peers: Vec<DevPtr> = srcs.iter().enumerate().filter(|(p, _)| *p != me).map(|(_, x)| *x).collect();
+            let fused = plan.as_ref().and_then(|p| p.fused_inputs(&peers, mine));
+            let why = fused.as_ref().map_or(Some("nothing received compressed"), |f| self.unfused(f));
+            if plan.is_some() && !*logged {
+                *logged = true;
+                match why {
+                    None => log::debug!("rank {me}: {name} ({}): compressed reduce steps fused (decompress + reduce in one kernel)", red.dtype.name()),
+                    Some(w) => log::debug!("rank {me}: {name} ({}): compressed reduce steps in two passes (decompress, then reduce): {w}", red.dtype.name()),
+                }
+            }
+            match (fused, why) {
+                (Some(f), None) => {
+                    use crate::compress::fused;
+                    let acc = fused::accumulator_for(f.dtype, out == src_own && me > 0);
+                    fused::decompress_reduce_with_async(self.dev.as_ref(), s, f.dtype, &f.streams, src_own, me, out, mine, red.op, f.status, acc)
+                        .map_err(|e| e.with_op(name))?;
+                }
+                _ => {
+                    if let Some(p) = &plan {
+                        p.finish(self.dev.as_ref(), s).map_err(|e| e.with_op(name))?;
+                    }
+                    self.dev.reduce_async(s, out, &srcs, mine, red.dtype, red.op).map_err(|e| e.with_op(name))?;
+                }
+            }
             if out != dst {
                 self.dev.memcpy_async(s, dst, out, mine * es).map_err(|e| e.with_op(name))?;
             }
@@ -307,6 +351,22 @@ impl Communicator {
             }
         }
         Ok(())
+    }
+
+    /// Why the compressed reduce step over `f` cannot run as one fused kernel, or None when
+    /// it can: a fused instance for the dtype, at most `MAX_FUSED_INPUTS` peers' streams (a
+    /// chain of launches would divide Avg early and refold the order), a CUDA device.
+    fn unfused(&self, f: &super::compressed::FusedInputs) -> Option<&'static str> {
+        use crate::compress::fused;
+        if !fused::supports(f.dtype) {
+            Some("no fused kernel for this dtype")
+        } else if f.streams.len() > fused::MAX_FUSED_INPUTS {
+            Some("more peers than one fused launch takes")
+        } else if self.dev.as_cuda().is_none() {
+            Some("the host backend has no fused kernel")
+        } else {
+            None
+        }
     }
 
     /// Before an exchange into the scratch on `s`: if the last reduce step that read the

@@ -1,2 +1,2 @@
-# 2026-12-02T02:56:52Z, binaries of commit 6f9ac7d, 1 GPU(s) (h200-1gpu)
+# 2026-12-02T03:34:03Z, binaries of commit 73df9ff+changes, 1 GPU(s) (h200-1gpu)
 $HOCCL_BIN_DIR/tests/reduce_kernels --include-ignored --test-threads=1
