@@ -182,7 +182,7 @@ pub fn init_rank(op: &'static str, id: &UniqueId, nranks: i32, rank: i32, cfg: *
 }
 
 /// `ncclCommInitAll`: `ndev` ranks in this process, one thread each over a thread
-/// bootstrap, rank i on `devlist[i]` (GPU i when NULL). All or nothing: if one rank fails,
+/// bootstrap, rank i on `devs[i]` (ignored on the host backend). All or nothing: if one rank fails,
 /// the others are destroyed and the first failure is returned.
 pub fn init_all(op: &'static str, devs: &[usize]) -> Result<Vec<ncclComm_t>> {
     let base = config(op)?;
@@ -191,7 +191,10 @@ pub fn init_all(op: &'static str, devs: &[usize]) -> Result<Vec<ncclComm_t>> {
         .zip(devs)
         .map(|(b, &dev)| {
             let mut cfg = base.clone();
-            cfg.device = Some(dev);
+            // Without a GPU (the host backend) there is no device to choose.
+            if base.device.is_some() {
+                cfg.device = Some(dev);
+            }
             std::thread::Builder::new()
                 .name("hoccl-nccl-init".into())
                 .spawn(move || Communicator::with_bootstrap(Box::new(b), None, cfg))
