@@ -11,11 +11,13 @@
 //! - `c_api.rs`: the C ABI: handles, groups, operations.
 //! - `c_memory.rs`: the C ABI's device memory and stream helpers.
 //! - `handle.rs`: a communicator handle's life cycle.
+//! - `surface.rs`: what every C surface of handles shares: registry, last error, groups.
 mod bridge;
 mod codec;
 pub mod c_api;
 mod c_memory;
 mod handle;
+pub mod surface;
 
 pub use handle::CommHandle;
 
