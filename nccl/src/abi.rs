@@ -87,6 +87,31 @@ pub const NCCL_API_MAGIC: c_uint = 0xcafe_beef;
 #[cfg(test)]
 pub const NCCL_CONFIG_UNDEF_INT: c_int = c_int::MIN;
 
+/// What `NCCL_CONFIG_INITIALIZER` makes (tests build configs from it).
+#[cfg(test)]
+pub fn initializer() -> ncclConfig_t {
+    let u = NCCL_CONFIG_UNDEF_INT;
+    ncclConfig_t {
+        size: std::mem::size_of::<ncclConfig_t>(),
+        magic: NCCL_API_MAGIC,
+        version: NCCL_VERSION_CODE as c_uint,
+        blocking: u,
+        cga_cluster_size: u,
+        min_ctas: u,
+        max_ctas: u,
+        net_name: std::ptr::null(),
+        split_share: u,
+        traffic_class: u,
+        comm_name: std::ptr::null(),
+        collnet_enable: u,
+        cta_policy: u,
+        shrink_share: u,
+        nvls_ctas: u,
+        n_channels_per_net_peer: u,
+        nvlink_centric_sched: u,
+    }
+}
+
 /// What hoccl takes from an `ncclConfig_t`; every other field tunes NCCL's own kernels and
 /// channels, which hoccl does not have.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -202,29 +227,6 @@ mod tests {
             assert_eq!(RedOp::from_raw("t", v).unwrap(), o, "{v}");
         }
         assert!(RedOp::from_raw("t", NCCL_NUM_OPS).is_err());
-    }
-
-    fn initializer() -> ncclConfig_t {
-        let u = NCCL_CONFIG_UNDEF_INT;
-        ncclConfig_t {
-            size: std::mem::size_of::<ncclConfig_t>(),
-            magic: NCCL_API_MAGIC,
-            version: NCCL_VERSION_CODE as c_uint,
-            blocking: u,
-            cga_cluster_size: u,
-            min_ctas: u,
-            max_ctas: u,
-            net_name: std::ptr::null(),
-            split_share: u,
-            traffic_class: u,
-            comm_name: std::ptr::null(),
-            collnet_enable: u,
-            cta_policy: u,
-            shrink_share: u,
-            nvls_ctas: u,
-            n_channels_per_net_peer: u,
-            nvlink_centric_sched: u,
-        }
     }
 
     #[test]

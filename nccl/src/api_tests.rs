@@ -157,26 +157,9 @@ fn config_and_abort_through_a_unique_id() {
     std::env::set_var("HOCCL_BACKEND", "host");
     let mut uid = UniqueId { internal: [0; 128] };
     ok(ncclGetUniqueId(&mut uid));
-    let u = NCCL_CONFIG_UNDEF_INT;
-    let mut cfg = ncclConfig_t {
-        size: std::mem::size_of::<ncclConfig_t>(),
-        magic: 0,
-        version: 22809,
-        blocking: 0,
-        cga_cluster_size: u,
-        min_ctas: u,
-        max_ctas: u,
-        net_name: null(),
-        split_share: u,
-        traffic_class: u,
-        comm_name: null(),
-        collnet_enable: u,
-        cta_policy: u,
-        shrink_share: u,
-        nvls_ctas: u,
-        n_channels_per_net_peer: u,
-        nvlink_centric_sched: u,
-    };
+    let mut cfg = initializer();
+    cfg.magic = 0;
+    cfg.blocking = 0;
     let mut c = 1usize as ncclComm_t;
     assert_eq!(ncclCommInitRankConfig(&mut c, 1, uid, 0, &mut cfg), NCCL_INVALID_ARGUMENT);
     assert!(c.is_null(), "a failed creation leaves NULL");

@@ -1,4 +1,3 @@
-#![allow(non_camel_case_types)]
 //! Communicator handles, the calling thread's state (last error, open group) and the
 //! creation paths (unique id, one process's clique, split).
 //!
@@ -6,13 +5,13 @@
 //! entry in a process-wide registry, never reused, so a destroyed handle is an error value
 //! (`ncclInvalidUsage`), never a use of freed memory. A call costs what a call of hoccl's C
 //! ABI costs: one registry lookup and the handle's life-cycle check.
-use crate::abi::{read_config, CommOptions, ncclConfig_t, NCCL_SPLIT_NOCOLOR};
+#![allow(non_camel_case_types)]
+use crate::abi::{ncclConfig_t, read_config, CommOptions, NCCL_SPLIT_NOCOLOR};
+use hoccl::surface::{LastError, Registry, ThreadGroup};
 use hoccl::{rank_arg, CommHandle, Communicator, Config, Error, Result, ThreadBootstrap, UniqueId};
 use std::cell::RefCell;
-use std::collections::HashMap;
-use std::ffi::CString;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 
 /// What an `ncclComm_t` names.
 pub struct Comm {
@@ -28,120 +27,72 @@ pub struct Comm {
 pub struct ncclComm {
     _opaque: [u8; 0],
 }
-#[allow(non_camel_case_types)]
 pub type ncclComm_t = *mut ncclComm;
 
-type Registry = Mutex<HashMap<u64, Arc<Comm>>>;
-
-fn registry() -> &'static Registry {
-    static R: OnceLock<Registry> = OnceLock::new();
-    R.get_or_init(Default::default)
-}
-
-fn lock_registry() -> std::sync::MutexGuard<'static, HashMap<u64, Arc<Comm>>> {
-    // Entries are inserted and removed in single operations: a poisoned map is still valid.
-    registry().lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Ids start high and odd, and differ from hoccl's C ABI's, so neither a small integer, an
-/// aligned pointer nor a `hocclComm_t` passed by mistake is ever a live handle.
-static NEXT_ID: AtomicU64 = AtomicU64::new(0x4e43_0001);
+/// Ids start high and odd, apart from hoccl's C ABI's, so that a `hocclComm_t` passed here
+/// by mistake is never live.
+static REGISTRY: Registry<Comm> = Registry::new(0x4e43_0001);
 
 pub fn register(c: Communicator, options: CommOptions) -> ncclComm_t {
     if let Some(name) = &options.name {
         log::info!("rank {}/{}: communicator \"{name}\"", c.rank(), c.size());
     }
-    let id = NEXT_ID.fetch_add(2, Ordering::Relaxed);
-    lock_registry().insert(id, Arc::new(Comm { handle: CommHandle::new(c), splits: AtomicU32::new(0), options }));
-    id as usize as ncclComm_t
+    REGISTRY.insert(Comm { handle: CommHandle::new(c), splits: AtomicU32::new(0), options }) as usize as ncclComm_t
 }
 
-pub fn lookup(op: &'static str, comm: ncclComm_t) -> Result<(u64, Arc<Comm>)> {
-    if comm.is_null() {
-        return Err(Error::invalid_arg(op, "communicator is NULL"));
-    }
-    let id = comm as usize as u64;
-    let h = lock_registry().get(&id).cloned();
-    h.map(|h| (id, h)).ok_or_else(|| Error::invalid_usage(op, format!("{id:#x} is not a live communicator (destroyed, or never created)")))
+fn id(comm: ncclComm_t) -> u64 {
+    comm as usize as u64
+}
+
+pub fn lookup(op: &'static str, comm: ncclComm_t) -> Result<Arc<Comm>> {
+    REGISTRY.get(op, id(comm))
 }
 
 /// Take `comm` out of the registry: from then on the handle is invalid for every thread.
 pub fn unregister(op: &'static str, comm: ncclComm_t) -> Result<Arc<Comm>> {
-    let (id, c) = lookup(op, comm)?;
-    lock_registry().remove(&id);
-    Ok(c)
+    REGISTRY.remove(op, id(comm))
 }
 
 /// The live communicator behind `comm`, outside any group.
 pub fn live(op: &'static str, comm: ncclComm_t) -> Result<Arc<Communicator>> {
-    lookup(op, comm)?.1.handle.get(op)
+    lookup(op, comm)?.handle.get(op)
 }
 
 // ---------------------------------------------------------------- thread state -----------
 
-#[derive(Default)]
-struct ThreadGroup {
-    depth: usize,
-    /// Communicators whose group this thread opened, in first-use order.
-    members: Vec<(u64, Arc<Comm>)>,
-}
-
 thread_local! {
-    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
-    static GROUP: RefCell<ThreadGroup> = RefCell::new(ThreadGroup::default());
+    static LAST_ERROR: LastError = LastError::default();
+    static GROUP: RefCell<ThreadGroup<Comm>> = RefCell::default();
 }
 
 pub fn set_last_error(e: &Error) {
-    let msg = CString::new(e.to_string().replace('\0', " ")).unwrap_or_default();
-    let _ = LAST_ERROR.try_with(|l| *l.borrow_mut() = msg);
+    let _ = LAST_ERROR.try_with(|l| l.set(e));
 }
 
 /// The calling thread's last failure ("" if none); valid until its next failing call.
 pub fn last_error() -> *const std::ffi::c_char {
-    LAST_ERROR.try_with(|l| l.borrow().as_ptr()).unwrap_or(c"".as_ptr())
+    LAST_ERROR.try_with(|l| l.as_ptr()).unwrap_or(c"".as_ptr())
 }
 
 /// The live communicator behind `comm`, joined to the thread's open group if there is one
 /// (groups are thread-global, as NCCL's: the first call on a communicator inside
 /// `ncclGroupStart` opens its group, the outermost `ncclGroupEnd` launches them all).
 pub fn for_call(op: &'static str, comm: ncclComm_t) -> Result<Arc<Communicator>> {
-    let (id, h) = lookup(op, comm)?;
+    let h = lookup(op, comm)?;
     let c = h.handle.get(op)?;
-    GROUP.with(|g| {
-        let mut g = g.borrow_mut();
-        if g.depth > 0 && !g.members.iter().any(|(m, _)| *m == id) {
-            c.group_start()?;
-            g.members.push((id, h));
-        }
-        Ok::<_, Error>(())
-    })?;
+    GROUP.with(|g| g.borrow_mut().join(id(comm), &h, || c.group_start()))?;
     Ok(c)
 }
 
 pub fn group_start() {
-    GROUP.with(|g| g.borrow_mut().depth += 1);
+    GROUP.with(|g| g.borrow_mut().start());
 }
 
 /// Close the thread's group; the outermost end launches the gathered calls of every
-/// communicator used since the outermost start. Every member is closed even if one fails;
-/// the first failure is returned.
+/// communicator used since the outermost start (each one even if another fails; the first
+/// failure is returned).
 pub fn group_end(op: &'static str) -> Result<()> {
-    let members = GROUP.with(|g| {
-        let mut g = g.borrow_mut();
-        if g.depth == 0 {
-            return Err(Error::invalid_usage(op, "ncclGroupEnd without ncclGroupStart"));
-        }
-        g.depth -= 1;
-        Ok(if g.depth == 0 { std::mem::take(&mut g.members) } else { Vec::new() })
-    })?;
-    let mut first = Ok(());
-    for (_, h) in members {
-        let r = h.handle.get(op).and_then(|c| c.group_end());
-        if first.is_ok() {
-            first = r;
-        }
-    }
-    first
+    GROUP.with(|g| ThreadGroup::end(g, op, "ncclGroupStart", |h| h.handle.get(op).and_then(|c| c.group_end())))
 }
 
 // ---------------------------------------------------------------- creation ---------------
@@ -221,7 +172,7 @@ const SPLIT_TAG: u32 = 0x4e43_5300;
 /// parent's bootstrap. `NCCL_SPLIT_NOCOLOR` takes part in the exchange and gets NULL. A
 /// negative color other than NOCOLOR, on any rank, fails the split on every rank.
 pub fn split(op: &'static str, parent: ncclComm_t, color: i32, key: i32, cfg: *const ncclConfig_t) -> Result<ncclComm_t> {
-    let (_, h) = lookup(op, parent)?;
+    let h = lookup(op, parent)?;
     let c = h.handle.get(op)?;
     let options = if cfg.is_null() { h.options.clone() } else { read_config(op, cfg)? };
     let n = h.splits.fetch_add(1, Ordering::Relaxed);

@@ -19,6 +19,7 @@ mod comm;
 
 use abi::*;
 use comm::{for_call, live, ncclComm_t, unregister};
+use hoccl::surface::put;
 use hoccl::{Collective, Communicator, DataType, DevPtr, Device, Error, OpDesc, RedOp, Result, StreamHandle, UniqueId};
 use std::collections::{HashMap, HashSet};
 use std::ffi::{c_char, c_int, c_void};
@@ -67,16 +68,6 @@ fn call(op: &'static str, f: impl FnOnce() -> Result<()>) -> ncclResult_t {
         Ok(()) => NCCL_SUCCESS,
         Err(e) => fail(&e),
     }
-}
-
-/// Write `v` through an out-pointer, or fail with `InvalidArgument` if it is NULL.
-fn put<T>(op: &'static str, what: &str, out: *mut T, v: T) -> Result<()> {
-    if out.is_null() {
-        return Err(Error::invalid_arg(op, format!("{what} is NULL")));
-    }
-    // SAFETY: checked non-NULL; the C contract is that it points to a writable, aligned `T`.
-    unsafe { out.write(v) };
-    Ok(())
 }
 
 /// A function this library exports but does not implement: `ncclInvalidUsage` and why.
