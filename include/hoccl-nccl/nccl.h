@@ -322,6 +322,50 @@ ncclResult_t pncclGroupEnd(void);
 ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t *simInfo);
 ncclResult_t pncclGroupSimulateEnd(ncclSimInfo_t *simInfo);
 
+/* ---------------------------------------------------------------- device API (host) -- */
+/* The host functions of NCCL's device API (NCCL declares them in nccl_device.h). hoccl has
+ * no device-side communication: the calls that would set it up are refused (ncclInvalidUsage;
+ * the team functions return the empty team or -1 and set ncclGetLastError), the pure helpers
+ * work. They are here so that programs resolving them (PyTorch) load. */
+typedef struct ncclTeam {
+  int nRanks, rank, stride;
+} ncclTeam_t;
+typedef struct ncclDevComm ncclDevComm_t;
+typedef struct ncclDevCommRequirements ncclDevCommRequirements_t;
+typedef struct ncclDevResourceRequirements ncclDevResourceRequirements_t;
+typedef struct ncclLsaBarrierHandle ncclLsaBarrierHandle_t;
+typedef struct ncclGinBarrierHandle ncclGinBarrierHandle_t;
+typedef struct ncclLLA2AHandle ncclLLA2AHandle_t;
+
+ncclResult_t ncclDevCommCreate(ncclComm_t comm, ncclDevCommRequirements_t const *reqs, ncclDevComm_t *outDevComm);
+ncclResult_t pncclDevCommCreate(ncclComm_t comm, ncclDevCommRequirements_t const *reqs, ncclDevComm_t *outDevComm);
+ncclResult_t ncclDevCommDestroy(ncclComm_t comm, ncclDevComm_t const *devComm);
+ncclResult_t pncclDevCommDestroy(ncclComm_t comm, ncclDevComm_t const *devComm);
+ncclResult_t ncclLsaBarrierCreateRequirement(ncclTeam_t team, int nBarriers, ncclLsaBarrierHandle_t *outHandle,
+                                             ncclDevResourceRequirements_t *outReq);
+ncclResult_t pncclLsaBarrierCreateRequirement(ncclTeam_t team, int nBarriers, ncclLsaBarrierHandle_t *outHandle,
+                                              ncclDevResourceRequirements_t *outReq);
+ncclResult_t ncclGinBarrierCreateRequirement(ncclComm_t comm, ncclTeam_t team, int nBarriers,
+                                             ncclGinBarrierHandle_t *outHandle, ncclDevResourceRequirements_t *outReq);
+ncclResult_t pncclGinBarrierCreateRequirement(ncclComm_t comm, ncclTeam_t team, int nBarriers,
+                                              ncclGinBarrierHandle_t *outHandle, ncclDevResourceRequirements_t *outReq);
+ncclResult_t ncclLLA2ACreateRequirement(int nBlocks, int nSlots, ncclLLA2AHandle_t *outHandle,
+                                        ncclDevResourceRequirements_t *outReq);
+ncclResult_t pncclLLA2ACreateRequirement(int nBlocks, int nSlots, ncclLLA2AHandle_t *outHandle,
+                                         ncclDevResourceRequirements_t *outReq);
+int ncclLLA2ACalcSlots(int maxElts, int maxEltSize);
+int pncclLLA2ACalcSlots(int maxElts, int maxEltSize);
+ncclTeam_t ncclTeamWorld(ncclComm_t comm);
+ncclTeam_t pncclTeamWorld(ncclComm_t comm);
+ncclTeam_t ncclTeamLsa(ncclComm_t comm);
+ncclTeam_t pncclTeamLsa(ncclComm_t comm);
+ncclTeam_t ncclTeamRail(ncclComm_t comm);
+ncclTeam_t pncclTeamRail(ncclComm_t comm);
+int ncclTeamRankToWorld(ncclComm_t comm, ncclTeam_t team, int rank);
+int pncclTeamRankToWorld(ncclComm_t comm, ncclTeam_t team, int rank);
+int ncclTeamRankToLsa(ncclComm_t comm, ncclTeam_t team, int rank);
+int pncclTeamRankToLsa(ncclComm_t comm, ncclTeam_t team, int rank);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -110,6 +110,17 @@ fn collectives_groups_and_split_on_two_ranks() {
                 let mut none = 1usize as ncclComm_t;
                 ok(ncclCommSplit(c, NCCL_SPLIT_NOCOLOR, 0, &mut none, null_mut()));
                 assert!(none.is_null());
+                // The device API: teams from the communicator, the rest refused.
+                let mut me = -1;
+                ok(ncclCommUserRank(c, &mut me));
+                let world = ncclTeamWorld(c);
+                assert_eq!(world, ncclTeam_t { n_ranks: 2, rank: me, stride: 1 });
+                assert_eq!(pncclTeamRankToWorld(c, world, 1 - me), 1 - me);
+                assert_eq!(ncclTeamLsa(c), ncclTeam_t::default());
+                assert!(last().contains("ncclTeamLsa"), "{}", last());
+                assert_eq!(ncclTeamRankToLsa(c, world, 0), -1);
+                assert_eq!(ncclDevCommCreate(c, null(), null_mut()), NCCL_INVALID_USAGE);
+                assert_eq!(ncclTeamWorld(null_mut()), ncclTeam_t::default());
                 let mut e = -1;
                 ok(ncclCommGetAsyncError(c, &mut e));
                 assert_eq!(e, NCCL_SUCCESS);
@@ -123,6 +134,13 @@ fn collectives_groups_and_split_on_two_ranks() {
         ok(ncclCommDestroy(c as ncclComm_t));
         assert_eq!(ncclCommDestroy(c as ncclComm_t), NCCL_INVALID_USAGE);
     }
+}
+
+#[test]
+fn device_api_slot_arithmetic_is_nccls() {
+    assert_eq!(ncclLLA2ACalcSlots(10, 9), 20);
+    assert_eq!(ncclLLA2ACalcSlots(10, 8), 10);
+    assert_eq!(pncclLLA2ACalcSlots(3, 0), 0);
 }
 
 #[test]

@@ -630,6 +630,115 @@ nccl_api! {
     }
 }
 
+// ---------------------------------------------------------------- device API -------------
+// The host functions of NCCL's device API (nccl_device.h). hoccl has no device-side
+// communication (its kernels never talk to peers), so the calls that would set it up are
+// refused; they are exported because programs such as PyTorch resolve them at load time.
+// The pure helpers are implemented.
+
+/// `ncclTeam_t`: `nRanks` ranks, this rank's index, the stride between members' world ranks.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ncclTeam_t {
+    pub n_ranks: c_int,
+    pub rank: c_int,
+    pub stride: c_int,
+}
+
+/// A team-valued entry point that cannot run: the empty team (what NCCL returns on failure),
+/// with the reason recorded and logged.
+fn no_team(r: Result<ncclTeam_t>) -> ncclTeam_t {
+    r.unwrap_or_else(|e| {
+        fail(&e);
+        ncclTeam_t::default()
+    })
+}
+
+nccl_api! {
+    fn ncclDevCommCreate / pncclDevCommCreate(_comm: ncclComm_t, _reqs: *const c_void, _outDevComm: *mut c_void) -> ncclResult_t {
+        refuse("ncclDevCommCreate", "hoccl has no device-side communication (NCCL's device API)")
+    }
+}
+
+nccl_api! {
+    fn ncclDevCommDestroy / pncclDevCommDestroy(_comm: ncclComm_t, _devComm: *const c_void) -> ncclResult_t {
+        refuse("ncclDevCommDestroy", "hoccl has no device-side communication (NCCL's device API)")
+    }
+}
+
+nccl_api! {
+    fn ncclLsaBarrierCreateRequirement / pncclLsaBarrierCreateRequirement(_team: ncclTeam_t, _nBarriers: c_int, _outHandle: *mut c_void, _outReq: *mut c_void) -> ncclResult_t {
+        refuse("ncclLsaBarrierCreateRequirement", "hoccl has no device-side communication (NCCL's device API)")
+    }
+}
+
+nccl_api! {
+    fn ncclGinBarrierCreateRequirement / pncclGinBarrierCreateRequirement(_comm: ncclComm_t, _team: ncclTeam_t, _nBarriers: c_int, _outHandle: *mut c_void, _outReq: *mut c_void) -> ncclResult_t {
+        refuse("ncclGinBarrierCreateRequirement", "hoccl has no device-side communication (NCCL's device API)")
+    }
+}
+
+nccl_api! {
+    fn ncclLLA2ACreateRequirement / pncclLLA2ACreateRequirement(_nBlocks: c_int, _nSlots: c_int, _outHandle: *mut c_void, _outReq: *mut c_void) -> ncclResult_t {
+        refuse("ncclLLA2ACreateRequirement", "hoccl has no device-side communication (NCCL's device API)")
+    }
+}
+
+nccl_api! {
+    /// Slots of the device API's low-latency all-to-all for `maxElts` elements of up to
+    /// `maxEltSize` bytes (8-byte slots), as NCCL computes it.
+    fn ncclLLA2ACalcSlots / pncclLLA2ACalcSlots(maxElts: c_int, maxEltSize: c_int) -> c_int {
+        maxElts.saturating_mul((maxEltSize.max(0) + 7) / 8)
+    }
+}
+
+nccl_api! {
+    /// Every rank of `comm`, stride 1 (the empty team, with the error recorded, for a bad
+    /// handle).
+    fn ncclTeamWorld / pncclTeamWorld(comm: ncclComm_t) -> ncclTeam_t {
+        const OP: &str = "ncclTeamWorld";
+        no_team(hoccl::guarded(OP, || {
+            let c = live(OP, comm)?;
+            Ok(ncclTeam_t { n_ranks: c_int_of(OP, c.size())?, rank: c_int_of(OP, c.rank())?, stride: 1 })
+        }))
+    }
+}
+
+nccl_api! {
+    fn ncclTeamLsa / pncclTeamLsa(_comm: ncclComm_t) -> ncclTeam_t {
+        no_team(Err(Error::invalid_usage("ncclTeamLsa", "not supported by hoccl's NCCL library: hoccl has no device-side communication (NCCL's device API)")))
+    }
+}
+
+nccl_api! {
+    fn ncclTeamRail / pncclTeamRail(_comm: ncclComm_t) -> ncclTeam_t {
+        no_team(Err(Error::invalid_usage("ncclTeamRail", "not supported by hoccl's NCCL library: hoccl has no device-side communication (NCCL's device API)")))
+    }
+}
+
+nccl_api! {
+    /// The world rank of member `rank` of `team`, of which the caller is a member (NCCL's
+    /// arithmetic); -1, with the error recorded, for a bad handle.
+    fn ncclTeamRankToWorld / pncclTeamRankToWorld(comm: ncclComm_t, team: ncclTeam_t, rank: c_int) -> c_int {
+        const OP: &str = "ncclTeamRankToWorld";
+        hoccl::guarded(OP, || {
+            let me = c_int_of(OP, live(OP, comm)?.rank())?;
+            Ok(me.wrapping_add(rank.wrapping_sub(team.rank).wrapping_mul(team.stride)))
+        })
+        .unwrap_or_else(|e| {
+            fail(&e);
+            -1
+        })
+    }
+}
+
+nccl_api! {
+    fn ncclTeamRankToLsa / pncclTeamRankToLsa(_comm: ncclComm_t, _team: ncclTeam_t, _rank: c_int) -> c_int {
+        fail(&Error::invalid_usage("ncclTeamRankToLsa", "not supported by hoccl's NCCL library: hoccl has no device-side communication (NCCL's device API)"));
+        -1
+    }
+}
+
 #[cfg(test)]
 mod api_tests;
 

@@ -16,7 +16,6 @@
 //! outermost `hocclGroupEnd` closes (launches) them all.
 #![allow(non_snake_case, non_camel_case_types)]
 use super::bridge::{CUstream_st, OpArgs, OpKind};
-use super::surface::{LastError, Registry, ThreadGroup};
 use super::{guarded, to_c_int, CommHandle};
 use crate::comm::Communicator;
 use crate::config::Config;
@@ -25,6 +24,7 @@ use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::ptr::{null, null_mut};
 use std::sync::Arc;
+use super::surface::{LastError, Registry, ThreadGroup};
 
 /// `hocclResult_t`: an [`ErrorCode`] value.
 pub type hocclResult_t = c_int;
