@@ -84,7 +84,7 @@ pub(crate) fn logging() {
         let mapped = level.as_deref().map(|l| (l, debug_filter(l)));
         if std::env::var_os("HOCCL_LOG").is_none() {
             if let Some((_, Some((filter, _)))) = mapped {
-                hoccl::config::init_logging(Some(&format!("{filter},hoccl={filter},nccl={filter}")));
+                hoccl::config::init_logging(Some(filter));
             }
         }
         match mapped {
