@@ -21,11 +21,10 @@ use crate::comm::Communicator;
 use crate::config::Config;
 use crate::error::{Error, ErrorCode, Result};
 use std::cell::RefCell;
-use std::collections::HashMap;
-use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::ffi::{c_char, c_int, c_void, CStr};
 use std::ptr::{null, null_mut};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
+use super::surface::{LastError, Registry, ThreadGroup};
 
 /// `hocclResult_t`: an [`ErrorCode`] value.
 pub type hocclResult_t = c_int;
@@ -50,53 +49,28 @@ pub type hocclComm_t = *mut hocclComm;
 
 // ---------------------------------------------------------------- registry ---------------
 
-fn registry() -> &'static Mutex<HashMap<u64, Arc<CommHandle>>> {
-    static R: OnceLock<Mutex<HashMap<u64, Arc<CommHandle>>>> = OnceLock::new();
-    R.get_or_init(Default::default)
-}
-
-fn lock_registry() -> std::sync::MutexGuard<'static, HashMap<u64, Arc<CommHandle>>> {
-    // Entries are inserted and removed in single operations: a poisoned map is still valid.
-    registry().lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Ids start high and odd so that small integers and aligned pointers passed by mistake are
-/// never live handles.
-static NEXT_ID: AtomicU64 = AtomicU64::new(0x4843_0001);
+/// Ids start high and odd (`Registry::new`), apart from the NCCL library's.
+static REGISTRY: Registry<CommHandle> = Registry::new(0x4843_0001);
 
 /// Put `comm` in the registry and return its handle.
 pub(crate) fn register(comm: Communicator) -> hocclComm_t {
-    let id = NEXT_ID.fetch_add(2, Ordering::Relaxed);
-    lock_registry().insert(id, Arc::new(CommHandle::new(comm)));
-    id as usize as hocclComm_t
+    REGISTRY.insert(CommHandle::new(comm)) as usize as hocclComm_t
 }
 
 fn lookup(op: &'static str, comm: hocclComm_t) -> Result<(u64, Arc<CommHandle>)> {
-    if comm.is_null() {
-        return Err(Error::invalid_arg(op, "communicator is NULL"));
-    }
     let id = comm as usize as u64;
-    let h = lock_registry().get(&id).cloned();
-    h.map(|h| (id, h)).ok_or_else(|| Error::invalid_usage(op, format!("{id:#x} is not a live communicator (destroyed, or never created)")))
+    Ok((id, REGISTRY.get(op, id)?))
 }
 
 // ---------------------------------------------------------------- thread state -----------
 
-#[derive(Default)]
-struct ThreadGroup {
-    depth: usize,
-    /// Communicators whose group this thread opened, in first-use order.
-    members: Vec<(u64, Arc<CommHandle>)>,
-}
-
 thread_local! {
-    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
-    static GROUP: RefCell<ThreadGroup> = RefCell::new(ThreadGroup::default());
+    static LAST_ERROR: LastError = LastError::default();
+    static GROUP: RefCell<ThreadGroup<CommHandle>> = RefCell::default();
 }
 
 fn set_last_error(e: &Error) {
-    let msg = CString::new(e.to_string().replace('\0', " ")).unwrap_or_default();
-    let _ = LAST_ERROR.try_with(|l| *l.borrow_mut() = msg);
+    let _ = LAST_ERROR.try_with(|l| l.set(e));
 }
 
 /// Run one C entry point: panics are caught, errors recorded for `hocclGetLastError`.
@@ -114,26 +88,11 @@ pub(super) fn call(op: &'static str, f: impl FnOnce() -> Result<()>) -> hocclRes
 fn communicator(op: &'static str, comm: hocclComm_t) -> Result<Arc<Communicator>> {
     let (id, h) = lookup(op, comm)?;
     let c = h.get(op)?;
-    GROUP.with(|g| {
-        let mut g = g.borrow_mut();
-        if g.depth > 0 && !g.members.iter().any(|(m, _)| *m == id) {
-            c.group_start()?;
-            g.members.push((id, h));
-        }
-        Ok::<_, Error>(())
-    })?;
+    GROUP.with(|g| g.borrow_mut().join(id, &h, || c.group_start()))?;
     Ok(c)
 }
 
-/// Write `v` through an out-pointer, or fail with `InvalidArgument` if it is NULL.
-pub(super) fn put<T>(op: &'static str, what: &str, out: *mut T, v: T) -> Result<()> {
-    if out.is_null() {
-        return Err(Error::invalid_arg(op, format!("{what} is NULL")));
-    }
-    // SAFETY: checked non-NULL; the C contract is that it points to a writable, aligned `T`.
-    unsafe { out.write(v) };
-    Ok(())
-}
+pub(super) use super::surface::put;
 
 // ---------------------------------------------------------------- library ----------------
 
@@ -175,7 +134,7 @@ pub extern "C" fn hocclGetErrorString(result: hocclResult_t) -> *const c_char {
 /// valid until the next failing hoccl call on this thread.
 #[no_mangle]
 pub extern "C" fn hocclGetLastError() -> *const c_char {
-    LAST_ERROR.try_with(|l| l.borrow().as_ptr()).unwrap_or(c"".as_ptr())
+    LAST_ERROR.try_with(|l| l.as_ptr()).unwrap_or(c"".as_ptr())
 }
 
 // ---------------------------------------------------------------- communicators ----------
@@ -196,7 +155,7 @@ pub extern "C" fn hocclCommDestroy(comm: hocclComm_t) -> hocclResult_t {
     call(OP, || {
         let (id, h) = lookup(OP, comm)?;
         // Out of the registry first: from here on the handle is invalid for every thread.
-        lock_registry().remove(&id);
+        REGISTRY.remove(OP, id)?;
         h.destroy(OP)
     })
 }
@@ -239,7 +198,7 @@ pub extern "C" fn hocclCommUserRank(comm: hocclComm_t, rank: *mut c_int) -> hocc
 #[no_mangle]
 pub extern "C" fn hocclGroupStart() -> hocclResult_t {
     call("hocclGroupStart", || {
-        GROUP.with(|g| g.borrow_mut().depth += 1);
+        GROUP.with(|g| g.borrow_mut().start());
         Ok(())
     })
 }
@@ -251,22 +210,7 @@ pub extern "C" fn hocclGroupStart() -> hocclResult_t {
 pub extern "C" fn hocclGroupEnd() -> hocclResult_t {
     const OP: &str = "hocclGroupEnd";
     call(OP, || {
-        let members = GROUP.with(|g| {
-            let mut g = g.borrow_mut();
-            if g.depth == 0 {
-                return Err(Error::invalid_usage(OP, "hocclGroupEnd without hocclGroupStart"));
-            }
-            g.depth -= 1;
-            Ok(if g.depth == 0 { std::mem::take(&mut g.members) } else { Vec::new() })
-        })?;
-        let mut first = Ok(());
-        for (_, h) in members {
-            let r = h.get(OP).and_then(|c| c.group_end());
-            if first.is_ok() {
-                first = r;
-            }
-        }
-        first
+        GROUP.with(|g| ThreadGroup::end(g, OP, "hocclGroupStart", |h| h.get(OP).and_then(|c| c.group_end())))
     })
 }
 
