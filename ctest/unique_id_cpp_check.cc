@@ -3,7 +3,7 @@
 // hoccl call, the id passed through pipes (ctest/spawn_ranks.h). Rank 1 first presents the id
 // with its secret altered and must get hoccl::Error InvalidArgument within seconds; then every
 // rank joins and an AllReduce (max, float) and an AllGather (int64) are checked against values
-// computed here.   unique_id_check_cpp NRANKS
+// computed here.   unique_id_cpp_check NRANKS
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -25,7 +25,7 @@ int failures = 0;
 void expect(int rank, bool ok, const std::string& what) {
   if (!ok) {
     ++failures;
-    std::fprintf(stderr, "unique_id_check_cpp: rank %d: FAILED: %s\n", rank, what.c_str());
+    std::fprintf(stderr, "unique_id_cpp_check: rank %d: FAILED: %s\n", rank, what.c_str());
   }
 }
 
@@ -38,7 +38,7 @@ int makeId(void* id, void*) {
     std::memcpy(id, u.bytes.data(), u.bytes.size());
     return 0;
   } catch (const hoccl::Error& e) {
-    std::fprintf(stderr, "unique_id_check_cpp: UniqueId::create: %s\n", e.what());
+    std::fprintf(stderr, "unique_id_cpp_check: UniqueId::create: %s\n", e.what());
     return 1;
   }
 }
@@ -120,6 +120,6 @@ int main(int argc, char** argv) {
   int nranks = argc > 1 ? std::atoi(argv[1]) : 2;
   setenv("HOCCL_TIMEOUT_MS", "30000", 0);
   int rc = spawn_ranks(nranks, hoccl::UniqueId::kBytes, makeId, rankMain, nullptr);
-  std::printf("unique_id_check_cpp: %s (%d ranks)\n", rc == 0 ? "OK" : "FAILED", nranks);
+  std::printf("unique_id_cpp_check: %s (%d ranks)\n", rc == 0 ? "OK" : "FAILED", nranks);
   return rc;
 }
