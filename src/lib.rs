@@ -87,6 +87,11 @@ pub use comm::{Collective, Communicator, OpDesc};
 pub use config::{BackendChoice, Config, EngineChoice};
 pub use device::{Backend, DevPtr, Device, StreamHandle};
 pub use error::{Error, ErrorCode, Result};
+/// The pieces every foreign surface shares (hoccl's C ABI and C++ bridge, the
+/// NCCL-compatible library): a communicator handle's life cycle, the panic guard of an entry
+/// point, and C rank arguments.
+#[doc(hidden)]
+pub use ffi::{guarded, rank_arg, CommHandle};
 pub use reduce::RedOp;
 pub use types::DataType;
 

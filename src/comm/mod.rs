@@ -375,6 +375,7 @@ impl Communicator {
     /// the proxy's part.
     fn launch(&self, st: &mut State, name: &'static str, stream: StreamHandle, dtype: Option<DataType>, mut sends: Vec<Transfer>, mut recvs: Vec<Transfer>) -> Result<()> {
         let local = take_local(name, self.rank, &mut sends, &mut recvs)?;
+        self.check_capture(name, stream, !sends.is_empty() || !recvs.is_empty())?;
         if sends.is_empty() && recvs.is_empty() {
             // Nothing crosses to a peer: the copies go on the caller's stream itself, which
             // orders them after the work before the call and before the work after it.
@@ -427,9 +428,32 @@ impl Communicator {
         }
     }
 
+    /// Refuse an op whose work crosses to a peer (`crosses`) on a stream that is being
+    /// captured into a CUDA graph. The proxy drives such an op once, through the stream's
+    /// handshake flags and their monotonic sequence numbers; a replayed graph would repeat
+    /// the stream's waits and writes without the proxy's part, so the capture would record
+    /// an op that can never run again. Work that stays on the caller's stream (copies to
+    /// self, a one-rank reduction's reduce step) is recorded like any stream work. Only
+    /// asked when the op crosses, so one-rank ops pay nothing.
+    pub(super) fn check_capture(&self, name: &'static str, stream: StreamHandle, crosses: bool) -> Result<()> {
+        capture_verdict(name, crosses, || self.dev.stream_capturing(stream).map_err(|e| e.with_op(name)))
+    }
+
     fn bytes(op: &'static str, count: usize, dtype: DataType) -> Result<usize> {
         dtype.bytes(op, count)
     }
+}
+
+/// The capture rule of [`Communicator::check_capture`]: `capturing` is asked only for an op
+/// that crosses to a peer.
+fn capture_verdict(name: &'static str, crosses: bool, capturing: impl FnOnce() -> Result<bool>) -> Result<()> {
+    if crosses && capturing()? {
+        return Err(Error::invalid_usage(
+            name,
+            "the stream is being captured into a CUDA graph, and an operation that moves data between ranks cannot be captured (only one-rank operations can)",
+        ));
+    }
+    Ok(())
 }
 
 /// Remove this rank's transfers to itself from `sends` and `recvs` and pair them: the k-th
@@ -500,5 +524,24 @@ impl Drop for Communicator {
             st.codec.release(self.dev.as_ref(), clean);
             self.release_scratch(&mut st, self.config.timeout);
         }
+    }
+}
+
+#[cfg(test)]
+mod capture_tests {
+    use super::*;
+    use crate::error::ErrorCode;
+
+    #[test]
+    fn only_ops_that_cross_to_a_peer_are_refused_under_capture() {
+        let e = capture_verdict("all_reduce", true, || Ok(true)).unwrap_err();
+        assert_eq!(e.code(), ErrorCode::InvalidUsage);
+        assert!(e.to_string().contains("captured into a CUDA graph"), "{e}");
+        assert!(capture_verdict("send", true, || Ok(false)).is_ok());
+        // A one-rank op never asks the device, so it costs nothing and cannot fail here.
+        assert!(capture_verdict("all_gather", false, || panic!("asked for an op that stays local")).is_ok());
+        // A failing query is reported, not taken for "not capturing".
+        let e = capture_verdict("send", true, || Err(Error::internal("q", "driver"))).unwrap_err();
+        assert_eq!(e.code(), ErrorCode::Internal);
     }
 }

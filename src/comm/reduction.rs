@@ -199,6 +199,8 @@ impl Communicator {
         if self.config.engine == crate::config::EngineChoice::CopyEngine && !self.ce_reduce_logged.swap(true, Ordering::Relaxed) {
             log::debug!("HOCCL_ENGINE=ce: reductions move their data on the copy engines, but their reduce step always runs on the device (a kernel on CUDA)");
         }
+        // Checked once before any step: a reduction over peers must not be half recorded.
+        self.check_capture(red.name, red.stream, self.size > 1 && red.count > 0)?;
         let mut submitted = false;
         let r = self.run_reduction_steps(st, red, &mut submitted);
         if let (Err(e), true) = (&r, submitted) {

@@ -169,6 +169,11 @@ pub trait Device: Send + Sync + 'static {
     fn stream_query(&self, _s: StreamHandle) -> Result<bool> {
         Ok(false)
     }
+    /// Whether work enqueued on `s` is being recorded into a CUDA graph instead of run.
+    /// The host backend has no graph capture.
+    fn stream_capturing(&self, _s: StreamHandle) -> Result<bool> {
+        Ok(false)
+    }
     /// Enqueue a copy on a user stream (stream-ordered; a kernel-free DMA on CUDA).
     fn memcpy_async(&self, s: StreamHandle, dst: DevPtr, src: DevPtr, len: usize) -> Result<()>;
     /// Enqueue the test-data generator: byte i of `dst` becomes `pattern_byte(seed, i)`.

@@ -24,7 +24,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// Run `f`, turning a panic into `Error::Internal` naming `op`: a panic must never unwind
 /// into C or C++ (inside a static library it would abort the host program).
-pub(crate) fn guarded<T>(op: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+pub fn guarded<T>(op: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => r,
         Err(payload) => {
@@ -39,7 +39,7 @@ pub(crate) fn guarded<T>(op: &'static str, f: impl FnOnce() -> Result<T>) -> Res
 }
 
 /// A rank number from C (an `int`): negative values are invalid arguments.
-pub(crate) fn rank_arg(op: &'static str, what: &str, v: i32) -> Result<usize> {
+pub fn rank_arg(op: &'static str, what: &str, v: i32) -> Result<usize> {
     usize::try_from(v).map_err(|_| Error::invalid_arg(op, format!("{what} {v} is negative")))
 }
 

@@ -29,6 +29,7 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuDevicePrimaryCtxRetain",
     "cuDevicePrimaryCtxRelease_v2",
     "cuCtxGetCurrent",
+    "cuCtxGetDevice",
     "cuCtxSetCurrent",
     "cuMemAlloc_v2",
     "cuMemFree_v2",
@@ -47,6 +48,7 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuStreamDestroy_v2",
     "cuStreamSynchronize",
     "cuStreamQuery",
+    "cuStreamIsCapturing",
     "cuStreamWriteValue32_v2",
     "cuStreamWaitValue32_v2",
     "cuStreamWriteValue64_v2",
@@ -118,6 +120,24 @@ pub(crate) fn init() -> Result<()> {
         check("cuda::init", "cuInit", r).map_err(|e| Error::NoDevice { op: "cuda::init", what: e.to_string() })
     })
     .clone()
+}
+
+/// The ordinal of the GPU whose context is current on the calling thread (what
+/// `cudaGetDevice` reports once the runtime made a context current), or `None` when no
+/// context is current.
+pub fn current_ordinal() -> Result<Option<usize>> {
+    const OP: &str = "cuda::current_ordinal";
+    init()?;
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: init() succeeded; ctx is a valid out-pointer.
+    check(OP, "cuCtxGetCurrent", unsafe { sys::cuCtxGetCurrent(&mut ctx) })?;
+    if ctx.is_null() {
+        return Ok(None);
+    }
+    let mut dev: sys::CUdevice = 0;
+    // SAFETY: a context is current on this thread; dev is a valid out-pointer.
+    check(OP, "cuCtxGetDevice", unsafe { sys::cuCtxGetDevice(&mut dev) })?;
+    usize::try_from(dev).map(Some).map_err(|_| Error::internal(OP, format!("negative device ordinal {dev}")))
 }
 
 /// Hardware work queues per context that hoccl asks for (`CUDA_DEVICE_MAX_CONNECTIONS`).

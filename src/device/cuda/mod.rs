@@ -40,7 +40,7 @@ mod queue;
 mod reduce;
 mod stream;
 
-pub use driver::hardware_queues;
+pub use driver::{current_ordinal, hardware_queues};
 pub use probe::{probe, GpuInfo, Probe};
 pub use queue::CudaCopyQueue;
 pub use reduce::{reduce_ctas, DEFAULT_REDUCE_CTAS, MAX_REDUCE_SRCS};
@@ -272,6 +272,9 @@ impl Device for CudaDevice {
     }
     fn stream_query(&self, s: StreamHandle) -> Result<bool> {
         self.stream_query(s)
+    }
+    fn stream_capturing(&self, s: StreamHandle) -> Result<bool> {
+        self.stream_is_capturing(s)
     }
     fn memcpy_async(&self, s: StreamHandle, dst: DevPtr, src: DevPtr, len: usize) -> Result<()> {
         self.stream_memcpy(s, dst, src, len)

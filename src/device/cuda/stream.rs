@@ -67,6 +67,17 @@ impl CudaDevice {
         check(OP, "cuStreamQuery", r).map(|_| true)
     }
 
+    /// Whether `s` is being captured into a graph (`cuStreamIsCapturing`; an invalidated
+    /// capture counts as capturing: work enqueued on it is not run either).
+    pub(super) fn stream_is_capturing(&self, s: StreamHandle) -> Result<bool> {
+        const OP: &str = "Device::stream_capturing";
+        let _g = self.enter(OP)?;
+        let mut st = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: the driver validates the stream handle; st is a valid out-pointer.
+        check(OP, "cuStreamIsCapturing", unsafe { sys::cuStreamIsCapturing(cu_stream(s), &mut st) })?;
+        Ok(st != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+
     pub(super) fn stream_write_value(&self, s: StreamHandle, flag: DevPtr, v: u64) -> Result<()> {
         const OP: &str = "Device::write_value";
         check_flag(OP, flag)?;
