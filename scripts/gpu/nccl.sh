@@ -14,8 +14,8 @@
 #      our library exports: any missing symbol fails
 # With fewer GPUs than ranks the ranks share a GPU, which needs MPS: it is started here
 # (nvidia-cuda-mps-control -d) and stopped when the script exits.
-#   HOCCL_NCCL_LIB   our libnccl.so.2 (default: $HOCCL_BIN_DIR/nccl/libnccl.so.2, else built
-#                    here with cargo into build/nccl-lib/)
+#   HOCCL_NCCL_LIB   our libnccl.so.2 (default: built here by scripts/nccl-lib.sh when cargo
+#                    is installed, else build/cmake/lib/hoccl-nccl/libnccl.so.2 from build.sh)
 #   TORCH_PYTHON     a Python with torch (default /opt/torch/.venv/bin/python)
 #   NCCL_STEP_LIMIT  seconds per step (default 300)
 set -uo pipefail
@@ -31,17 +31,13 @@ fail() { status=1; note "FAIL $*"; }
 
 # ---------------------------------------------------------------- our library ------------
 lib="${HOCCL_NCCL_LIB:-}"
-if [ -z "$lib" ] && [ -f "$bin/nccl/libnccl.so.2" ]; then
-  lib="$bin/nccl/libnccl.so.2"
-fi
 if [ -z "$lib" ]; then
-  if command -v cargo >/dev/null 2>&1 || [ -x "${HOME:-/root}/.cargo/bin/cargo" ]; then
-    [ -x "${HOME:-/root}/.cargo/bin/cargo" ] && export PATH="${HOME:-/root}/.cargo/bin:$PATH"
-    cargo build --release -p hoccl-nccl > "$logs/nccl-build.log" 2>&1 || { note "FAIL cargo build -p hoccl-nccl ($logs/nccl-build.log)"; exit 1; }
-    mkdir -p build/nccl-lib
-    cp "${CARGO_TARGET_DIR:-target}/release/libnccl.so" build/nccl-lib/libnccl.so.2
-    ln -sf libnccl.so.2 build/nccl-lib/libnccl.so
-    lib="$root/build/nccl-lib/libnccl.so.2"
+  [ -x "${HOME:-/root}/.cargo/bin/cargo" ] && export PATH="${HOME:-/root}/.cargo/bin:$PATH"
+  if command -v cargo >/dev/null 2>&1; then
+    d=$(bash scripts/nccl-lib.sh 2> "$logs/nccl-build.log") || { echo "nccl.sh: scripts/nccl-lib.sh failed ($logs/nccl-build.log)" >&2; exit 1; }
+    lib="$d/libnccl.so.2"
+  elif [ -f build/cmake/lib/hoccl-nccl/libnccl.so.2 ]; then
+    lib="$root/build/cmake/lib/hoccl-nccl/libnccl.so.2"   # made by build.sh's CMake build
   else
     echo "nccl.sh: no libnccl.so.2: set HOCCL_NCCL_LIB, or install Rust" >&2
     exit 2
@@ -49,7 +45,6 @@ if [ -z "$lib" ]; then
 fi
 lib="$(cd "$(dirname "$lib")" && pwd)/$(basename "$lib")"
 libdir="$(dirname "$lib")"
-[ -e "$libdir/libnccl.so" ] || ln -sf "$(basename "$lib")" "$libdir/libnccl.so" 2>/dev/null || true
 [ -x "$py" ] || { echo "nccl.sh: no Python at $py (set TORCH_PYTHON)" >&2; exit 2; }
 site=$("$py" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
 torch_cuda="$site/torch/lib/libtorch_cuda.so"
