@@ -78,6 +78,7 @@ static struct {
   CUresult (*htod)(unsigned long long, const void*, size_t);
   CUresult (*dtoh)(void*, unsigned long long, size_t);
   CUresult (*sync)(void);
+  CUresult (*stream_create)(cudaStream_t*, unsigned);
   int ordinal;
 } cu;
 
@@ -102,7 +103,10 @@ static int device_init(int rank) {
   *(void**)&cu.htod = sym(lib, "cuMemcpyHtoD_v2");
   *(void**)&cu.dtoh = sym(lib, "cuMemcpyDtoH_v2");
   *(void**)&cu.sync = sym(lib, "cuCtxSynchronize");
-  if (!cu.init || !cu.count || !cu.get || !cu.retain || !cu.set_current || !cu.htod || !cu.dtoh || !cu.sync) return -1;
+  *(void**)&cu.stream_create = sym(lib, "cuStreamCreate");
+  if (!cu.init || !cu.count || !cu.get || !cu.retain || !cu.set_current || !cu.htod || !cu.dtoh || !cu.sync ||
+      !cu.stream_create)
+    return -1;
   int n = 0, dev = 0;
   void* ctx = NULL;
   if (cu.init(0) != 0 || cu.count(&n) != 0 || n == 0) return want_cuda ? -1 : 0;
@@ -120,10 +124,12 @@ static void* dalloc(size_t bytes) {
 
 static void dfree(void* p) { expect_rc(ncclMemFree(p), ncclSuccess, "ncclMemFree"); }
 
+/* Synchronous: on CUDA a copy from pageable memory may return before its DMA landed, so the
+ * context is synchronized after it (collectives on other streams must see the data). */
 static void upload(void* dst, const void* src, size_t n) {
   if (n == 0) return;
   if (cu.cuda)
-    expect(cu.htod((unsigned long long)(uintptr_t)dst, src, n) == 0, "cuMemcpyHtoD");
+    expect(cu.htod((unsigned long long)(uintptr_t)dst, src, n) == 0 && cu.sync() == 0, "cuMemcpyHtoD");
   else
     memcpy(dst, src, n);
 }
@@ -472,9 +478,15 @@ static void split_comms(ncclComm_t world) {
 }
 
 /* Two ranks in this process (ncclCommInitAll, both on this rank's GPU), driven from this
- * thread inside one group, as NCCL requires for several communicators per thread. */
+ * thread inside one group, as NCCL requires for several communicators per thread. Each rank
+ * has its own stream: on hoccl a rank's collective holds its stream until the peer's data
+ * arrived, so two ranks on one stream would wait for each other (on the host backend each
+ * communicator's stream 0 is its own queue; on CUDA two streams are created). */
 static void init_all(void) {
   ncclComm_t comms[2] = {NULL, NULL};
+  cudaStream_t streams[2] = {NULL, NULL};
+  if (cu.cuda)
+    for (int r = 0; r < 2; ++r) expect(cu.stream_create(&streams[r], 1 /* non-blocking */) == 0, "cuStreamCreate");
   int devs[2] = {cu.ordinal, cu.ordinal};
   expect_rc(ncclCommInitAll(comms, 2, devs), ncclSuccess, "InitAll");
   if (comms[0] == NULL || comms[1] == NULL) return;
@@ -489,7 +501,7 @@ static void init_all(void) {
     upload(d[r], h, count * 4);
   }
   expect_rc(ncclGroupStart(), ncclSuccess, "GroupStart (InitAll)");
-  for (int r = 0; r < 2; ++r) expect_rc(ncclAllReduce(d[r], d[r], count, ncclFloat32, ncclSum, comms[r], NULL), ncclSuccess, "AllReduce (InitAll)");
+  for (int r = 0; r < 2; ++r) expect_rc(ncclAllReduce(d[r], d[r], count, ncclFloat32, ncclSum, comms[r], streams[r]), ncclSuccess, "AllReduce (InitAll)");
   expect_rc(ncclGroupEnd(), ncclSuccess, "GroupEnd (InitAll)");
   for (int r = 0; r < 2; ++r) {
     wait_for(comms[r]);
