@@ -4,6 +4,8 @@
 // in the library (cpp/hoccl.cc), on top of the cxx bridge (src/ffi/bridge.rs).
 //
 //   hoccl::Communicator comm(MPI_COMM_WORLD);        // collective over the MPI communicator
+//   // or, without MPI: UniqueId::create() on one process, its bytes copied to every rank, then
+//   //   auto comm = hoccl::Communicator::fromUniqueId(id, nranks, rank);
 //   comm.allGather(send, recv, count, hoccl::DataType::Bfloat16, stream);
 //   { hoccl::Group g(comm); comm.send(a, n, t, peer, s); comm.recv(b, n, t, peer, s); g.end(); }
 //   if (auto e = comm.asyncError()) { /* a peer died, ranks disagreed, a timeout */ }
