@@ -261,6 +261,7 @@ def capture_all_reduce(c, group, n, replays, name):
     x = torch.zeros(n, device=c.dev)
     stream = torch.cuda.Stream(device=c.dev)
     # Warm up outside capture (the process group makes its communicator here).
+    torch.cuda.synchronize(c.dev)
     with torch.cuda.stream(stream):
         dist.all_reduce(x, group=group)
     stream.synchronize()
