@@ -4,6 +4,8 @@
 // through Comm::enqueue, the descriptor the C ABI fills too.
 #include "hoccl/hoccl.hpp"
 
+#include <algorithm>
+
 namespace hoccl {
 namespace detail {
 
@@ -147,6 +149,24 @@ rust::Box<bridge::Comm> Communicator::create(std::int32_t mpiCommF) {
   rust::Box<bridge::Comm> b = bridge::comm_init_mpi(mpiCommF, st);
   check(st);
   return b;
+}
+
+UniqueId UniqueId::create() {
+  bridge::Status st;
+  rust::Vec<std::uint8_t> v = bridge::unique_id(st);
+  check(st);
+  if (v.size() != kBytes) throw Error(ErrorCode::Internal, "UniqueId::create: the id is not 128 bytes");
+  UniqueId id;
+  std::copy(v.begin(), v.end(), id.bytes.begin());
+  return id;
+}
+
+Communicator Communicator::fromUniqueId(const UniqueId& id, int nranks, int rank) {
+  bridge::Status st;
+  rust::Box<bridge::Comm> b =
+      bridge::comm_init_unique_id(rust::Slice<const std::uint8_t>(id.bytes.data(), id.bytes.size()), nranks, rank, st);
+  check(st);
+  return Communicator(std::move(b));
 }
 
 Communicator& Communicator::operator=(Communicator&& o) noexcept {

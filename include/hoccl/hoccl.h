@@ -90,6 +90,14 @@ typedef enum {
 
 typedef struct hocclComm* hocclComm_t;
 
+/* A TCP rendezvous (hocclGetUniqueId, hocclCommInitRank): the root's address and port and a
+ * random secret every joining rank must present. Copy it to the other ranks by any means
+ * (a pipe, a file, MPI_Bcast); it is a secret, so do not log its bytes. */
+#define HOCCL_UNIQUE_ID_BYTES 128
+typedef struct {
+  char internal[HOCCL_UNIQUE_ID_BYTES];
+} hocclUniqueId;
+
 /* ---- library ------------------------------------------------------------------------- */
 hocclResult_t hocclGetVersion(int* version);
 const char* hocclGetErrorString(hocclResult_t result);
@@ -102,6 +110,17 @@ const char* hocclGetLastError(void);
  * MPI_THREAD_MULTIPLE, or SERIALIZED if the application does not call MPI concurrently).
  * Reads the HOCCL_* environment variables. *comm is NULL on failure. */
 hocclResult_t hocclCommInitMpi(hocclComm_t* comm, int mpiCommF);
+/* Without MPI, as NCCL's ncclGetUniqueId / ncclCommInitRank. hocclGetUniqueId makes a fresh
+ * id and starts a thread in this process that serves the rendezvous (listening on the
+ * interface HOCCL_SOCKET_IFNAME chooses, else the first non-loopback one that is up, else
+ * loopback): this process must live until every rank has joined. Each of the nranks ranks
+ * then calls hocclCommInitRank with the id; it returns once all have joined (every wait
+ * bounded by HOCCL_TIMEOUT_MS: hocclTimeout). The root refuses, with hocclInvalidArgument
+ * and the reason in hocclGetLastError(), a wrong secret, a duplicate or out-of-range rank
+ * and an nranks differing from the first joiner's; a refused rank may call again. Reads
+ * the HOCCL_* environment variables. *comm is NULL on failure. */
+hocclResult_t hocclGetUniqueId(hocclUniqueId* uniqueId);
+hocclResult_t hocclCommInitRank(hocclComm_t* comm, int nranks, hocclUniqueId commId, int rank);
 /* Wait for pending operations (bounded by the timeout), then release the communicator.
  * Returns the asynchronous error if one occurred; the handle is released in every case.
  * Call before MPI_Finalize. */

@@ -4,6 +4,8 @@
 // in the library (cpp/hoccl.cc), on top of the cxx bridge (src/ffi/bridge.rs).
 //
 //   hoccl::Communicator comm(MPI_COMM_WORLD);        // collective over the MPI communicator
+//   // or, without MPI: UniqueId::create() on one process, its bytes copied to every rank, then
+//   //   auto comm = hoccl::Communicator::fromUniqueId(id, nranks, rank);
 //   comm.allGather(send, recv, count, hoccl::DataType::Bfloat16, stream);
 //   { hoccl::Group g(comm); comm.send(a, n, t, peer, s); comm.recv(b, n, t, peer, s); g.end(); }
 //   if (auto e = comm.asyncError()) { /* a peer died, ranks disagreed, a timeout */ }
@@ -21,6 +23,7 @@
 
 #include <mpi.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -224,14 +227,36 @@ void checkStatus(std::uint32_t statusWord);
 
 }  // namespace codec
 
-// A communicator over the ranks of an MPI communicator. Movable, not copyable. Calls from
-// several threads are safe; calls on one communicator must be in the same order on every rank.
+// A TCP rendezvous for creating a communicator without MPI (Communicator::fromUniqueId),
+// as NCCL's ncclUniqueId and hoccl.h's hocclUniqueId (the same 128 bytes): the root's address
+// and port and a random secret that every joining rank must present. Copy `bytes` to the
+// other ranks by any means (a pipe, a file, MPI_Bcast); it is a secret, so do not log it.
+struct UniqueId {
+  static constexpr std::size_t kBytes = 128;
+  std::array<std::uint8_t, kBytes> bytes{};
+
+  // A fresh id. This process serves the rendezvous from a thread (listening on the interface
+  // HOCCL_SOCKET_IFNAME chooses, else the first non-loopback one that is up, else loopback),
+  // so it must live until every rank has joined.
+  static UniqueId create();
+};
+
+// A communicator over the ranks of an MPI communicator, or of a unique id's rendezvous.
+// Movable, not copyable. Calls from several threads are safe; calls on one communicator must
+// be in the same order on every rank.
 class Communicator {
  public:
   // Collective over `comm` (which hoccl duplicates, so its traffic never mixes with yours).
   // MPI must be initialized, with MPI_THREAD_MULTIPLE (or SERIALIZED if you do not call MPI
   // concurrently with hoccl). Reads the HOCCL_* environment variables.
   explicit Communicator(MPI_Comm comm) : impl_(create(static_cast<std::int32_t>(MPI_Comm_c2f(comm)))) {}
+  // Without MPI: `rank` of `nranks`, every rank passing the same id (UniqueId::create on one
+  // of the processes). Collective over the nranks ranks; returns once all have joined, every
+  // wait bounded by HOCCL_TIMEOUT_MS (ErrorCode::Timeout). The root refuses a wrong secret, a
+  // duplicate or out-of-range rank and an nranks differing from the first joiner's
+  // (ErrorCode::InvalidArgument, with the reason); a refused rank may try again. Reads the
+  // HOCCL_* environment variables.
+  static Communicator fromUniqueId(const UniqueId& id, int nranks, int rank);
   Communicator(Communicator&&) noexcept = default;
   Communicator& operator=(Communicator&& o) noexcept;
   Communicator(const Communicator&) = delete;
@@ -296,6 +321,7 @@ class Communicator {
   void reduce(const void* send, void* recv, std::size_t count, DataType t, RedOp op, int root, Stream s);
 
  private:
+  explicit Communicator(rust::Box<bridge::Comm> c) : impl_(std::move(c)) {}
   // A communicator over the MPI communicator with this Fortran handle (MPI_Comm_c2f).
   static rust::Box<bridge::Comm> create(std::int32_t mpiCommF);
   const bridge::Comm& c(const char* what) const { return impl_.at(what); }

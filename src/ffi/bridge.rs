@@ -11,6 +11,7 @@
 //! every address before it is used. cxx requires functions with pointer arguments to be
 //! declared `unsafe`; they impose nothing on their caller beyond that.
 use super::{guarded, rank_arg, to_c_int, CommHandle};
+use crate::bootstrap::tcp::UniqueId;
 use crate::comm::{Collective, Communicator, OpDesc};
 use crate::config::Config;
 use crate::device::{Backend, DevPtr, Device, StreamHandle};
@@ -86,6 +87,10 @@ mod ffi {
 
         // ---- communicator: creation, identity, life cycle -------------------------------
         fn comm_init_mpi(mpi_comm_f: i32, status: &mut Status) -> Box<Comm>;
+        /// A fresh TCP rendezvous id (128 bytes); this process serves its root.
+        fn unique_id(status: &mut Status) -> Vec<u8>;
+        /// `rank` of `nranks` through the rendezvous of `id` (128 bytes from `unique_id`).
+        fn comm_init_unique_id(id: &[u8], nranks: i32, rank: i32, status: &mut Status) -> Box<Comm>;
         fn rank(self: &Comm, status: &mut Status) -> i32;
         fn size(self: &Comm, status: &mut Status) -> i32;
         fn async_error(self: &Comm, status: &mut Status) -> Status;
@@ -277,6 +282,34 @@ fn comm_init_mpi(mpi_comm_f: i32, out: &mut Status) -> Box<Comm> {
     Box::new(Comm { handle: c.map_or_else(CommHandle::empty, CommHandle::new) })
 }
 
+fn unique_id(out: &mut Status) -> Vec<u8> {
+    const OP: &str = "UniqueId::create";
+    value(out, guarded(OP, || Ok(Communicator::unique_id(&Config::from_env()?)?.internal.to_vec())))
+}
+
+/// `rank` of `nranks` (C's ints, checked) through the rendezvous of `id`, configured from
+/// the environment: the creation behind C's `hocclCommInitRank` and C++'s `fromUniqueId`.
+pub(super) fn init_unique_id(op: &'static str, id: &UniqueId, nranks: i32, rank: i32) -> Result<Communicator> {
+    let (n, r) = (rank_arg(op, "nranks", nranks)?, rank_arg(op, "rank", rank)?);
+    if n == 0 || r >= n {
+        return Err(Error::invalid_arg(op, format!("rank {rank} of nranks {nranks}")));
+    }
+    Communicator::from_unique_id(id, n, r, Config::from_env()?)
+}
+
+fn comm_init_unique_id(id: &[u8], nranks: i32, rank: i32, out: &mut Status) -> Box<Comm> {
+    const OP: &str = "Communicator::fromUniqueId";
+    let c = value(
+        out,
+        guarded(OP, || {
+            let internal: [u8; 128] = id.try_into().map_err(|_| Error::invalid_arg(OP, format!("a unique id is 128 bytes, got {}", id.len())))?;
+            init_unique_id(OP, &UniqueId { internal }, nranks, rank)
+        })
+        .map(Some),
+    );
+    Box::new(Comm { handle: c.map_or_else(CommHandle::empty, CommHandle::new) })
+}
+
 impl Comm {
     /// Run `f` on the live communicator; any failure (or panic) becomes a `Status`.
     fn call(&self, op: &'static str, f: impl FnOnce(&Communicator) -> Result<()>) -> Status {
@@ -455,6 +488,26 @@ mod tests {
             assert_eq!(code(dev.free(buf)), 0);
             assert_eq!(code(dev.free(buf)), ErrorCode::InvalidArgument as i32);
         });
+    }
+
+    #[test]
+    fn communicator_from_a_unique_id() {
+        let mut st = status(Ok(()));
+        let id = unique_id(&mut st);
+        assert_eq!((st.code, id.len()), (0, 128), "{}", st.message);
+        let comm = comm_init_unique_id(&id[..100], 1, 0, &mut st);
+        assert_eq!(st.code, ErrorCode::InvalidArgument as i32);
+        assert!(st.message.contains("128 bytes, got 100"), "{}", st.message);
+        assert_eq!(comm.size(&mut st), 0);
+        assert_eq!(st.code, ErrorCode::InvalidUsage as i32);
+        for (n, r) in [(1, 1), (0, 0), (1, -1)] {
+            comm_init_unique_id(&id, n, r, &mut st);
+            assert_eq!(st.code, ErrorCode::InvalidArgument as i32, "rank {r} of {n}: {}", st.message);
+        }
+        let comm = comm_init_unique_id(&id, 1, 0, &mut st);
+        assert_eq!(st.code, 0, "{}", st.message);
+        assert_eq!((comm.rank(&mut st), comm.size(&mut st)), (0, 1));
+        assert_eq!(comm.destroy().code, 0);
     }
 
     #[test]

@@ -15,8 +15,9 @@
 //! thread, the first call on each communicator opens that communicator's group, and the
 //! outermost `hocclGroupEnd` closes (launches) them all.
 #![allow(non_snake_case, non_camel_case_types)]
-use super::bridge::{CUstream_st, OpArgs, OpKind};
+use super::bridge::{init_unique_id, CUstream_st, OpArgs, OpKind};
 use super::{guarded, to_c_int, CommHandle};
+use crate::bootstrap::tcp::UniqueId;
 use crate::comm::Communicator;
 use crate::config::Config;
 use crate::error::{Error, ErrorCode, Result};
@@ -145,6 +146,38 @@ pub extern "C" fn hocclCommInitMpi(comm: *mut hocclComm_t, mpi_comm_f: c_int) ->
     call(OP, || {
         put(OP, "comm", comm, std::ptr::null_mut())?;
         let c = Communicator::from_mpi_fortran(mpi_comm_f, Config::from_env()?)?;
+        put(OP, "comm", comm, register(c))
+    })
+}
+
+/// `hocclUniqueId`: the 128 bytes of a TCP bootstrap [`UniqueId`] (`#[repr(C)]`, the same
+/// layout as C's `struct { char internal[128]; }`), passed by value as NCCL's `ncclUniqueId`.
+pub type hocclUniqueId = UniqueId;
+
+/// `*unique_id` becomes a fresh rendezvous id; this process hosts its root thread (on the
+/// interface `HOCCL_SOCKET_IFNAME` chooses), so it must stay alive until every rank joined.
+#[no_mangle]
+pub extern "C" fn hocclGetUniqueId(unique_id: *mut hocclUniqueId) -> hocclResult_t {
+    const OP: &str = "hocclGetUniqueId";
+    call(OP, || {
+        if unique_id.is_null() {
+            return Err(Error::invalid_arg(OP, "uniqueId is NULL"));
+        }
+        let id = Communicator::unique_id(&Config::from_env()?)?;
+        put(OP, "uniqueId", unique_id, id)
+    })
+}
+
+/// Create `rank` of `nranks` through the TCP rendezvous of `comm_id` (no MPI). Collective
+/// over the `nranks` ranks; every wait is bounded by `HOCCL_TIMEOUT_MS`. A wrong secret, a
+/// duplicate or out-of-range rank, or an `nranks` differing from the other ranks' is refused
+/// by the root (`hocclInvalidArgument`). `*comm` is NULL on failure.
+#[no_mangle]
+pub extern "C" fn hocclCommInitRank(comm: *mut hocclComm_t, nranks: c_int, comm_id: hocclUniqueId, rank: c_int) -> hocclResult_t {
+    const OP: &str = "hocclCommInitRank";
+    call(OP, || {
+        put(OP, "comm", comm, std::ptr::null_mut())?;
+        let c = init_unique_id(OP, &comm_id, nranks, rank)?;
         put(OP, "comm", comm, register(c))
     })
 }

@@ -180,6 +180,77 @@ fn calls_through_the_c_abi() {
     });
 }
 
+#[test]
+fn unique_id_calls_check_their_arguments() {
+    assert_eq!(hocclGetUniqueId(null_mut()), INVALID_ARG);
+    assert!(last_error().contains("uniqueId is NULL"), "{}", last_error());
+    let mut id = UniqueId { internal: [0; 128] };
+    assert_eq!(hocclGetUniqueId(&mut id), OK, "{}", last_error());
+    assert_eq!(&id.internal[..4], b"HOCT");
+    assert_eq!(hocclCommInitRank(null_mut(), 2, id, 0), INVALID_ARG);
+    for (n, r) in [(0, 0), (2, 2), (2, -1), (-1, 0)] {
+        let mut comm = 1usize as hocclComm_t;
+        assert_eq!(hocclCommInitRank(&mut comm, n, id, r), INVALID_ARG, "rank {r} of {n}");
+        assert!(comm.is_null(), "a refused creation leaves NULL");
+    }
+    let mut comm = null_mut();
+    let zeros = UniqueId { internal: [0; 128] };
+    assert_eq!(hocclCommInitRank(&mut comm, 1, zeros, 0), INVALID_ARG);
+    assert!(last_error().contains("not a hoccl unique id"), "{}", last_error());
+    // The id above is still unused: one rank of one completes its rendezvous.
+    assert_eq!(hocclCommInitRank(&mut comm, 1, id, 0), OK, "{}", last_error());
+    let mut n = 0;
+    assert_eq!(hocclCommCount(comm, &mut n), OK);
+    assert_eq!(n, 1);
+    assert_eq!(hocclCommDestroy(comm), OK);
+}
+
+/// Two ranks (threads) from one unique id through the C ABI: rank 1 first presents a wrong
+/// secret and is refused at once, then joins; an AllReduce checks the communicators work.
+#[test]
+fn communicators_from_a_unique_id() {
+    let mut id = UniqueId { internal: [0; 128] };
+    assert_eq!(hocclGetUniqueId(&mut id), OK, "{}", last_error());
+    let hs: Vec<_> = (0..2usize)
+        .map(|r| {
+            std::thread::spawn(move || {
+                let mut comm = null_mut();
+                if r == 1 {
+                    let mut bad = id;
+                    bad.internal[24..40].iter_mut().for_each(|b| *b ^= 0xa5);
+                    let t = std::time::Instant::now();
+                    assert_eq!(hocclCommInitRank(&mut comm, 2, bad, 1), INVALID_ARG);
+                    assert!(last_error().contains("wrong secret"), "{}", last_error());
+                    assert!(t.elapsed() < std::time::Duration::from_secs(5), "refusal took {:?}", t.elapsed());
+                    assert!(comm.is_null());
+                }
+                assert_eq!(hocclCommInitRank(&mut comm, 2, id, r as c_int), OK, "{}", last_error());
+                let (mut n, mut me) = (0, 0);
+                assert_eq!(hocclCommCount(comm, &mut n), OK);
+                assert_eq!(hocclCommUserRank(comm, &mut me), OK);
+                assert_eq!((n, me), (2, r as c_int));
+                let (mut buf, mut s) = (null_mut(), null_mut());
+                assert_eq!(hocclMemAlloc(comm, &mut buf, 4096), OK);
+                assert_eq!(hocclStreamCreate(comm, &mut s), OK);
+                let vals: Vec<i32> = (0..1024).map(|i| i * 3 - 700 + r as i32 * 1000).collect();
+                assert_eq!(hocclMemcpyToDevice(comm, buf, vals.as_ptr().cast(), 4096), OK);
+                assert_eq!(hocclAllReduce(buf, buf, 1024, DataType::I32 as c_int, 0, comm, s), OK);
+                assert_eq!(hocclStreamSynchronize(comm, s), OK);
+                let mut got = vec![0i32; 1024];
+                assert_eq!(hocclMemcpyToHost(comm, got.as_mut_ptr().cast(), buf, 4096), OK);
+                let want: Vec<i32> = (0..1024).map(|i| 2 * (i * 3 - 700) + 1000).collect();
+                assert_eq!(got, want);
+                assert_eq!(hocclMemFree(comm, buf), OK);
+                assert_eq!(hocclStreamDestroy(comm, s), OK);
+                assert_eq!(hocclCommDestroy(comm), OK);
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().expect("rank");
+    }
+}
+
 /// Pairs `name = value` of an enum in `include/hoccl/hoccl.h`.
 fn header_enum(prefix: &str) -> Vec<(String, i32)> {
     let h = include_str!("../../include/hoccl/hoccl.h");

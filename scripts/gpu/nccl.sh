@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# hoccl's libnccl.so.2 in place of NCCL, on a GPU machine (scripts/gpu/common.sh: binaries,
+# folders). Every step writes its log under the results folder; one line per step goes to
+# nccl-summary.txt:
+#   1. the C programs of ctest/nccl, compiled here against include/hoccl-nccl/nccl.h and
+#      linked to our library, with 2 and 3 ranks (processes sharing the GPUs), on CUDA
+#   2. tests/nccl/ctypes_check.py: the library loaded by path with ctypes, as vLLM does
+#      (torch itself keeps NCCL's own library), 2 ranks
+#   3. tests/nccl/torch_check.py under torchrun, 2 ranks (and one per GPU with several):
+#      once with our library found first through LD_LIBRARY_PATH, once through LD_PRELOAD;
+#      NCCL_DEBUG=VERSION must print hoccl's banner and /proc/self/maps of every rank must
+#      show our library as the only libnccl (--expect-lib)
+#   4. the nccl* symbols libtorch_cuda.so needs (nm -D --undefined-only) against the ones
+#      our library exports: any missing symbol fails
+# With fewer GPUs than ranks the ranks share a GPU, which needs MPS: it is started here
+# (nvidia-cuda-mps-control -d) and stopped when the script exits.
+#   HOCCL_NCCL_LIB   our libnccl.so.2 (default: built here by scripts/nccl-lib.sh when cargo
+#                    is installed, else build/cmake/lib/hoccl-nccl/libnccl.so.2 from build.sh)
+#   TORCH_PYTHON     a Python with torch (default /opt/torch/.venv/bin/python)
+#   NCCL_STEP_LIMIT  seconds per step (default 300)
+set -uo pipefail
+# shellcheck source=common.sh
+source "$(dirname "$0")/common.sh"
+export HOCCL_LOG="${HOCCL_LOG:-warn}" HOCCL_TIMEOUT_MS="${HOCCL_TIMEOUT_MS:-60000}"
+py="${TORCH_PYTHON:-/opt/torch/.venv/bin/python}"
+summary="$results/nccl-summary.txt"
+: > "$summary"
+status=0
+note() { echo "$*" | tee -a "$summary"; }
+fail() { status=1; note "FAIL $*"; }
+
+# ---------------------------------------------------------------- our library ------------
+lib="${HOCCL_NCCL_LIB:-}"
+if [ -z "$lib" ]; then
+  [ -x "${HOME:-/root}/.cargo/bin/cargo" ] && export PATH="${HOME:-/root}/.cargo/bin:$PATH"
+  if command -v cargo >/dev/null 2>&1; then
+    d=$(bash scripts/nccl-lib.sh 2> "$logs/nccl-build.log") || { echo "nccl.sh: scripts/nccl-lib.sh failed ($logs/nccl-build.log)" >&2; exit 1; }
+    lib="$d/libnccl.so.2"
+  elif [ -f build/cmake/lib/hoccl-nccl/libnccl.so.2 ]; then
+    lib="$root/build/cmake/lib/hoccl-nccl/libnccl.so.2"   # made by build.sh's CMake build
+  else
+    echo "nccl.sh: no libnccl.so.2: set HOCCL_NCCL_LIB, or install Rust" >&2
+    exit 2
+  fi
+fi
+lib="$(cd "$(dirname "$lib")" && pwd)/$(basename "$lib")"
+libdir="$(dirname "$lib")"
+[ -x "$py" ] || { echo "nccl.sh: no Python at $py (set TORCH_PYTHON)" >&2; exit 2; }
+site=$("$py" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
+torch_cuda="$site/torch/lib/libtorch_cuda.so"
+note "# $(date -u +%FT%TZ) $ngpu GPU(s); our library $lib; torch $("$py" -c 'import torch; print(torch.__version__)') at $site"
+
+nranks=2
+if [ "$ngpu" -lt 3 ]; then
+  # Up to 3 processes share a GPU (the C programs run 3 ranks): MPS.
+  mps_dir=$(mktemp -d "${TMPDIR:-/tmp}/hoccl-mps.XXXXXX")
+  export CUDA_MPS_PIPE_DIRECTORY="$mps_dir/pipe" CUDA_MPS_LOG_DIRECTORY="$mps_dir/log"
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  trap 'echo quit | nvidia-cuda-mps-control >/dev/null 2>&1; rm -rf "$mps_dir"' EXIT
+  trap 'exit 143' TERM INT HUP
+  nvidia-cuda-mps-control -d || { note "FAIL MPS did not start"; exit 1; }
+  note "# MPS started (ranks share GPUs)"
+fi
+
+# step NAME CMD...: run CMD under the step limit into $results/nccl-NAME.log; one line.
+step() {
+  local name=$1 out="$results/nccl-$1.log" rc
+  shift
+  record "$out" "$*"
+  echo "\$ $*" > "$out"
+  timeout --kill-after=15 "${NCCL_STEP_LIMIT:-300}" "$@" >> "$out" 2>&1
+  rc=$?
+  if [ $rc = 0 ]; then note "ok   $name"; else fail "$name (exit $rc; $out)"; tail -n 8 "$out" | sed 's/^/     /' | tee -a "$summary"; fi
+  return $rc
+}
+
+# ---------------------------------------------------------------- 1. C programs ----------
+cdir="$root/build/nccl-ctest"
+mkdir -p "$cdir"
+for src in ctest/nccl/*.c; do
+  [ -f "$src" ] || continue
+  prog="$cdir/$(basename "$src" .c)"
+  if ! cc -std=c99 -O1 -Wall -Wextra -Werror -Iinclude/hoccl-nccl -Ictest "$src" -o "$prog" \
+       -L"$libdir" -l:"$(basename "$lib")" -Wl,-rpath,"$libdir" -ldl > "$results/nccl-build-$(basename "$src" .c).log" 2>&1; then
+    fail "compile $src ($results/nccl-build-$(basename "$src" .c).log)"
+    continue
+  fi
+  for np in 2 3; do
+    step "$(basename "$prog")-np$np" env HOCCL_BACKEND=cuda "$prog" "$np"
+  done
+done
+
+# ---------------------------------------------------------------- 2. ctypes --------------
+step ctypes "$py" tests/nccl/ctypes_check.py --lib "$lib" --nranks 2 --timeout 240
+
+# ---------------------------------------------------------------- 3. torch ---------------
+nps=(2)
+[ "$ngpu" -ge 2 ] && [ "$ngpu" != 2 ] && nps+=("$ngpu")
+torchrun="$(dirname "$py")/torchrun"
+for np in "${nps[@]}"; do
+  for how in LD_LIBRARY_PATH LD_PRELOAD; do
+    if [ "$how" = LD_LIBRARY_PATH ]; then
+      how_env=(LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+    else
+      how_env=(LD_PRELOAD="$lib")
+    fi
+    name="torch-$how-np$np"
+    if step "$name" env "${how_env[@]}" NCCL_DEBUG=VERSION "$torchrun" --nproc-per-node "$np" \
+         tests/nccl/torch_check.py --expect-lib "$lib" --timeout 270; then
+      if grep -q "served by hoccl" "$results/nccl-$name.log"; then
+        note "ok   $name: NCCL_DEBUG=VERSION printed hoccl's banner"
+      else
+        fail "$name: no hoccl banner under NCCL_DEBUG=VERSION"
+      fi
+    fi
+    grep -h "libnccl mapped" "$results/nccl-$name.log" | sort -u | sed 's/^/     /' | tee -a "$summary"
+  done
+done
+
+# ---------------------------------------------------------------- 4. symbols -------------
+syms="$results/nccl-symbols.txt"
+{
+  echo "# nccl symbols libtorch_cuda.so needs ($torch_cuda), and whether our library exports them"
+  readelf -d "$torch_cuda" | grep -E 'RPATH|RUNPATH' || echo "# no RPATH/RUNPATH"
+} > "$syms"
+record "$syms" "nm -D --undefined-only $torch_cuda | grep nccl; nm -D --defined-only $lib"
+nm -D --undefined-only "$torch_cuda" | awk '{print $NF}' | grep -i nccl | sed 's/@.*//' | sort -u > "$logs/nccl-needed.txt"
+nm -D --defined-only "$lib" | awk '{print $NF}' | sed 's/@.*//' | sort -u > "$logs/nccl-exported.txt"
+missing=$(comm -23 "$logs/nccl-needed.txt" "$logs/nccl-exported.txt")
+while read -r s; do
+  [ -n "$s" ] || continue
+  if grep -qx "$s" "$logs/nccl-exported.txt"; then echo "exported $s"; else echo "MISSING  $s"; fi
+done < "$logs/nccl-needed.txt" >> "$syms"
+others=$(grep -v -E '^p?nccl' "$logs/nccl-exported.txt" | grep -v -E '^(_init|_fini)$' || true)
+if [ -n "$missing" ]; then
+  fail "symbols: libtorch_cuda.so needs $(echo "$missing" | wc -l) symbol(s) our library lacks: $(echo $missing)"
+else
+  note "ok   symbols: all $(wc -l < "$logs/nccl-needed.txt") nccl symbols of libtorch_cuda.so are exported"
+fi
+# NCCL's export map has only nccl*/pncclX; anything else is reported (tests/nccl_exports.rs
+# is where the export list itself is checked).
+[ -z "$others" ] || note "note symbols: exports beyond nccl*/pnccl*: $(echo $others)"
+
+record "$summary" "bash scripts/gpu/nccl.sh"
+note "# nccl.sh: $([ $status = 0 ] && echo OK || echo FAILED)"
+exit $status
