@@ -16,7 +16,9 @@
  * "host") they are GPU memory, copied with the driver's cuMemcpy and waited for with
  * cuCtxSynchronize; rank r uses GPU r mod the GPU count. On the host backend they are host
  * memory, and work on the default stream is waited for with ncclCommFinalize (which on
- * hoccl's host backend also drains the default stream). Every collective uses stream 0. */
+ * hoccl's host backend also drains the default stream). Collectives use stream 0 on the
+ * host backend and a created non-blocking stream on CUDA (the legacy default stream is a
+ * documented limit there: docs/nccl.md). */
 #define _POSIX_C_SOURCE 200809L
 #include <dlfcn.h>
 #include <limits.h>
@@ -34,6 +36,8 @@
 #define SECRET_LEN 16
 
 static int g_rank, g_n, g_failures, g_checks;
+/* The stream of every collective: NULL (stream 0) on the host backend, a created one on CUDA. */
+static cudaStream_t g_stream = NULL;
 
 static void expect(int ok, const char* what) {
   ++g_checks;
@@ -234,7 +238,7 @@ static void all_reduce(ncclComm_t comm, struct Bufs* b, size_t count) {
       void* out = in_place ? b->a : b->b;
       snprintf(what, sizeof what, "AllReduce %s %s count %zu%s", oname((ncclRedOp_t)op), tname(t), count,
                in_place ? " in place" : "");
-      expect_rc(ncclAllReduce(b->a, out, count, t, (ncclRedOp_t)op, comm, NULL), ncclSuccess, what);
+      expect_rc(ncclAllReduce(b->a, out, count, t, (ncclRedOp_t)op, comm, g_stream), ncclSuccess, what);
       wait_for(comm);
       download(b->h, out, count * tsize(t));
       size_t bad = 0;
@@ -248,7 +252,7 @@ static void reduce_scatter_and_reduce(ncclComm_t comm, struct Bufs* b, size_t co
   /* ReduceScatter (sum, int32): block r of every rank's n * count input, reduced, to rank r. */
   fill(b->h, ncclInt32, g_rank, count * g_n, 0, 31);
   upload(b->a, b->h, count * g_n * 4);
-  expect_rc(ncclReduceScatter(b->a, b->b, count, ncclInt32, ncclSum, comm, NULL), ncclSuccess, "ReduceScatter");
+  expect_rc(ncclReduceScatter(b->a, b->b, count, ncclInt32, ncclSum, comm, g_stream), ncclSuccess, "ReduceScatter");
   wait_for(comm);
   download(b->h, b->b, count * 4);
   size_t bad = 0;
@@ -260,7 +264,7 @@ static void reduce_scatter_and_reduce(ncclComm_t comm, struct Bufs* b, size_t co
   for (int root = 0; root < g_n; ++root) {
     fill(b->h, ncclFloat32, g_rank, count, 0, 40 + root);
     upload(b->a, b->h, count * 4);
-    expect_rc(ncclReduce(b->a, b->b, count, ncclFloat32, ncclMax, root, comm, NULL), ncclSuccess, "Reduce");
+    expect_rc(ncclReduce(b->a, b->b, count, ncclFloat32, ncclMax, root, comm, g_stream), ncclSuccess, "Reduce");
     wait_for(comm);
     if (g_rank != root) continue;
     download(b->h, b->b, count * 4);
@@ -276,7 +280,7 @@ static void movement(ncclComm_t comm, struct Bufs* b, size_t count) {
   /* AllGather (float), out of place. */
   fill(b->h, ncclFloat32, g_rank, count, 0, 50);
   upload(b->a, b->h, len);
-  expect_rc(ncclAllGather(b->a, b->b, count, ncclFloat32, comm, NULL), ncclSuccess, "AllGather");
+  expect_rc(ncclAllGather(b->a, b->b, count, ncclFloat32, comm, g_stream), ncclSuccess, "AllGather");
   wait_for(comm);
   download(b->h, b->b, len * g_n);
   for (int p = 0; p < g_n; ++p)
@@ -286,7 +290,7 @@ static void movement(ncclComm_t comm, struct Bufs* b, size_t count) {
   /* AlltoAll (int32): block j of rank r's input goes to rank j. */
   for (int p = 0; p < g_n; ++p) fill((int32_t*)b->h + p * count, ncclInt32, g_rank, count, (size_t)p * count, 60);
   upload(b->a, b->h, len * g_n);
-  expect_rc(ncclAlltoAll(b->a, b->b, count, ncclInt32, comm, NULL), ncclSuccess, "AlltoAll");
+  expect_rc(ncclAlltoAll(b->a, b->b, count, ncclInt32, comm, g_stream), ncclSuccess, "AlltoAll");
   wait_for(comm);
   download(b->h, b->b, len * g_n);
   bad = 0;
@@ -298,8 +302,8 @@ static void movement(ncclComm_t comm, struct Bufs* b, size_t count) {
     /* Broadcast (out of place) and Bcast (in place). */
     fill(b->h, ncclInt32, root, count, 0, 70 + root);
     if (g_rank == root) upload(b->a, b->h, len);
-    expect_rc(ncclBroadcast(b->a, b->b, count, ncclInt32, root, comm, NULL), ncclSuccess, "Broadcast");
-    expect_rc(ncclBcast(b->a, count, ncclInt32, root, comm, NULL), ncclSuccess, "Bcast");
+    expect_rc(ncclBroadcast(b->a, b->b, count, ncclInt32, root, comm, g_stream), ncclSuccess, "Broadcast");
+    expect_rc(ncclBcast(b->a, count, ncclInt32, root, comm, g_stream), ncclSuccess, "Bcast");
     wait_for(comm);
     download(b->h, b->b, len);
     bad = 0;
@@ -313,7 +317,7 @@ static void movement(ncclComm_t comm, struct Bufs* b, size_t count) {
     /* Gather to the root. */
     fill(b->h, ncclFloat32, g_rank, count, 0, 80 + root);
     upload(b->a, b->h, len);
-    expect_rc(ncclGather(b->a, b->b, count, ncclFloat32, root, comm, NULL), ncclSuccess, "Gather");
+    expect_rc(ncclGather(b->a, b->b, count, ncclFloat32, root, comm, g_stream), ncclSuccess, "Gather");
     wait_for(comm);
     if (g_rank == root) {
       download(b->h, b->b, len * g_n);
@@ -326,7 +330,7 @@ static void movement(ncclComm_t comm, struct Bufs* b, size_t count) {
     /* Scatter from the root: block j to rank j. */
     fill(b->h, ncclFloat32, root, count * g_n, 0, 90 + root);
     if (g_rank == root) upload(b->a, b->h, len * g_n);
-    expect_rc(ncclScatter(b->a, b->b, count, ncclFloat32, root, comm, NULL), ncclSuccess, "Scatter");
+    expect_rc(ncclScatter(b->a, b->b, count, ncclFloat32, root, comm, g_stream), ncclSuccess, "Scatter");
     wait_for(comm);
     download(b->h, b->b, len);
     bad = 0;
@@ -339,10 +343,10 @@ static void movement(ncclComm_t comm, struct Bufs* b, size_t count) {
   fill(b->h, ncclInt32, g_rank, count * 2, 0, 99);
   upload(b->a, b->h, len * 2);
   expect_rc(ncclGroupStart(), ncclSuccess, "GroupStart");
-  expect_rc(ncclSend(b->a, count, ncclInt32, next, comm, NULL), ncclSuccess, "Send to next");
-  expect_rc(ncclSend((char*)b->a + len, count, ncclInt32, prev, comm, NULL), ncclSuccess, "Send to prev");
-  expect_rc(ncclRecv(b->b, count, ncclInt32, prev, comm, NULL), ncclSuccess, "Recv from prev");
-  expect_rc(ncclRecv((char*)b->b + len, count, ncclInt32, next, comm, NULL), ncclSuccess, "Recv from next");
+  expect_rc(ncclSend(b->a, count, ncclInt32, next, comm, g_stream), ncclSuccess, "Send to next");
+  expect_rc(ncclSend((char*)b->a + len, count, ncclInt32, prev, comm, g_stream), ncclSuccess, "Send to prev");
+  expect_rc(ncclRecv(b->b, count, ncclInt32, prev, comm, g_stream), ncclSuccess, "Recv from prev");
+  expect_rc(ncclRecv((char*)b->b + len, count, ncclInt32, next, comm, g_stream), ncclSuccess, "Recv from next");
   expect_rc(ncclGroupEnd(), ncclSuccess, "GroupEnd");
   wait_for(comm);
   download(b->h, b->b, len * 2);
@@ -377,7 +381,7 @@ static void check_sum(ncclComm_t comm, const int* members, int n, int me, const 
   if (h == NULL || d == NULL) return;
   fill(h, ncclInt32, members[me], count, 0, 7);
   upload(d, h, count * 4);
-  expect_rc(ncclAllReduce(d, d, count, ncclInt32, ncclSum, comm, NULL), ncclSuccess, what);
+  expect_rc(ncclAllReduce(d, d, count, ncclInt32, ncclSum, comm, g_stream), ncclSuccess, what);
   wait_for(comm);
   download(h, d, count * 4);
   size_t bad = 0;
@@ -402,7 +406,7 @@ static ncclUniqueId shared_id(ncclComm_t world) {
     expect_rc(ncclGetUniqueId(&id), ncclSuccess, "ncclGetUniqueId (second id)");
     upload(d, &id, sizeof id);
   }
-  expect_rc(ncclBroadcast(d, d, sizeof id, ncclUint8, 0, world, NULL), ncclSuccess, "Broadcast of an id");
+  expect_rc(ncclBroadcast(d, d, sizeof id, ncclUint8, 0, world, g_stream), ncclSuccess, "Broadcast of an id");
   wait_for(world);
   download(&id, d, sizeof id);
   dfree(d);
@@ -537,7 +541,7 @@ static void registration_and_operators(ncclComm_t world) {
   expect((int)op >= (int)ncclNumOps, "a PreMulSum operator is numbered past the built-in ones");
   fill(h, ncclFloat32, g_rank, count, 0, 11);
   upload(d, h, count * 4);
-  ncclResult_t rc = ncclAllReduce(d, d, count, ncclFloat32, op, world, NULL);
+  ncclResult_t rc = ncclAllReduce(d, d, count, ncclFloat32, op, world, g_stream);
   if (rc == ncclSuccess) {
     wait_for(world);
     download(h, d, count * 4);
@@ -601,6 +605,7 @@ static int rank_main(int rank, int nranks, const void* idp, void* arg) {
     fprintf(stderr, "nccl_check: rank %d: CUDA requested but not usable\n", rank);
     return 1;
   }
+  if (cu.cuda) expect(cu.stream_create(&g_stream, 1 /* non-blocking */) == 0, "cuStreamCreate");
   ncclUniqueId id;
   memcpy(&id, idp, sizeof id);
   int version = 0;

@@ -5,6 +5,7 @@
 #                        (hoccl-info, hoccl-zip, ...)
 #   <dir>/cpp/<name>     the C and C++ checks of ctest/ (when CMake is installed)
 #   <dir>/ptxas.log      registers and spills of every CUDA kernel, from the build
+#   <dir>/nccl/          libnccl.so.2 (the NCCL-compatible library) and its libnccl.so link
 # The other scripts of scripts/gpu/ build this folder themselves when Rust is installed; run
 # it directly to make the folder on one machine and run the GPU scripts on another (which
 # needs the repository and Open MPI, not Rust; binaries built on Debian 12 run on newer
@@ -59,6 +60,12 @@ for f in "$target"/release/hoccl-*; do
 done
 ptx=$(ls -t "$target"/release/build/hoccl-*/out/ptxas.log 2>/dev/null | head -n1 || true)
 [ -n "$ptx" ] && cp "$ptx" "$bin/ptxas.log"
+# The NCCL-compatible library (scripts/gpu/nccl.sh takes it from here).
+echo "build.sh: libnccl.so.2 (scripts/nccl-lib.sh)"
+nccl_dir=$(bash scripts/nccl-lib.sh)
+mkdir -p "$bin/nccl"
+cp "$nccl_dir/libnccl.so.2" "$bin/nccl/"
+ln -sfn libnccl.so.2 "$bin/nccl/libnccl.so"
 
 if command -v cmake >/dev/null; then
   # CMake's cargo step finds the release library just built (same target dir and profile).

@@ -2,20 +2,20 @@
 # hoccl's libnccl.so.2 in place of NCCL, on a GPU machine (scripts/gpu/common.sh: binaries,
 # folders). Every step writes its log under the results folder; one line per step goes to
 # nccl-summary.txt:
-#   1. the C programs of ctest/nccl, compiled here against include/hoccl-nccl/nccl.h and
-#      linked to our library, with 2 and 3 ranks (processes sharing the GPUs), on CUDA
-#   2. tests/nccl/ctypes_check.py: the library loaded by path with ctypes, as vLLM does
+#   1. tests/nccl/ctypes_check.py: the library loaded by path with ctypes, as vLLM does
 #      (torch itself keeps NCCL's own library), 2 ranks
-#   3. tests/nccl/torch_check.py under torchrun, 2 ranks (and one per GPU with several):
+#   2. tests/nccl/torch_check.py under torchrun, 2 ranks (and one per GPU with several):
 #      once with our library found first through LD_LIBRARY_PATH, once through LD_PRELOAD;
 #      NCCL_DEBUG=VERSION must print hoccl's banner and /proc/self/maps of every rank must
 #      show our library as the only libnccl (--expect-lib)
-#   4. the nccl* symbols libtorch_cuda.so needs (nm -D --undefined-only) against the ones
+#   3. the nccl* symbols libtorch_cuda.so needs (nm -D --undefined-only) against the ones
 #      our library exports: any missing symbol fails
+#   4. the C programs of ctest/nccl, compiled here against include/hoccl-nccl/nccl.h and
+#      linked to our library, with 2 and 3 ranks (processes sharing the GPUs), on CUDA
 # With fewer GPUs than ranks the ranks share a GPU, which needs MPS: it is started here
 # (nvidia-cuda-mps-control -d) and stopped when the script exits.
-#   HOCCL_NCCL_LIB   our libnccl.so.2 (default: built here by scripts/nccl-lib.sh when cargo
-#                    is installed, else build/cmake/lib/hoccl-nccl/libnccl.so.2 from build.sh)
+#   HOCCL_NCCL_LIB   our libnccl.so.2 (default: $HOCCL_BIN_DIR/nccl/libnccl.so.2 from build.sh,
+#                    else built here by scripts/nccl-lib.sh when cargo is installed)
 #   TORCH_PYTHON     a Python with torch (default /opt/torch/.venv/bin/python)
 #   NCCL_STEP_LIMIT  seconds per step (default 300)
 set -uo pipefail
@@ -31,6 +31,7 @@ fail() { status=1; note "FAIL $*"; }
 
 # ---------------------------------------------------------------- our library ------------
 lib="${HOCCL_NCCL_LIB:-}"
+[ -z "$lib" ] && [ -f "$bin/nccl/libnccl.so.2" ] && lib="$bin/nccl/libnccl.so.2"   # from build.sh
 if [ -z "$lib" ]; then
   [ -x "${HOME:-/root}/.cargo/bin/cargo" ] && export PATH="${HOME:-/root}/.cargo/bin:$PATH"
   if command -v cargo >/dev/null 2>&1; then
@@ -74,26 +75,10 @@ step() {
   return $rc
 }
 
-# ---------------------------------------------------------------- 1. C programs ----------
-cdir="$root/build/nccl-ctest"
-mkdir -p "$cdir"
-for src in ctest/nccl/*.c; do
-  [ -f "$src" ] || continue
-  prog="$cdir/$(basename "$src" .c)"
-  if ! cc -std=c99 -O1 -Wall -Wextra -Werror -Iinclude/hoccl-nccl -Ictest "$src" -o "$prog" \
-       -L"$libdir" -l:"$(basename "$lib")" -Wl,-rpath,"$libdir" -ldl > "$results/nccl-build-$(basename "$src" .c).log" 2>&1; then
-    fail "compile $src ($results/nccl-build-$(basename "$src" .c).log)"
-    continue
-  fi
-  for np in 2 3; do
-    step "$(basename "$prog")-np$np" env HOCCL_BACKEND=cuda "$prog" "$np"
-  done
-done
-
-# ---------------------------------------------------------------- 2. ctypes --------------
+# ---------------------------------------------------------------- 1. ctypes --------------
 step ctypes "$py" tests/nccl/ctypes_check.py --lib "$lib" --nranks 2 --timeout 240
 
-# ---------------------------------------------------------------- 3. torch ---------------
+# ---------------------------------------------------------------- 2. torch ---------------
 nps=(2)
 [ "$ngpu" -ge 2 ] && [ "$ngpu" != 2 ] && nps+=("$ngpu")
 torchrun="$(dirname "$py")/torchrun"
@@ -117,7 +102,7 @@ for np in "${nps[@]}"; do
   done
 done
 
-# ---------------------------------------------------------------- 4. symbols -------------
+# ---------------------------------------------------------------- 3. symbols -------------
 syms="$results/nccl-symbols.txt"
 {
   echo "# nccl symbols libtorch_cuda.so needs ($torch_cuda), and whether our library exports them"
@@ -140,6 +125,23 @@ fi
 # NCCL's export map has only nccl*/pncclX; anything else is reported (tests/nccl_exports.rs
 # is where the export list itself is checked).
 [ -z "$others" ] || note "note symbols: exports beyond nccl*/pnccl*: $(echo $others)"
+
+# ---------------------------------------------------------------- 4. C programs ----------
+cdir="$root/build/nccl-ctest"
+mkdir -p "$cdir"
+for src in ctest/nccl/*.c; do
+  [ -f "$src" ] || continue
+  prog="$cdir/$(basename "$src" .c)"
+  if ! cc -std=c99 -O1 -Wall -Wextra -Werror -Iinclude/hoccl-nccl -Ictest "$src" -o "$prog" \
+       -L"$libdir" -l:"$(basename "$lib")" -Wl,-rpath,"$libdir" -ldl > "$results/nccl-build-$(basename "$src" .c).log" 2>&1; then
+    fail "compile $src ($results/nccl-build-$(basename "$src" .c).log)"
+    continue
+  fi
+  for np in 2 3; do
+    step "$(basename "$prog")-np$np" env HOCCL_BACKEND=cuda "$prog" "$np"
+  done
+done
+
 
 record "$summary" "bash scripts/gpu/nccl.sh"
 note "# nccl.sh: $([ $status = 0 ] && echo OK || echo FAILED)"
