@@ -4,8 +4,9 @@
 # nccl-summary.txt:
 #   1. tests/nccl/ctypes_check.py: the library loaded by path with ctypes, as vLLM does
 #      (torch itself keeps NCCL's own library), 2 ranks
-#   2. tests/nccl/torch_check.py under torchrun, 2 ranks (and one per GPU with several):
-#      once with our library found first through LD_LIBRARY_PATH, once through LD_PRELOAD;
+#   2. tests/nccl/torch_check.py under torchrun, 2 ranks (and one per GPU with several),
+#      our library put in through LD_PRELOAD (torch's wheels load their NCCL by path, ahead
+#      of LD_LIBRARY_PATH: which one LD_LIBRARY_PATH gives is recorded);
 #      NCCL_DEBUG=VERSION must print hoccl's banner and /proc/self/maps of every rank must
 #      show our library as the only libnccl (--expect-lib)
 #   3. the nccl* symbols libtorch_cuda.so needs (nm -D --undefined-only) against the ones
@@ -82,24 +83,25 @@ step ctypes "$py" tests/nccl/ctypes_check.py --lib "$lib" --nranks 2 --timeout 2
 nps=(2)
 [ "$ngpu" -ge 2 ] && [ "$ngpu" != 2 ] && nps+=("$ngpu")
 torchrun="$(dirname "$py")/torchrun"
+# PyTorch's wheels load the NCCL of the nvidia-nccl wheel by its path, ahead of
+# LD_LIBRARY_PATH, so for torch our library goes in through LD_PRELOAD; which library
+# LD_LIBRARY_PATH gives torch is recorded, not required.
+probe=$(env LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$py" -c '
+import torch
+torch.cuda.nccl.version()
+print(sorted({l.split()[-1] for l in open("/proc/self/maps") if "libnccl" in l}))' 2>&1 | tail -n 1)
+note "note torch with LD_LIBRARY_PATH=$libdir maps libnccl: $probe"
 for np in "${nps[@]}"; do
-  for how in LD_LIBRARY_PATH LD_PRELOAD; do
-    if [ "$how" = LD_LIBRARY_PATH ]; then
-      how_env=(LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+  name="torch-LD_PRELOAD-np$np"
+  if step "$name" env LD_PRELOAD="$lib" NCCL_DEBUG=VERSION "$torchrun" --nproc-per-node "$np" \
+       tests/nccl/torch_check.py --expect-lib "$lib" --timeout 270; then
+    if grep -q "served by hoccl" "$results/nccl-$name.log"; then
+      note "ok   $name: NCCL_DEBUG=VERSION printed hoccl's banner"
     else
-      how_env=(LD_PRELOAD="$lib")
+      fail "$name: no hoccl banner under NCCL_DEBUG=VERSION"
     fi
-    name="torch-$how-np$np"
-    if step "$name" env "${how_env[@]}" NCCL_DEBUG=VERSION "$torchrun" --nproc-per-node "$np" \
-         tests/nccl/torch_check.py --expect-lib "$lib" --timeout 270; then
-      if grep -q "served by hoccl" "$results/nccl-$name.log"; then
-        note "ok   $name: NCCL_DEBUG=VERSION printed hoccl's banner"
-      else
-        fail "$name: no hoccl banner under NCCL_DEBUG=VERSION"
-      fi
-    fi
-    grep -h "libnccl mapped" "$results/nccl-$name.log" | sort -u | sed 's/^/     /' | tee -a "$summary"
-  done
+  fi
+  grep -h "libnccl mapped" "$results/nccl-$name.log" | sort -u | sed 's/^/     /' | tee -a "$summary"
 done
 
 # ---------------------------------------------------------------- 3. symbols -------------
