@@ -443,3 +443,256 @@ fn death_during_creation() {
         peer_death(op, e, Point::Create, s.wrapping_add(i));
     }
 }
+
+// ===================================================================== hangs ==========
+
+use hoccl::bootstrap::thread::ThreadBootstrap;
+use hoccl::device::Device;
+use std::sync::Arc;
+
+/// Runs `f` on a thread and panics if it has not returned within `limit`: a hang fails the
+/// test instead of stalling the run.
+fn bounded<T: Send + 'static>(what: &str, limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(v) => v,
+        Err(mpsc::RecvTimeoutError::Timeout) => panic!("{what}: hung for {limit:?}"),
+        Err(mpsc::RecvTimeoutError::Disconnected) => panic!("{what}: panicked"),
+    }
+}
+
+/// Two ranks as threads of this process, each with its own host device and a communicator
+/// whose timeout is `tmo`; `f(rank, comm, dev)` runs on each and the results come back in
+/// rank order. Buffers and streams made through `common` are freed after the communicator.
+fn two<T, F>(tmo: Duration, f: F) -> Vec<T>
+where
+    T: Send + 'static,
+    F: Fn(usize, &Communicator, &Arc<dyn Device>) -> T + Send + Sync + 'static,
+{
+    let f = Arc::new(f);
+    let hs: Vec<_> = ThreadBootstrap::group_with_timeout(2, Duration::from_secs(20))
+        .into_iter()
+        .enumerate()
+        .map(|(r, b)| {
+            let f = f.clone();
+            std::thread::spawn(move || {
+                let dev = open_device(Backend::Host, r);
+                let cfg = Config { timeout: tmo, ..test_config() };
+                let comm = Communicator::with_bootstrap(Box::new(b), Some(dev.clone()), cfg).expect("communicator");
+                let v = f(r, &comm, &dev);
+                let t = Instant::now();
+                drop(comm);
+                assert!(t.elapsed() < tmo + Duration::from_secs(2), "rank {r}: drop took {:?}", t.elapsed());
+                free_deferred();
+                v
+            })
+        })
+        .collect();
+    hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
+}
+
+const HANG_TMO: Duration = Duration::from_millis(1000);
+
+/// Synchronize `s`, then the communicator's verdict; with the time since `t0`.
+fn outcome(comm: &Communicator, dev: &Arc<dyn Device>, s: StreamHandle, enq: hoccl::Result<()>, t0: Instant) -> (Option<hoccl::Error>, Duration) {
+    dev.synchronize(s).expect("synchronize returns");
+    let r = enq.and_then(|_| comm.wait_idle());
+    (r.err(), t0.elapsed())
+}
+
+/// Rank 1 never calls the AllGather that rank 0 waits in: rank 0 fails with `Timeout`
+/// within the timeout + 1 s, its stream released and its receive buffer untouched past its
+/// own block.
+#[test]
+fn rank_that_never_calls() {
+    let gate = Arc::new(std::sync::Barrier::new(2));
+    let res = bounded("never calls", Duration::from_secs(40), move || {
+        two(HANG_TMO, move |r, comm, dev| {
+            if r == 1 {
+                gate.wait();
+                return None;
+            }
+            let c = 10_000;
+            let send = Buf::new(dev, c, 0, 1);
+            let recv = Buf::new(dev, 2 * c, 0, 2);
+            let s = new_stream(dev);
+            let t0 = Instant::now();
+            let enq = comm.all_gather(send.ptr, recv.ptr, c, DataType::U8, s);
+            let (e, took) = outcome(comm, dev, s, enq, t0);
+            let all = recv.read_all();
+            assert_eq!(recv.guard_damage(&all), 0, "guards");
+            assert!((c..2 * c).all(|i| all[i] == pattern_byte(2, i as u64)), "rank 1's block written");
+            gate.wait();
+            Some((e, took))
+        })
+    });
+    let (e, took) = res[0].as_ref().expect("rank 0's outcome");
+    let e = e.as_ref().expect("rank 0 gets an error");
+    eprintln!("hang | rank never calls AllGather | {:?} | {} ms (timeout {} ms) | {e}", e.code(), took.as_millis(), HANG_TMO.as_millis());
+    assert_eq!(e.code(), ErrorCode::Timeout, "{e}");
+    assert!(*took < HANG_TMO + Duration::from_secs(1), "took {took:?}");
+}
+
+type Call = fn(&Communicator, usize, DevPtr, DevPtr, StreamHandle) -> hoccl::Result<()>;
+
+/// Elements per block in the mismatch cases, and their type.
+const MC: usize = 10_000;
+const F: DataType = DataType::F32;
+
+/// Ranks 0 and 1 make different calls in the same position: `(name, rank 0's call, rank
+/// 1's call, elements of `recv` each call may write, and whether hoccl can tell them
+/// apart)`. Calls that move the same bytes between the same pairs are indistinguishable on
+/// the wire (as in NCCL, where they are undefined): those complete, and the test checks
+/// only that nothing outside each call's own output changed.
+fn mismatches() -> Vec<(&'static str, Call, Call, [usize; 2], bool)> {
+    vec![
+        ("AllGather count 10000 vs 20000", |c, _, s, r, st| c.all_gather(s, r, MC, F, st), |c, _, s, r, st| c.all_gather(s, r, 2 * MC, F, st), [2 * MC, 4 * MC], true),
+        ("AllReduce count 10000 vs 20000", |c, _, s, r, st| c.all_reduce(s, r, MC, F, RedOp::Sum, st), |c, _, s, r, st| c.all_reduce(s, r, 2 * MC, F, RedOp::Sum, st), [MC, 2 * MC], true),
+        ("Broadcast count 10000 vs 5000", |c, _, s, r, st| c.broadcast(s, r, MC, F, 0, st), |c, _, s, r, st| c.broadcast(s, r, MC / 2, F, 0, st), [MC, MC / 2], true),
+        ("send 10000 vs recv 20000", |c, _, s, _, st| c.send(s, MC, F, 1, st), |c, _, _, r, st| c.recv(r, 2 * MC, F, 0, st), [0, 2 * MC], true),
+        ("AllGather vs AllReduce", |c, _, s, r, st| c.all_gather(s, r, MC, F, st), |c, _, s, r, st| c.all_reduce(s, r, MC, F, RedOp::Sum, st), [2 * MC, MC], true),
+        ("Broadcast vs Reduce (root 0)", |c, _, s, r, st| c.broadcast(s, r, MC, F, 0, st), |c, _, s, r, st| c.reduce(s, r, MC, F, RedOp::Sum, 0, st), [MC, 0], true),
+        ("Broadcast root 0 vs root 1", |c, _, s, r, st| c.broadcast(s, r, MC, F, 0, st), |c, _, s, r, st| c.broadcast(s, r, MC, F, 1, st), [MC, MC], true),
+        ("send to 1 vs send to 0", |c, _, s, _, st| c.send(s, MC, F, 1, st), |c, _, s, _, st| c.send(s, MC, F, 0, st), [0, 0], true),
+        ("AllToAll vs AllGather (same bytes)", |c, _, s, r, st| c.all_to_all(s, r, MC, F, st), |c, _, s, r, st| c.all_gather(s, r, MC, F, st), [2 * MC, 2 * MC], false),
+        ("AllReduce Sum vs Max", |c, _, s, r, st| c.all_reduce(s, r, MC, F, RedOp::Sum, st), |c, _, s, r, st| c.all_reduce(s, r, MC, F, RedOp::Max, st), [MC, MC], false),
+        ("AllReduce f32 vs i32", |c, _, s, r, st| c.all_reduce(s, r, MC, F, RedOp::Sum, st), |c, _, s, r, st| c.all_reduce(s, r, MC, DataType::I32, RedOp::Sum, st), [MC, MC], false),
+    ]
+}
+
+#[test]
+fn mismatched_calls() {
+    for (i, (name, c0, c1, out, tell)) in mismatches().into_iter().enumerate() {
+        let res = bounded(name, Duration::from_secs(20), move || {
+            two(HANG_TMO, move |r, comm, dev| {
+                let send = Buf::new(dev, 4 * 4 * MC, 0, 10 + r as u64);
+                let send_img = send.read_all();
+                let recv = Buf::new(dev, 4 * out[r], 0, 20 + r as u64);
+                let s = new_stream(dev);
+                let t0 = Instant::now();
+                let enq = [c0, c1][r](comm, r, send.ptr, recv.ptr, s);
+                let (e, took) = outcome(comm, dev, s, enq, t0);
+                assert!(send.read_all() == send_img, "{name}: rank {r}'s send buffer changed");
+                assert_eq!(recv.guard_damage(&recv.read_all()), 0, "{name}: rank {r} written past its output");
+                (e, took)
+            })
+        });
+        for (r, (e, took)) in res.iter().enumerate() {
+            let kind = e.as_ref().map_or("completes".to_string(), |e| format!("{:?}", e.code()));
+            let msg = e.as_ref().map_or(String::new(), |e| e.to_string());
+            eprintln!("hang | mismatch {i}: {name} | rank {r} | {kind} | {} ms | {msg}", took.as_millis());
+            if tell {
+                let e = e.as_ref().unwrap_or_else(|| panic!("{name}: rank {r} completed"));
+                assert!(matches!(e.code(), ErrorCode::InvalidUsage | ErrorCode::Remote | ErrorCode::Timeout), "{name}: rank {r}: {e}");
+                assert!(*took < HANG_TMO + Duration::from_secs(1), "{name}: rank {r} took {took:?}");
+            }
+        }
+    }
+}
+
+/// Rank 0's stream is blocked by the application (a wait on a flag it never raises, the host
+/// backend's model of earlier work that does not finish) when it enqueues an AllGather.
+/// An op that its stream has not reached does not time out on its own rank (application
+/// work before a collective may legitimately run long); rank 1, started and waiting for rank
+/// 0's buffer, fails with `Timeout` and its failure reaches rank 0 as `Remote`, both within
+/// the timeout + 1 s. Once the application releases its wait, rank 0's stream runs through
+/// the failed collective (its finish flag was written) and synchronize returns.
+#[test]
+fn stream_blocked_by_the_application() {
+    let res = bounded("blocked stream", Duration::from_secs(40), move || {
+        two(HANG_TMO, move |r, comm, dev| {
+            let c = 10_000;
+            let send = Buf::new(dev, c, 0, 1);
+            let recv = Buf::new(dev, 2 * c, 0, 2);
+            let s = new_stream(dev);
+            let app = dev.alloc_flags(1).expect("flags");
+            if r == 0 {
+                dev.wait_value_geq(s, app.dev_addr(0), 1).expect("application's wait");
+            }
+            let t0 = Instant::now();
+            let enq = comm.all_gather(send.ptr, recv.ptr, c, DataType::U8, s);
+            if r == 1 {
+                return outcome(comm, dev, s, enq, t0);
+            }
+            // The stream cannot be synchronized while the application holds it: wait for
+            // the communicator's verdict first, then release the stream.
+            let deadline = Instant::now() + HANG_TMO + Duration::from_secs(10);
+            while comm.async_error().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let took = t0.elapsed();
+            let e = enq.err().or_else(|| comm.async_error());
+            app.store(0, 1);
+            let t = Instant::now();
+            dev.synchronize(s).expect("synchronize returns once released");
+            assert!(t.elapsed() < Duration::from_secs(2), "released stream took {:?}", t.elapsed());
+            assert_eq!(recv.guard_damage(&recv.read_all()), 0, "guards");
+            (e, took)
+        })
+    });
+    for (r, (e, took)) in res.iter().enumerate() {
+        let e = e.as_ref().unwrap_or_else(|| panic!("rank {r}: no error"));
+        eprintln!("hang | stream blocked by the application | rank {r} | {:?} | {} ms | {e}", e.code(), took.as_millis());
+        assert!(*took < HANG_TMO + Duration::from_secs(1), "rank {r} took {took:?}");
+        let want = if r == 0 { ErrorCode::Remote } else { ErrorCode::Timeout };
+        assert_eq!(e.code(), want, "rank {r}: {e}");
+    }
+}
+
+/// An AllGather stuck because rank 1 never calls it (timeout 60 s, so that only the abort
+/// can end it): `abort()` from another thread releases the stream and ends a thread blocked
+/// in `wait_idle` within 1 s, both with an error, and later calls fail with `Aborted`.
+#[test]
+fn abort_from_another_thread() {
+    let gate = Arc::new(std::sync::Barrier::new(2));
+    let tmo = Duration::from_secs(60);
+    let res = bounded("abort from another thread", Duration::from_secs(40), move || {
+        two(tmo, move |r, comm, dev| {
+            if r == 1 {
+                gate.wait();
+                return None;
+            }
+            let c = 10_000;
+            let send = Buf::new(dev, c, 0, 1);
+            let recv = Buf::new(dev, 2 * c, 0, 2);
+            let s = new_stream(dev);
+            comm.all_gather(send.ptr, recv.ptr, c, DataType::U8, s).expect("enqueue");
+            let out = std::thread::scope(|sc| {
+                let stream = sc.spawn(|| {
+                    dev.synchronize(s).expect("synchronize returns");
+                    Instant::now()
+                });
+                let waiter = sc.spawn(|| (comm.wait_idle(), Instant::now()));
+                std::thread::sleep(Duration::from_millis(300));
+                assert!(comm.pending() > 0, "the op is still stuck before the abort");
+                let t = Instant::now();
+                comm.abort();
+                let abort_took = t.elapsed();
+                let st = stream.join().expect("stream thread");
+                let (w, wt) = waiter.join().expect("waiter thread");
+                (abort_took, st.saturating_duration_since(t), w, wt.saturating_duration_since(t))
+            });
+            let later = comm.all_gather(send.ptr, recv.ptr, c, DataType::U8, s).err();
+            assert_eq!(recv.guard_damage(&recv.read_all()), 0, "guards");
+            gate.wait();
+            Some((out, later))
+        })
+    });
+    let ((abort_took, stream, w, waiter), later) = res[0].clone().expect("rank 0's outcome");
+    let e = w.err().expect("wait_idle fails after the abort");
+    eprintln!(
+        "hang | abort() from another thread, op stuck | rank 0 | wait_idle {:?} | abort {} ms, stream released {} ms, wait_idle returned {} ms after it | {e}",
+        e.code(),
+        abort_took.as_millis(),
+        stream.as_millis(),
+        waiter.as_millis()
+    );
+    for (what, d) in [("abort", abort_took), ("stream", stream), ("wait_idle", waiter)] {
+        assert!(d < Duration::from_secs(1), "{what} took {d:?} after the abort");
+    }
+    let later = later.expect("a call after abort fails");
+    assert_eq!(later.code(), ErrorCode::Aborted, "{later}");
+}
