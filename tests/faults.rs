@@ -29,8 +29,8 @@ const N: usize = 3;
 const TMO_MS: u64 = 2000;
 /// Per block, in bf16 elements: above the compressed engine's 64 KiB threshold.
 const SMALL: usize = 40_000;
-/// Per block while the kill lands during the transfer: 4 MiB of bf16.
-const LARGE: usize = 1 << 21;
+/// Per block while the kill lands during the transfer: 2 MiB of bf16.
+const LARGE: usize = 1 << 20;
 
 fn unix_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
@@ -196,6 +196,7 @@ fn child_rank() {
             assert!(!victim, "victim failed to create: {e}");
             check_kind(&e);
             say(rank, "error", &format!("{:?} creation: {e}", e.code()));
+            say(rank, "done", "no communicator to abort");
             return;
         }
     };
@@ -272,6 +273,7 @@ struct Seen {
     rank: usize,
     kind: String,
     after_kill_ms: i64,
+    error: String,
     detail: String,
 }
 
@@ -281,7 +283,12 @@ fn peer_death(op: Op, engine: &str, point: Point, seed: u64) -> Vec<Seen> {
     let mut rng = Rng(seed);
     let victim = rng.below(N as u64) as usize;
     let root = rng.below(N as u64) as usize;
-    let delay_ms = if point == Point::During { rng.below(40) } else { rng.below(150) };
+    // Creation takes tens of milliseconds here: a short delay lands inside it.
+    let delay_ms = match point {
+        Point::Create => rng.below(30),
+        Point::During => rng.below(40),
+        _ => rng.below(150),
+    };
     let what = format!("{op:?} engine {engine} kill {point:?} victim {victim} root {root} delay {delay_ms} ms (seed {seed:#x})");
     let id = Communicator::unique_id(&test_config()).expect("unique id");
     let exe = std::env::current_exe().expect("test binary");
@@ -367,10 +374,10 @@ fn peer_death(op: Op, engine: &str, point: Point, seed: u64) -> Vec<Seen> {
         let (_, _, done) = ev("done").unwrap_or_else(|| panic!("{what}: rank {r} did not finish its checks\n{}", dump()));
         let after = t as i64 - kill_ms as i64;
         assert!(after <= (TMO_MS + 1000) as i64, "{what}: rank {r} saw its error {after} ms after the kill\n{}", dump());
-        seen.push(Seen { rank: r, kind: err.split(' ').next().unwrap_or("").to_string(), after_kill_ms: after, detail: done });
+        seen.push(Seen { rank: r, kind: err.split(' ').next().unwrap_or("").to_string(), after_kill_ms: after, error: err.clone(), detail: done });
     }
     for s in &seen {
-        eprintln!("peer death | {what} | rank {} | {} | {} ms after the kill | {}", s.rank, s.kind, s.after_kill_ms, s.detail);
+        eprintln!("peer death | {what} | rank {} | {} | {} ms after the kill | {} | {}", s.rank, s.kind, s.after_kill_ms, s.detail, s.error);
     }
     seen
 }
@@ -503,37 +510,55 @@ fn outcome(comm: &Communicator, dev: &Arc<dyn Device>, s: StreamHandle, enq: hoc
     (r.err(), t0.elapsed())
 }
 
+/// Elements (u8) of the AllGather that `stuck_all_gather` leaves stuck.
+const STUCK: usize = 10_000;
+
+/// Two ranks, rank 1 never calling the AllGather of `STUCK` bytes that rank 0 enqueues in
+/// `f(comm, dev, send, recv, stream)` (rank 1 waits until `f` returned, then destroys its
+/// communicator); `f`'s result, under `bounded`.
+fn stuck_all_gather<T, F>(what: &'static str, tmo: Duration, f: F) -> T
+where
+    T: Send + 'static,
+    F: Fn(&Communicator, &Arc<dyn Device>, &Buf, &Buf, StreamHandle) -> T + Send + Sync + 'static,
+{
+    let gate = Arc::new(std::sync::Barrier::new(2));
+    let mut res = bounded(what, Duration::from_secs(40), move || {
+        two(tmo, move |r, comm, dev| {
+            if r == 1 {
+                gate.wait();
+                return None;
+            }
+            let send = Buf::new(dev, STUCK, 0, 1);
+            let recv = Buf::new(dev, 2 * STUCK, 0, 2);
+            let s = new_stream(dev);
+            let v = f(comm, dev, &send, &recv, s);
+            gate.wait();
+            Some(v)
+        })
+    });
+    res.swap_remove(0).expect("rank 0's outcome")
+}
+
 /// Rank 1 never calls the AllGather that rank 0 waits in: rank 0 fails with `Timeout`
 /// within the timeout + 1 s, its stream released and its receive buffer untouched past its
 /// own block.
 #[test]
 fn rank_that_never_calls() {
-    let gate = Arc::new(std::sync::Barrier::new(2));
-    let res = bounded("never calls", Duration::from_secs(40), move || {
-        two(HANG_TMO, move |r, comm, dev| {
-            if r == 1 {
-                gate.wait();
-                return None;
-            }
-            let c = 10_000;
-            let send = Buf::new(dev, c, 0, 1);
-            let recv = Buf::new(dev, 2 * c, 0, 2);
-            let s = new_stream(dev);
-            let t0 = Instant::now();
-            let enq = comm.all_gather(send.ptr, recv.ptr, c, DataType::U8, s);
-            let (e, took) = outcome(comm, dev, s, enq, t0);
-            let all = recv.read_all();
-            assert_eq!(recv.guard_damage(&all), 0, "guards");
-            assert!((c..2 * c).all(|i| all[i] == pattern_byte(2, i as u64)), "rank 1's block written");
-            gate.wait();
-            Some((e, took))
-        })
+    let c = STUCK;
+    let res = stuck_all_gather("never calls", HANG_TMO, move |comm, dev, send, recv, s| {
+        let t0 = Instant::now();
+        let enq = comm.all_gather(send.ptr, recv.ptr, c, DataType::U8, s);
+        let (e, took) = outcome(comm, dev, s, enq, t0);
+        let all = recv.read_all();
+        assert_eq!(recv.guard_damage(&all), 0, "guards");
+        assert!((c..2 * c).all(|i| all[i] == pattern_byte(2, i as u64)), "rank 1's block written");
+        (e, took)
     });
-    let (e, took) = res[0].as_ref().expect("rank 0's outcome");
-    let e = e.as_ref().expect("rank 0 gets an error");
+    let e = res.0.as_ref().expect("rank 0 gets an error");
+    let took = res.1;
     eprintln!("hang | rank never calls AllGather | {:?} | {} ms (timeout {} ms) | {e}", e.code(), took.as_millis(), HANG_TMO.as_millis());
     assert_eq!(e.code(), ErrorCode::Timeout, "{e}");
-    assert!(*took < HANG_TMO + Duration::from_secs(1), "took {took:?}");
+    assert!(took < HANG_TMO + Duration::from_secs(1), "took {took:?}");
 }
 
 type Call = fn(&Communicator, usize, DevPtr, DevPtr, StreamHandle) -> hoccl::Result<()>;
@@ -647,41 +672,29 @@ fn stream_blocked_by_the_application() {
 /// in `wait_idle` within 1 s, both with an error, and later calls fail with `Aborted`.
 #[test]
 fn abort_from_another_thread() {
-    let gate = Arc::new(std::sync::Barrier::new(2));
-    let tmo = Duration::from_secs(60);
-    let res = bounded("abort from another thread", Duration::from_secs(40), move || {
-        two(tmo, move |r, comm, dev| {
-            if r == 1 {
-                gate.wait();
-                return None;
-            }
-            let c = 10_000;
-            let send = Buf::new(dev, c, 0, 1);
-            let recv = Buf::new(dev, 2 * c, 0, 2);
-            let s = new_stream(dev);
-            comm.all_gather(send.ptr, recv.ptr, c, DataType::U8, s).expect("enqueue");
-            let out = std::thread::scope(|sc| {
-                let stream = sc.spawn(|| {
-                    dev.synchronize(s).expect("synchronize returns");
-                    Instant::now()
-                });
-                let waiter = sc.spawn(|| (comm.wait_idle(), Instant::now()));
-                std::thread::sleep(Duration::from_millis(300));
-                assert!(comm.pending() > 0, "the op is still stuck before the abort");
-                let t = Instant::now();
-                comm.abort();
-                let abort_took = t.elapsed();
-                let st = stream.join().expect("stream thread");
-                let (w, wt) = waiter.join().expect("waiter thread");
-                (abort_took, st.saturating_duration_since(t), w, wt.saturating_duration_since(t))
+    let c = STUCK;
+    let res = stuck_all_gather("abort from another thread", Duration::from_secs(60), move |comm, dev, send, recv, s| {
+        comm.all_gather(send.ptr, recv.ptr, c, DataType::U8, s).expect("enqueue");
+        let out = std::thread::scope(|sc| {
+            let stream = sc.spawn(|| {
+                dev.synchronize(s).expect("synchronize returns");
+                Instant::now()
             });
-            let later = comm.all_gather(send.ptr, recv.ptr, c, DataType::U8, s).err();
-            assert_eq!(recv.guard_damage(&recv.read_all()), 0, "guards");
-            gate.wait();
-            Some((out, later))
-        })
+            let waiter = sc.spawn(|| (comm.wait_idle(), Instant::now()));
+            std::thread::sleep(Duration::from_millis(300));
+            assert!(comm.pending() > 0, "the op is still stuck before the abort");
+            let t = Instant::now();
+            comm.abort();
+            let abort_took = t.elapsed();
+            let st = stream.join().expect("stream thread");
+            let (w, wt) = waiter.join().expect("waiter thread");
+            (abort_took, st.saturating_duration_since(t), w, wt.saturating_duration_since(t))
+        });
+        let later = comm.all_gather(send.ptr, recv.ptr, c, DataType::U8, s).err();
+        assert_eq!(recv.guard_damage(&recv.read_all()), 0, "guards");
+        (out, later)
     });
-    let ((abort_took, stream, w, waiter), later) = res[0].clone().expect("rank 0's outcome");
+    let ((abort_took, stream, w, waiter), later) = res;
     let e = w.err().expect("wait_idle fails after the abort");
     eprintln!(
         "hang | abort() from another thread, op stuck | rank 0 | wait_idle {:?} | abort {} ms, stream released {} ms, wait_idle returned {} ms after it | {e}",
