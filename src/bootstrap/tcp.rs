@@ -174,6 +174,11 @@ impl fmt::Debug for UniqueId {
     }
 }
 
+/// A socket error that means the process at the other end is gone.
+fn peer_gone(e: &std::io::Error) -> bool {
+    matches!(e.kind(), ErrorKind::ConnectionRefused | ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted | ErrorKind::BrokenPipe)
+}
+
 fn io_err(op: &'static str, call: &'static str, e: &std::io::Error, what: impl fmt::Display) -> Error {
     Error::System { op, call, errno: e.raw_os_error().unwrap_or(0), what: format!("{what}: {e}") }
 }
@@ -584,9 +589,13 @@ impl TcpBootstrap {
         // Higher ranks connect to lower ones; the connector sends secret | its rank.
         let mut streams: Vec<Option<TcpStream>> = (0..nranks).map(|_| None).collect();
         for (peer, addr) in table.iter().enumerate().take(rank) {
+            // The peer joined the root, so its listener was open: a refused or reset link
+            // means its process is gone, a failure of that peer (Remote), not of this host.
             let mut s = TcpStream::connect_timeout(addr, tmo("connecting to a peer")?).map_err(|e| {
                 if timed_out(&e) {
                     Error::Timeout { op: OP, after: timeout, what: format!("connecting to rank {peer} at {addr}") }
+                } else if peer_gone(&e) {
+                    Error::Remote { op: OP, peer, what: format!("rank {peer} at {addr} refused its link ({e}): it exited") }
                 } else {
                     io_err(OP, "connect", &e, format!("rank {peer} at {addr}"))
                 }
@@ -594,7 +603,13 @@ impl TcpBootstrap {
             let mut v = secret.to_vec();
             v.extend_from_slice(&(rank as u32).to_be_bytes());
             s.set_write_timeout(Some(tmo("greeting a peer")?)).ok();
-            write_frame(&mut s, 0, 0, &v).map_err(|e| io_err(OP, "send", &e, format!("greeting rank {peer}")))?;
+            write_frame(&mut s, 0, 0, &v).map_err(|e| {
+                if peer_gone(&e) {
+                    Error::Remote { op: OP, peer, what: format!("rank {peer} closed its link while greeted ({e}): it exited") }
+                } else {
+                    io_err(OP, "send", &e, format!("greeting rank {peer}"))
+                }
+            })?;
             streams[peer] = Some(s);
         }
         listener.set_nonblocking(true).map_err(|e| io_err(OP, "fcntl", &e, "rank listener"))?;
