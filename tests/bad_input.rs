@@ -221,10 +221,6 @@ fn applies(f: Fault, op: Op) -> bool {
         RootIsSize | RootNegative => op.rooted(),
         PeerIsSize | PeerNegative => op.p2p(),
         InPlaceAlltoAll => op == AllToAll,
-        // Not refused consistently: with the C ABI's default settings one rank finds the
-        // unknown stream only after its reduction's exchange was submitted, and the ranks
-        // diverge (`docs/design.md`, "Errors", open items).
-        UnknownStream => !op.reduces(),
         _ => true,
     }
 }
@@ -785,9 +781,9 @@ impl Fuzz {
         let red = self.pick(&[0, 1, 2, 3, 4, 5, -1]);
         // One rank: root 0 and no valid peer (a send to self needs a receive in a group).
         let rank = if op.p2p() { self.pick(&[1, -1, c_int::MAX]) } else { self.pick(&[0, 0, 0, 1, -1]) };
-        // An unknown stream is found when the op launches: at the call outside a group (not
-        // consistently for reductions, see the table), at hocclGroupEnd inside one.
-        let unknown = if op.reduces() || self.depth > 0 { 0 } else { 0x7fff_0001 };
+        // An unknown stream is found when the op launches: at the call outside a group, at
+        // hocclGroupEnd inside one.
+        let unknown = if self.depth > 0 { 0 } else { 0x7fff_0001 };
         let stream = self.pick(&[self.stream as u64, self.stream as u64, 0, unknown]);
         let a = Args { send: self.raw(sp) as u64, recv: self.raw(rp) as u64, count, dtype, red, rank, stream };
         let want = Fuzz::handle_code(h).unwrap_or_else(|| {
