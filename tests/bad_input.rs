@@ -46,7 +46,8 @@ mod c {
                     $(pub fn $name($($a: $t),*) -> $r;)*
                 }
             }
-            $(pub fn $name($($a: $t),*) -> $r {
+            $(#[allow(clippy::too_many_arguments)] // the C signatures
+            pub fn $name($($a: $t),*) -> $r {
                 // SAFETY: the C ABI takes any value of these types: handles and device
                 // pointers are looked up (not dereferenced) before use, and every host
                 // pointer a caller here passes is NULL or valid for the documented size.
