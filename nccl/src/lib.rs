@@ -743,6 +743,9 @@ nccl_api! {
 mod api_tests;
 
 #[cfg(test)]
+mod bad_input_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -255,7 +255,7 @@ impl Communicator {
             }
             let exchanges = !sends.is_empty() || !recvs.is_empty();
             if mine > 0 && (stage || receives && exchanges) {
-                self.wait_for_scratch(st, s)?;
+                self.wait_for_scratch(st, s).map_err(|e| e.with_op(name))?;
             }
             // Under the compressed engine the exchange's plan holds the received streams;
             // they are decompressed below, by the fused kernel or by `finish`.
