@@ -191,7 +191,13 @@ fn to_text(r: &Report) -> String {
         Some(c) => {
             let archs: Vec<&str> = c.entries.iter().map(|e| e.arch.as_str()).collect();
             let _ = writeln!(s, "  archs:   {}", if archs.is_empty() { "(none: built with HOCCL_NO_CUDA=1)".into() } else { archs.join(", ") });
-            let _ = writeln!(s, "  kernels: {}", if c.kernels.is_empty() { "(none)".into() } else { c.kernels.join(", ") });
+            let _ = writeln!(s, "  kernels: {}", if !c.kernels.is_empty() {
+                c.kernels.join(", ")
+            } else if c.entries.iter().any(|e| e.compressed) {
+                "(not listed: nvcc compressed the cubins)".into()
+            } else {
+                "(none)".into()
+            });
         }
     }
     text_auto(&mut s, &r.auto);
