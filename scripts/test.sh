@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Command two: everything CI checks, from a fresh clone.
 #   1. setup (apt packages, pinned nvcc wheels; idempotent)
-#   2. cargo: cargo test --all-targets, the collectives again with HOCCL_ENGINE=compressed,
-#      cargo test --doc (every test binary runs)
+#   2. cargo: cargo test --workspace --all-targets (hoccl and the NCCL library), the
+#      collectives again with HOCCL_ENGINE=compressed, cargo test --doc (every test binary runs)
 #   3. examples: every self-checking example under mpirun -np 2 and -np 4 (debug build:
 #      it links the library cargo test built, so only the examples compile)
 #   4. cmake: CMake configure, build, install; ctest --output-on-failure (which also builds
@@ -63,10 +63,10 @@ quiet() {
 
 # ---------------------------------------------------------------- cargo test -------------
 part_cargo() {
-  stage "cargo test --all-targets"
+  stage "cargo test --workspace --all-targets"
   # --no-fail-fast: every test binary runs, so the summary counts them all.
-  cargo test --all-targets --no-fail-fast 2>&1 | tee "$logs/cargo-test.log"
-  [ "${PIPESTATUS[0]}" = 0 ] || failed+=("cargo test --all-targets")
+  cargo test --workspace --all-targets --no-fail-fast 2>&1 | tee "$logs/cargo-test.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || failed+=("cargo test --workspace --all-targets")
   stage "collectives under HOCCL_ENGINE=compressed"
   HOCCL_ENGINE=compressed cargo test --test collectives 2>&1 | tee "$logs/cargo-compressed.log"
   [ "${PIPESTATUS[0]}" = 0 ] || failed+=("HOCCL_ENGINE=compressed cargo test --test collectives")
