@@ -79,34 +79,33 @@ fn build_fatbin(out: &Path) {
                  without kernels with HOCCL_NO_CUDA=1."
             )
         });
-        // One translation unit that includes every kernel file, so nvcc makes one fatbin.
-        let unity = out.join("hoccl_all.cu");
-        let body: String = sources
-            .iter()
-            .filter(|p| p.extension().is_some_and(|e| e == "cu"))
-            .map(|p| format!("#include \"{}\"\n", p.canonicalize().unwrap().display()))
+        let flags: Vec<String> = gencode_args()
+            .into_iter()
+            .chain(["-O3", "-std=c++17", "--use_fast_math", "-Xptxas=-v"].map(String::from))
             .collect();
-        std::fs::write(&unity, body).unwrap();
-        let status = Command::new(&nvcc)
-            .arg("-fatbin")
-            .args(gencode_args())
-            .args(["-O3", "-std=c++17", "--use_fast_math", "-Xptxas=-v"])
-            .arg("-I")
-            .arg(Path::new("cuda").canonicalize().unwrap())
-            .arg("-o")
-            .arg(&fatbin)
-            .arg(&unity)
-            .output()
-            .unwrap_or_else(|e| panic!("hoccl: could not run {}: {e}", nvcc.display()));
-        if !status.status.success() {
-            panic!(
-                "hoccl: nvcc failed ({}):\n{}\n{}",
-                nvcc.display(),
-                String::from_utf8_lossy(&status.stdout),
-                String::from_utf8_lossy(&status.stderr)
-            );
+        let key = fatbin_key(&nvcc, &flags);
+        let cache = fatbin_cache_dir(out);
+        let (cached_bin, cached_log) = (cache.join(format!("{key}.fatbin")), cache.join(format!("{key}.ptxas.log")));
+        if cached_bin.is_file() && cached_log.is_file() {
+            std::fs::copy(&cached_bin, &fatbin).unwrap();
+            std::fs::copy(&cached_log, out.join("ptxas.log")).unwrap();
+        } else {
+            run_nvcc(&nvcc, &sources, &flags, out, &fatbin);
+            // Publish with a rename, so a concurrent build never reads half a file.
+            if std::fs::create_dir_all(&cache).is_ok() {
+                let pid = std::process::id();
+                let (tmp_bin, tmp_log) = (cache.join(format!("{key}.{pid}.tmp")), cache.join(format!("{key}.{pid}.log.tmp")));
+                let published = std::fs::copy(&fatbin, &tmp_bin).is_ok()
+                    && std::fs::copy(out.join("ptxas.log"), &tmp_log).is_ok()
+                    && std::fs::rename(&tmp_log, &cached_log).is_ok()
+                    && std::fs::rename(&tmp_bin, &cached_bin).is_ok();
+                if !published {
+                    let _ = std::fs::remove_file(&tmp_bin);
+                    let _ = std::fs::remove_file(&tmp_log);
+                }
+                prune_fatbin_cache(&cache, 4);
+            }
         }
-        std::fs::write(out.join("ptxas.log"), &status.stderr).unwrap();
     }
     let len = std::fs::metadata(&fatbin).unwrap().len();
     std::fs::write(
@@ -114,6 +113,93 @@ fn build_fatbin(out: &Path) {
         format!("/// Length of the embedded fatbin in bytes (0 without kernels).\npub const FATBIN_LEN: usize = {len};\n"),
     )
     .unwrap();
+}
+
+/// Where compiled fatbins are kept, keyed by [`fatbin_key`]: `<target>/hoccl-fatbin/`, shared by
+/// every profile of one target directory, so `cargo build --release` after `cargo test` (or
+/// CMake's release step) reuses the kernels instead of compiling them again (the fatbin is
+/// the slowest part of a build). `HOCCL_FATBIN_CACHE` names another folder.
+fn fatbin_cache_dir(out: &Path) -> PathBuf {
+    println!("cargo:rerun-if-env-changed=HOCCL_FATBIN_CACHE");
+    if let Ok(dir) = env::var("HOCCL_FATBIN_CACHE") {
+        return dir.into();
+    }
+    // OUT_DIR is <target>/[<triple>/]<profile>/build/hoccl-<hash>/out.
+    let base = out.ancestors().nth(4).unwrap_or(out);
+    base.join("hoccl-fatbin")
+}
+
+/// FNV-1a over everything that decides the fatbin's bytes: nvcc's identity (`--version`) and
+/// path, the flags, and the name and contents of every file in `cuda/` (headers included).
+fn fatbin_key(nvcc: &Path, flags: &[String]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut feed = |bytes: &[u8]| {
+        for b in bytes.iter().chain(&[0xffu8]) {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    };
+    let version = Command::new(nvcc).arg("--version").output().map(|o| o.stdout).unwrap_or_default();
+    feed(&version);
+    feed(nvcc.as_os_str().as_encoded_bytes());
+    for f in flags {
+        feed(f.as_bytes());
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir("cuda")
+        .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
+        .unwrap_or_default();
+    files.sort();
+    for f in files.iter().filter(|f| f.is_file()) {
+        feed(f.file_name().unwrap().as_encoded_bytes());
+        feed(&std::fs::read(f).unwrap_or_default());
+    }
+    format!("{h:016x}")
+}
+
+/// Keeps the `keep` most recent fatbins (and their logs) in `cache`, so edits to `cuda/`
+/// do not fill the target directory.
+fn prune_fatbin_cache(cache: &Path, keep: usize) {
+    let Ok(dir) = std::fs::read_dir(cache) else { return };
+    let mut bins: Vec<(std::time::SystemTime, PathBuf)> = dir
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "fatbin"))
+        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+        .collect();
+    bins.sort_by(|a, b| b.0.cmp(&a.0));
+    for (_, bin) in bins.into_iter().skip(keep) {
+        let _ = std::fs::remove_file(bin.with_extension("ptxas.log"));
+        let _ = std::fs::remove_file(bin);
+    }
+}
+
+fn run_nvcc(nvcc: &Path, sources: &[PathBuf], flags: &[String], out: &Path, fatbin: &Path) {
+    // One translation unit that includes every kernel file, so nvcc makes one fatbin.
+    let unity = out.join("hoccl_all.cu");
+    let body: String = sources
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "cu"))
+        .map(|p| format!("#include \"{}\"\n", p.canonicalize().unwrap().display()))
+        .collect();
+    std::fs::write(&unity, body).unwrap();
+    let status = Command::new(nvcc)
+        .arg("-fatbin")
+        .args(flags)
+        .arg("-I")
+        .arg(Path::new("cuda").canonicalize().unwrap())
+        .arg("-o")
+        .arg(fatbin)
+        .arg(&unity)
+        .output()
+        .unwrap_or_else(|e| panic!("hoccl: could not run {}: {e}", nvcc.display()));
+    if !status.status.success() {
+        panic!(
+            "hoccl: nvcc failed ({}):\n{}\n{}",
+            nvcc.display(),
+            String::from_utf8_lossy(&status.stdout),
+            String::from_utf8_lossy(&status.stderr)
+        );
+    }
+    std::fs::write(out.join("ptxas.log"), &status.stderr).unwrap();
 }
 
 // ---------------------------------------------------------------- verbs ---------------
