@@ -15,6 +15,8 @@
 # every command's full log to build/gpu-logs/core/. Exit status: 0 when everything passed.
 #   CORE_SKIP   test executables to leave out ("name ...")
 #   TEST_LIMIT  seconds per test executable and mode (default 150)
+#   CORE_MODES  which of the two modes run ("host cuda", the default; "cuda" leaves out the
+#               host-backend pass, which CI runs anyway)
 set -u
 # shellcheck source=common.sh
 source "$(dirname "$0")/common.sh"
@@ -50,8 +52,8 @@ for t in "$bin"/tests/*; do
     codec_*|plan_cli|zip_cli) continue ;;
   esac
   case " ${CORE_SKIP:-} " in *" $n "*) note "skip $n (CORE_SKIP)"; continue ;; esac
-  check "test-$n-host" "${TEST_LIMIT:-150}" "$t" --test-threads=1
-  check "test-$n-cuda" "${TEST_LIMIT:-150}" "$t" --ignored --test-threads=1
+  case " ${CORE_MODES:-host cuda} " in *" host "*) check "test-$n-host" "${TEST_LIMIT:-150}" "$t" --test-threads=1 ;; esac
+  case " ${CORE_MODES:-host cuda} " in *" cuda "*) check "test-$n-cuda" "${TEST_LIMIT:-150}" "$t" --ignored --test-threads=1 ;; esac
 done
 # The collectives' bodies again with the compressed engine (their data is mostly random:
 # this checks the machinery; tests/compressed.rs checks real tensors).
