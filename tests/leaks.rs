@@ -222,6 +222,10 @@ fn reuse_body(c: &Communicator, ops: usize) -> usize {
         quiesce(c);
         dev.free(send).unwrap();
         dev.free(recv).unwrap();
+        // No rank allocates or enqueues the next op while another still frees: thread ranks
+        // share one CUDA context, where cuMemFree waits for every stream, a peer's pending
+        // collective included (docs/design.md, "Several ranks in one process on one GPU").
+        c.bootstrap().barrier().unwrap();
     }
     quiesce(c);
     dev.destroy_stream(s).unwrap();

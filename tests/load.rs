@@ -10,8 +10,10 @@
 //! operator, the count (0, 1, odd, above the compressed engine's 64 KiB threshold), the
 //! buffer offsets (whole elements; any byte for 1-byte types), the root and one of three
 //! streams. A quarter of the draws are groups of 2–4 such ops on one communicator and one
-//! stream. Results are checked, and buffers freed, every `BATCH` draws; guard bands around
-//! every buffer must be untouched.
+//! stream. Ops go in batches of `BATCH` draws: every rank prepares the batch's buffers, then
+//! enqueues its ops back to back; results are checked, and buffers freed, after the batch
+//! (so allocations and synchronous copies never overlap a pending collective of another
+//! thread rank, which CUDA does not allow); guard bands around every buffer must be untouched.
 //!
 //! CI runs `CI_OPS` ops (about 20 s on this 2-core machine); `HOCCL_STRESS=full` runs
 //! `FULL_OPS` with larger "large" counts. The same body runs on CUDA with `--ignored`.
@@ -97,111 +99,129 @@ struct Check {
     want: Vec<u8>,
 }
 
-/// Enqueue op `k` on `c` and `s`; returns what to check. Called inside or outside a group.
-fn issue(c: &Communicator, k: u64, call: Call, s: StreamHandle) -> hoccl::Result<Vec<Check>> {
+/// What enqueues a prepared op: called once, inside or outside a group.
+type Launch = Box<dyn FnOnce(&Communicator) -> hoccl::Result<()> + Send>;
+
+/// Allocate and fill op `k`'s buffers on `c`'s device; returns what to check and the call
+/// that enqueues it on `s`. Preparing never enqueues, so that a batch's buffers all exist
+/// before any of its ops is pending: ranks that are threads of one process share a CUDA
+/// context, where allocations and synchronous copies may wait for another rank's pending
+/// collective (docs/design.md, "Several ranks in one process on one GPU").
+fn prepare(c: &Communicator, k: u64, call: Call, s: StreamHandle) -> (Vec<Check>, Launch) {
     let (r, n, dev) = (c.rank(), c.size(), c.device().clone());
-    let (dt, count) = (call.dtype, call.count);
+    let (dt, count, op, root) = (call.dtype, call.count, call.op, call.root);
     let len = count * dt.size();
     let fold = |at: usize, whole: usize| {
         let inputs: Vec<Vec<u8>> = (0..n).map(|p| input(k, p, whole)).collect();
         let srcs: Vec<&[u8]> = inputs.iter().map(|v| &v[at..at + len]).collect();
         let mut out = vec![0u8; len];
-        reduce_into(dt, call.op, &mut out, &srcs).unwrap();
+        reduce_into(dt, op, &mut out, &srcs).unwrap();
         out
     };
     let put = |b: &Buf, at: usize, bytes: &[u8]| dev.copy_from_host(b.ptr.add(at), bytes).unwrap();
     let check = |buf: Buf, at: usize, want: Vec<u8>| Check { k, call, buf, at, want };
-    Ok(match call.kind {
+    // The send buffer: the receive buffer itself when in place (`own` is where this rank's
+    // input goes in it), else a buffer of its own holding `bytes`.
+    let source = |recv: &Buf, own: usize, bytes: &[u8], poison: u64, keep: &mut Vec<Buf>| {
+        if call.in_place {
+            put(recv, own, bytes);
+            recv.ptr.add(own)
+        } else {
+            let send = Buf::new(&dev, bytes.len(), call.off_send, poison);
+            put(&send, 0, bytes);
+            let p = send.ptr;
+            keep.push(send);
+            p
+        }
+    };
+    // Send buffers stay alive (their frees deferred) until the batch is verified.
+    let mut keep: Vec<Buf> = Vec::new();
+    let (checks, launch): (Vec<Check>, Launch) = match call.kind {
         0 => {
             let recv = Buf::new(&dev, n * len, call.off_recv, 2);
+            let sp = source(&recv, r * len, &input(k, r, len), 1, &mut keep);
+            let rp = recv.ptr;
             let want: Vec<u8> = (0..n).flat_map(|p| input(k, p, len)).collect();
-            if call.in_place {
-                put(&recv, r * len, &input(k, r, len));
-                c.all_gather(recv.ptr.add(r * len), recv.ptr, count, dt, s)?;
-            } else {
-                let send = Buf::new(&dev, len, call.off_send, 1);
-                put(&send, 0, &input(k, r, len));
-                c.all_gather(send.ptr, recv.ptr, count, dt, s)?;
-            }
-            vec![check(recv, 0, want)]
+            (vec![check(recv, 0, want)], Box::new(move |c| c.all_gather(sp, rp, count, dt, s)))
         }
         1 => {
             let recv = Buf::new(&dev, len, call.off_recv, 3);
-            if call.in_place {
-                put(&recv, 0, &input(k, r, len));
-                c.broadcast(recv.ptr, recv.ptr, count, dt, call.root, s)?;
-            } else {
-                let send = Buf::new(&dev, len, call.off_send, 4);
-                put(&send, 0, &input(k, r, len));
-                c.broadcast(send.ptr, recv.ptr, count, dt, call.root, s)?;
-            }
-            vec![check(recv, 0, input(k, call.root, len))]
+            let sp = source(&recv, 0, &input(k, r, len), 4, &mut keep);
+            let rp = recv.ptr;
+            (vec![check(recv, 0, input(k, root, len))], Box::new(move |c| c.broadcast(sp, rp, count, dt, root, s)))
         }
         2 => {
             let send = Buf::new(&dev, n * len, call.off_send, 5);
             let recv = Buf::new(&dev, n * len, call.off_recv, 6);
             put(&send, 0, &input(k, r, n * len));
-            c.all_to_all(send.ptr, recv.ptr, count, dt, s)?;
+            let (sp, rp) = (send.ptr, recv.ptr);
+            keep.push(send);
             let want: Vec<u8> = (0..n).flat_map(|p| input(k, p, n * len)[r * len..(r + 1) * len].to_vec()).collect();
-            vec![check(recv, 0, want)]
+            (vec![check(recv, 0, want)], Box::new(move |c| c.all_to_all(sp, rp, count, dt, s)))
         }
         3 => {
             let (to, from) = ((r + call.shift) % n, (r + n - call.shift) % n);
             let send = Buf::new(&dev, len, call.off_send, 7);
             let recv = Buf::new(&dev, len, call.off_recv, 8);
             put(&send, 0, &input(k, r, len));
-            c.group(|c| {
-                c.send(send.ptr, count, dt, to, s)?;
-                c.recv(recv.ptr, count, dt, from, s)
-            })?;
-            vec![check(recv, 0, input(k, from, len))]
+            let (sp, rp) = (send.ptr, recv.ptr);
+            keep.push(send);
+            let launch: Launch = Box::new(move |c| {
+                c.group(|c| {
+                    c.send(sp, count, dt, to, s)?;
+                    c.recv(rp, count, dt, from, s)
+                })
+            });
+            (vec![check(recv, 0, input(k, from, len))], launch)
         }
         4 => {
             let recv = Buf::new(&dev, len, call.off_recv, 9);
-            if call.in_place {
-                put(&recv, 0, &input(k, r, len));
-                c.all_reduce(recv.ptr, recv.ptr, count, dt, call.op, s)?;
-            } else {
-                let send = Buf::new(&dev, len, call.off_send, 10);
-                put(&send, 0, &input(k, r, len));
-                c.all_reduce(send.ptr, recv.ptr, count, dt, call.op, s)?;
-            }
-            vec![check(recv, 0, fold(0, len))]
+            let sp = source(&recv, 0, &input(k, r, len), 10, &mut keep);
+            let rp = recv.ptr;
+            (vec![check(recv, 0, fold(0, len))], Box::new(move |c| c.all_reduce(sp, rp, count, dt, op, s)))
         }
         5 => {
             let send = Buf::new(&dev, n * len, call.off_send, 11);
             put(&send, 0, &input(k, r, n * len));
             let want = fold(r * len, n * len);
+            let sp = send.ptr;
             if call.in_place {
-                c.reduce_scatter(send.ptr, send.ptr.add(r * len), count, dt, call.op, s)?;
+                let rp = send.ptr.add(r * len);
                 // Only this rank's slot is defined afterwards.
-                vec![check(send, r * len, want)]
+                (vec![check(send, r * len, want)], Box::new(move |c| c.reduce_scatter(sp, rp, count, dt, op, s)))
             } else {
                 let recv = Buf::new(&dev, len, call.off_recv, 12);
-                c.reduce_scatter(send.ptr, recv.ptr, count, dt, call.op, s)?;
-                vec![check(recv, 0, want)]
+                let rp = recv.ptr;
+                keep.push(send);
+                (vec![check(recv, 0, want)], Box::new(move |c| c.reduce_scatter(sp, rp, count, dt, op, s)))
             }
         }
         _ => {
             let recv = Buf::new(&dev, len, call.off_recv, 13);
-            let root = r == call.root;
-            if call.in_place && root {
+            let is_root = r == root;
+            let sp = if call.in_place && is_root {
                 put(&recv, 0, &input(k, r, len));
-                c.reduce(recv.ptr, recv.ptr, count, dt, call.op, call.root, s)?;
+                recv.ptr
             } else {
                 let send = Buf::new(&dev, len, call.off_send, 14);
                 put(&send, 0, &input(k, r, len));
-                c.reduce(send.ptr, recv.ptr, count, dt, call.op, call.root, s)?;
-            }
-            if root {
-                vec![check(recv, 0, fold(0, len))]
+                let p = send.ptr;
+                keep.push(send);
+                p
+            };
+            let rp = recv.ptr;
+            let want = if is_root {
+                fold(0, len)
             } else {
                 // A non-root's receive buffer is not written.
-                let poison: Vec<u8> = (0..len as u64).map(|i| pattern_byte(13, i + recv.off as u64)).collect();
-                vec![check(recv, 0, poison)]
-            }
+                (0..len as u64).map(|i| pattern_byte(13, i + recv.off as u64)).collect()
+            };
+            (vec![check(recv, 0, want)], Box::new(move |c| c.reduce(sp, rp, count, dt, op, root, s)))
         }
-    })
+    };
+    // Dropping a `Buf` defers its free to `free_deferred`, after the batch.
+    drop(keep);
+    (checks, launch)
 }
 
 fn verify(checks: &[Check]) {
@@ -257,38 +277,49 @@ fn body(dev: &Arc<dyn Device>, comms: &[Communicator], ops: usize, large: usize)
     let streams: Vec<StreamHandle> = (0..STREAMS).map(|_| dev.create_stream().unwrap()).collect();
     let mut rng = Rng(0x10ad_2026);
     let mut checks: Vec<Check> = Vec::new();
-    let (mut k, mut draws) = (0u64, 0usize);
+    // One draw of the batch: its communicator, whether its ops form a group, and each op's
+    // number, call and launch.
+    type Draw = (usize, bool, Vec<(u64, Call, Launch)>);
+    let mut batch: Vec<Draw> = Vec::new();
+    let mut k = 0u64;
     while (k as usize) < ops {
-        let c = &comms[rng.below(comms.len() as u64) as usize];
+        let ci = rng.below(comms.len() as u64) as usize;
         let s = streams[rng.below(STREAMS as u64) as usize];
         let grouped = rng.below(4) == 0;
         let m = if grouped { 2 + rng.below(3) } else { 1 };
-        let calls: Vec<(u64, Call)> = (0..m).map(|i| (k + i, draw(&mut rng, n, large))).collect();
+        let mut prepared = Vec::new();
+        for i in 0..m {
+            let call = draw(&mut rng, n, large);
+            let (ch, launch) = prepare(&comms[ci], k + i, call, s);
+            checks.extend(ch);
+            prepared.push((k + i, call, launch));
+        }
         k += m;
-        let issued = if grouped {
-            c.group(|c| {
-                let mut v = Vec::new();
-                for (kk, call) in &calls {
-                    v.extend(issue(c, *kk, *call, s)?);
-                }
-                Ok(v)
-            })
-        } else {
-            issue(c, calls[0].0, calls[0].1, s)
-        };
-        checks.extend(issued.unwrap_or_else(|e| panic!("ops {calls:?}: {e}")));
-        draws += 1;
-        if draws % BATCH == 0 || k as usize >= ops {
+        batch.push((ci, grouped, prepared));
+        if batch.len() == BATCH || k as usize >= ops {
+            // Every rank's buffers of the batch exist before any of its ops is pending.
+            comms[0].bootstrap().barrier().unwrap();
+            for (ci, grouped, prepared) in batch.drain(..) {
+                let c = &comms[ci];
+                let calls: Vec<(u64, Call)> = prepared.iter().map(|(kk, call, _)| (*kk, *call)).collect();
+                let launched = if grouped {
+                    c.group(|c| prepared.into_iter().try_for_each(|(_, _, launch)| launch(c)))
+                } else {
+                    prepared.into_iter().try_for_each(|(_, _, launch)| launch(c))
+                };
+                launched.unwrap_or_else(|e| panic!("ops {calls:?}: {e}"));
+            }
             for s in &streams {
                 sync(dev, *s);
             }
             for c in comms {
                 c.wait_idle().unwrap();
             }
+            // Reading results back (synchronous copies) and freeing wait until no rank has
+            // an op of the batch pending, nor a peer copying into this rank's buffers.
+            comms[0].bootstrap().barrier().unwrap();
             verify(&checks);
             checks.clear();
-            // No rank frees while a peer may still copy into its buffers.
-            comms[0].bootstrap().barrier().unwrap();
             free_deferred();
         }
     }

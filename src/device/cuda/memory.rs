@@ -106,9 +106,20 @@ impl CudaDevice {
             return Ok(());
         }
         let _g = self.enter(OP)?;
+        // A pointer that is not the start of a live allocation (freed twice, offset, foreign)
+        // is the caller's error: say so instead of reporting the driver's failure.
+        let (mut base, mut len): (sys::CUdeviceptr, usize) = (0, 0);
+        // SAFETY: valid out-pointers; the driver validates p.
+        let r = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut len, p.0) };
+        if r != sys::CUresult::CUDA_SUCCESS || base != p.0 {
+            return Err(Error::invalid_arg(
+                OP,
+                format!("{:#x} is not the start of a live device allocation (freed already, or not from alloc)", p.0),
+            ));
+        }
         lock(local_exports()).retain(|_, e| e.base != p.0);
-        // SAFETY: cuMemFree validates p; freeing memory still in use by queued work is the
-        // caller's contract, as with cuMemFree itself.
+        // SAFETY: p is the base of a live allocation (checked above); freeing memory still in
+        // use by queued work is the caller's contract, as with cuMemFree itself.
         check(OP, "cuMemFree_v2", unsafe { sys::cuMemFree_v2(p.0) })
     }
 
