@@ -259,3 +259,226 @@ fn every_op_auto(b: Backend) {
 }
 
 backend_tests!(every_op, every_op_compressed, every_op_auto);
+
+// ================================================================ processes ============
+
+use hoccl::bootstrap::tcp::UniqueId;
+use std::io::BufRead;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+fn unix_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A child process's line to the parent.
+fn say(rank: usize, what: &str) {
+    println!("internode-child {rank} {} {what}", unix_ms());
+}
+
+/// The body of a child process (a no-op unless the parent set `HOCCL_INTERNODE_CHILD` =
+/// `<unique id> <rank> <ranks> <role>`): `every` runs every op once, `kill` loops large
+/// AllGathers until one fails (the victim announces each finished one, then waits to be
+/// killed in the next).
+#[test]
+fn child_rank() {
+    let Ok(v) = std::env::var("HOCCL_INTERNODE_CHILD") else { return };
+    let w: Vec<&str> = v.split_whitespace().collect();
+    let id = UniqueId::from_hex(w[0]).expect("id");
+    let (rank, n): (usize, usize) = (w[1].parse().unwrap(), w[2].parse().unwrap());
+    let role = w[3];
+    let cfg = Config::from_env().expect("HOCCL_* settings");
+    let engine = cfg.engine;
+    let dev = open_device(Backend::Host, rank);
+    let c = Communicator::from_unique_id_on(&id, n, rank, Some(dev.clone()), cfg).expect("communicator");
+    assert!(c.topology().nnodes() > 1);
+    if role == "every" {
+        let mut rng = Rng(77);
+        for (i, op) in OPS.iter().enumerate() {
+            quiesce(&c);
+            round(&c, engine, *op, 7700 + i as u64, &mut rng);
+        }
+        c.wait_idle().unwrap();
+        say(rank, "done");
+        return;
+    }
+    let victim: usize = role.strip_prefix("kill:").expect("role").parse().unwrap();
+    let cnt = 4 << 20;
+    let send = Buf::new(&dev, cnt, 0, 1);
+    let recv = Buf::new(&dev, n * cnt, 0, 2);
+    let s = new_stream(&dev);
+    let t0 = Instant::now();
+    for iter in 0.. {
+        assert!(t0.elapsed() < Duration::from_secs(30), "rank {rank}: no error after {iter} AllGathers");
+        if rank == victim && iter == 1 {
+            say(rank, "point");
+        }
+        let r = c.all_gather(send.ptr, recv.ptr, cnt, DataType::U8, s);
+        dev.synchronize(s).expect("synchronize returns");
+        match r.and_then(|_| c.wait_idle()) {
+            Ok(()) => {}
+            Err(e) => {
+                assert_ne!(rank, victim, "the victim failed: {e}");
+                assert!(matches!(e.code(), hoccl::ErrorCode::Remote | hoccl::ErrorCode::Timeout), "{e}");
+                say(rank, &format!("error {:?} {e}", e.code()));
+                break;
+            }
+        }
+    }
+    c.abort();
+    drop(c);
+    free_deferred();
+    say(rank, "done");
+}
+
+/// Run `n` child processes of this test binary with `role` and `env`; kill `victim` (if
+/// any) a little after it says `point`. Returns each child's lines, and when the victim was
+/// killed (Unix ms).
+fn children(n: usize, role: &str, env: &[(&str, &str)], victim: Option<usize>) -> (Vec<Vec<String>>, Option<u64>) {
+    let id = Communicator::unique_id(&test_config()).expect("unique id");
+    let exe = std::env::current_exe().expect("test binary");
+    let (tx, rx) = std::sync::mpsc::channel::<(usize, String)>();
+    let mut kids: Vec<Option<Child>> = (0..n)
+        .map(|r| {
+            let mut cmd = Command::new(&exe);
+            cmd.args(["--exact", "child_rank", "--nocapture", "--test-threads=1"])
+                .env("HOCCL_INTERNODE_CHILD", format!("{} {r} {n} {role}", id.to_hex()))
+                .env("HOCCL_BACKEND", "host")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit());
+            for (k, v) in env {
+                cmd.env(k, v);
+            }
+            let mut k = cmd.spawn().expect("spawn child rank");
+            let out = k.stdout.take().unwrap();
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for l in std::io::BufReader::new(out).lines().map_while(|l| l.ok()) {
+                    let _ = tx.send((r, l));
+                }
+            });
+            Some(k)
+        })
+        .collect();
+    drop(tx);
+    let mut lines = vec![Vec::new(); n];
+    let mut killed = None;
+    let start = Instant::now();
+    let mut status = vec![None; n];
+    while (0..n).any(|r| status[r].is_none()) && start.elapsed() < Duration::from_secs(50) {
+        if let Ok((r, l)) = rx.recv_timeout(Duration::from_millis(5)) {
+            if Some(r) == victim && killed.is_none() && l.contains(" point") {
+                std::thread::sleep(Duration::from_millis(15));
+                let mut k = kids[r].take().unwrap();
+                k.kill().expect("SIGKILL the victim");
+                killed = Some(unix_ms());
+                status[r] = Some(k.wait().expect("reap"));
+            }
+            lines[r].push(l);
+        }
+        for r in 0..n {
+            if status[r].is_none() {
+                status[r] = kids[r].as_mut().and_then(|k| k.try_wait().expect("try_wait"));
+            }
+        }
+    }
+    for k in kids.iter_mut().flatten() {
+        let _ = k.kill();
+        let _ = k.wait();
+    }
+    for (r, l) in rx.try_iter() {
+        lines[r].push(l);
+    }
+    for r in (0..n).filter(|r| Some(*r) != victim) {
+        let st = status[r].unwrap_or_else(|| panic!("rank {r} still running: {:?}", lines));
+        assert!(st.success(), "rank {r} exited with {st}: {:?}", lines[r]);
+        assert!(lines[r].iter().any(|l| l.ends_with(" done")), "rank {r} did not finish: {:?}", lines[r]);
+    }
+    (lines, killed)
+}
+
+/// Processes over the TCP bootstrap: 2 virtual nodes x 2 ranks (same-host transport inside
+/// a node, sockets between), then 3 x 1; every op, `ce` and `compressed`.
+#[test]
+fn processes_every_op() {
+    children(4, "every", &[("HOCCL_VIRTUAL_NODES", "2"), ("HOCCL_ENGINE", "ce"), ("HOCCL_QPS_PER_PEER", "3")], None);
+    children(3, "every", &[("HOCCL_VIRTUAL_NODES", "3"), ("HOCCL_ENGINE", "compressed")], None);
+}
+
+/// A rank SIGKILLed while its AllGather's data crosses the sockets (rate-limited so the
+/// transfer lasts): every survivor, on its node and on the other, fails within the timeout.
+#[test]
+fn peer_killed_mid_transfer() {
+    const TMO_MS: u64 = 3000;
+    let env = [("HOCCL_VIRTUAL_NODES", "2"), ("HOCCL_NET_GBPS", "0.5"), ("HOCCL_TIMEOUT_MS", "3000"), ("HOCCL_ENGINE", "ce")];
+    let (lines, killed) = children(4, "kill:2", &env, Some(2));
+    let killed = killed.expect("the victim reached its kill point");
+    for r in [0, 1, 3] {
+        let l = lines[r].iter().find(|l| l.contains(" error ")).unwrap_or_else(|| panic!("rank {r} saw no error: {:?}", lines[r]));
+        // The test harness may print its "test child_rank ... " before the line.
+        let at = l.find("internode-child ").expect("a child's line");
+        let t: u64 = l[at..].split_whitespace().nth(2).unwrap().parse().unwrap();
+        assert!(t <= killed + TMO_MS + 1000, "rank {r} failed {} ms after the kill: {l}", t as i64 - killed as i64);
+        eprintln!("peer killed: rank {r} failed {} ms after the kill: {l}", t as i64 - killed as i64);
+    }
+}
+
+// ================================================================ settings =============
+
+/// `HOCCL_NET_GBPS` bounds the rate: 16 MiB between two nodes at 0.25 GB/s take at least
+/// ~65 ms (67 ms at exactly the rate, less its 2 ms burst), whatever the unlimited rate.
+#[test]
+fn rate_limit_bounds_throughput() {
+    let unlimited = send_16mib(0.0);
+    let limited = send_16mib(0.25);
+    eprintln!("16 MiB between two virtual nodes: {unlimited:?} unlimited, {limited:?} at HOCCL_NET_GBPS=0.25");
+    assert!(limited >= Duration::from_millis(60), "16 MiB crossed in {limited:?}: faster than 0.25 GB/s");
+    assert!(limited < Duration::from_secs(5), "16 MiB took {limited:?} at a 0.25 GB/s limit");
+}
+
+/// How long 16 MiB take from rank 0 to rank 1 of another virtual node at `gbps` (the
+/// slower rank's time).
+fn send_16mib(gbps: f64) -> Duration {
+    let cfg = Config { virtual_nodes: 2, net_gbps: gbps, engine: EngineChoice::CopyEngine, ..test_config() };
+    let took = std::sync::Arc::new(std::sync::Mutex::new(Duration::ZERO));
+    let t2 = took.clone();
+    run_ranks(Backend::Host, 2, cfg, move |c| {
+        let dev = c.device().clone();
+        let s = new_stream(&dev);
+        let len = 16 << 20;
+        let b = Buf::new(&dev, len, 0, 3);
+        quiesce(c);
+        let t = Instant::now();
+        if c.rank() == 0 {
+            c.send(b.ptr, len, DataType::U8, 1, s).unwrap();
+        } else {
+            c.recv(b.ptr, len, DataType::U8, 0, s).unwrap();
+        }
+        sync(&dev, s);
+        let el = t.elapsed();
+        let mut g = t2.lock().unwrap();
+        *g = (*g).max(el);
+    });
+    let t = *took.lock().unwrap();
+    t
+}
+
+/// `HOCCL_NET=ib` across nodes is refused on every rank, saying why.
+#[test]
+fn ib_is_refused() {
+    logs::capture();
+    let hs: Vec<_> = hoccl::bootstrap::thread::ThreadBootstrap::group_with_timeout(2, Duration::from_secs(10))
+        .into_iter()
+        .enumerate()
+        .map(|(r, b)| {
+            std::thread::spawn(move || {
+                let cfg = Config { virtual_nodes: 2, net: hoccl::config::NetChoice::Ib, ..test_config() };
+                Communicator::with_bootstrap(Box::new(b), Some(open_device(Backend::Host, r)), cfg).err().map(|e| e.to_string())
+            })
+        })
+        .collect();
+    for h in hs {
+        let e = h.join().unwrap().expect("creation fails");
+        assert!(e.contains("verbs") && e.contains("not built"), "{e}");
+    }
+}
