@@ -224,12 +224,17 @@ struct Conn {
     fd: RawFd,
     out: Option<OutFrame>,
     inp: InState,
+    /// The peer closed this connection's sending side between frames. Only the first
+    /// connection's end makes the peer gone: it carries the control frames, so the peer's
+    /// last `Done` and its `Bye` are read before its end, whatever order the connections'
+    /// ends arrive in.
+    ended: bool,
 }
 
 impl Conn {
     fn new(sock: TcpStream) -> Conn {
         let fd = sock.as_raw_fd();
-        Conn { sock, fd, out: None, inp: InState::Header { buf: [0; HDR], got: 0 } }
+        Conn { sock, fd, out: None, inp: InState::Header { buf: [0; HDR], got: 0 }, ended: false }
     }
 }
 
@@ -881,6 +886,19 @@ impl Transport for Socket {
 /// How long `close` tries to send the last signals, and then waits for the peers to close.
 const CLOSE_FLUSH: Duration = Duration::from_millis(200);
 
+/// One non-blocking socket call's outcome: the bytes it moved (0 when interrupted: call
+/// again), None when it would block; a call that moved nothing failed with `zero` (a read:
+/// the peer closed; a write: it took nothing).
+fn io_step(r: std::io::Result<usize>, zero: ErrorKind) -> std::io::Result<Option<usize>> {
+    match r {
+        Ok(0) => Err(zero.into()),
+        Ok(n) => Ok(Some(n)),
+        Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(None),
+        Err(e) if e.kind() == ErrorKind::Interrupted => Ok(Some(0)),
+        Err(e) => Err(e),
+    }
+}
+
 /// Writes the connections of one peer.
 struct Writer<'a> {
     peer: &'a mut Peer,
@@ -915,16 +933,9 @@ impl Writer<'_> {
             let conn = &mut p.conns[c];
             let f = conn.out.as_mut().expect("set above");
             if f.hdr_sent < HDR {
-                match (&conn.sock).write(&f.hdr[f.hdr_sent..]) {
-                    Ok(0) => return Err(ErrorKind::WriteZero.into()),
-                    Ok(n) => {
-                        f.hdr_sent += n;
-                        moved += n;
-                    }
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(moved > 0),
-                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(e),
-                }
+                let Some(n) = io_step((&conn.sock).write(&f.hdr[f.hdr_sent..]), ErrorKind::WriteZero)? else { return Ok(moved > 0) };
+                f.hdr_sent += n;
+                moved += n;
                 continue;
             }
             if f.sent < f.len {
@@ -939,31 +950,17 @@ impl Writer<'_> {
                     Some(src) => raw::send(conn.fd, src, f.at + f.sent, want),
                     None => (&conn.sock).write(&self.pad[..want.min(self.pad.len())]),
                 };
-                match r {
-                    Ok(0) => return Err(ErrorKind::WriteZero.into()),
-                    Ok(n) => {
-                        self.bucket.spend(n);
-                        f.sent += n;
-                        moved += n;
-                    }
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(moved > 0),
-                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(e),
-                }
+                let Some(n) = io_step(r, ErrorKind::WriteZero)? else { return Ok(moved > 0) };
+                self.bucket.spend(n);
+                f.sent += n;
+                moved += n;
                 continue;
             }
             if f.len > 0 && f.trailer_sent < 8 {
                 let t = if f.src.is_some() { f.trailer } else { CANCELLED }.to_le_bytes();
-                match (&conn.sock).write(&t[f.trailer_sent..]) {
-                    Ok(0) => return Err(ErrorKind::WriteZero.into()),
-                    Ok(n) => {
-                        f.trailer_sent += n;
-                        moved += n;
-                    }
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(moved > 0),
-                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(e),
-                }
+                let Some(n) = io_step((&conn.sock).write(&t[f.trailer_sent..]), ErrorKind::WriteZero)? else { return Ok(moved > 0) };
+                f.trailer_sent += n;
+                moved += n;
                 continue;
             }
             if let Some(seq) = f.seq {
@@ -1010,25 +1007,31 @@ impl Reader<'_> {
     /// Read what connection `c` has; whether a byte moved. An error: why the peer is gone.
     fn read_conn(&mut self, c: usize) -> std::result::Result<bool, String> {
         let mut moved = 0usize;
-        let closed = |bye: bool| if bye { "its communicator was destroyed or aborted".to_string() } else { format!("connection {c} closed (its process exited or the network failed)") };
+        // Why the peer is gone, from a failed read (end of stream: it closed).
+        let gone = |bye: bool, e: std::io::Error| match e.kind() {
+            ErrorKind::UnexpectedEof if bye => "its communicator was destroyed or aborted".to_string(),
+            ErrorKind::UnexpectedEof => format!("connection {c} closed (its process exited or the network failed)"),
+            _ => format!("connection {c} failed: {e}"),
+        };
         loop {
             if moved >= TURN_BYTES {
                 return Ok(true);
             }
             let bye = self.peer.bye;
             let conn = &mut self.peer.conns[c];
+            if conn.ended {
+                return Ok(moved > 0);
+            }
             match &mut conn.inp {
                 InState::Header { buf, got } => {
-                    match (&conn.sock).read(&mut buf[*got..]) {
-                        Ok(0) => return Err(closed(bye)),
-                        Ok(n) => {
-                            *got += n;
-                            moved += n;
-                        }
-                        Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(moved > 0),
-                        Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                        Err(e) => return Err(format!("connection {c} failed: {e}")),
+                    let r = io_step((&conn.sock).read(&mut buf[*got..]), ErrorKind::UnexpectedEof);
+                    if c > 0 && *got == 0 && r.as_ref().is_err_and(|e| e.kind() == ErrorKind::UnexpectedEof) {
+                        conn.ended = true;
+                        return Ok(true);
                     }
+                    let Some(n) = r.map_err(|e| gone(bye, e))? else { return Ok(moved > 0) };
+                    *got += n;
+                    moved += n;
                     if *got < HDR {
                         continue;
                     }
@@ -1058,13 +1061,7 @@ impl Reader<'_> {
                             (&conn.sock).read(&mut self.pad[..n])
                         }
                     };
-                    let n = match r {
-                        Ok(0) => return Err(closed(bye)),
-                        Ok(n) => n,
-                        Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(moved > 0),
-                        Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                        Err(e) => return Err(format!("connection {c} failed: {e}")),
-                    };
+                    let Some(n) = io_step(r, ErrorKind::UnexpectedEof).map_err(|e| gone(bye, e))? else { return Ok(moved > 0) };
                     self.bucket.spend(n);
                     moved += n;
                     *at += n;
@@ -1079,16 +1076,9 @@ impl Reader<'_> {
                     }
                 }
                 InState::Trailer { token, sink, bytes, buf, got } => {
-                    match (&conn.sock).read(&mut buf[*got..]) {
-                        Ok(0) => return Err(closed(bye)),
-                        Ok(n) => {
-                            *got += n;
-                            moved += n;
-                        }
-                        Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(moved > 0),
-                        Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                        Err(e) => return Err(format!("connection {c} failed: {e}")),
-                    }
+                    let Some(n) = io_step((&conn.sock).read(&mut buf[*got..]), ErrorKind::UnexpectedEof).map_err(|e| gone(bye, e))? else { return Ok(moved > 0) };
+                    *got += n;
+                    moved += n;
                     if *got < 8 {
                         continue;
                     }
