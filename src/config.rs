@@ -81,6 +81,11 @@ pub struct Config {
     /// transport's data when the device's memory is not host memory (accepts K/M/G
     /// suffixes; at least 64 KiB); allocated once, split between sending and receiving.
     pub net_staging_bytes: usize,
+    /// Stage the inter-node transport's data through host staging even when the device's
+    /// memory is host memory (no variable): lets the host backend's tests run the path
+    /// CUDA takes.
+    #[doc(hidden)]
+    pub net_stage_host_memory: bool,
     /// `HOCCL_VIRTUAL_NODES`: split each host's ranks into this many nodes (testing).
     pub virtual_nodes: usize,
     /// `HOCCL_FORWARDING_PEERS`: comma list, entry i = forwarding peer of local GPU i.
@@ -145,6 +150,7 @@ impl Default for Config {
             net: NetChoice::Auto,
             net_gbps: 0.0,
             net_staging_bytes: 16 << 20,
+            net_stage_host_memory: false,
             virtual_nodes: 1,
             forwarding_peers: Vec::new(),
             device: None,

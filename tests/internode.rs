@@ -225,10 +225,14 @@ fn round(c: &Communicator, engine: EngineChoice, op: Op, it: u64, rng: &mut Rng)
     }
 }
 
-/// `nodes` virtual nodes of `per_node` thread ranks each, every op, `rounds` rounds each.
+/// `nodes` virtual nodes of `per_node` thread ranks each, every op once.
 fn every_op_on(b: Backend, nodes: usize, per_node: usize, engine: EngineChoice, seed: u64) {
-    let qps = 1 + (seed % 3) as usize;
-    let cfg = Config { virtual_nodes: nodes, engine, qps_per_peer: qps, reduce_scratch: 1 << 20, ..test_config() };
+    every_op_with(b, nodes, per_node, Config { engine, ..test_config() }, seed);
+}
+
+fn every_op_with(b: Backend, nodes: usize, per_node: usize, cfg: Config, seed: u64) {
+    let (qps, engine) = (1 + (seed % 3) as usize, cfg.engine);
+    let cfg = Config { virtual_nodes: nodes, qps_per_peer: qps, reduce_scratch: 1 << 20, ..cfg };
     run_ranks(b, nodes * per_node, cfg, move |c| {
         assert_eq!(c.topology().nnodes(), nodes);
         let mut rng = Rng(seed);
@@ -255,6 +259,17 @@ fn every_op_compressed(b: Backend) {
 fn every_op_auto(b: Backend) {
     for (nodes, per_node, seed) in [(2, 2, 21), (4, 1, 22)] {
         every_op_on(b, nodes, per_node, EngineChoice::Auto, seed);
+    }
+}
+
+/// The host backend through the staging CUDA uses (pinned slots filled and drained by the
+/// copy queues; here ordinary memory and the host backend's queues): 256 KiB of staging,
+/// so transfers cycle through its 64 KiB slots.
+#[test]
+fn every_op_staged() {
+    for (nodes, per_node, engine, seed) in [(2, 2, EngineChoice::CopyEngine, 31), (3, 1, EngineChoice::CopyEngine, 32), (2, 2, EngineChoice::Compressed, 33)] {
+        let cfg = Config { engine, net_stage_host_memory: true, net_staging_bytes: 256 << 10, ..test_config() };
+        every_op_with(Backend::Host, nodes, per_node, cfg, seed);
     }
 }
 

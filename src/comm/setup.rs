@@ -90,7 +90,7 @@ pub fn listen_for_peers(b: &dyn Bootstrap, topo: &Topology, cfg: &Config, comm_i
         crate::config::NetChoice::Auto | crate::config::NetChoice::Socket => crate::transport::socket::listen(topo.nhosts() == 1, cfg.socket_ifname.as_deref()),
     };
     // The host backend's device memory is host memory: the sockets use it directly.
-    let staging = (backend != crate::device::Backend::Host).then_some(cfg.net_staging_bytes);
+    let staging = (backend != crate::device::Backend::Host || cfg.net_stage_host_memory).then_some(cfg.net_staging_bytes);
     let addr = mine.as_ref().ok().map(|(l, _)| l.local_addr());
     // Record: status (1 listening), secret, largest payload taken, address as text; or 0
     // and the reason.

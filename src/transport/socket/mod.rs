@@ -305,6 +305,8 @@ pub struct Staging {
     draining: VecDeque<(u64, usize, u64, u64, Span)>,
     /// Ops cancelled while their chunks were being copied into staging.
     cancelled: Vec<u64>,
+    /// The copy queue failed: copies it had may still write the staging.
+    broken: bool,
 }
 
 impl Staging {
@@ -333,6 +335,7 @@ impl Staging {
             filling: VecDeque::with_capacity(n),
             draining: VecDeque::with_capacity(n),
             cancelled: Vec::new(),
+            broken: false,
         })
     }
 
@@ -343,7 +346,7 @@ impl Staging {
 
 impl Drop for Staging {
     fn drop(&mut self) {
-        if self.busy() {
+        if self.busy() || self.broken {
             // Copies may still land in it: leave it allocated rather than free it under them.
             log::warn!("hoccl: socket transport: host staging left allocated, {} copies still in flight", self.filling.len() + self.draining.len());
             return;
@@ -591,8 +594,14 @@ impl Socket {
         let done = match st.queue.completed() {
             Ok(t) => t,
             Err(e) => {
-                // The queue is broken: every op with a copy on it fails.
-                let seqs: Vec<u64> = st.filling.iter().filter_map(|(_, _, f)| f.seq).chain(st.draining.iter().filter_map(|(_, p, tok, _, _)| self.peers[*p].as_ref().and_then(|p| p.slots.get(tok)).map(|s| s.seq))).collect();
+                // The queue is broken: every op with a copy on it fails, and those copies'
+                // slots are not used again (the device may still write them).
+                st.broken = true;
+                let filling = std::mem::take(&mut st.filling).into_iter().filter_map(|(_, _, f)| f.seq);
+                let draining = std::mem::take(&mut st.draining).into_iter().filter_map(|(_, p, tok, _, _)| self.peers[p].as_mut().and_then(|p| p.slots.remove(&tok)).map(|s| s.seq));
+                let mut seqs: Vec<u64> = filling.chain(draining).collect();
+                seqs.sort_unstable();
+                seqs.dedup();
                 for seq in seqs {
                     self.failed.push_back((seq, e.clone()));
                 }
