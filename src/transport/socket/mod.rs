@@ -738,10 +738,28 @@ impl Transport for Socket {
     }
 
     fn signal_failure(&mut self, peer: usize, pair_seq: u64, code: u32) {
-        // The op's receives from `peer` are over: data still coming for them is dropped.
+        // The op's receives from `peer` are over: data still coming for them is dropped,
+        // the payloads being read included (their buffers may be freed once the op failed).
         if let Some(p) = self.peers.get_mut(peer).and_then(Option::as_mut) {
-            p.slots.retain(|_, s| s.pair_seq != Some(pair_seq));
+            let mut dropped = Vec::new();
+            p.slots.retain(|t, s| {
+                let keep = s.pair_seq != Some(pair_seq);
+                if !keep {
+                    dropped.push(*t);
+                }
+                keep
+            });
+            for c in &mut p.conns {
+                if let InState::Payload { token, sink, .. } | InState::Trailer { token, sink, .. } = &mut c.inp {
+                    if dropped.contains(token) {
+                        if let Sink::Staged { slot: Some(s), .. } = std::mem::replace(sink, Sink::Discard) {
+                            self.freed.push(s);
+                        }
+                    }
+                }
+            }
         }
+        self.settle();
         let mut h = Header::new(Kind::Failed, pair_seq, 0);
         h.a = code as u64;
         self.post(peer, h);
