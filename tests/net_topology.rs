@@ -201,3 +201,30 @@ fn this_host_reads() {
         assert!(hoccl::topology::is_pci_function(n.pci.bus_id()), "{n:?}");
     }
 }
+
+/// `hoccl-info` lists this host's NICs as `HostNics` reads them, and the override.
+#[test]
+fn hoccl_info_lists_the_nics() {
+    let run = |env: &[(&str, &str)], args: &[&str]| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_hoccl-info"));
+        c.args(args).env_remove("HOCCL_FORWARDING_PEERS");
+        env.iter().for_each(|(k, v)| {
+            c.env(k, v);
+        });
+        let o = c.output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let here = HostNics::read(Path::new("/"), &[]);
+    let text = run(&[], &[]);
+    assert!(text.contains(&format!("NICs (sysfs): {}", here.nics.len())), "{text}");
+    for n in &here.nics {
+        assert!(text.contains(&format!("  {}", n.name)), "{} missing:\n{text}", n.name);
+    }
+    assert!(!text.contains("HOCCL_FORWARDING_PEERS"));
+    let text = run(&[("HOCCL_FORWARDING_PEERS", "1,0")], &[]);
+    assert!(text.contains("HOCCL_FORWARDING_PEERS overrides the choice: 0->1, 1->0"), "{text}");
+    let json = run(&[("HOCCL_FORWARDING_PEERS", "1,0")], &["--json"]);
+    assert!(json.contains("\"forwarding_override\":[1,0]"), "{json}");
+    assert_eq!(json.matches("\"usable\":").count(), here.nics.len(), "{json}");
+}
