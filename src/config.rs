@@ -27,6 +27,18 @@ pub enum EngineChoice {
     Compressed,
 }
 
+/// Which transport carries the traffic between ranks of different nodes (`HOCCL_NET`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NetChoice {
+    /// The default: the best transport that is built and usable. Only the socket transport
+    /// is built, so `auto` takes it.
+    Auto,
+    /// TCP sockets (`transport::socket`): several connections per peer, through host memory.
+    Socket,
+    /// RDMA verbs. Refused at communicator creation: the verbs transport is not built.
+    Ib,
+}
+
 /// Which device backend the communicator drives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackendChoice {
@@ -55,10 +67,20 @@ pub struct Config {
     /// `HOCCL_COPY_QUEUES`: copy-engine queues per rank for peer traffic (H200 has 3 async
     /// engines); a rank's copies to itself run on the caller's stream.
     pub copy_queues: usize,
-    /// `HOCCL_QPS_PER_PEER`: queue pairs (or sockets) per remote peer, for the inter-node
-    /// transport. Validated (1..=64) and otherwise reserved: it has no effect, since every
-    /// transfer stays on one host.
+    /// `HOCCL_QPS_PER_PEER`: queue pairs or sockets per remote peer (1..=64): the socket
+    /// transport opens this many TCP connections to each rank of another node and spreads
+    /// a transfer's chunks over them.
     pub qps_per_peer: usize,
+    /// `HOCCL_NET` = auto | socket | ib: the transport between ranks of different nodes.
+    pub net: NetChoice,
+    /// `HOCCL_NET_GBPS`: a rate limit of the inter-node transport, in GB/s (10^9 bytes) per
+    /// rank and direction, 0 (the default) for none. A token bucket inside the transport
+    /// (for measurements with several virtual nodes on one host), not Linux traffic control.
+    pub net_gbps: f64,
+    /// `HOCCL_NET_STAGING`: bytes of host staging per communicator for the inter-node
+    /// transport's data when the device's memory is not host memory (accepts K/M/G
+    /// suffixes; at least 64 KiB); allocated once, split between sending and receiving.
+    pub net_staging_bytes: usize,
     /// `HOCCL_VIRTUAL_NODES`: split each host's ranks into this many nodes (testing).
     pub virtual_nodes: usize,
     /// `HOCCL_FORWARDING_PEERS`: comma list, entry i = forwarding peer of local GPU i.
@@ -119,7 +141,10 @@ impl Default for Config {
             backend: BackendChoice::Auto,
             chunk_bytes: 16 << 20,
             copy_queues: 3,
-            qps_per_peer: 4,
+            qps_per_peer: 2,
+            net: NetChoice::Auto,
+            net_gbps: 0.0,
+            net_staging_bytes: 16 << 20,
             virtual_nodes: 1,
             forwarding_peers: Vec::new(),
             device: None,
@@ -218,6 +243,20 @@ impl Config {
         if let Some(v) = get("HOCCL_QPS_PER_PEER") {
             self.qps_per_peer = parse_num("HOCCL_QPS_PER_PEER", &v)?;
         }
+        if let Some(v) = get("HOCCL_NET") {
+            self.net = match v.trim().to_ascii_lowercase().as_str() {
+                "auto" => NetChoice::Auto,
+                "socket" => NetChoice::Socket,
+                "ib" => NetChoice::Ib,
+                _ => return Err(Error::invalid_arg(OP, format!("HOCCL_NET={v}: want auto|socket|ib"))),
+            };
+        }
+        if let Some(v) = get("HOCCL_NET_GBPS") {
+            self.net_gbps = v.trim().parse::<f64>().map_err(|_| Error::invalid_arg(OP, format!("HOCCL_NET_GBPS={v}: not a number")))?;
+        }
+        if let Some(v) = get("HOCCL_NET_STAGING") {
+            self.net_staging_bytes = parse_bytes("HOCCL_NET_STAGING", &v)?;
+        }
         if let Some(v) = get("HOCCL_VIRTUAL_NODES") {
             self.virtual_nodes = parse_num("HOCCL_VIRTUAL_NODES", &v)?;
         }
@@ -306,6 +345,12 @@ impl Config {
         }
         if self.qps_per_peer == 0 || self.qps_per_peer > 64 {
             return bad(format!("qps_per_peer {} must be in 1..=64", self.qps_per_peer));
+        }
+        if !self.net_gbps.is_finite() || self.net_gbps < 0.0 {
+            return bad(format!("net_gbps {} must be a finite rate >= 0 (0: no limit)", self.net_gbps));
+        }
+        if self.net_staging_bytes < 64 << 10 {
+            return bad(format!("net_staging_bytes {} must be at least 64 KiB", self.net_staging_bytes));
         }
         if self.virtual_nodes == 0 {
             return bad("virtual_nodes must be >= 1".into());
@@ -402,6 +447,13 @@ mod tests {
             ("HOCCL_REDUCE_CTAS", "0"),
             ("HOCCL_REDUCE_CTAS", "many"),
             ("HOCCL_REDUCE_SCRATCH", "1K"),
+            ("HOCCL_NET", "tcp"),
+            ("HOCCL_NET_GBPS", "-1"),
+            ("HOCCL_NET_GBPS", "fast"),
+            ("HOCCL_NET_GBPS", "inf"),
+            ("HOCCL_NET_STAGING", "4K"),
+            ("HOCCL_QPS_PER_PEER", "0"),
+            ("HOCCL_QPS_PER_PEER", "65"),
         ] {
             let e = Config::default().with_env(env(&[(k, v)])).unwrap_err();
             assert_eq!(e.code(), crate::error::ErrorCode::InvalidArgument, "{k}={v}");
@@ -429,6 +481,19 @@ mod tests {
         }
         let zero = Config { cost_model: CostModel { same_gpu_gbps: 0.0, ..CostModel::default() }, ..Config::default() };
         assert!(zero.validate().is_err());
+    }
+
+    #[test]
+    fn net_settings() {
+        let d = Config::default();
+        assert_eq!((d.net, d.net_gbps, d.net_staging_bytes, d.qps_per_peer), (NetChoice::Auto, 0.0, 16 << 20, 2));
+        let c = Config::default()
+            .with_env(env(&[("HOCCL_NET", "Socket"), ("HOCCL_NET_GBPS", "2.5"), ("HOCCL_NET_STAGING", "1M"), ("HOCCL_QPS_PER_PEER", "3")]))
+            .unwrap();
+        assert_eq!((c.net, c.net_gbps, c.net_staging_bytes, c.qps_per_peer), (NetChoice::Socket, 2.5, 1 << 20, 3));
+        let net = |v: &str| Config::default().with_env(env(&[("HOCCL_NET", v)])).unwrap().net;
+        assert_eq!(net("ib"), NetChoice::Ib);
+        assert_eq!(net("auto"), NetChoice::Auto);
     }
 
     #[test]
