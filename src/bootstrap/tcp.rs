@@ -183,7 +183,7 @@ fn io_err(op: &'static str, call: &'static str, e: &std::io::Error, what: impl f
     Error::System { op, call, errno: e.raw_os_error().unwrap_or(0), what: format!("{what}: {e}") }
 }
 
-fn fill_random(buf: &mut [u8]) -> Result<()> {
+pub(crate) fn fill_random(buf: &mut [u8]) -> Result<()> {
     let mut done = 0;
     while done < buf.len() {
         // SAFETY: the pointer and length describe the unfilled tail of `buf`, which we own
@@ -279,7 +279,7 @@ pub fn ifname_matches(spec: &str, name: &str) -> bool {
 /// The address (and IPv6 scope) to listen on: the first up interface passing `spec`
 /// (IPv4 before IPv6, link-local IPv6 skipped); without a spec the first non-loopback,
 /// non-docker one, else loopback.
-fn pick_interface(spec: Option<&str>) -> Result<(IpAddr, Option<u32>)> {
+pub(crate) fn pick_interface(spec: Option<&str>) -> Result<(IpAddr, Option<u32>)> {
     let all = interfaces()?;
     let usable = |i: &&Iface| i.up && !matches!(i.ip, IpAddr::V6(a) if (a.segments()[0] & 0xffc0) == 0xfe80);
     let pick = |pred: &dyn Fn(&Iface) -> bool| -> Option<(IpAddr, Option<u32>)> {
@@ -371,7 +371,7 @@ fn parse_hello(b: &[u8]) -> Option<Hello> {
 }
 
 /// Constant-time comparison of secrets.
-fn same_secret(a: &[u8; 16], b: &[u8; 16]) -> bool {
+pub(crate) fn same_secret(a: &[u8; 16], b: &[u8; 16]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 

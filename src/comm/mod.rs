@@ -140,13 +140,6 @@ impl Communicator {
         let (rank, size) = (bootstrap.rank(), bootstrap.size());
         let topo = setup::build_topology(bootstrap.as_ref(), &config)?;
         let me = topo.ranks()[rank].clone();
-        if topo.nnodes() > 1 {
-            // Every rank sees the same topology, so every rank fails here together.
-            return Err(Error::invalid_usage(
-                OP,
-                format!("ranks span {} nodes; the inter-node transport is not implemented yet (one host and HOCCL_VIRTUAL_NODES=1 are required)", topo.nnodes()),
-            ));
-        }
         let dev = match device {
             Some(d) => d,
             None => device::open(config.backend, me.gpu)?,
@@ -163,9 +156,11 @@ impl Communicator {
         let (peer_links, cost_model, compress_from) = setup::resolve_engine(bootstrap.as_ref(), &topo, &config)?;
         let local: Vec<usize> = topo.local_peers(rank).to_vec();
         let links = setup::connect_mailboxes(bootstrap.as_ref(), &topo, comm_id, &local)?;
+        let net = setup::listen_for_peers(bootstrap.as_ref(), &topo, &config, comm_id)?;
         let engine = Engine::start(
             dev.clone(),
             links,
+            net,
             EngineConfig { chunk_bytes: config.chunk_bytes, copy_queues: config.copy_queues, timeout: config.timeout, trace_ops: config.trace_ops },
         )?;
         bootstrap.barrier().map_err(|e| e.with_op(OP))?;

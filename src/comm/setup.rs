@@ -1,5 +1,6 @@
 //! Communicator creation steps: exchange what each rank is, agree on an id, connect the
-//! proxies' mailboxes.
+//! proxies' mailboxes (ranks of one node) and publish the socket addresses (ranks of
+//! different nodes).
 use crate::bootstrap::Bootstrap;
 use crate::config::{Config, EngineChoice};
 use crate::cost::{CompressFrom, CostModel, LinkKind};
@@ -8,6 +9,7 @@ use crate::transport::same_host::Links;
 use crate::error::{Error, Result};
 use crate::topology::{RankRecord, Topology};
 use crate::transport::mailbox::Segment;
+use crate::transport::socket::NetLinks;
 
 /// All-gather every rank's record (host, pid, GPUs seen, requested GPU, its PCI id) and
 /// build the topology: nodes (virtual nodes included), local ranks, GPU per rank, peer
@@ -71,6 +73,49 @@ pub fn connect_mailboxes(b: &dyn Bootstrap, topo: &Topology, comm_id: u64, local
     }
     b.barrier().map_err(|e| e.with_op(OP))?;
     Ok(Links { rank, inbox, peers, local_index, local_of })
+}
+
+/// When ranks span several nodes: choose the transport between nodes (`HOCCL_NET`), listen
+/// for this rank's peers of other nodes and all-gather every rank's address and secret.
+/// None when every rank is on this rank's node. Collective whenever the topology has
+/// several nodes (every rank sees the same topology); a rank that cannot listen, or whose
+/// `HOCCL_NET` asks for a transport that is not built, fails every rank.
+pub fn listen_for_peers(b: &dyn Bootstrap, topo: &Topology, cfg: &Config, comm_id: u64) -> Result<Option<NetLinks>> {
+    const OP: &str = "Communicator::new";
+    if topo.nnodes() <= 1 {
+        return Ok(None);
+    }
+    let me = b.rank();
+    let mine = match cfg.net {
+        crate::config::NetChoice::Ib => Err(Error::invalid_usage(OP, "HOCCL_NET=ib: the verbs (RDMA) transport is not built yet; use HOCCL_NET=socket or auto")),
+        crate::config::NetChoice::Auto | crate::config::NetChoice::Socket => crate::transport::socket::listen(topo.nhosts() == 1, cfg.socket_ifname.as_deref()),
+    };
+    let addr = mine.as_ref().ok().map(|(l, _)| l.local_addr());
+    // Record: status (1 listening), secret, address as text; or 0 and the reason.
+    let rec = match (&mine, addr) {
+        (Ok((_, secret)), Some(Ok(a))) => [&[1u8][..], &secret[..], a.to_string().as_bytes()].concat(),
+        (Err(e), _) => [&[0u8][..], e.to_string().as_bytes()].concat(),
+        (_, _) => [&[0u8][..], b"could not read its listening address"].concat(),
+    };
+    let all = b.all_gather(&rec).map_err(|e| e.with_op(OP))?;
+    let (listener, secret) = mine?;
+    let mut peers = vec![None; topo.nranks()];
+    for (r, rec) in all.iter().enumerate() {
+        match rec.split_first() {
+            Some((1, rest)) if rest.len() > 16 => {
+                if topo.same_node(me, r) {
+                    continue;
+                }
+                let secret: [u8; 16] = rest[..16].try_into().expect("16 bytes");
+                let addr = std::str::from_utf8(&rest[16..]).ok().and_then(|s| s.parse().ok());
+                let addr = addr.ok_or_else(|| Error::Remote { op: OP, peer: r, what: "published a bad socket address".into() })?;
+                peers[r] = Some((addr, secret));
+            }
+            Some((_, why)) => return Err(Error::Remote { op: OP, peer: r, what: format!("cannot take part across nodes: {}", String::from_utf8_lossy(why)) }),
+            None => return Err(Error::Remote { op: OP, peer: r, what: "sent an empty address record".into() }),
+        }
+    }
+    Ok(Some(NetLinks { rank: me, comm_id, listener, peers, secret, qps: cfg.qps_per_peer, gbps: cfg.net_gbps, timeout: cfg.timeout }))
 }
 
 /// The engine setting resolved for rank `b.rank()`: the link to every rank, the cost model

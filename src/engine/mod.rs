@@ -6,15 +6,18 @@
 //! each peer and receives from each peer (several per peer allowed, matched in order), plus
 //! the stream handshake that orders it on the caller's stream. The engine knows nothing of
 //! collectives, of which device backend it drives, or of how a transport reaches a peer;
-//! [`Engine::start`] is the one place that names a transport (the same-host one, which
-//! reaches every peer while all ranks share a host).
+//! [`Engine::start`] is the one place that names transports: the same-host one for the
+//! ranks of this node and, when ranks span nodes, the socket one for the others, joined by
+//! a [`Route`] into the one transport the proxy holds.
 //!
 //! - `proxy`: the proxy thread and the op state machine.
 //! - [`streams`]: the per-stream flag pairs and the handshake enqueued on the user's stream.
 //! - `watchdog`: reports a proxy thread that stopped making progress.
 use crate::device::{Allocation, DevPtr, Device, FlagSlab};
 use crate::error::{Error, Result};
+use crate::transport::route::Route;
 use crate::transport::same_host::{Links, SameHost};
+use crate::transport::socket::{NetLinks, Socket};
 use crate::transport::Transport;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -195,10 +198,11 @@ const ABORT_WAIT: Duration = Duration::from_secs(1);
 const STOP_MARGIN: Duration = Duration::from_secs(2);
 
 impl Engine {
-    /// Start the proxy thread, reaching the ranks of this host through `links` (every peer
-    /// is on this host); returns once the thread has bound the device and its transport is
-    /// connected.
-    pub fn start(dev: Arc<dyn Device>, links: Links, cfg: EngineConfig) -> Result<Engine> {
+    /// Start the proxy thread, reaching the ranks of this node through `links` and those of
+    /// other nodes through `net` (None: every peer is on this node); returns once the thread
+    /// has bound the device and its transports are connected (the socket connections are
+    /// made there, bounded by `net.timeout`).
+    pub fn start(dev: Arc<dyn Device>, links: Links, net: Option<NetLinks>, cfg: EngineConfig) -> Result<Engine> {
         const OP: &str = "Engine::start";
         let shared = Arc::new(Shared::default());
         let (tx, rx) = channel();
@@ -209,7 +213,11 @@ impl Engine {
         // belong to the thread that binds the device.
         let connect = move || -> Result<Box<dyn Transport>> {
             dev.bind_thread()?;
-            Ok(Box::new(SameHost::connect(dev, links, cfg.copy_queues, cfg.chunk_bytes)?))
+            let near = Box::new(SameHost::connect(dev.clone(), links, cfg.copy_queues, cfg.chunk_bytes)?);
+            let Some(net) = net else { return Ok(near) };
+            let far = Socket::connect(dev, net)?;
+            let is_far = (0..nranks).map(|p| far.reaches(p)).collect();
+            Ok(Box::new(Route::new(near, Box::new(far), is_far)))
         };
         let thread = std::thread::Builder::new()
             .name(format!("hoccl-proxy-r{rank}"))

@@ -22,6 +22,8 @@ pub mod chunk_scheduler;
 pub mod ipc;
 pub mod mailbox;
 pub mod same_host;
+pub mod route;
+pub mod socket;
 pub mod verbs;
 
 use crate::device::{Allocation, DevPtr};

@@ -1,0 +1,73 @@
+//! The socket transport's one contact with raw memory: `send`/`recv` between a TCP socket
+//! and a byte range named by address (a user buffer of the host backend, or the
+//! transport's own host staging). Every [`Span`] is checked when it is made; the I/O calls
+//! take offsets inside it.
+use crate::device::{Allocation, DevPtr};
+use crate::error::{Error, Result};
+use std::os::fd::RawFd;
+
+/// `len` bytes of host memory at `addr`, readable and writable by this process for as long
+/// as the transfer that named them is pending (the user's contract for the buffers of an
+/// op, as for the copy engines; the transport's contract for its staging).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Span {
+    addr: u64,
+    len: usize,
+}
+
+impl Span {
+    /// The range `[ptr, ptr + len)` of `alloc`, a live allocation of the host backend (the
+    /// engine resolved it through the device's registry); an error when it does not lie
+    /// inside it.
+    pub(super) fn in_allocation(op: &'static str, ptr: DevPtr, len: usize, alloc: Option<Allocation>) -> Result<Span> {
+        if len == 0 {
+            return Ok(Span { addr: ptr.0, len: 0 });
+        }
+        let a = alloc.ok_or_else(|| Error::invalid_arg(op, format!("{:#x}+{len}: no allocation holds it", ptr.0)))?;
+        let end = ptr.0.checked_add(len as u64).ok_or_else(|| Error::invalid_arg(op, "address range overflows"))?;
+        if ptr.0 < a.base.0 || end > a.base.0 + a.len as u64 {
+            return Err(Error::invalid_arg(op, format!("{:#x}+{len} is outside its allocation {:#x}+{}", ptr.0, a.base.0, a.len)));
+        }
+        Ok(Span { addr: ptr.0, len })
+    }
+
+
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The bytes `[off, off + n)` of the span, clamped to it.
+    fn sub(&self, off: usize, n: usize) -> (u64, usize) {
+        let off = off.min(self.len);
+        (self.addr + off as u64, n.min(self.len - off))
+    }
+}
+
+/// Write up to `n` bytes of `span` from `off` to `fd` without waiting; the count written
+/// (`WouldBlock` when the socket's buffer is full).
+pub(super) fn send(fd: RawFd, span: Span, off: usize, n: usize) -> std::io::Result<usize> {
+    let (addr, n) = span.sub(off, n);
+    // SAFETY: `[addr, addr + n)` lies inside a span checked at its making and alive while
+    // its transfer is pending (see `Span`); MSG_NOSIGNAL turns a closed peer into EPIPE
+    // instead of SIGPIPE; MSG_DONTWAIT never blocks.
+    let r = unsafe { libc::send(fd, addr as *const libc::c_void, n, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(r as usize)
+    }
+}
+
+/// Read up to `n` bytes from `fd` into `span` at `off` without waiting; the count read (0:
+/// the peer closed the connection).
+pub(super) fn recv(fd: RawFd, span: Span, off: usize, n: usize) -> std::io::Result<usize> {
+    let (addr, n) = span.sub(off, n);
+    // SAFETY: as for `send`; the range is writable memory of this process and nothing else
+    // writes it while the transfer is pending.
+    let r = unsafe { libc::recv(fd, addr as *mut libc::c_void, n, libc::MSG_DONTWAIT) };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(r as usize)
+    }
+}
