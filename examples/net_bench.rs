@@ -494,7 +494,13 @@ fn run(o: Opts, argv: &[String]) -> Res<()> {
     let sim = SimSetup::new(&ctx, &cfg)?;
     let topo = ctx.comm.topology();
     let (nodes, per_node) = (topo.nnodes(), topo.nodes().iter().map(|x| x.ranks.len()).max().unwrap_or(0));
-    let engine = format!("{:?}", cfg.engine).to_lowercase();
+    // The HOCCL_ENGINE spelling of the engine.
+    let engine = match cfg.engine {
+        EngineChoice::Auto => "auto",
+        EngineChoice::CopyEngine => "ce",
+        EngineChoice::Sm => "sm",
+        EngineChoice::Compressed => "compressed",
+    };
     let command = format!(
         "HOCCL_VIRTUAL_NODES={} HOCCL_NET_GBPS={} HOCCL_ENGINE={engine} mpirun -np {n} net_bench {}",
         cfg.virtual_nodes,
