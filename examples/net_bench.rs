@@ -13,7 +13,8 @@
 //! the pattern generator), so each rank checks every byte it received.
 //!
 //! Predicted: `plan::Cluster` from the communicator's topology — nodes, ranks per node (one
-//! modeled GPU per rank, its own NIC), the NIC at `HOCCL_NET_GBPS` per direction, the
+//! modeled GPU per rank, its own NIC), the NIC at `HOCCL_NET_GBPS` per direction (without a
+//! limit: the topology's NIC figure), the
 //! intra-node copy rate (`--copy-gbps`, else measured on the host backend, else the
 //! topology's copy-engine figure), the device's copy queues — and two schedules of the same
 //! traffic under `sim::Model` (incast loss `--incast`, 0 by default: the limiter is a
@@ -33,6 +34,7 @@ use hoccl::bootstrap::mpi::MpiBootstrap;
 use hoccl::bootstrap::Bootstrap;
 use hoccl::comm::Communicator;
 use hoccl::device::{pattern_byte, Backend, DevPtr, Device, StreamHandle};
+use hoccl::plan::json::Json;
 use hoccl::plan::{self, Cluster, Collective, PlanOptions};
 use hoccl::sim::{self, Incast, Model};
 use hoccl::{Config, DataType, EngineChoice};
@@ -442,23 +444,6 @@ fn codec_ratio(o: &Opts) -> Res<f64> {
     Ok(out.len() as f64 / input.len() as f64)
 }
 
-/// A JSON string literal.
-fn js(v: &str) -> String {
-    let mut o = String::from("\"");
-    for c in v.chars() {
-        match c {
-            '"' => o.push_str("\\\""),
-            '\\' => o.push_str("\\\\"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(o, "\\u{:04x}", c as u32);
-            }
-            c => o.push(c),
-        }
-    }
-    o.push('"');
-    o
-}
-
 fn fmt_opt(v: Option<f64>, prec: usize) -> String {
     v.map_or("-".into(), |x| format!("{x:.prec$}"))
 }
@@ -581,7 +566,7 @@ fn run(o: Opts, argv: &[String]) -> Res<()> {
                 .collect();
             let json = format!(
                 "{{\"command\":{},\"executed\":\"direct\",\"copy_gbps\":{:.3},\"copy_from\":\"{}\",\"incast\":{},\"codec_ratio\":{:.4},\"records\":[\n{}\n]}}\n",
-                js(&command),
+                Json::Str(command.clone()),
                 sim.copy_gbps,
                 sim.copy_from,
                 ctx.o.incast,
