@@ -289,7 +289,8 @@ fn child_rank() {
     let role = w[3];
     let cfg = Config::from_env().expect("HOCCL_* settings");
     let engine = cfg.engine;
-    let dev = open_device(Backend::Host, rank);
+    let backend = if std::env::var("HOCCL_BACKEND").is_ok_and(|b| b == "cuda") { Backend::Cuda } else { Backend::Host };
+    let dev = open_device(backend, rank);
     let c = Communicator::from_unique_id_on(&id, n, rank, Some(dev.clone()), cfg).expect("communicator");
     assert!(c.topology().nnodes() > 1);
     if role == "every" {
@@ -335,6 +336,12 @@ fn child_rank() {
 /// any) a little after it says `point`. Returns each child's lines, and when the victim was
 /// killed (Unix ms).
 fn children(n: usize, role: &str, env: &[(&str, &str)], victim: Option<usize>) -> (Vec<Vec<String>>, Option<u64>) {
+    children_on(Backend::Host, n, role, env, victim)
+}
+
+/// As `children`, on `backend` (CUDA: every child opens GPU `rank % count`; on one GPU run
+/// them under MPS).
+fn children_on(backend: Backend, n: usize, role: &str, env: &[(&str, &str)], victim: Option<usize>) -> (Vec<Vec<String>>, Option<u64>) {
     let id = Communicator::unique_id(&test_config()).expect("unique id");
     let exe = std::env::current_exe().expect("test binary");
     let (tx, rx) = std::sync::mpsc::channel::<(usize, String)>();
@@ -343,7 +350,7 @@ fn children(n: usize, role: &str, env: &[(&str, &str)], victim: Option<usize>) -
             let mut cmd = Command::new(&exe);
             cmd.args(["--exact", "child_rank", "--nocapture", "--test-threads=1"])
                 .env("HOCCL_INTERNODE_CHILD", format!("{} {r} {n} {role}", id.to_hex()))
-                .env("HOCCL_BACKEND", "host")
+                .env("HOCCL_BACKEND", if backend == Backend::Cuda { "cuda" } else { "host" })
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit());
             for (k, v) in env {
@@ -403,6 +410,17 @@ fn children(n: usize, role: &str, env: &[(&str, &str)], victim: Option<usize>) -
 fn processes_every_op() {
     children(4, "every", &[("HOCCL_VIRTUAL_NODES", "2"), ("HOCCL_ENGINE", "ce"), ("HOCCL_QPS_PER_PEER", "3")], None);
     children(3, "every", &[("HOCCL_VIRTUAL_NODES", "3"), ("HOCCL_ENGINE", "compressed")], None);
+}
+
+/// The same on CUDA (`--ignored`; scripts/gpu/internode.sh runs it under MPS): 2 virtual
+/// nodes x 1 and x 2 ranks, every op, `ce` and `compressed`, through the pinned staging.
+#[test]
+#[ignore = "needs a GPU: run with --ignored"]
+fn cuda_processes_every_op() {
+    for engine in ["ce", "compressed"] {
+        children_on(Backend::Cuda, 2, "every", &[("HOCCL_VIRTUAL_NODES", "2"), ("HOCCL_ENGINE", engine)], None);
+        children_on(Backend::Cuda, 4, "every", &[("HOCCL_VIRTUAL_NODES", "2"), ("HOCCL_ENGINE", engine), ("HOCCL_NET_STAGING", "1M")], None);
+    }
 }
 
 /// A rank SIGKILLed while its AllGather's data crosses the sockets (rate-limited so the

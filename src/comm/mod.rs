@@ -156,7 +156,7 @@ impl Communicator {
         let (peer_links, cost_model, compress_from) = setup::resolve_engine(bootstrap.as_ref(), &topo, &config)?;
         let local: Vec<usize> = topo.local_peers(rank).to_vec();
         let links = setup::connect_mailboxes(bootstrap.as_ref(), &topo, comm_id, &local)?;
-        let net = setup::listen_for_peers(bootstrap.as_ref(), &topo, &config, comm_id)?;
+        let net = setup::listen_for_peers(bootstrap.as_ref(), &topo, &config, comm_id, dev.backend())?;
         let engine = Engine::start(
             dev.clone(),
             links,

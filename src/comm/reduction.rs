@@ -1,5 +1,8 @@
-//! AllReduce, ReduceScatter and Reduce on one node, as a composition of the copy-engine
-//! exchange and one reduce step on the caller's stream (docs/design.md, "Reductions").
+//! AllReduce, ReduceScatter and Reduce as a composition of the copy-engine exchange and one
+//! reduce step on the caller's stream (docs/design.md, "Reductions"). The exchange is an
+//! engine op like any other, so it crosses nodes through whichever transport reaches each
+//! peer (the socket transport between nodes): flat, every rank to every rank, not the
+//! hierarchical intra-node / inter-node plan.
 //!
 //! Every reduction is described the same way: each rank `q` owns one *block* of the result
 //! (ReduceScatter: `count` elements; AllReduce: its shard; Reduce: the root owns all of it,

@@ -9,7 +9,7 @@ use crate::transport::same_host::Links;
 use crate::error::{Error, Result};
 use crate::topology::{RankRecord, Topology};
 use crate::transport::mailbox::Segment;
-use crate::transport::socket::NetLinks;
+use crate::transport::socket::{self, NetLinks};
 
 /// All-gather every rank's record (host, pid, GPUs seen, requested GPU, its PCI id) and
 /// build the topology: nodes (virtual nodes included), local ranks, GPU per rank, peer
@@ -79,8 +79,9 @@ pub fn connect_mailboxes(b: &dyn Bootstrap, topo: &Topology, comm_id: u64, local
 /// for this rank's peers of other nodes and all-gather every rank's address and secret.
 /// None when every rank is on this rank's node. Collective whenever the topology has
 /// several nodes (every rank sees the same topology); a rank that cannot listen, or whose
-/// `HOCCL_NET` asks for a transport that is not built, fails every rank.
-pub fn listen_for_peers(b: &dyn Bootstrap, topo: &Topology, cfg: &Config, comm_id: u64) -> Result<Option<NetLinks>> {
+/// `HOCCL_NET` asks for a transport that is not built, fails every rank. On a `backend`
+/// whose memory is not host memory the transport stages through `HOCCL_NET_STAGING` bytes.
+pub fn listen_for_peers(b: &dyn Bootstrap, topo: &Topology, cfg: &Config, comm_id: u64, backend: crate::device::Backend) -> Result<Option<NetLinks>> {
     const OP: &str = "Communicator::new";
     if topo.nnodes() <= 1 {
         return Ok(None);
@@ -90,10 +91,13 @@ pub fn listen_for_peers(b: &dyn Bootstrap, topo: &Topology, cfg: &Config, comm_i
         crate::config::NetChoice::Ib => Err(Error::invalid_usage(OP, "HOCCL_NET=ib: the verbs (RDMA) transport is not built yet; use HOCCL_NET=socket or auto")),
         crate::config::NetChoice::Auto | crate::config::NetChoice::Socket => crate::transport::socket::listen(topo.nhosts() == 1, cfg.socket_ifname.as_deref()),
     };
+    // The host backend's device memory is host memory: the sockets use it directly.
+    let staging = (backend != crate::device::Backend::Host).then_some(cfg.net_staging_bytes);
     let addr = mine.as_ref().ok().map(|(l, _)| l.local_addr());
-    // Record: status (1 listening), secret, address as text; or 0 and the reason.
+    // Record: status (1 listening), secret, largest payload taken, address as text; or 0
+    // and the reason.
     let rec = match (&mine, addr) {
-        (Ok((_, secret)), Some(Ok(a))) => [&[1u8][..], &secret[..], a.to_string().as_bytes()].concat(),
+        (Ok((_, secret)), Some(Ok(a))) => [&[1u8][..], &secret[..], &(socket::max_chunk(staging) as u64).to_le_bytes(), a.to_string().as_bytes()].concat(),
         (Err(e), _) => [&[0u8][..], e.to_string().as_bytes()].concat(),
         (_, _) => [&[0u8][..], b"could not read its listening address"].concat(),
     };
@@ -102,20 +106,21 @@ pub fn listen_for_peers(b: &dyn Bootstrap, topo: &Topology, cfg: &Config, comm_i
     let mut peers = vec![None; topo.nranks()];
     for (r, rec) in all.iter().enumerate() {
         match rec.split_first() {
-            Some((1, rest)) if rest.len() > 16 => {
+            Some((1, rest)) if rest.len() > 24 => {
                 if topo.same_node(me, r) {
                     continue;
                 }
                 let secret: [u8; 16] = rest[..16].try_into().expect("16 bytes");
-                let addr = std::str::from_utf8(&rest[16..]).ok().and_then(|s| s.parse().ok());
+                let max_chunk = u64::from_le_bytes(rest[16..24].try_into().expect("8 bytes")) as usize;
+                let addr = std::str::from_utf8(&rest[24..]).ok().and_then(|s| s.parse().ok());
                 let addr = addr.ok_or_else(|| Error::Remote { op: OP, peer: r, what: "published a bad socket address".into() })?;
-                peers[r] = Some((addr, secret));
+                peers[r] = Some(socket::Remote { addr, secret, max_chunk: max_chunk.max(1) });
             }
             Some((_, why)) => return Err(Error::Remote { op: OP, peer: r, what: format!("cannot take part across nodes: {}", String::from_utf8_lossy(why)) }),
             None => return Err(Error::Remote { op: OP, peer: r, what: "sent an empty address record".into() }),
         }
     }
-    Ok(Some(NetLinks { rank: me, comm_id, listener, peers, secret, qps: cfg.qps_per_peer, gbps: cfg.net_gbps, timeout: cfg.timeout }))
+    Ok(Some(NetLinks { rank: me, comm_id, listener, peers, secret, qps: cfg.qps_per_peer, gbps: cfg.net_gbps, staging, timeout: cfg.timeout }))
 }
 
 /// The engine setting resolved for rank `b.rank()`: the link to every rank, the cost model

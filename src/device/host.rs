@@ -439,6 +439,16 @@ impl Device for HostDevice {
         Ok(())
     }
 
+    /// Device memory is host memory here: an ordinary allocation (registered, so the copy
+    /// queues reach it).
+    fn alloc_host(&self, len: usize) -> Result<DevPtr> {
+        self.alloc(len)
+    }
+
+    fn free_host(&self, p: DevPtr) -> Result<()> {
+        self.free(p)
+    }
+
     fn allocation(&self, p: DevPtr) -> Result<Allocation> {
         const OP: &str = "HostDevice::allocation";
         let reg = lock_registry(OP)?;

@@ -151,6 +151,19 @@ pub trait Device: Send + Sync + 'static {
     fn unimport(&self, base: DevPtr, len: usize) -> Result<()>;
     /// `n` host-visible 64-bit flags, zeroed.
     fn alloc_flags(&self, n: usize) -> Result<FlagSlab>;
+    /// Host memory this device's copy queues reach by address and the CPU reads and writes
+    /// directly: the inter-node transport's staging. Page-locked (`cuMemHostAlloc`) on
+    /// CUDA; an ordinary allocation on the host backend, whose memory is host memory. The
+    /// default refuses (a device that does not say how it stages).
+    fn alloc_host(&self, len: usize) -> Result<DevPtr> {
+        let _ = len;
+        Err(crate::error::Error::invalid_usage("Device::alloc_host", format!("{} has no host staging memory", self.name())))
+    }
+    /// Free what `alloc_host` returned.
+    fn free_host(&self, p: DevPtr) -> Result<()> {
+        let _ = p;
+        Err(crate::error::Error::invalid_usage("Device::free_host", format!("{} has no host staging memory", self.name())))
+    }
     /// Synchronous copies between host memory and device memory (tests, setup).
     fn copy_to_host(&self, dst: &mut [u8], src: DevPtr) -> Result<()>;
     fn copy_from_host(&self, dst: DevPtr, src: &[u8]) -> Result<()>;

@@ -434,7 +434,7 @@ impl Proxy {
         ready.clear();
         let mut exposed = Ok(());
         for r in st.recvs.iter().filter(|r| r.x.peer != me) {
-            match self.transport.expose(r.x.peer, Region { ptr: r.x.ptr, len: r.x.len, alloc: r.x.alloc }) {
+            match self.transport.expose(r.x.peer, Region { seq, ptr: r.x.ptr, len: r.x.len, alloc: r.x.alloc }) {
                 Ok(remote) => ready.push((r.x.peer, Tag { pair_seq: pair_seq(&st.op, r.x.peer), k: r.k }, remote)),
                 Err(e) => {
                     exposed = Err(e);

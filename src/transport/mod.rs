@@ -17,6 +17,10 @@
 //! - [`same_host`]: ranks of one host. Copies straight into the peer's buffer on the
 //!   device's copy-engine queues ([`chunk_scheduler`]), through mappings of the peer's
 //!   allocations ([`ipc`]), with control signals on shared-memory rings ([`mailbox`]).
+//! - [`socket`]: ranks of other nodes over TCP, several connections per peer, from and
+//!   into host memory (the user's buffers on the host backend, pinned staging filled and
+//!   drained by the copy queues on CUDA).
+//! - [`route`]: one transport over the two above, choosing by peer.
 //! - [`verbs`]: RDMA (rdma-core via bindgen, loaded at run time); not a transport yet.
 pub mod chunk_scheduler;
 pub mod ipc;
@@ -46,9 +50,11 @@ pub struct Tag {
 }
 
 /// A receive buffer of this rank, as the engine hands it to [`Transport::expose`].
-/// `alloc` is the allocation holding `ptr` (None iff `len` is 0).
+/// `alloc` is the allocation holding `ptr` (None iff `len` is 0); `seq` is the op it is for
+/// (what a transport's error about it names).
 #[derive(Clone, Copy, Debug)]
 pub struct Region {
+    pub seq: u64,
     pub ptr: DevPtr,
     pub len: usize,
     pub alloc: Option<Allocation>,
@@ -112,8 +118,8 @@ pub struct Incoming {
     pub signal: Signal,
 }
 
-/// A way of reaching a class of peers (the ranks of this host; later, ranks over RDMA or
-/// TCP). The engine's proxy thread owns it and is the only caller, on that thread; no
+/// A way of reaching a class of peers (the ranks of this node, the ranks of other nodes
+/// over TCP; later, over RDMA). The engine's proxy thread owns it and is the only caller, on that thread; no
 /// method waits for the device or for a peer: a transport that cannot go on now keeps the
 /// work and continues on a later call.
 ///
@@ -124,6 +130,9 @@ pub struct Incoming {
 /// they have all landed reports the flow from [`progress`](Transport::progress) and signals
 /// `Landed` to the receiver itself, so a transport whose landing is observed off the CPU
 /// (a device-side flag write, an RDMA write with immediate) needs no proxy turn in between.
+/// A transport whose receiver sees the bytes arrive (the socket one) may instead report
+/// `Landed` from the receiver's own `poll_signals`, as if the sender had signalled it, and
+/// tell the sender, whose `progress` then reports the flow.
 /// Signals to one peer arrive in the order they were posted.
 pub trait Transport: Send {
     /// Make this rank's receive buffer `region` writable by `peer`; returns what the peer's
@@ -152,8 +161,10 @@ pub trait Transport: Send {
     fn progress(&mut self, done: &mut Vec<FlowId>, advanced: &mut Vec<u64>) -> std::result::Result<bool, (u64, Error)>;
 
     /// Stop moving data for op `seq` (it failed). Data already on its way may still land;
-    /// its flows are never reported done and no `Landed` is signalled for them, and the
-    /// transport keeps whatever that data needs (mappings) until it has drained.
+    /// its flows are never reported done, and the transport keeps whatever that data needs
+    /// (mappings, staging) until it has drained. No `Landed` is signalled for a transfer
+    /// cut short; one whose every byte had left intact before the cancel may still be
+    /// reported landed by a transport whose receiver observes the landing (the socket one).
     fn cancel(&mut self, seq: u64);
 
     /// Why `peer` can no longer take part (its process exited, its communicator closed),

@@ -330,7 +330,7 @@ mod tests {
         let (src, dst) = (dev.alloc(len).unwrap(), dev.alloc(len).unwrap());
         let data: Vec<u8> = (0..len as u64).map(|i| pattern_byte(3, i)).collect();
         dev.copy_from_host(src, &data).unwrap();
-        let region = Region { ptr: dst, len, alloc: Some(dev.allocation(dst).unwrap()) };
+        let region = Region { seq: 9, ptr: dst, len, alloc: Some(dev.allocation(dst).unwrap()) };
         let tag = Tag { pair_seq: 1, k: 0 };
         let remote = t1.expose(0, region).unwrap();
         t1.post_ready(0, tag, remote);

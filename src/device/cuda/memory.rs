@@ -237,6 +237,33 @@ impl CudaDevice {
         Ok(unsafe { FlagSlab::from_raw(host as *mut u64, DevPtr(dev), n, Box::new(owner)) })
     }
 
+    /// Page-locked host memory, portable to every context and mapped for the device, so
+    /// `cuMemcpyAsync` on a copy queue moves between it and device memory by address
+    /// (unified addressing) and the CPU reads and writes it directly.
+    pub(super) fn mem_alloc_host(&self, len: usize) -> Result<DevPtr> {
+        const OP: &str = "Device::alloc_host";
+        if len == 0 {
+            return Err(Error::invalid_arg(OP, "zero-byte allocation"));
+        }
+        let _g = self.enter(OP)?;
+        let mut host: *mut c_void = std::ptr::null_mut();
+        let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+        // SAFETY: valid out-pointer; the context is current.
+        check(OP, "cuMemHostAlloc", unsafe { sys::cuMemHostAlloc(&mut host, len, flags) })?;
+        Ok(DevPtr(host as u64))
+    }
+
+    pub(super) fn mem_free_host(&self, p: DevPtr) -> Result<()> {
+        const OP: &str = "Device::free_host";
+        if p.is_null() {
+            return Ok(());
+        }
+        let _g = self.enter(OP)?;
+        // SAFETY: the driver rejects a pointer cuMemHostAlloc did not return; the caller
+        // frees each once, after the copies that use it have completed.
+        check(OP, "cuMemFreeHost", unsafe { sys::cuMemFreeHost(p.0 as *mut c_void) })
+    }
+
     pub(super) fn mem_copy_to_host(&self, dst: &mut [u8], src: DevPtr) -> Result<()> {
         const OP: &str = "Device::copy_to_host";
         if dst.is_empty() {

@@ -248,6 +248,12 @@ impl Device for CudaDevice {
     fn alloc_flags(&self, n: usize) -> Result<FlagSlab> {
         self.mem_alloc_flags(n)
     }
+    fn alloc_host(&self, len: usize) -> Result<DevPtr> {
+        self.mem_alloc_host(len)
+    }
+    fn free_host(&self, p: DevPtr) -> Result<()> {
+        self.mem_free_host(p)
+    }
     fn copy_to_host(&self, dst: &mut [u8], src: DevPtr) -> Result<()> {
         self.mem_copy_to_host(dst, src)
     }

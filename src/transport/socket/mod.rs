@@ -2,15 +2,19 @@
 //! (`HOCCL_QPS_PER_PEER`), non-blocking, driven from the proxy's turns; nothing here waits
 //! once the connections are up.
 //!
-//! **Wire format.** Every frame is a 48-byte header ([`HDR`]), then, for data, its payload:
-//! `kind | k | pair_seq | a | token | offset | payload length`, little-endian. Kinds:
+//! **Wire format.** Every frame is a 48-byte header ([`HDR`]), then, for data, its payload
+//! and an 8-byte trailer: `kind | k | pair_seq | a | token | offset | payload length`,
+//! little-endian. The trailer says whether the payload is the data ([`INTACT`]) or filler
+//! for a transfer cancelled while its frame was being written, whose receiver then drops
+//! the transfer: a frame cannot be cut short without losing the stream's framing. Kinds:
 //! `Ready` (a receive buffer: `a` its length, `token` its name at the receiver), `Failed`
 //! (`a` the error code), `Data` (`payload` bytes at `offset` of the buffer `token`; `a` the
 //! transfer's total length), `Done` (the receiver has every byte of `token`), `Bye` (the
 //! sender's communicator closed). Control frames (all but `Data`) go on the peer's first
-//! connection, in the order they were posted; a transfer's data is cut into chunks of
-//! [`CHUNK`] bytes that go on whichever connection is free, so its chunks travel in
-//! parallel and may arrive out of order (each names its offset).
+//! connection, in the order they were posted; a transfer's data is cut into chunks (at most
+//! [`CHUNK`] bytes, and at most what the receiver published it takes in one piece: its
+//! staging slot) that go on whichever connection is free, so its chunks travel in parallel
+//! and may arrive out of order (each names its offset).
 //!
 //! **Landing.** The receiver counts a transfer's bytes; when all have arrived it reports
 //! `Landed` to its own engine (through `poll_signals`, as if the sender had signalled it:
@@ -20,8 +24,16 @@
 //!
 //! **Memory.** The host backend's device memory is host memory: the bytes go from the
 //! sender's buffer into the socket and from the socket into the receiver's buffer, with no
-//! copy in between ([`raw`]). Nothing is allocated per chunk: frame headers live in the
-//! connections, control frames in per-peer queues that keep their capacity.
+//! copy in between ([`raw`]). On CUDA they pass through host staging ([`Staging`]: pinned
+//! memory, `HOCCL_NET_STAGING` bytes allocated once per communicator, half for sending and
+//! half for receiving, in slots of one chunk): the sender's copy queue fills a slot from
+//! the user's buffer (device to host) and the chunk goes on the wire once the copy's fence
+//! has completed; the receiver reads a payload into a free slot and its copy queue drains
+//! the slot into the user's buffer (host to device); the bytes count as landed when that
+//! copy's fence has completed. Every free slot is in use at once, so the copy of one chunk
+//! overlaps the socket I/O of the others. Nothing is allocated per chunk: frame headers
+//! live in the connections, control frames and staged chunks in queues that keep their
+//! capacity.
 //!
 //! **Rate limit.** `HOCCL_NET_GBPS` caps this rank's payload bytes per second in each
 //! direction with a token bucket ([`Bucket`]): a limit inside the transport, for measuring
@@ -32,7 +44,7 @@
 //! on it. A peer that closed its communicator says `Bye` first.
 mod raw;
 
-use crate::device::{DevPtr, Device};
+use crate::device::{CopyQueue, DevPtr, Device};
 use crate::error::{Error, Result};
 use crate::transport::{FlowId, Incoming, Region, RemoteBuffer, Signal, Tag, Transport, Wire};
 use raw::Span;
@@ -52,6 +64,10 @@ pub const PROGRESS_EVERY: Duration = Duration::from_millis(10);
 /// Bytes one connection moves per direction in one turn at most, so one busy connection
 /// does not hold the proxy from the others.
 const TURN_BYTES: usize = 4 << 20;
+/// A data frame's trailer: its payload is the data.
+const INTACT: u64 = 0x1a7d_0000_0000_0001;
+/// A data frame's trailer: its payload is filler (the transfer was cancelled).
+const CANCELLED: u64 = 0x1a7d_0000_0000_0002;
 /// Identifies hoccl's frames and connection handshakes ("HCNT" + version 1).
 const MAGIC: u32 = 0x4843_4e01;
 const OP: &str = "socket transport";
@@ -112,6 +128,9 @@ impl Header {
     }
 }
 
+/// The least a rate-limited transfer moves at once (unless less is left).
+const QUANTUM: usize = 64 << 10;
+
 /// A token bucket: `rate` bytes per second, bursts up to `burst` bytes. `None` rate: no limit.
 pub struct Bucket {
     rate: Option<f64>,
@@ -129,13 +148,19 @@ impl Bucket {
         Bucket { rate, burst, tokens: burst, last: Instant::now() }
     }
 
-    /// How many of `want` bytes may move now (0 when the bucket is empty).
+    /// How many of `want` bytes may move now: 0 while the bucket holds less than
+    /// [`QUANTUM`] (or `want`), so a caller that loops until it gets 0 stops instead of
+    /// spinning on the trickle that refills while it runs.
     pub fn grant(&mut self, want: usize) -> usize {
         let Some(rate) = self.rate else { return want };
         let now = Instant::now();
         self.tokens = (self.tokens + now.duration_since(self.last).as_secs_f64() * rate).min(self.burst);
         self.last = now;
-        (self.tokens.max(0.0) as usize).min(want)
+        let have = self.tokens.max(0.0) as usize;
+        if have < want.min(QUANTUM) {
+            return 0;
+        }
+        have.min(want)
     }
 
     /// `n` bytes moved.
@@ -158,14 +183,40 @@ struct OutFrame {
     sent: usize,
     /// The op the payload belongs to (data frames).
     seq: Option<u64>,
+    /// The staging slot the payload is in (returned to the free slots once it is sent).
+    slot: Option<Span>,
+    /// After a payload: [`INTACT`] or [`CANCELLED`], and its bytes sent.
+    trailer: u64,
+    trailer_sent: usize,
+}
+
+impl OutFrame {
+    fn control(h: Header) -> OutFrame {
+        OutFrame { hdr: h.encode(), hdr_sent: 0, src: None, at: 0, len: 0, sent: 0, seq: None, slot: None, trailer: INTACT, trailer_sent: 0 }
+    }
+}
+
+/// Where a payload being read goes.
+enum Sink {
+    /// Its receive is gone (failed): read and dropped.
+    Discard,
+    /// Straight into the receive buffer (host backend).
+    Direct(Span),
+    /// Into a staging slot (taken when the first byte is read; a payload fits one), `filled`
+    /// bytes of it so far; drained to `dst` (the payload's place in the receive buffer)
+    /// once the trailer says the payload is intact.
+    Staged { dst: DevPtr, slot: Option<Span>, filled: usize },
 }
 
 /// What a connection is reading.
 enum InState {
     Header { buf: [u8; HDR], got: usize },
-    /// A data frame's payload for receive `token` (None: discarded, its receive is gone):
-    /// `left` bytes to read into the buffer at `at`.
-    Payload { token: u64, dst: Option<Span>, at: usize, left: usize },
+    /// A data frame's payload for receive `token`: `left` bytes to read, the next of them
+    /// at offset `at` of the receive buffer.
+    Payload { token: u64, sink: Sink, at: usize, left: usize, len: usize },
+    /// A payload's trailer: `bytes` of receive `token` read into `sink`, `got` bytes of the
+    /// trailer so far.
+    Trailer { token: u64, sink: Sink, bytes: usize, buf: [u8; 8], got: usize },
 }
 
 struct Conn {
@@ -182,25 +233,33 @@ impl Conn {
     }
 }
 
-/// A send with chunks left to put on the wire.
+/// A send with chunks left to put on the wire (or, staged, to copy into staging).
 struct OutFlow {
     id: FlowId,
     tag: Tag,
     token: u64,
-    src: Span,
+    src: DevPtr,
+    /// `src` as host memory (direct I/O; None when staged).
+    span: Option<Span>,
     len: usize,
-    /// Bytes handed to connections so far.
+    /// Bytes handed on so far.
     next: usize,
 }
 
 /// A receive buffer exposed to the peer, by token.
 struct Slot {
-    dst: Span,
+    /// The op it belongs to (what an error about it names).
+    seq: u64,
+    ptr: DevPtr,
+    len: usize,
+    /// The buffer as host memory (direct I/O; None when staged).
+    span: Option<Span>,
     /// The transfer it was announced for (set by `post_ready`).
     pair_seq: Option<u64>,
     /// The transfer's index and total length, from its first data frame.
     k: u32,
     total: Option<u64>,
+    /// Bytes in place (read, and drained when staged).
     received: u64,
     told: Instant,
 }
@@ -211,13 +270,103 @@ struct Peer {
     /// Control frames not yet begun, in order (they go on `conns[0]`).
     ctrl: VecDeque<Header>,
     flows: VecDeque<OutFlow>,
-    /// Flows whose every chunk is on the wire, waiting for the receiver's `Done`, by token.
+    /// Chunks in staging, ready for the wire, in order.
+    staged: VecDeque<OutFrame>,
+    /// Flows whose every chunk is on its way, waiting for the receiver's `Done`, by token.
     awaiting: HashMap<u64, FlowId>,
     slots: HashMap<u64, Slot>,
     /// The connection the next data chunk goes on first (round robin).
     next_conn: usize,
+    /// Payload bytes of one data frame to this peer at most.
+    chunk: usize,
     bye: bool,
     gone: Option<String>,
+}
+
+/// Host staging and the copy queue that fills and drains it (CUDA: device memory is not
+/// host memory).
+pub struct Staging {
+    dev: Arc<dyn Device>,
+    queue: Box<dyn CopyQueue>,
+    /// The one allocation, split into slots: send slots below `split`, receive slots from it.
+    base: DevPtr,
+    split: DevPtr,
+    slot: usize,
+    send_free: Vec<Span>,
+    recv_free: Vec<Span>,
+    /// Device-to-host copies in flight: (fence ticket, peer, the frame they fill).
+    filling: VecDeque<(u64, usize, OutFrame)>,
+    /// Host-to-device copies in flight: (fence ticket, peer, receive token, bytes, slot).
+    draining: VecDeque<(u64, usize, u64, u64, Span)>,
+    /// Ops cancelled while their chunks were being copied into staging.
+    cancelled: Vec<u64>,
+}
+
+impl Staging {
+    /// `bytes` of host staging on `dev` (at least four slots), with one copy queue; made
+    /// on the proxy thread.
+    pub fn new(dev: Arc<dyn Device>, bytes: usize) -> Result<Staging> {
+        let slot = slot_bytes(bytes);
+        let n = (bytes / slot / 2).max(2);
+        let base = dev.alloc_host(2 * n * slot)?;
+        let queue = match dev.create_copy_queue() {
+            Ok(q) => q,
+            Err(e) => {
+                let _ = dev.free_host(base);
+                return Err(e);
+            }
+        };
+        let span = |i: usize| Span::staging(base.add(i * slot), slot);
+        Ok(Staging {
+            dev,
+            queue,
+            base,
+            split: base.add(n * slot),
+            slot,
+            send_free: (0..n).map(span).collect(),
+            recv_free: (n..2 * n).map(span).collect(),
+            filling: VecDeque::with_capacity(n),
+            draining: VecDeque::with_capacity(n),
+            cancelled: Vec::new(),
+        })
+    }
+
+    fn busy(&self) -> bool {
+        !self.filling.is_empty() || !self.draining.is_empty()
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        if self.busy() {
+            // Copies may still land in it: leave it allocated rather than free it under them.
+            log::warn!("hoccl: socket transport: host staging left allocated, {} copies still in flight", self.filling.len() + self.draining.len());
+            return;
+        }
+        if let Err(e) = self.dev.free_host(self.base) {
+            log::warn!("hoccl: {e}");
+        }
+    }
+}
+
+/// What a rank of another node published: where it listens, the secret its connections
+/// must present, and the largest data frame payload it takes.
+#[derive(Clone, Copy, Debug)]
+pub struct Remote {
+    pub addr: SocketAddr,
+    pub secret: [u8; 16],
+    pub max_chunk: usize,
+}
+
+/// The largest data payload a rank takes in one piece: its staging slot when it stages
+/// (`staging` bytes, from `HOCCL_NET_STAGING`), else [`CHUNK`].
+pub fn max_chunk(staging: Option<usize>) -> usize {
+    staging.map_or(CHUNK, slot_bytes)
+}
+
+/// The slot size of `bytes` of staging: four slots at least, each at most a chunk.
+fn slot_bytes(bytes: usize) -> usize {
+    (bytes / 4).clamp(4096, CHUNK)
 }
 
 /// What `connect` needs: this rank, the communicator, the listening socket and what every
@@ -226,13 +375,16 @@ pub struct NetLinks {
     pub rank: usize,
     pub comm_id: u64,
     pub listener: TcpListener,
-    pub peers: Vec<Option<(SocketAddr, [u8; 16])>>,
+    pub peers: Vec<Option<Remote>>,
     /// This rank's own secret (what its peers must present).
     pub secret: [u8; 16],
     /// Connections per peer.
     pub qps: usize,
     /// `Config::net_gbps`.
     pub gbps: f64,
+    /// Bytes of host staging (`Config::net_staging_bytes`), or None to read and write the
+    /// user buffers directly (the host backend, whose device memory is host memory).
+    pub staging: Option<usize>,
     /// Bounds the connection setup.
     pub timeout: Duration,
 }
@@ -241,6 +393,7 @@ pub struct Socket {
     dev: Arc<dyn Device>,
     rank: usize,
     peers: Vec<Option<Peer>>,
+    stage: Option<Staging>,
     next_token: u64,
     send_bucket: Bucket,
     recv_bucket: Bucket,
@@ -251,34 +404,52 @@ pub struct Socket {
     done: Vec<FlowId>,
     advanced: Vec<u64>,
     failed: VecDeque<(u64, Error)>,
+    /// Staging slots whose frames went out, to return to the free list.
+    freed: Vec<Span>,
+    /// Peers found gone while reading or writing, with why.
+    lost: Vec<(usize, String)>,
 }
 
 impl Socket {
     /// Open `qps` connections to every peer of another node, authenticated both ways, within
-    /// `links.timeout`; the lower rank of each pair connects. The device must be the host
-    /// backend (its memory is what the sockets read and write).
+    /// `links.timeout`; the lower rank of each pair connects. Direct I/O needs the host
+    /// backend; any other device needs `links.staging`.
     pub fn connect(dev: Arc<dyn Device>, links: NetLinks) -> Result<Socket> {
-        if dev.backend() != crate::device::Backend::Host {
-            return Err(Error::invalid_usage(
-                OP,
-                "ranks of another node are reached through host memory; the CUDA backend's staging for the socket transport is not built, so only the host backend runs across nodes",
-            ));
-        }
+        let stage = match links.staging {
+            Some(bytes) => Some(Staging::new(dev.clone(), bytes)?),
+            None if dev.backend() == crate::device::Backend::Host => None,
+            None => return Err(Error::invalid_usage(OP, "device memory that is not host memory needs host staging")),
+        };
+        let chunk = stage.as_ref().map_or(CHUNK, |s| s.slot);
         let conns = establish(&links)?;
-        let peers = conns.into_iter().map(|c| c.map(|conns| Peer {
-            conns: conns.into_iter().map(Conn::new).collect(),
-            ctrl: VecDeque::with_capacity(64),
-            flows: VecDeque::new(),
-            awaiting: HashMap::new(),
-            slots: HashMap::new(),
-            next_conn: 0,
-            bye: false,
-            gone: None,
-        }));
+        let peers = conns.into_iter().zip(&links.peers).map(|(c, remote)| {
+            c.map(|conns| Peer {
+                chunk: remote.map_or(chunk, |r| r.max_chunk.min(chunk)),
+                conns: conns.into_iter().map(Conn::new).collect(),
+                ctrl: VecDeque::with_capacity(64),
+                flows: VecDeque::new(),
+                staged: VecDeque::new(),
+                awaiting: HashMap::new(),
+                slots: HashMap::new(),
+                next_conn: 0,
+                bye: false,
+                gone: None,
+            })
+        });
+        let peers: Vec<Option<Peer>> = peers.collect();
+        log::info!(
+            "rank {}: socket transport: {} connection(s) to each of {} rank(s) of other nodes, {}, rate {}",
+            links.rank,
+            links.qps,
+            peers.iter().flatten().count(),
+            stage.as_ref().map_or("direct I/O".to_string(), |s| format!("{} staging slots of {} KiB", s.send_free.len() + s.recv_free.len(), s.slot >> 10)),
+            if links.gbps > 0.0 { format!("{} GB/s", links.gbps) } else { "unlimited".into() }
+        );
         Ok(Socket {
             dev,
             rank: links.rank,
-            peers: peers.collect(),
+            peers,
+            stage,
             next_token: 1,
             send_bucket: Bucket::new(links.gbps),
             recv_bucket: Bucket::new(links.gbps),
@@ -287,6 +458,8 @@ impl Socket {
             done: Vec::new(),
             advanced: Vec::new(),
             failed: VecDeque::new(),
+            freed: Vec::new(),
+            lost: Vec::new(),
         })
     }
 
@@ -316,43 +489,156 @@ impl Socket {
             return;
         }
         log::debug!("rank {}: rank {i} is gone: {why}", self.rank);
-        let seqs: Vec<u64> = p.flows.drain(..).map(|f| f.id.seq).chain(p.awaiting.drain().map(|(_, id)| id.seq)).collect();
+        let mut seqs: Vec<u64> = p.flows.drain(..).map(|f| f.id.seq).chain(p.awaiting.drain().map(|(_, id)| id.seq)).collect();
+        for f in p.staged.drain(..) {
+            seqs.extend(f.seq);
+            self.freed.extend(f.slot);
+        }
+        seqs.sort_unstable();
+        seqs.dedup();
         for seq in seqs {
             self.failed.push_back((seq, Error::Remote { op: OP, peer: i, what: why.clone() }));
         }
         p.slots.clear();
         p.ctrl.clear();
         for c in &mut p.conns {
-            c.out = None;
+            if let Some(f) = c.out.take() {
+                self.freed.extend(f.slot);
+            }
+            if let InState::Payload { sink: Sink::Staged { slot: Some(s), .. }, .. } | InState::Trailer { sink: Sink::Staged { slot: Some(s), .. }, .. } = c.inp {
+                self.freed.push(s);
+            }
+            c.inp = InState::Header { buf: [0; HDR], got: 0 };
             let _ = c.sock.shutdown(std::net::Shutdown::Both);
         }
         p.gone = Some(why);
     }
 
+    /// Handle the peers found gone and the staging slots freed since the last call.
+    fn settle(&mut self) {
+        for (i, why) in std::mem::take(&mut self.lost) {
+            self.mark_gone(i, why);
+        }
+        match self.stage.as_mut() {
+            Some(st) => {
+                for s in self.freed.drain(..) {
+                    if s.ptr().0 < st.split.0 {
+                        st.send_free.push(s);
+                    } else {
+                        st.recv_free.push(s);
+                    }
+                }
+            }
+            None => self.freed.clear(),
+        }
+    }
+
+    /// Staged: copy the next chunks of the peers' flows into free send slots, and reap the
+    /// copies that completed (filled slots go to their peer's wire queue; drained receive
+    /// slots count their bytes as landed). Whether anything moved.
+    fn stage_work(&mut self) -> bool {
+        let Some(st) = self.stage.as_mut() else { return false };
+        let mut moved = false;
+        // Fill: one chunk per peer per pass, while slots last.
+        let mut progress = true;
+        while progress && !st.send_free.is_empty() {
+            progress = false;
+            for i in 0..self.peers.len() {
+                let Some(p) = self.peers[i].as_mut().filter(|p| p.gone.is_none()) else { continue };
+                let Some(f) = p.flows.front_mut() else { continue };
+                let n = (f.len - f.next).min(p.chunk);
+                let mut h = Header::new(Kind::Data, f.tag.pair_seq, f.tag.k);
+                (h.a, h.token, h.offset, h.payload) = (f.len as u64, f.token, f.next as u64, n as u64);
+                let seq = f.id.seq;
+                if n == 0 {
+                    p.staged.push_back(OutFrame { seq: Some(seq), ..OutFrame::control(h) });
+                } else {
+                    let Some(slot) = st.send_free.pop() else { break };
+                    let r = st.queue.copy(slot.ptr(), f.src.add(f.next), n).and_then(|_| st.queue.fence());
+                    match r {
+                        Ok(ticket) => {
+                            let frame = OutFrame { src: Some(slot), len: n, seq: Some(seq), slot: Some(slot), ..OutFrame::control(h) };
+                            st.filling.push_back((ticket, i, frame));
+                        }
+                        Err(e) => {
+                            st.send_free.push(slot);
+                            p.flows.pop_front();
+                            self.failed.push_back((seq, e));
+                            continue;
+                        }
+                    }
+                }
+                f.next += n;
+                if f.next == f.len {
+                    let f = p.flows.pop_front().expect("front exists");
+                    p.awaiting.insert(f.token, f.id);
+                }
+                moved = true;
+                progress = true;
+                if st.send_free.is_empty() {
+                    break;
+                }
+            }
+        }
+        if !st.busy() {
+            return moved;
+        }
+        let done = match st.queue.completed() {
+            Ok(t) => t,
+            Err(e) => {
+                // The queue is broken: every op with a copy on it fails.
+                let seqs: Vec<u64> = st.filling.iter().filter_map(|(_, _, f)| f.seq).chain(st.draining.iter().filter_map(|(_, p, tok, _, _)| self.peers[*p].as_ref().and_then(|p| p.slots.get(tok)).map(|s| s.seq))).collect();
+                for seq in seqs {
+                    self.failed.push_back((seq, e.clone()));
+                }
+                return true;
+            }
+        };
+        while st.filling.front().is_some_and(|(t, _, _)| *t <= done) {
+            let (_, i, f) = st.filling.pop_front().expect("front exists");
+            moved = true;
+            let dropped = f.seq.is_some_and(|s| st.cancelled.contains(&s));
+            match self.peers[i].as_mut().filter(|p| p.gone.is_none()) {
+                Some(p) if !dropped => p.staged.push_back(f),
+                _ => st.send_free.extend(f.slot),
+            }
+        }
+        if st.filling.is_empty() {
+            st.cancelled.clear();
+        }
+        while st.draining.front().is_some_and(|(t, ..)| *t <= done) {
+            let (_, i, token, n, slot) = st.draining.pop_front().expect("front exists");
+            moved = true;
+            st.recv_free.push(slot);
+            if let Some(p) = self.peers[i].as_mut().filter(|p| p.gone.is_none()) {
+                landed(i, p, token, n, &mut self.incoming);
+            }
+        }
+        moved
+    }
+
     /// Write on every connection of every peer; whether a byte moved.
     fn pump_out(&mut self) -> bool {
         let mut any = false;
+        let staged = self.stage.is_some();
         for i in 0..self.peers.len() {
-            let Some(p) = self.peers[i].as_mut() else { continue };
-            if p.gone.is_some() {
-                continue;
-            }
+            let Some(p) = self.peers[i].as_mut().filter(|p| p.gone.is_none()) else { continue };
             let n = p.conns.len();
             let first = p.next_conn;
+            p.next_conn = (first + 1) % n.max(1);
             for j in 0..n {
                 let c = (first + j) % n;
-                match write_conn(p, c, &mut self.send_bucket, &self.pad, &mut self.advanced) {
+                let mut w = Writer { peer: p, staged, bucket: &mut self.send_bucket, pad: &self.pad, advanced: &mut self.advanced, freed: &mut self.freed };
+                match w.write_conn(c) {
                     Ok(moved) => any |= moved,
                     Err(e) => {
-                        self.mark_gone(i, format!("connection {c} failed: {e}"));
+                        self.lost.push((i, format!("connection {c} failed: {e}")));
                         break;
                     }
                 }
             }
-            if let Some(p) = self.peers[i].as_mut() {
-                p.next_conn = (first + 1) % n.max(1);
-            }
         }
+        self.settle();
         any
     }
 
@@ -363,27 +649,67 @@ impl Socket {
             let n = self.peers[i].as_ref().map_or(0, |p| p.conns.len());
             for c in 0..n {
                 let Some(p) = self.peers[i].as_mut().filter(|p| p.gone.is_none()) else { break };
-                let mut r = Reader { from: i, peer: p, bucket: &mut self.recv_bucket, pad: &mut self.pad, incoming: &mut self.incoming, done: &mut self.done, advanced: &mut self.advanced };
+                let mut r = Reader {
+                    from: i,
+                    peer: p,
+                    stage: self.stage.as_mut(),
+                    bucket: &mut self.recv_bucket,
+                    pad: &mut self.pad,
+                    incoming: &mut self.incoming,
+                    done: &mut self.done,
+                    advanced: &mut self.advanced,
+                    failed: &mut self.failed,
+                };
                 match r.read_conn(c) {
                     Ok(moved) => any |= moved,
-                    Err(why) => self.mark_gone(i, why),
+                    Err(why) => {
+                        self.lost.push((i, why));
+                        break;
+                    }
                 }
             }
         }
+        self.settle();
         any
     }
 }
 
+/// `n` more bytes of receive `token` from peer `from` are in place; when it has all its
+/// bytes, report `Landed` to this rank's engine and queue `Done` to the sender.
+fn landed(from: usize, p: &mut Peer, token: u64, n: u64, incoming: &mut Vec<Incoming>) {
+    let Some(slot) = p.slots.get_mut(&token) else { return };
+    slot.received += n;
+    let Some(total) = slot.total else { return };
+    let (pair_seq, k) = (slot.pair_seq.unwrap_or(0), slot.k);
+    if slot.received < total {
+        if n > 0 && slot.told.elapsed() >= PROGRESS_EVERY {
+            slot.told = Instant::now();
+            incoming.push(Incoming { from, pair_seq, signal: Signal::Progress { k } });
+        }
+        return;
+    }
+    p.slots.remove(&token);
+    incoming.push(Incoming { from, pair_seq, signal: Signal::Landed { k, len: total } });
+    let mut d = Header::new(Kind::Done, pair_seq, k);
+    (d.a, d.token) = (total, token);
+    p.ctrl.push_back(d);
+}
+
 impl Transport for Socket {
     fn expose(&mut self, peer: usize, region: Region) -> Result<RemoteBuffer> {
-        let dst = Span::in_allocation(OP, region.ptr, region.len, region.alloc)?;
+        let span = match self.stage {
+            None => Some(Span::in_allocation(OP, region.ptr, region.len, region.alloc)?),
+            // The copy queue's driver checks device memory.
+            Some(_) => None,
+        };
         let token = self.next_token;
         self.next_token += 1;
         let p = self.peer(peer)?;
         if let Some(why) = &p.gone {
             return Err(Error::Remote { op: OP, peer, what: why.clone() });
         }
-        p.slots.insert(token, Slot { dst, pair_seq: None, k: 0, total: None, received: 0, told: Instant::now() });
+        let slot = Slot { seq: region.seq, ptr: region.ptr, len: region.len, span, pair_seq: None, k: 0, total: None, received: 0, told: Instant::now() };
+        p.slots.insert(token, slot);
         let wire = Wire { alloc_id: token, ..Wire::empty(std::process::id()) };
         Ok(RemoteBuffer { len: region.len as u64, wire })
     }
@@ -415,19 +741,26 @@ impl Transport for Socket {
     }
 
     fn start_write(&mut self, id: FlowId, peer: usize, tag: Tag, src: DevPtr, remote: &RemoteBuffer, len: usize) -> Result<()> {
-        let alloc = if len == 0 { None } else { Some(self.dev.allocation(src)?) };
-        let src = Span::in_allocation(OP, src, len, alloc)?;
+        let span = match self.stage {
+            None => {
+                let alloc = if len == 0 { None } else { Some(self.dev.allocation(src)?) };
+                Some(Span::in_allocation(OP, src, len, alloc)?)
+            }
+            Some(_) => None,
+        };
         let p = self.peer(peer)?;
         if let Some(why) = &p.gone {
             return Err(Error::Remote { op: OP, peer, what: why.clone() });
         }
-        p.flows.push_back(OutFlow { id, tag, token: remote.wire.alloc_id, src, len, next: 0 });
+        p.flows.push_back(OutFlow { id, tag, token: remote.wire.alloc_id, src, span, len, next: 0 });
         Ok(())
     }
 
     fn progress(&mut self, done: &mut Vec<FlowId>, advanced: &mut Vec<u64>) -> std::result::Result<bool, (u64, Error)> {
-        let mut moved = self.pump_out();
+        let mut moved = self.stage_work();
+        moved |= self.pump_out();
         moved |= self.pump_in();
+        moved |= self.stage_work();
         // Landings just read owe their senders a `Done`.
         moved |= self.pump_out();
         done.append(&mut self.done);
@@ -439,9 +772,17 @@ impl Transport for Socket {
     }
 
     fn cancel(&mut self, seq: u64) {
+        let mut freed = Vec::new();
         for p in self.peers.iter_mut().flatten() {
             p.flows.retain(|f| f.id.seq != seq);
             p.awaiting.retain(|_, id| id.seq != seq);
+            p.staged.retain(|f| {
+                let keep = f.seq != Some(seq);
+                if !keep {
+                    freed.extend(f.slot);
+                }
+                keep
+            });
             // A frame begun must be finished for the stream to stay framed; the rest of its
             // payload is zeros, not the op's memory (which may be freed once it failed).
             for c in &mut p.conns {
@@ -450,6 +791,13 @@ impl Transport for Socket {
                 }
             }
         }
+        if let Some(st) = self.stage.as_mut() {
+            if st.filling.iter().any(|(_, _, f)| f.seq == Some(seq)) {
+                st.cancelled.push(seq);
+            }
+        }
+        self.freed.extend(freed);
+        self.settle();
     }
 
     fn peer_health(&self, peer: usize) -> Option<String> {
@@ -457,9 +805,13 @@ impl Transport for Socket {
     }
 
     fn data_in_flight(&self) -> bool {
-        self.peers.iter().flatten().filter(|p| p.gone.is_none()).any(|p| {
-            !p.flows.is_empty() || !p.awaiting.is_empty() || p.conns.iter().any(|c| c.out.as_ref().is_some_and(|f| f.seq.is_some()) || matches!(c.inp, InState::Payload { .. }))
-        })
+        self.stage.as_ref().is_some_and(Staging::busy)
+            || self.peers.iter().flatten().filter(|p| p.gone.is_none()).any(|p| {
+                !p.flows.is_empty()
+                    || !p.staged.is_empty()
+                    || !p.awaiting.is_empty()
+                    || p.conns.iter().any(|c| c.out.as_ref().is_some_and(|f| f.seq.is_some()) || matches!(c.inp, InState::Payload { .. } | InState::Trailer { .. }))
+            })
     }
 
     fn signals_queued(&self) -> bool {
@@ -470,10 +822,11 @@ impl Transport for Socket {
         let live = self.peers.iter().flatten().filter(|p| p.gone.is_none());
         let (mut flows, mut awaiting, mut slots, mut ctrl) = (0, 0, 0, 0);
         for p in live {
-            (flows, awaiting, slots, ctrl) = (flows + p.flows.len(), awaiting + p.awaiting.len(), slots + p.slots.len(), ctrl + p.ctrl.len());
+            (flows, awaiting, slots, ctrl) = (flows + p.flows.len() + p.staged.len(), awaiting + p.awaiting.len(), slots + p.slots.len(), ctrl + p.ctrl.len());
         }
+        let staging = self.stage.as_ref().map_or(String::new(), |s| format!(", staging: {} copies in, {} out", s.filling.len(), s.draining.len()));
         let gone: Vec<usize> = (0..self.peers.len()).filter(|i| self.peer_health(*i).is_some()).collect();
-        format!("sockets: {flows} sends with chunks to go, {awaiting} waiting for their receivers' Done, {slots} receives open, {ctrl} signals queued out, ranks gone {gone:?}")
+        format!("sockets: {flows} sends with chunks to go, {awaiting} waiting for their receivers' Done, {slots} receives open, {ctrl} signals queued out{staging}, ranks gone {gone:?}")
     }
 
     fn close(&mut self) {
@@ -512,85 +865,126 @@ impl Transport for Socket {
         for p in self.peers.iter_mut().flatten() {
             p.gone.get_or_insert_with(|| "this rank closed its communicator".into());
         }
+        // Copies still in flight (a forced exit) keep the staging allocated (`Staging::drop`).
+        let mut t = Instant::now();
+        while self.stage.as_ref().is_some_and(Staging::busy) && t0.elapsed() < CLOSE_FLUSH {
+            self.stage_work();
+            if t.elapsed() > Duration::from_millis(1) {
+                std::thread::sleep(Duration::from_micros(100));
+                t = Instant::now();
+            }
+        }
+        self.stage = None;
     }
 }
 
 /// How long `close` tries to send the last signals, and then waits for the peers to close.
 const CLOSE_FLUSH: Duration = Duration::from_millis(200);
 
-/// Fill connection `c` of `p` with frames and write what the socket takes; whether a byte
-/// moved. An error: the connection failed.
-fn write_conn(p: &mut Peer, c: usize, bucket: &mut Bucket, pad: &[u8], advanced: &mut Vec<u64>) -> std::io::Result<bool> {
-    let mut moved = 0usize;
-    loop {
-        if p.conns[c].out.is_none() {
-            let frame = if c == 0 && !p.ctrl.is_empty() {
-                p.ctrl.pop_front().map(|h| OutFrame { hdr: h.encode(), hdr_sent: 0, src: None, at: 0, len: 0, sent: 0, seq: None })
-            } else {
-                next_chunk(p)
-            };
-            match frame {
-                Some(f) => p.conns[c].out = Some(f),
-                None => return Ok(moved > 0),
-            }
-        }
-        let conn = &mut p.conns[c];
-        let f = conn.out.as_mut().expect("set above");
-        if f.hdr_sent < HDR {
-            match (&conn.sock).write(&f.hdr[f.hdr_sent..]) {
-                Ok(0) => return Err(ErrorKind::WriteZero.into()),
-                Ok(n) => {
-                    f.hdr_sent += n;
-                    moved += n;
+/// Writes the connections of one peer.
+struct Writer<'a> {
+    peer: &'a mut Peer,
+    /// Whether data frames come from staging (else straight from the flows).
+    staged: bool,
+    bucket: &'a mut Bucket,
+    pad: &'a [u8],
+    advanced: &'a mut Vec<u64>,
+    freed: &'a mut Vec<Span>,
+}
+
+impl Writer<'_> {
+    /// Fill connection `c` with frames and write what the socket takes; whether a byte
+    /// moved. An error: the connection failed.
+    fn write_conn(&mut self, c: usize) -> std::io::Result<bool> {
+        let mut moved = 0usize;
+        let p = &mut *self.peer;
+        loop {
+            if p.conns[c].out.is_none() {
+                let frame = if c == 0 && !p.ctrl.is_empty() {
+                    p.ctrl.pop_front().map(OutFrame::control)
+                } else if self.staged {
+                    p.staged.pop_front()
+                } else {
+                    next_chunk(p)
+                };
+                match frame {
+                    Some(f) => p.conns[c].out = Some(f),
+                    None => return Ok(moved > 0),
                 }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(moved > 0),
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
             }
-            continue;
-        }
-        if f.sent < f.len {
-            if moved >= TURN_BYTES {
-                return Ok(true);
-            }
-            let want = bucket.grant(f.len - f.sent);
-            if want == 0 {
-                return Ok(moved > 0);
-            }
-            let r = match f.src {
-                Some(src) => raw::send(conn.fd, src, f.at + f.sent, want),
-                None => (&conn.sock).write(&pad[..want.min(pad.len())]),
-            };
-            match r {
-                Ok(0) => return Err(ErrorKind::WriteZero.into()),
-                Ok(n) => {
-                    bucket.spend(n);
-                    f.sent += n;
-                    moved += n;
+            let conn = &mut p.conns[c];
+            let f = conn.out.as_mut().expect("set above");
+            if f.hdr_sent < HDR {
+                match (&conn.sock).write(&f.hdr[f.hdr_sent..]) {
+                    Ok(0) => return Err(ErrorKind::WriteZero.into()),
+                    Ok(n) => {
+                        f.hdr_sent += n;
+                        moved += n;
+                    }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(moved > 0),
+                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(e),
                 }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(moved > 0),
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
+                continue;
             }
-            continue;
-        }
-        if let Some(seq) = f.seq {
-            if advanced.last() != Some(&seq) {
-                advanced.push(seq);
+            if f.sent < f.len {
+                if moved >= TURN_BYTES {
+                    return Ok(true);
+                }
+                let want = self.bucket.grant(f.len - f.sent);
+                if want == 0 {
+                    return Ok(moved > 0);
+                }
+                let r = match f.src {
+                    Some(src) => raw::send(conn.fd, src, f.at + f.sent, want),
+                    None => (&conn.sock).write(&self.pad[..want.min(self.pad.len())]),
+                };
+                match r {
+                    Ok(0) => return Err(ErrorKind::WriteZero.into()),
+                    Ok(n) => {
+                        self.bucket.spend(n);
+                        f.sent += n;
+                        moved += n;
+                    }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(moved > 0),
+                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(e),
+                }
+                continue;
             }
+            if f.len > 0 && f.trailer_sent < 8 {
+                let t = if f.src.is_some() { f.trailer } else { CANCELLED }.to_le_bytes();
+                match (&conn.sock).write(&t[f.trailer_sent..]) {
+                    Ok(0) => return Err(ErrorKind::WriteZero.into()),
+                    Ok(n) => {
+                        f.trailer_sent += n;
+                        moved += n;
+                    }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(moved > 0),
+                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(e),
+                }
+                continue;
+            }
+            if let Some(seq) = f.seq {
+                if self.advanced.last() != Some(&seq) {
+                    self.advanced.push(seq);
+                }
+            }
+            self.freed.extend(f.slot);
+            conn.out = None;
         }
-        conn.out = None;
     }
 }
 
-/// The next data frame of `p`'s flows (the first flow's next chunk); a flow whose last
-/// chunk goes out moves to `awaiting`.
+/// The next data frame of `p`'s flows straight from their memory (the first flow's next
+/// chunk); a flow whose last chunk goes out moves to `awaiting`.
 fn next_chunk(p: &mut Peer) -> Option<OutFrame> {
     let f = p.flows.front_mut()?;
-    let n = (f.len - f.next).min(CHUNK);
+    let n = (f.len - f.next).min(p.chunk);
     let mut h = Header::new(Kind::Data, f.tag.pair_seq, f.tag.k);
     (h.a, h.token, h.offset, h.payload) = (f.len as u64, f.token, f.next as u64, n as u64);
-    let frame = OutFrame { hdr: h.encode(), hdr_sent: 0, src: Some(f.src), at: f.next, len: n, sent: 0, seq: Some(f.id.seq) };
+    let frame = OutFrame { src: f.span, at: f.next, len: n, seq: Some(f.id.seq), ..OutFrame::control(h) };
     f.next += n;
     if f.next == f.len {
         let f = p.flows.pop_front().expect("front exists");
@@ -603,11 +997,13 @@ fn next_chunk(p: &mut Peer) -> Option<OutFrame> {
 struct Reader<'a> {
     from: usize,
     peer: &'a mut Peer,
+    stage: Option<&'a mut Staging>,
     bucket: &'a mut Bucket,
     pad: &'a mut [u8],
     incoming: &'a mut Vec<Incoming>,
     done: &'a mut Vec<FlowId>,
     advanced: &'a mut Vec<u64>,
+    failed: &'a mut VecDeque<(u64, Error)>,
 }
 
 impl Reader<'_> {
@@ -619,11 +1015,12 @@ impl Reader<'_> {
             if moved >= TURN_BYTES {
                 return Ok(true);
             }
+            let bye = self.peer.bye;
             let conn = &mut self.peer.conns[c];
             match &mut conn.inp {
                 InState::Header { buf, got } => {
                     match (&conn.sock).read(&mut buf[*got..]) {
-                        Ok(0) => return Err(closed(self.peer.bye)),
+                        Ok(0) => return Err(closed(bye)),
                         Ok(n) => {
                             *got += n;
                             moved += n;
@@ -639,20 +1036,30 @@ impl Reader<'_> {
                     conn.inp = InState::Header { buf: [0; HDR], got: 0 };
                     self.frame(c, h)?;
                 }
-                InState::Payload { token, dst, at, left } => {
-                    let want = self.bucket.grant(*left);
+                InState::Payload { token, sink, at, left, len } => {
+                    // Staged: a free slot first (none: wait for a drain to complete).
+                    if let Sink::Staged { slot: slot @ None, filled, .. } = sink {
+                        let Some(s) = self.stage.as_mut().and_then(|st| st.recv_free.pop()) else { return Ok(moved > 0) };
+                        (*slot, *filled) = (Some(s), 0);
+                    }
+                    let room = match sink {
+                        Sink::Staged { slot: Some(s), filled, .. } => s.len() - *filled,
+                        _ => usize::MAX,
+                    };
+                    let want = self.bucket.grant((*left).min(room));
                     if want == 0 {
                         return Ok(moved > 0);
                     }
-                    let r = match dst {
-                        Some(d) => raw::recv(conn.fd, *d, *at, want),
-                        None => {
+                    let r = match sink {
+                        Sink::Direct(d) => raw::recv(conn.fd, *d, *at, want),
+                        Sink::Staged { slot: Some(s), filled, .. } => raw::recv(conn.fd, *s, *filled, want),
+                        _ => {
                             let n = want.min(self.pad.len());
                             (&conn.sock).read(&mut self.pad[..n])
                         }
                     };
                     let n = match r {
-                        Ok(0) => return Err(closed(self.peer.bye)),
+                        Ok(0) => return Err(closed(bye)),
                         Ok(n) => n,
                         Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(moved > 0),
                         Err(e) if e.kind() == ErrorKind::Interrupted => continue,
@@ -662,11 +1069,61 @@ impl Reader<'_> {
                     moved += n;
                     *at += n;
                     *left -= n;
-                    let (token, finished) = (*token, *left == 0);
-                    if finished {
-                        conn.inp = InState::Header { buf: [0; HDR], got: 0 };
+                    if let Sink::Staged { filled, .. } = sink {
+                        *filled += n;
                     }
-                    self.received(token, n as u64);
+                    if *left == 0 {
+                        let (token, bytes) = (*token, *len);
+                        let sink = std::mem::replace(sink, Sink::Discard);
+                        conn.inp = InState::Trailer { token, sink, bytes, buf: [0; 8], got: 0 };
+                    }
+                }
+                InState::Trailer { token, sink, bytes, buf, got } => {
+                    match (&conn.sock).read(&mut buf[*got..]) {
+                        Ok(0) => return Err(closed(bye)),
+                        Ok(n) => {
+                            *got += n;
+                            moved += n;
+                        }
+                        Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(moved > 0),
+                        Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                        Err(e) => return Err(format!("connection {c} failed: {e}")),
+                    }
+                    if *got < 8 {
+                        continue;
+                    }
+                    let status = u64::from_le_bytes(*buf);
+                    let (token, bytes) = (*token, *bytes);
+                    let sink = std::mem::replace(sink, Sink::Discard);
+                    conn.inp = InState::Header { buf: [0; HDR], got: 0 };
+                    match (status, sink) {
+                        (INTACT, Sink::Direct(_)) => landed(self.from, self.peer, token, bytes as u64, self.incoming),
+                        (INTACT, Sink::Staged { dst, slot: Some(s), filled }) => self.drain(token, dst, s, filled),
+                        (INTACT | CANCELLED, Sink::Discard) => {}
+                        (CANCELLED, sink) => {
+                            // The sender cancelled the transfer: it never lands here.
+                            self.peer.slots.remove(&token);
+                            if let (Sink::Staged { slot: Some(s), .. }, Some(st)) = (sink, self.stage.as_mut()) {
+                                st.recv_free.push(s);
+                            }
+                        }
+                        _ => return Err(format!("connection {c} carried a malformed frame trailer")),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Copy a receive slot holding an intact payload into the buffer at `to` (staged); its
+    /// bytes count once the copy's fence has completed (`Socket::stage_work`).
+    fn drain(&mut self, token: u64, to: DevPtr, s: Span, bytes: usize) {
+        let st = self.stage.as_mut().expect("staged receive");
+        match st.queue.copy(to, s.ptr(), bytes).and_then(|_| st.queue.fence()) {
+            Ok(ticket) => st.draining.push_back((ticket, self.from, token, bytes as u64, s)),
+            Err(e) => {
+                st.recv_free.push(s);
+                if let Some(slot) = self.peer.slots.remove(&token) {
+                    self.failed.push_back((slot.seq, e));
                 }
             }
         }
@@ -692,47 +1149,30 @@ impl Reader<'_> {
             Kind::Data => {
                 let Some(slot) = self.peer.slots.get_mut(&h.token) else {
                     // Its receive failed and was forgotten: read the payload and drop it.
-                    self.peer.conns[c].inp = InState::Payload { token: h.token, dst: None, at: 0, left: h.payload as usize };
+                    self.peer.conns[c].inp = InState::Payload { token: h.token, sink: Sink::Discard, at: 0, left: h.payload as usize, len: h.payload as usize };
                     return Ok(());
                 };
-                let len = slot.dst.len() as u64;
+                let len = slot.len as u64;
                 let end = h.offset.checked_add(h.payload);
-                if h.a > len || end.is_none_or(|e| e > h.a) || h.payload > CHUNK as u64 || slot.total.is_some_and(|t| t != h.a) {
+                let max = self.stage.as_ref().map_or(CHUNK, |st| st.slot) as u64;
+                if h.a > len || end.is_none_or(|e| e > h.a) || h.payload > max || slot.total.is_some_and(|t| t != h.a) {
                     return Err(format!("sent {} bytes at {} of a {}-byte transfer into a {len}-byte buffer (corrupt frame)", h.payload, h.offset, h.a));
                 }
                 (slot.total, slot.k, slot.pair_seq) = (Some(h.a), h.k, Some(h.pair_seq));
                 if h.payload > 0 {
-                    self.peer.conns[c].inp = InState::Payload { token: h.token, dst: Some(slot.dst), at: h.offset as usize, left: h.payload as usize };
+                    let sink = match slot.span {
+                        Some(span) => Sink::Direct(span),
+                        None => Sink::Staged { dst: slot.ptr.add(h.offset as usize), slot: None, filled: 0 },
+                    };
+                    self.peer.conns[c].inp = InState::Payload { token: h.token, sink, at: h.offset as usize, left: h.payload as usize, len: h.payload as usize };
                 }
                 // An empty transfer is complete at its header.
-                self.received(h.token, 0);
+                landed(from, self.peer, h.token, 0, self.incoming);
                 return Ok(());
             }
         };
         self.incoming.push(Incoming { from, pair_seq: h.pair_seq, signal });
         Ok(())
-    }
-
-    /// `n` bytes of receive `token` arrived; when it has all its bytes, report `Landed` to
-    /// this rank's engine and send `Done` to the sender.
-    fn received(&mut self, token: u64, n: u64) {
-        let from = self.from;
-        let Some(slot) = self.peer.slots.get_mut(&token) else { return };
-        slot.received += n;
-        let Some(total) = slot.total else { return };
-        let (pair_seq, k) = (slot.pair_seq.unwrap_or(0), slot.k);
-        if slot.received < total {
-            if n > 0 && slot.told.elapsed() >= PROGRESS_EVERY {
-                slot.told = Instant::now();
-                self.incoming.push(Incoming { from, pair_seq, signal: Signal::Progress { k } });
-            }
-            return;
-        }
-        self.peer.slots.remove(&token);
-        self.incoming.push(Incoming { from, pair_seq, signal: Signal::Landed { k, len: total } });
-        let mut d = Header::new(Kind::Done, pair_seq, k);
-        (d.a, d.token) = (total, token);
-        self.peer.ctrl.push_back(d);
     }
 }
 
@@ -779,7 +1219,7 @@ fn establish(l: &NetLinks) -> Result<Vec<Option<Vec<TcpStream>>>> {
     let mut conns: Vec<Option<Vec<Option<TcpStream>>>> = l.peers.iter().map(|p| p.map(|_| (0..qps).map(|_| None).collect())).collect();
     let io = |peer: usize, what: String| Error::Remote { op: NEW, peer, what };
     for (q, p) in l.peers.iter().enumerate().skip(me + 1) {
-        let Some((addr, secret)) = p else { continue };
+        let Some(Remote { addr, secret, .. }) = p else { continue };
         for c in 0..qps {
             let t = left(deadline, l, || format!("connecting to rank {q} at {addr}"))?;
             let mut s = TcpStream::connect_timeout(addr, t).map_err(|e| io(q, format!("socket transport: connect to {addr}: {e}")))?;
@@ -817,13 +1257,13 @@ fn establish(l: &NetLinks) -> Result<Vec<Option<Vec<TcpStream>>>> {
             log::warn!("rank {me}: socket transport: refused a connection from {from} (not a rank of this communicator, or a duplicate)");
             continue;
         };
-        let (_, their) = l.peers[r].expect("checked remote");
+        let their = l.peers[r].expect("checked remote").secret;
         s.write_all(&hello(l.comm_id, me, c, &their)).map_err(|e| io(r, format!("socket transport: handshake reply: {e}")))?;
         conns[r].as_mut().expect("checked remote")[c] = Some(s);
         accepted += 1;
     }
     for (q, p) in l.peers.iter().enumerate().skip(me + 1) {
-        let Some((addr, _)) = p else { continue };
+        let Some(Remote { addr, .. }) = p else { continue };
         for c in 0..qps {
             let t = left(deadline, l, || format!("waiting for rank {q}'s handshake"))?;
             let s = conns[q].as_mut().and_then(|v| v[c].as_mut()).expect("connected above");
@@ -872,4 +1312,211 @@ pub fn listen(all_on_this_host: bool, ifname: Option<&str>) -> Result<(TcpListen
     let mut secret = [0u8; 16];
     crate::bootstrap::tcp::fill_random(&mut secret)?;
     Ok((listener, secret))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::host::HostDevice;
+    use crate::device::pattern_byte;
+
+    /// Ranks 0 and 1 of communicator `comm`, connected over loopback, each staging through
+    /// `staging[r]` bytes (None: direct I/O).
+    fn pair(comm: u64, qps: usize, staging: [Option<usize>; 2], gbps: f64) -> (Arc<dyn Device>, Socket, Socket) {
+        let dev: Arc<dyn Device> = Arc::new(HostDevice::new().unwrap());
+        let ls: Vec<(TcpListener, [u8; 16])> = (0..2).map(|_| listen(true, None).unwrap()).collect();
+        let addrs: Vec<Remote> = ls.iter().enumerate().map(|(r, (l, s))| Remote { addr: l.local_addr().unwrap(), secret: *s, max_chunk: max_chunk(staging[r]) }).collect();
+        let mut hs = Vec::new();
+        for (r, (listener, secret)) in ls.into_iter().enumerate() {
+            let mut peers = vec![None, None];
+            peers[1 - r] = Some(addrs[1 - r]);
+            let links = NetLinks { rank: r, comm_id: comm, listener, peers, secret, qps, gbps, staging: staging[r], timeout: Duration::from_secs(10) };
+            let dev = dev.clone();
+            hs.push(std::thread::spawn(move || Socket::connect(dev, links).unwrap()));
+        }
+        let mut v: Vec<Socket> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+        let t1 = v.pop().unwrap();
+        (dev, v.pop().unwrap(), t1)
+    }
+
+    /// Turn both transports until `until` holds (or fail after a while); the flows each
+    /// reported and the signals each received.
+    fn drive(t: &mut [&mut Socket; 2], until: impl Fn(&[&mut Socket; 2], &[Vec<FlowId>; 2], &[Vec<Incoming>; 2]) -> bool) -> ([Vec<FlowId>; 2], [Vec<Incoming>; 2]) {
+        let (mut done, mut sig) = ([Vec::new(), Vec::new()], [Vec::new(), Vec::new()]);
+        let t0 = Instant::now();
+        while !until(t, &done, &sig) {
+            for i in 0..2 {
+                let mut adv = Vec::new();
+                t[i].poll_signals(&mut sig[i]);
+                t[i].progress(&mut done[i], &mut adv).unwrap();
+            }
+            assert!(t0.elapsed() < Duration::from_secs(20), "no progress: {} | {}", t[0].describe(), t[1].describe());
+        }
+        (done, sig)
+    }
+
+    /// A transfer of `len` bytes from rank 0 to rank 1 lands exactly, with `Landed` at the
+    /// receiver and the flow done at the sender; an empty one too; a cancelled one is never
+    /// reported; a closed peer is gone.
+    fn write_lands(staging: [Option<usize>; 2], qps: usize, len: usize, comm: u64) {
+        let (dev, mut t0, mut t1) = pair(comm, qps, staging, 0.0);
+        let (src, dst) = (dev.alloc(len + 64).unwrap(), dev.alloc(len + 64).unwrap());
+        let data: Vec<u8> = (0..len as u64).map(|i| pattern_byte(5, i)).collect();
+        dev.copy_from_host(src.add(3), &data).unwrap();
+        dev.copy_from_host(dst, &vec![0xee; len + 64]).unwrap();
+        let region = Region { seq: 4, ptr: dst.add(7), len, alloc: Some(dev.allocation(dst).unwrap()) };
+        let remote = t1.expose(0, region).unwrap();
+        let tag = Tag { pair_seq: 1, k: 0 };
+        t1.post_ready(0, tag, remote);
+        let (_, sig) = drive(&mut [&mut t0, &mut t1], |_, _, s| !s[0].is_empty());
+        let [Incoming { from: 1, pair_seq: 1, signal: Signal::Ready { k: 0, remote } }] = sig[0][..] else { panic!("{:?}", sig[0]) };
+        assert_eq!(remote.len, len as u64);
+        let id = FlowId { seq: 4, idx: 0 };
+        t0.start_write(id, 1, tag, src.add(3), &remote, len).unwrap();
+        let landed = |s: &[Incoming]| s.iter().any(|m| matches!(m.signal, Signal::Landed { .. }));
+        let (done, sig) = drive(&mut [&mut t0, &mut t1], |_, d, s| !d[0].is_empty() && landed(&s[1]));
+        assert_eq!(done[0], vec![id]);
+        let l: Vec<_> = sig[1].iter().filter(|m| !matches!(m.signal, Signal::Progress { .. })).collect();
+        assert!(matches!(l[..], [Incoming { from: 0, pair_seq: 1, signal: Signal::Landed { k: 0, len: n } }] if *n == len as u64), "{l:?}");
+        let mut back = vec![0u8; len + 64];
+        dev.copy_to_host(&mut back, dst).unwrap();
+        assert!(back[7..7 + len] == data[..], "the bytes landed wrong");
+        assert!(back[..7].iter().chain(&back[7 + len..]).all(|b| *b == 0xee), "bytes outside the buffer changed");
+
+        // Empty.
+        let r0 = t1.expose(0, Region { seq: 5, ptr: DevPtr(0), len: 0, alloc: None }).unwrap();
+        t1.post_ready(0, Tag { pair_seq: 2, k: 0 }, r0);
+        let (_, sig) = drive(&mut [&mut t0, &mut t1], |_, _, s| !s[0].is_empty());
+        let Signal::Ready { remote, .. } = sig[0][0].signal else { panic!() };
+        t0.start_write(FlowId { seq: 5, idx: 0 }, 1, Tag { pair_seq: 2, k: 0 }, DevPtr(0), &remote, 0).unwrap();
+        let (done, sig) = drive(&mut [&mut t0, &mut t1], |_, d, s| !d[0].is_empty() && landed(&s[1]));
+        assert_eq!(done[0], vec![FlowId { seq: 5, idx: 0 }]);
+        assert!(matches!(sig[1][..], [Incoming { pair_seq: 2, signal: Signal::Landed { k: 0, len: 0 }, .. }]), "{:?}", sig[1]);
+
+        // Cancelled before it moved: never reported, never lands.
+        cancel_never_lands(&dev, &mut t0, &mut t1, region, src.add(3), len, false);
+
+        assert_eq!(t0.peer_health(1), None);
+        t1.close();
+        drive(&mut [&mut t0, &mut t1], |t, _, _| t[0].peer_health(1).is_some());
+        assert!(t0.peer_health(1).unwrap().contains("destroyed or aborted"), "{:?}", t0.peer_health(1));
+        t0.close();
+        dev.free(src).unwrap();
+        dev.free(dst).unwrap();
+    }
+
+    /// Op 6 (pair seq 3) writes `len` bytes from `src` to `region` and is cancelled, before
+    /// any byte moved or (`mid_frame`) once its first frame is partly written: no `Landed`
+    /// at the receiver, no flow done at the sender; both sides drain.
+    fn cancel_never_lands(dev: &Arc<dyn Device>, t0: &mut Socket, t1: &mut Socket, region: Region, src: DevPtr, len: usize, mid_frame: bool) {
+        let _ = dev;
+        let r2 = t1.expose(0, Region { seq: 6, ..region }).unwrap();
+        t1.post_ready(0, Tag { pair_seq: 3, k: 0 }, r2);
+        let (_, sig) = drive(&mut [t0, t1], |_, _, s| !s[0].is_empty());
+        let Signal::Ready { remote, .. } = sig[0][0].signal else { panic!() };
+        t0.start_write(FlowId { seq: 6, idx: 0 }, 1, Tag { pair_seq: 3, k: 0 }, src, &remote, len).unwrap();
+        if mid_frame {
+            // Rate-limited: the first turns send the bucket's burst, then a frame stalls
+            // part-way.
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_millis(30) {
+                t0.progress(&mut Vec::new(), &mut Vec::new()).unwrap();
+            }
+            assert!(t0.peers[1].as_ref().unwrap().conns.iter().any(|c| c.out.as_ref().is_some_and(|f| f.hdr_sent == HDR && f.sent < f.len)), "no frame part-way: {} {:?}", t0.describe(), t0.peers[1].as_ref().unwrap().conns.iter().map(|c| c.out.as_ref().map(|f| (f.sent, f.len, f.hdr_sent, f.trailer_sent))).collect::<Vec<_>>());
+        }
+        t0.cancel(6);
+        t0.signal_failure(1, 3, 7);
+        let landed = |s: &[Incoming]| s.iter().any(|m| matches!(m.signal, Signal::Landed { .. }));
+        let (done, sig) = drive(&mut [t0, t1], |_, _, s| s[1].iter().any(|m| matches!(m.signal, Signal::Failed { code: 7 })));
+        assert!(done[0].is_empty() && !landed(&sig[1]), "{done:?} {:?}", sig[1]);
+        t1.signal_failure(0, 3, 7);
+        let (done, sig) = drive(&mut [t0, t1], |t, _, _| !t[0].data_in_flight() && !t[1].data_in_flight());
+        assert!(done[0].is_empty() && !landed(&sig[1]), "{done:?} {:?}", sig[1]);
+    }
+
+    /// A frame cancelled part-way is finished with filler and its trailer says so: the
+    /// receiver drops the transfer (direct and staged receivers).
+    #[test]
+    fn cancel_mid_frame_never_lands() {
+        for (staging, comm) in [([None, None], 0x50c0_0005), ([Some(1 << 20), Some(1 << 20)], 0x50c0_0006)] {
+            let (dev, mut t0, mut t1) = pair(comm, 1, staging, 0.02);
+            let len = 4 * CHUNK;
+            let (src, dst) = (dev.alloc(len).unwrap(), dev.alloc(len).unwrap());
+            let region = Region { seq: 6, ptr: dst, len, alloc: Some(dev.allocation(dst).unwrap()) };
+            cancel_never_lands(&dev, &mut t0, &mut t1, region, src, len, true);
+            t0.close();
+            t1.close();
+            dev.free(src).unwrap();
+            dev.free(dst).unwrap();
+        }
+    }
+
+    #[test]
+    fn direct_write_lands() {
+        write_lands([None, None], 2, 3 * CHUNK + 12345, 0x50c0_0001);
+    }
+
+    #[test]
+    fn staged_write_lands() {
+        // 64 KiB of staging: slots of 16 KiB, so the transfer cycles through every slot.
+        write_lands([Some(64 << 10), Some(64 << 10)], 3, 300_001, 0x50c0_0002);
+    }
+
+    #[test]
+    fn direct_sender_staged_receiver() {
+        // The sender's 512 KiB chunks are drained through the receiver's 16 KiB slots.
+        write_lands([None, Some(64 << 10)], 1, 2 * CHUNK + 99, 0x50c0_0003);
+        write_lands([Some(1 << 20), None], 2, 2 * CHUNK + 99, 0x50c0_0004);
+    }
+
+    #[test]
+    fn header_round_trip_and_garbage() {
+        let mut h = Header::new(Kind::Data, 77, 3);
+        (h.a, h.token, h.offset, h.payload) = (1 << 40, 9, 123, 456);
+        let d = Header::decode(&h.encode()).unwrap();
+        assert_eq!((d.kind, d.k, d.pair_seq, d.a, d.token, d.offset, d.payload), (Kind::Data, 3, 77, 1 << 40, 9, 123, 456));
+        assert!(Header::decode(&[0u8; HDR]).is_none());
+        let mut b = h.encode();
+        b[3] ^= 0x40;
+        assert!(Header::decode(&b).is_none(), "an unknown kind is refused");
+    }
+
+    #[test]
+    fn bucket_limits_the_rate() {
+        let mut b = Bucket::new(0.1); // 100 MB/s: 2 ms of burst = 200 KB, at least one chunk
+        let t0 = Instant::now();
+        let mut moved = 0usize;
+        while moved < 4 << 20 {
+            let n = b.grant(64 << 10);
+            b.spend(n);
+            moved += n;
+        }
+        let el = t0.elapsed().as_secs_f64();
+        let floor = ((4 << 20) - CHUNK) as f64 / 1e8;
+        assert!(el >= floor * 0.95, "4 MiB at 100 MB/s in {el} s (< {floor})");
+        let mut free = Bucket::new(0.0);
+        assert_eq!(free.grant(1 << 30), 1 << 30);
+    }
+
+    /// A connection that does not present this rank's secret is refused and the setup
+    /// goes on; one that never comes makes the setup time out naming the rank.
+    #[test]
+    fn handshake_is_authenticated_and_bounded() {
+        let (listener, secret) = listen(true, None).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let intruder = std::thread::spawn(move || {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.write_all(&hello(42, 0, 0, &[9; 16])).unwrap();
+            let mut b = [0u8; 1];
+            // Refused: closed without a reply.
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            matches!(s.read(&mut b), Ok(0) | Err(_))
+        });
+        let peers = vec![Some(Remote { addr: SocketAddr::from(([127, 0, 0, 1], 1)), secret: [0; 16], max_chunk: CHUNK }), None];
+        let links = NetLinks { rank: 1, comm_id: 42, listener, peers, secret, qps: 1, gbps: 0.0, staging: None, timeout: Duration::from_millis(500) };
+        let dev: Arc<dyn Device> = Arc::new(HostDevice::new().unwrap());
+        let e = Socket::connect(dev, links).err().expect("times out");
+        assert!(intruder.join().unwrap(), "the intruder got a reply");
+        assert!(matches!(e, Error::Timeout { .. }) && e.to_string().contains("ranks [0] did not connect"), "{e}");
+    }
 }

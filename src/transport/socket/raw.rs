@@ -32,6 +32,17 @@ impl Span {
     }
 
 
+    /// `[ptr, ptr + len)` of host staging this transport allocated (`Device::alloc_host`)
+    /// and frees only when no transfer uses it.
+    pub(super) fn staging(ptr: DevPtr, len: usize) -> Span {
+        Span { addr: ptr.0, len }
+    }
+
+    /// The span's first byte, as the device's copy queues address it.
+    pub(super) fn ptr(&self) -> DevPtr {
+        DevPtr(self.addr)
+    }
+
     pub(super) fn len(&self) -> usize {
         self.len
     }

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Ranks on several virtual nodes of this host on CUDA (scripts/gpu/common.sh: binaries,
+# folders): the ranks of one virtual node talk through the same-host transport, those of
+# different nodes only through the socket transport, whose data passes through pinned host
+# staging filled and drained by the copy queues.
+#   1. tests/internode's CUDA bodies (--ignored): thread ranks on 2-4 virtual nodes x 1-4
+#      ranks, every op under ce, compressed and auto
+#   2. with one GPU, under MPS (nvidia-cuda-mps-control -d, stopped when the script exits):
+#      the same test binary's process cases, 2 virtual nodes x 1 and x 2 ranks, every op,
+#      ce and compressed (cuda_processes_every_op)
+# One line per command -> internode-summary.txt; full logs in build/gpu-logs/internode/.
+set -u
+# shellcheck source=common.sh
+source "$(dirname "$0")/common.sh"
+t="$bin/tests/internode"
+[ -x "$t" ] || { echo "internode.sh: $t not built" >&2; exit 2; }
+log_dir="$logs/internode"
+rm -rf "$log_dir" && mkdir -p "$log_dir"
+summary="$results/internode-summary.txt"
+: > "$summary"
+record "$summary" "bash scripts/gpu/internode.sh"
+export HOCCL_LOG="${HOCCL_LOG:-warn}"
+status=0
+check() {
+  local name=$1 rc
+  shift
+  echo "\$ $*" > "$log_dir/$name.log"
+  timeout --kill-after=15 "${TEST_LIMIT:-300}" "$@" >> "$log_dir/$name.log" 2>&1
+  rc=$?
+  [ $rc = 0 ] || status=1
+  echo "$([ $rc = 0 ] && echo "ok  " || echo "FAIL") $name$([ $rc = 0 ] || echo " (exit $rc)") $(grep -E '^test result' "$log_dir/$name.log" | tail -n1)" | tee -a "$summary"
+  [ $rc = 0 ] || grep -E "^test .*FAILED|panicked at" "$log_dir/$name.log" | head -n 4 | tee -a "$summary"
+}
+check threads "$t" cuda:: --ignored --test-threads=1
+if [ "$ngpu" -le 1 ] && command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
+  mps_dir=$(mktemp -d "${TMPDIR:-/tmp}/hoccl-mps.XXXXXX")
+  export CUDA_MPS_PIPE_DIRECTORY="$mps_dir/pipe" CUDA_MPS_LOG_DIRECTORY="$mps_dir/log"
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  trap 'echo quit | nvidia-cuda-mps-control >/dev/null 2>&1; rm -rf "$mps_dir"' EXIT
+  trap 'exit 143' TERM INT HUP
+  nvidia-cuda-mps-control -d || { echo "internode.sh: MPS did not start" | tee -a "$summary"; exit 1; }
+  echo "# processes under MPS" | tee -a "$summary"
+fi
+check processes "$t" cuda_processes_every_op --exact --ignored --nocapture --test-threads=1
+exit $status
