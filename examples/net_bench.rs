@@ -20,10 +20,11 @@
 //! traffic under `sim::Model` (incast loss `--incast`, 0 by default: the limiter is a
 //! token bucket, not a congested fabric):
 //! - `sim_direct`: every flow at once, each rank sending straight to every remote rank
-//!   from its own NIC (`sim::exec::simulate_naive`, identity forwarding with free staging
-//!   copies; AllGather as one transfer per destination rank). This is what the runtime
-//!   executes: the socket transport sends from and into the user buffers directly, without
-//!   forwarding peers or the planner's stages.
+//!   from its own NIC (`sim::exec::simulate_naive`, identity forwarding; AllGather as one
+//!   transfer per destination rank), its staging copies those of the socket transport:
+//!   none on the host backend (it sends from and receives into the user buffers), through
+//!   pinned host memory at the topology's host-link rate on CUDA. This is what the runtime
+//!   executes: direct sends, without forwarding peers or the planner's stages.
 //! - `sim_planned`: the planner's staged plan (`plan::build` with the topology's
 //!   forwarding peers, AllGather fanned out on arrival), which the runtime does not
 //!   execute yet.
@@ -354,6 +355,9 @@ struct SimSetup {
     scale: f64,
     copy_gbps: f64,
     copy_from: &'static str,
+    /// The rate of the socket transport's staging copies through pinned host memory (CUDA);
+    /// `None` on the host backend, which stages nothing.
+    host_link: Option<f64>,
 }
 
 impl SimSetup {
@@ -378,7 +382,8 @@ impl SimSetup {
         });
         let model = Model { incast: Incast { loss: ctx.o.incast }, qps_per_peer: cfg.qps_per_peer.max(1), ..Model::default() };
         let scale = if cfg.engine == EngineChoice::Compressed { codec_ratio(&ctx.o)? } else { 1.0 };
-        Ok(SimSetup { cluster, model, chunk: cfg.chunk_bytes.max(1) as u64, scale, copy_gbps, copy_from })
+        let host_link = (ctx.dev.backend() != Backend::Host).then(|| topo.bandwidths().host_link);
+        Ok(SimSetup { cluster, model, chunk: cfg.chunk_bytes.max(1) as u64, scale, copy_gbps, copy_from, host_link })
     }
 
     /// (direct, planned) completion in µs for the point's traffic.
@@ -402,14 +407,24 @@ impl SimSetup {
             }
         };
         let opt = PlanOptions { chunk_bytes: self.chunk };
-        // Direct sends stage nothing: the socket transport reads and writes the user buffers
-        // (host memory), so the identity staging copies the model adds around each NIC
-        // transfer are made free (an unbounded engine without start-up cost); intra-node
-        // flows stay bounded by the copy rate through the NVLink ports.
-        let mut free_copies = cl.clone().with_identity_forwarding();
-        free_copies.ce_bw = 1e18;
-        let direct_model = Model { ce_latency_s: 0.0, ..self.model };
-        let direct = plan::build(&free_copies, &direct_c, &opt).map_err(|e| format!("plan: {e}"))?;
+        // Direct sends stage only what the transport stages: on the host backend nothing
+        // (the socket transport reads and writes the user buffers), so the identity staging
+        // copies the model adds around each NIC transfer are free (an unbounded engine
+        // without start-up cost); on CUDA each chunk crosses pinned host memory, copies at
+        // the host link's rate. Intra-node flows stay bounded by the copy rate through the
+        // NVLink ports.
+        let mut staged = cl.clone().with_identity_forwarding();
+        let direct_model = match self.host_link {
+            None => {
+                staged.ce_bw = 1e18;
+                Model { ce_latency_s: 0.0, ..self.model }
+            }
+            Some(bw) => {
+                staged.ce_bw = bw;
+                self.model
+            }
+        };
+        let direct = plan::build(&staged, &direct_c, &opt).map_err(|e| format!("plan: {e}"))?;
         let planned = plan::build(cl, &planned_c, &opt).map_err(|e| format!("plan: {e}"))?;
         let d = sim::exec::simulate_naive(&direct, &direct_model).map_err(|e| format!("simulate: {e}"))?;
         let p = sim::exec::simulate_plan(&planned, &self.model).map_err(|e| format!("simulate: {e}"))?;
