@@ -8,7 +8,10 @@
 //!
 //! Measured: per iteration, after a barrier of the control bootstrap, host wall time from
 //! enqueueing one op to its stream's synchronize, the maximum over ranks; the median over
-//! `--iters` iterations after `--warmup`. Every result is verified after timing: each
+//! `--iters` iterations after `--warmup`. Over the timed iterations also: the kernels hoccl
+//! launched (any on an engine other than `compressed` is an error: the raw path is
+//! zero-SM), and the CPU time of the proxy threads per GB sent to other nodes (at the
+//! kernel's 10 ms tick, so short runs read 0). Every result is verified after timing: each
 //! rank's send buffer is a function of (rank, byte index) (the `--data` file's bytes, or
 //! the pattern generator), so each rank checks every byte it received.
 //!
@@ -34,6 +37,7 @@
 use hoccl::bootstrap::mpi::MpiBootstrap;
 use hoccl::bootstrap::Bootstrap;
 use hoccl::comm::Communicator;
+use hoccl::device::kernels::launch_count;
 use hoccl::device::{pattern_byte, Backend, DevPtr, Device, StreamHandle};
 use hoccl::plan::json::Json;
 use hoccl::plan::{self, Cluster, Collective, PlanOptions};
@@ -240,6 +244,10 @@ impl Ctx {
         let all = self.ctl.all_gather(&v.to_le_bytes()).map_err(|e| format!("all_gather: {e}"))?;
         Ok(all.iter().filter_map(|r| r.as_slice().try_into().ok().map(f64::from_le_bytes)).fold(f64::MIN, f64::max))
     }
+    fn sum_f64(&self, v: f64) -> Res<f64> {
+        let all = self.ctl.all_gather(&v.to_le_bytes()).map_err(|e| format!("all_gather: {e}"))?;
+        Ok(all.iter().filter_map(|r| r.as_slice().try_into().ok().map(f64::from_le_bytes)).sum())
+    }
     fn all_ok(&self, ok: bool) -> Res<bool> {
         Ok(self.ctl.all_gather(&[ok as u8]).map_err(|e| format!("all_gather: {e}"))?.iter().all(|r| r.first() == Some(&1)))
     }
@@ -304,6 +312,31 @@ struct Record {
     sim_planned_us: Option<f64>,
     ratio: Option<f64>,
     checked: bool,
+    /// Kernels hoccl launched during the timed iterations, all ranks.
+    launches: u64,
+    /// CPU seconds of the proxy threads per GB sent to other nodes, all ranks together
+    /// (`None` when nothing crossed nodes).
+    proxy_cpu_s_per_gb: Option<f64>,
+}
+
+/// CPU seconds the proxy threads of this process (`hoccl-proxy-r*`: the socket I/O and the
+/// copy submission run there) have used so far, from `/proc/self/task/*/stat` (utime +
+/// stime, in the kernel's USER_HZ of 100 ticks per second on Linux).
+fn proxy_cpu_s() -> f64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return 0.0 };
+    let mut ticks = 0u64;
+    for t in tasks.flatten() {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with("hoccl-proxy") {
+            continue;
+        }
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        // Fields after the parenthesised name: state is field 3, utime 14, stime 15.
+        let rest = stat.rsplit_once(')').map_or("", |x| x.1);
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        ticks += f.get(11).and_then(|x| x.parse::<u64>().ok()).unwrap_or(0) + f.get(12).and_then(|x| x.parse::<u64>().ok()).unwrap_or(0);
+    }
+    ticks as f64 / 100.0
 }
 
 fn measure(ctx: &Ctx, op: Op, bytes: usize, model: &SimSetup) -> Res<Record> {
@@ -316,8 +349,12 @@ fn measure(ctx: &Ctx, op: Op, bytes: usize, model: &SimSetup) -> Res<Record> {
     let host: Vec<u8> = (0..send_len).map(|i| source_byte(&ctx.o, me, i)).collect();
     ctx.dev.copy_from_host(send.0, &host).map_err(|e| format!("fill: {e}"))?;
     let mut times = Vec::with_capacity(ctx.o.iters);
+    let (mut launches0, mut cpu0) = (0, 0.0);
     for it in 0..ctx.o.warmup + ctx.o.iters {
         ctx.barrier()?;
+        if it == ctx.o.warmup {
+            (launches0, cpu0) = (launch_count(), proxy_cpu_s());
+        }
         let t0 = Instant::now();
         run_op(ctx, op, &sh, send.0, recv.0)?;
         ctx.sync()?;
@@ -325,6 +362,15 @@ fn measure(ctx: &Ctx, op: Op, bytes: usize, model: &SimSetup) -> Res<Record> {
         if it >= ctx.o.warmup {
             times.push(us);
         }
+    }
+    let launches = ctx.sum_f64((launch_count() - launches0) as f64)? as u64;
+    let cpu = ctx.sum_f64(proxy_cpu_s() - cpu0)?;
+    // Bytes this rank sent to ranks of other nodes per op (AllGather: its block to each).
+    let topo = ctx.comm.topology();
+    let remote: usize = (0..ctx.n).filter(|&v| !topo.same_node(me, v)).map(|v| if op == Op::AllGather { sh.c(me, 0) } else { sh.c(me, v) }).sum();
+    let sent_gb = ctx.sum_f64((remote * es * ctx.o.iters) as f64)? / 1e9;
+    if launches > 0 && ctx.comm.config().engine != EngineChoice::Compressed {
+        return Err(format!("{} {bytes} B: hoccl launched {launches} kernel(s) on the raw path", op.name()));
     }
     times.sort_by(f64::total_cmp);
     let time_us = times[times.len() / 2];
@@ -342,7 +388,8 @@ fn measure(ctx: &Ctx, op: Op, bytes: usize, model: &SimSetup) -> Res<Record> {
         checked = true;
     }
     let (direct, planned) = model.predict(op, &sh, es)?;
-    Ok(Record { op, bytes, time_us, sim_direct_us: direct, sim_planned_us: planned, ratio: direct.map(|d| time_us / d), checked })
+    let proxy_cpu_s_per_gb = (sent_gb > 0.0).then(|| cpu / sent_gb);
+    Ok(Record { op, bytes, time_us, sim_direct_us: direct, sim_planned_us: planned, ratio: direct.map(|d| time_us / d), checked, launches, proxy_cpu_s_per_gb })
 }
 
 /// What the simulator is given.
@@ -526,7 +573,11 @@ fn run(o: Opts, argv: &[String]) -> Res<()> {
         ctx.o.incast,
         sim.scale
     );
-    let _ = writeln!(text, "{:<15} {:>10} {:>12} {:>12} {:>12} {:>10} {:>10} {:>8}", "op", "bytes", "time_us", "sim_direct", "sim_planned", "meas/dir", "plan/dir", "check");
+    let _ = writeln!(
+        text,
+        "{:<15} {:>10} {:>12} {:>12} {:>12} {:>10} {:>10} {:>8} {:>8} {:>12}",
+        "op", "bytes", "time_us", "sim_direct", "sim_planned", "meas/dir", "plan/dir", "check", "kernels", "proxy_cpu_s/GB"
+    );
     if ctx.rank == 0 {
         print!("{text}");
     }
@@ -538,7 +589,7 @@ fn run(o: Opts, argv: &[String]) -> Res<()> {
             }
             let r = measure(&ctx, op, bytes, &sim)?;
             let line = format!(
-                "{:<15} {:>10} {:>12.1} {:>12} {:>12} {:>10} {:>10} {:>8}",
+                "{:<15} {:>10} {:>12.1} {:>12} {:>12} {:>10} {:>10} {:>8} {:>8} {:>12}",
                 r.op.name(),
                 r.bytes,
                 r.time_us,
@@ -546,7 +597,9 @@ fn run(o: Opts, argv: &[String]) -> Res<()> {
                 fmt_opt(r.sim_planned_us, 1),
                 fmt_opt(r.ratio, 3),
                 fmt_opt(r.sim_planned_us.zip(r.sim_direct_us).map(|(p, d)| p / d), 3),
-                if r.checked { "ok" } else { "skipped" }
+                if r.checked { "ok" } else { "skipped" },
+                r.launches,
+                fmt_opt(r.proxy_cpu_s_per_gb, 3)
             );
             if ctx.rank == 0 {
                 println!("{line}");
@@ -562,7 +615,7 @@ fn run(o: Opts, argv: &[String]) -> Res<()> {
                 .iter()
                 .map(|r| {
                     format!(
-                        "{{\"op\":\"{}\",\"engine\":\"{engine}\",\"dtype\":\"{}\",\"nodes\":{nodes},\"ranks\":{},\"ranks_per_node\":{per_node},\"bytes\":{},\"gbps_limit\":{},\"time_us\":{:.3},\"sim_direct_us\":{},\"sim_planned_us\":{},\"measured_over_direct\":{},\"zipf\":{},\"seed\":{},\"iters\":{},\"checked\":{}}}",
+                        "{{\"op\":\"{}\",\"engine\":\"{engine}\",\"dtype\":\"{}\",\"nodes\":{nodes},\"ranks\":{},\"ranks_per_node\":{per_node},\"bytes\":{},\"gbps_limit\":{},\"time_us\":{:.3},\"sim_direct_us\":{},\"sim_planned_us\":{},\"measured_over_direct\":{},\"zipf\":{},\"seed\":{},\"iters\":{},\"checked\":{},\"kernel_launches\":{},\"proxy_cpu_s_per_gb\":{}}}",
                         r.op.name(),
                         ctx.o.dtype.name(),
                         ctx.n,
@@ -575,7 +628,9 @@ fn run(o: Opts, argv: &[String]) -> Res<()> {
                         if r.op == Op::AlltoAllvZipf { ctx.o.zipf.to_string() } else { "null".into() },
                         ctx.o.seed,
                         ctx.o.iters,
-                        r.checked
+                        r.checked,
+                        r.launches,
+                        json_opt(r.proxy_cpu_s_per_gb)
                     )
                 })
                 .collect();
