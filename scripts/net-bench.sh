@@ -6,7 +6,9 @@
 #   1. AllGather, AlltoAll, AlltoAllv uniform and Zipf (S=1.2, seed 7), pattern data, on
 #      2 virtual nodes x 2 ranks and 4 x 1 (4 ranks), 2 x 1 (2 ranks);
 #   2. AllGather and AlltoAll on real bf16 weights (tests/data), HOCCL_ENGINE=ce and
-#      HOCCL_ENGINE=compressed, 2 x 2.
+#      HOCCL_ENGINE=compressed, 2 x 2;
+#   3. AlltoAll and AllGather without a limit, 2 x 1, 16M and 64M: what the transport moves
+#      and the proxy's CPU per GB when nothing throttles it.
 # Every run's records (measured median, the simulator's direct and planned predictions) go
 # to docs/results/<machine>/internode.json, its table to internode.txt; each run starts
 # with the exact command.
@@ -47,11 +49,11 @@ tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 status=0
 n=0
-run() { # run NODES NP ENGINE ARGS...
+run() { # run NODES NP ENGINE ARGS... (the limit: $limit, else $gbps)
   local nodes=$1 np=$2 engine=$3
   shift 3
   n=$((n + 1))
-  local cmd=(env HOCCL_VIRTUAL_NODES="$nodes" HOCCL_NET_GBPS="$gbps" HOCCL_ENGINE="$engine" HOCCL_BACKEND="$backend"
+  local cmd=(env HOCCL_VIRTUAL_NODES="$nodes" HOCCL_NET_GBPS="${limit:-$gbps}" HOCCL_ENGINE="$engine" HOCCL_BACKEND="$backend"
     "${HOCCL_MPIRUN[@]}" -np "$np" "$bin" --iters "$iters" "$@" --json "$tmp/$n.json")
   echo "\$ ${cmd[*]/$tmp\/$n.json/PART.json}" | tee -a "$tmp/table.txt"
   if ! timeout 600 "${cmd[@]}" 2>&1 | tee -a "$tmp/table.txt"; then
@@ -66,6 +68,7 @@ run 4 4 ce "${all[@]}"
 run 2 2 ce "${all[@]}"
 run 2 4 ce --ops allgather,alltoall --sizes "$sizes" --data "$data"
 run 2 4 compressed --ops allgather,alltoall --sizes "$sizes" --data "$data"
+limit=0 run 2 2 ce --ops alltoall,allgather --sizes 16M,64M
 {
   echo "# scripts/net-bench.sh on $(hostname) ($(nproc) cores), $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD)"
   echo "# NET_BENCH_BACKEND=$backend NET_BENCH_GBPS=$gbps NET_BENCH_SIZES=$sizes NET_BENCH_ITERS=$iters"
