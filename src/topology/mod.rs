@@ -20,7 +20,9 @@
 //!   GPU map\[i\]"); it must be an involution (pairs and fixed points). Without it, each
 //!   host's NIC-affine map ([`choose_forwarding`], read from sysfs and carried in the rank
 //!   records) applies: a rank forwards through the lowest rank of its node on its
-//!   forwarding GPU, or itself when its node has none. Without either: identity.
+//!   forwarding GPU, or itself when its node has none. The map is by GPU ordinal, so it
+//!   assumes the processes of a host see the same GPUs in the same order (one GPU visible
+//!   per process gives a one-entry map: identity). Without either: identity.
 #![forbid(unsafe_code)]
 
 use crate::config::Config;
