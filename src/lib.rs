@@ -76,6 +76,7 @@ pub(crate) mod ffi;
 pub mod plan;
 pub mod reduce;
 pub mod sim;
+pub mod sysfs;
 pub mod topology;
 pub(crate) mod transport;
 pub mod types;

@@ -1,6 +1,7 @@
 //! `hoccl-info [--json] [--link KIND] [--ranks N]`: what hoccl sees on this host — GPUs
 //! (name, PCI bus id, memory, copy engines, compute capability, peer-access matrix), RDMA
-//! devices, the embedded kernels (fatbin size, architectures, kernel names), and the engine
+//! devices, the NICs in sysfs (link layer, rate, state, PCI address), the GPU↔NIC PCIe
+//! distances and the forwarding GPU each GPU's inter-node traffic would use, the embedded kernels (fatbin size, architectures, kernel names), and the engine
 //! `HOCCL_ENGINE=auto` picks for a few calls with the predicted time of each engine
 //! (docs/design.md, "Choosing the engine"). Without a driver it prints "no GPU (reason)" and
 //! still exits 0; only bad arguments exit non-zero.
@@ -11,6 +12,7 @@
 use hoccl::cost::{self, CallKind, CallShape, CostModel, LinkKind};
 use hoccl::device::cuda::{self, fatbin, Probe};
 use hoccl::rdma::{self as verbs, RdmaDeviceInfo};
+use hoccl::sysfs::{HostNics, Nic};
 use hoccl::DataType;
 use std::fmt::Write as _;
 
@@ -19,7 +21,7 @@ mod calibrate;
 
 const USAGE: &str = "usage: hoccl-info [--json] [--link same-gpu|nvlink|pcie|nic] [--ranks N]
        hoccl-info --calibrate [--sample FILE.bf16|FILE.f16|FILE.f32]
-  Prints the GPUs, RDMA devices and embedded kernels hoccl sees, and the engine HOCCL_ENGINE=auto
+  Prints the GPUs, RDMA devices, NICs (GPU-NIC distances, forwarding GPUs) and embedded kernels hoccl sees, and the engine HOCCL_ENGINE=auto
   picks per call (for --ranks ranks, default 2, over --link, default: what GPUs 0 and 1 have).
   --calibrate measures GPU 0 and prints the HOCCL_COST_MODEL line for it (--sample: the
   compression ratio of that file's values, whose extension names the dtype).";
@@ -27,6 +29,9 @@ const USAGE: &str = "usage: hoccl-info [--json] [--link same-gpu|nvlink|pcie|nic
 struct Report {
     cuda: Result<Probe, String>,
     rdma: Result<Vec<RdmaDeviceInfo>, String>,
+    nics: HostNics,
+    /// `HOCCL_FORWARDING_PEERS`, which replaces the sysfs choice (read as GPU i → map\[i\]).
+    forwarding_override: Result<Vec<usize>, String>,
     fatbin_bytes: usize,
     fatbin: Option<fatbin::Contents>,
     auto: AutoTable,
@@ -127,7 +132,10 @@ fn main() {
     }
     let cuda = cuda::probe().map_err(|e| e.to_string());
     let (link, why) = auto_link(link, &cuda);
+    let bus_ids: Vec<String> = cuda.as_ref().map(|p| p.gpus.iter().map(|g| g.pci_bus_id.clone()).collect()).unwrap_or_default();
     let report = Report {
+        nics: HostNics::read(std::path::Path::new("/"), &bus_ids),
+        forwarding_override: hoccl::Config::from_env().map(|c| c.forwarding_peers).map_err(|e| e.to_string()),
         cuda,
         rdma: verbs::probe().map_err(|e| e.to_string()),
         fatbin_bytes: hoccl::device::kernels::fatbin().len(),
@@ -183,6 +191,7 @@ fn to_text(r: &Report) -> String {
             }
         }
     }
+    text_nics(&mut s, r);
     let _ = writeln!(s, "Kernels: fatbin {} bytes", r.fatbin_bytes);
     match &r.fatbin {
         None => {
@@ -247,6 +256,65 @@ fn text_gpus(s: &mut String, p: &Probe) {
     for (i, row) in p.peer_access.iter().enumerate() {
         let cells: String = row.iter().enumerate().map(|(j, &ok)| format!("{:>3}", if i == j { "-" } else if ok { "Y" } else { "N" })).collect();
         let _ = writeln!(s, "  {i:>3} {cells}");
+    }
+}
+
+fn rate(n: &Nic) -> String {
+    n.rate_gbps.map_or("? Gb/s".into(), |r| format!("{r} Gb/s"))
+}
+
+/// The NICs, the GPU×NIC distance matrix and each GPU's forwarding GPU and NIC.
+fn text_nics(s: &mut String, r: &Report) {
+    let h = &r.nics;
+    let _ = writeln!(s, "NICs (sysfs): {}", h.nics.len());
+    for n in &h.nics {
+        let netdevs = if n.netdevs.is_empty() { String::new() } else { format!(" (netdev {})", n.netdevs.join(", ")) };
+        let port = n.port.map_or(String::new(), |p| format!(" port {p}"));
+        let numa = n.pci.numa_node.map_or("?".into(), |x| x.to_string());
+        let _ = writeln!(
+            s,
+            "  {}{netdevs}: {} {}{port}  {}  {}  pci {}  numa {numa}{}",
+            n.name,
+            if n.rdma { "rdma" } else { "net" },
+            n.link_layer,
+            rate(n),
+            n.state,
+            n.pci.bus_id(),
+            if n.usable { "" } else { "  (not usable)" }
+        );
+    }
+    if h.gpus.is_empty() || h.nics.is_empty() {
+        let _ = writeln!(s, "  forwarding: identity ({})", if h.gpus.is_empty() { "no GPU" } else { "no NIC" });
+    } else {
+        let _ = writeln!(s, "  GPU-NIC PCIe distance (PIX one switch, PXB switches, PHB host bridge, SYS across CPUs):");
+        let _ = writeln!(s, "         {}", h.nics.iter().map(|n| format!(" {:>10}", n.name)).collect::<String>());
+        for (g, row) in h.distance.iter().enumerate() {
+            let cells: String = if row.is_empty() { "  (not in sysfs)".into() } else { row.iter().map(|d| format!(" {:>10}", d.to_string())).collect() };
+            let _ = writeln!(s, "  GPU {g:>2} {cells}");
+        }
+        match &h.affinity {
+            None => {
+                let _ = writeln!(s, "  forwarding: identity (a GPU's PCI path is not in sysfs)");
+            }
+            Some(a) => {
+                let pairs: Vec<String> = a
+                    .forwarding
+                    .iter()
+                    .enumerate()
+                    .map(|(g, &f)| format!("{g}->{f} ({})", a.nic_of_gpu[g].map_or("no NIC", |n| h.nics[n].name.as_str())))
+                    .collect();
+                let _ = writeln!(s, "  forwarding (GPU -> staging GPU (NIC)): {}", pairs.join(", "));
+            }
+        }
+    }
+    match &r.forwarding_override {
+        Ok(v) if v.is_empty() => {}
+        Ok(v) => {
+            let _ = writeln!(s, "  HOCCL_FORWARDING_PEERS overrides the choice: {}", v.iter().enumerate().map(|(i, f)| format!("{i}->{f}")).collect::<Vec<_>>().join(", "));
+        }
+        Err(e) => {
+            let _ = writeln!(s, "  HOCCL_FORWARDING_PEERS: ? ({e})");
+        }
     }
 }
 
@@ -358,7 +426,39 @@ fn to_json(r: &Report) -> String {
             )
         }
     };
-    format!("{{\"version\":{},\"cuda\":{cuda},\"rdma\":{rdma},\"fatbin\":{fat},\"auto\":{auto}}}\n", js(env!("CARGO_PKG_VERSION")))
+    let nics = json_nics(r);
+    format!("{{\"version\":{},\"cuda\":{cuda},\"rdma\":{rdma},\"nics\":{nics},\"fatbin\":{fat},\"auto\":{auto}}}\n", js(env!("CARGO_PKG_VERSION")))
+}
+
+/// `{"nics": [...], "distance": [[class, ...] per GPU], "forwarding": [...] | null,
+/// "nic_of_gpu": [...] | null, "forwarding_override": [...]}`.
+fn json_nics(r: &Report) -> String {
+    let h = &r.nics;
+    let nics = list(&h.nics, |n| {
+        format!(
+            "{{\"name\":{},\"rdma\":{},\"netdevs\":{},\"link_layer\":{},\"rate_gbps\":{},\"state\":{},\"port\":{},\"usable\":{},\"pci_bus_id\":{},\"numa_node\":{}}}",
+            js(&n.name),
+            n.rdma,
+            list(&n.netdevs, |d| js(d)),
+            js(&n.link_layer),
+            n.rate_gbps.map_or("null".into(), |x| x.to_string()),
+            js(&n.state),
+            n.port.map_or("null".into(), |p| p.to_string()),
+            n.usable,
+            js(n.pci.bus_id()),
+            n.pci.numa_node.map_or("null".into(), |x| x.to_string())
+        )
+    });
+    let distance = list(&h.distance, |row| list(row, |d| js(d.class.name())));
+    let (fwd, nic_of) = match &h.affinity {
+        Some(a) => (list(&a.forwarding, |f| f.to_string()), list(&a.nic_of_gpu, |n| n.map_or("null".into(), |n| n.to_string()))),
+        None => ("null".into(), "null".into()),
+    };
+    let over = match &r.forwarding_override {
+        Ok(v) => list(v, |f| f.to_string()),
+        Err(e) => format!("{{\"error\":{}}}", js(e)),
+    };
+    format!("{{\"nics\":{nics},\"distance\":{distance},\"forwarding\":{fwd},\"nic_of_gpu\":{nic_of},\"forwarding_override\":{over}}}")
 }
 
 fn json_rdma(d: &RdmaDeviceInfo) -> String {

@@ -22,7 +22,9 @@ pub fn build_topology(b: &dyn Bootstrap, cfg: &Config) -> Result<Topology> {
     };
     let gpu_count = probe.as_ref().map_or(0, |p| p.count);
     let pci_of = |g: usize| probe.as_ref().and_then(|p| p.gpus.get(g)).map(|g| g.pci_bus_id.clone()).unwrap_or_default();
-    let rec = RankRecord::for_this_process(cfg, gpu_count as u32, &cfg.device.map(pci_of).unwrap_or_default());
+    // This host's NIC-affine forwarding map from sysfs (empty without GPUs or a usable NIC).
+    let forwarding = probe.as_ref().map(|p| crate::sysfs::forwarding_map(&p.gpus.iter().map(|g| g.pci_bus_id.clone()).collect::<Vec<_>>())).unwrap_or_default();
+    let rec = RankRecord::for_this_process(cfg, gpu_count as u32, &cfg.device.map(pci_of).unwrap_or_default()).with_forwarding(forwarding);
     let all = b.all_gather(&rec.to_bytes()?).map_err(|e| e.with_op(OP))?;
     let records = all.iter().map(|r| RankRecord::from_bytes(r)).collect::<Result<Vec<_>>>()?;
     let peer = |a: usize, b: usize| probe.as_ref().and_then(|p| p.peer_access.get(a).and_then(|row| row.get(b)).copied()).unwrap_or(false);

@@ -17,17 +17,24 @@
 //! - **forwarding peer** (`docs/design.md`, paper §3.3): the rank whose staging buffer and NIC carry
 //!   a rank's inter-node traffic. `HOCCL_FORWARDING_PEERS` lists, for local rank i of every
 //!   node, its forwarding local rank (with one rank per GPU that is "GPU i forwards through
-//!   GPU map\[i\]"); it must be an involution (pairs and fixed points). Default: identity.
+//!   GPU map\[i\]"); it must be an involution (pairs and fixed points). Without it, each
+//!   host's NIC-affine map ([`choose_forwarding`], read from sysfs and carried in the rank
+//!   records) applies: a rank forwards through the lowest rank of its node on its
+//!   forwarding GPU, or itself when its node has none. The map is by GPU ordinal, so it
+//!   assumes the processes of a host see the same GPUs in the same order (one GPU visible
+//!   per process gives a one-entry map: identity). Without either: identity.
 #![forbid(unsafe_code)]
 
 use crate::config::Config;
 use crate::error::{Error, Result};
 use std::collections::HashMap;
 
+mod affinity;
 mod record;
 #[cfg(test)]
 mod tests;
 
+pub use affinity::{check_forwarding_map, choose_forwarding, is_pci_function, pci_distance, Affinity, PciClass, PciDistance, PciPath, GDR_LEVEL};
 pub use record::{local_hostname, RankRecord};
 
 /// Bytes per second of each domain, the scheduler's and simulator's cost model. Defaults
@@ -123,7 +130,11 @@ impl Topology {
         let (hosts, host_ranks) = group_by_host(records)?;
         let nodes = split_nodes(&hosts, &host_ranks, config.virtual_nodes)?;
         let mut ranks = place_ranks(records, &host_ranks, &nodes)?;
-        assign_forwarding(&mut ranks, &nodes, &config.forwarding_peers)?;
+        if config.forwarding_peers.is_empty() {
+            forward_by_affinity(&mut ranks, records, &nodes)?;
+        } else {
+            assign_forwarding(&mut ranks, &nodes, &config.forwarding_peers)?;
+        }
         let sharers = gpu_sharers(&ranks);
         let peer = nodes
             .iter()
@@ -146,6 +157,7 @@ impl Topology {
                     gpu_count: gpus_per_host,
                     gpu: None,
                     pci_bus_id: String::new(),
+                    forwarding: Vec::new(),
                 })
             })
             .collect();
@@ -366,6 +378,29 @@ fn assign_forwarding(ranks: &mut [RankPlacement], nodes: &[Node], map: &[usize])
         }
         for (l, &r) in node.ranks.iter().enumerate() {
             ranks[r].forwarding_peer = node.ranks[map[l]];
+        }
+    }
+    Ok(())
+}
+
+/// Apply each host's GPU-level forwarding map (the lowest rank's record of the host): a
+/// rank on GPU `g` forwards through the lowest rank of its node on GPU `map[g]`, or through
+/// itself when its node has no rank there (a virtual node without the forwarding GPU) or
+/// the map does not cover `g`. A map that is not a valid forwarding map is an error.
+fn forward_by_affinity(ranks: &mut [RankPlacement], records: &[RankRecord], nodes: &[Node]) -> Result<()> {
+    for node in nodes {
+        let Some(&first) = node.ranks.first() else { continue };
+        let host_first = ranks.iter().position(|p| p.host == ranks[first].host).unwrap_or(first);
+        let map = &records[host_first].forwarding;
+        affinity::check_forwarding_map(map).map_err(|why| Error::invalid_arg(OP, format!("rank {host_first}'s forwarding map: {why}")))?;
+        for &r in &node.ranks {
+            let Some(&h) = map.get(ranks[r].gpu) else { continue };
+            let h = h as usize;
+            if h != ranks[r].gpu {
+                if let Some(&f) = node.ranks.iter().find(|&&x| ranks[x].gpu == h) {
+                    ranks[r].forwarding_peer = f;
+                }
+            }
         }
     }
     Ok(())

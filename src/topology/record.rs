@@ -18,15 +18,22 @@ pub struct RankRecord {
     /// one host with the same non-empty id share a GPU even if their ordinals differ (as with
     /// different `CUDA_VISIBLE_DEVICES`); without ids, equal ordinals mean a shared GPU.
     pub pci_bus_id: String,
+    /// This host's NIC-affine forwarding map as this process reads it from sysfs
+    /// ([`choose_forwarding`](super::choose_forwarding)): for each GPU ordinal the process
+    /// sees, the ordinal of the GPU whose staging buffer and NIC carry its inter-node
+    /// traffic. Empty when not known (no GPU, no usable NIC, or not probed). Every process of
+    /// a host reads the same sysfs, so the topology takes the lowest rank's.
+    pub forwarding: Vec<u32>,
 }
 
-/// "HRR1" little-endian: hoccl rank record, format 1.
-const MAGIC: u32 = 0x3152_5248;
+/// "HRR2" little-endian: hoccl rank record, format 2.
+const MAGIC: u32 = 0x3252_5248;
 
 impl RankRecord {
     /// This process's record: host name, pid, `config.device` as the requested GPU. The
     /// caller supplies what the device layer saw (`gpu_count`, and the PCI bus id of the
-    /// requested GPU if it has one).
+    /// requested GPU if it has one); the forwarding map starts empty
+    /// ([`with_forwarding`](Self::with_forwarding)).
     pub fn for_this_process(config: &Config, gpu_count: u32, pci_bus_id: &str) -> RankRecord {
         RankRecord {
             hostname: local_hostname(),
@@ -34,11 +41,20 @@ impl RankRecord {
             gpu_count,
             gpu: config.device.map(|d| u32::try_from(d).unwrap_or(u32::MAX)),
             pci_bus_id: pci_bus_id.to_string(),
+            forwarding: Vec::new(),
         }
     }
 
+    /// The same record carrying this host's forwarding map (GPU ordinal → forwarding GPU
+    /// ordinal, one entry per GPU the process sees).
+    pub fn with_forwarding(mut self, map: Vec<u32>) -> RankRecord {
+        self.forwarding = map;
+        self
+    }
+
     /// Little-endian encoding: magic, hostname (u32 length + UTF-8), pid, gpu_count,
-    /// gpu (u8 present flag + u32), pci_bus_id (u32 length + UTF-8).
+    /// gpu (u8 present flag + u32), pci_bus_id (u32 length + UTF-8), forwarding (u32 count
+    /// + u32 each).
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
         const OP: &str = "RankRecord::to_bytes";
         let mut out = Vec::with_capacity(32 + self.hostname.len() + self.pci_bus_id.len());
@@ -49,6 +65,9 @@ impl RankRecord {
         out.push(u8::from(self.gpu.is_some()));
         out.extend_from_slice(&self.gpu.unwrap_or(0).to_le_bytes());
         put_str(OP, &mut out, &self.pci_bus_id)?;
+        let n = u32::try_from(self.forwarding.len()).map_err(|_| Error::invalid_arg(OP, "forwarding map too long"))?;
+        out.extend_from_slice(&n.to_le_bytes());
+        self.forwarding.iter().for_each(|g| out.extend_from_slice(&g.to_le_bytes()));
         Ok(out)
     }
 
@@ -70,10 +89,15 @@ impl RankRecord {
             f => return Err(Error::corrupt(Reader::OP, format!("gpu flag {f}"))),
         };
         let pci_bus_id = r.string()?;
+        let n = r.u32()? as usize;
+        if n > (bytes.len() - r.at) / 4 {
+            return Err(Error::corrupt(Reader::OP, format!("forwarding map of {n} entries in {} bytes", bytes.len() - r.at)));
+        }
+        let forwarding = (0..n).map(|_| r.u32()).collect::<Result<Vec<u32>>>()?;
         if r.at != bytes.len() {
             return Err(Error::corrupt(Reader::OP, format!("{} trailing bytes", bytes.len() - r.at)));
         }
-        Ok(RankRecord { hostname, pid, gpu_count, gpu, pci_bus_id })
+        Ok(RankRecord { hostname, pid, gpu_count, gpu, pci_bus_id, forwarding })
     }
 }
 

@@ -2,7 +2,7 @@ use super::*;
 use crate::error::ErrorCode;
 
 fn rec(host: &str, gpu_count: u32) -> RankRecord {
-    RankRecord { hostname: host.into(), pid: 7, gpu_count, gpu: None, pci_bus_id: String::new() }
+    RankRecord { hostname: host.into(), pid: 7, gpu_count, gpu: None, pci_bus_id: String::new(), forwarding: Vec::new() }
 }
 
 fn cfg(virtual_nodes: usize, forwarding: &[usize]) -> Config {
@@ -41,8 +41,8 @@ impl Rng {
 fn records_round_trip() {
     let cases = [
         rec("node-01", 8),
-        RankRecord { hostname: "ホスト".into(), pid: u32::MAX, gpu_count: 0, gpu: Some(0), pci_bus_id: "0000:18:00.0".into() },
-        RankRecord { hostname: "h".into(), pid: 0, gpu_count: 4, gpu: Some(u32::MAX), pci_bus_id: String::new() },
+        RankRecord { hostname: "ホスト".into(), pid: u32::MAX, gpu_count: 0, gpu: Some(0), pci_bus_id: "0000:18:00.0".into(), forwarding: vec![0, 0, 2] },
+        RankRecord { hostname: "h".into(), pid: 0, gpu_count: 4, gpu: Some(u32::MAX), pci_bus_id: String::new(), forwarding: Vec::new() },
     ];
     for r in cases {
         let bytes = r.to_bytes().unwrap();
@@ -52,7 +52,7 @@ fn records_round_trip() {
 
 #[test]
 fn corrupt_records_are_errors_not_panics() {
-    let good = RankRecord { hostname: "gpu-node".into(), pid: 42, gpu_count: 4, gpu: Some(2), pci_bus_id: "0000:3b:00.0".into() }
+    let good = RankRecord { hostname: "gpu-node".into(), pid: 42, gpu_count: 4, gpu: Some(2), pci_bus_id: "0000:3b:00.0".into(), forwarding: vec![1, 1, 3, 3] }
         .to_bytes()
         .unwrap();
     for cut in 0..good.len() {
@@ -331,7 +331,9 @@ fn check_invariants(t: &Topology, records: &[RankRecord], vn: usize) {
         }
         let f = t.forwarding_peer(a).unwrap();
         assert!(t.same_node(a, f));
-        assert_eq!(t.forwarding_peer(f), Some(a));
+        // The override pairs ranks; a NIC-affine forwarder forwards through itself.
+        let ff = t.forwarding_peer(f);
+        assert!(ff == Some(a) || ff == Some(f), "rank {a} forwards through {f}, which forwards through {ff:?}");
         for b in 0..n {
             assert_eq!(t.peer_access(a, b), t.peer_access(b, a));
             if !t.same_node(a, b) {
@@ -360,6 +362,11 @@ fn random_clusters_keep_every_invariant() {
                 if rng.below(3) == 0 {
                     x.pci_bus_id = format!("0000:{:02x}:00.0", x.gpu.unwrap_or(0));
                 }
+                // A host's forwarding map (the same on each of its records, as from one
+                // sysfs): each GPU forwards through itself or through GPU 0.
+                if gpus[h] > 0 && h % 2 == 1 {
+                    x.forwarding = (0..gpus[h]).map(|g| if g % 3 == 1 { 0 } else { g }).collect();
+                }
                 x
             })
             .collect();
@@ -379,4 +386,122 @@ fn random_clusters_keep_every_invariant() {
         built += 1;
     }
     assert!(built > 150, "only {built} random clusters were valid");
+}
+
+// ---------------------------------------------------------------- NIC affinity -----------
+
+fn d(class: PciClass, hops: u32) -> PciDistance {
+    PciDistance { class, hops }
+}
+
+fn path(p: &str, numa: Option<u32>) -> PciPath {
+    PciPath::parse(p, numa).unwrap()
+}
+
+#[test]
+fn pci_distance_classes() {
+    // Root complex pci0000:17 → root port 17:01.0 → switch upstream 18:00.0 → downstream
+    // ports 19:00.0 / 19:01.0 → GPU 1a:00.0 / NIC 1b:00.0.
+    let gpu = path("/sys/devices/pci0000:17/0000:17:01.0/0000:18:00.0/0000:19:00.0/0000:1a:00.0", Some(0));
+    let nic = path("pci0000:17/0000:17:01.0/0000:18:00.0/0000:19:01.0/0000:1b:00.0/net/eth2", Some(0));
+    assert_eq!(nic.bus_id(), "0000:1b:00.0", "components after the PCI function are dropped");
+    assert_eq!(pci_distance(&gpu, &nic), d(PciClass::Pix, 2));
+    assert_eq!(pci_distance(&nic, &gpu), d(PciClass::Pix, 2));
+    // Two switches under one root port.
+    let deep = path("pci0000:17/0000:17:01.0/0000:18:00.0/0000:19:02.0/0000:20:00.0/0000:21:00.0/0000:22:00.0", Some(0));
+    assert_eq!(pci_distance(&gpu, &deep).class, PciClass::Pxb);
+    // Another root port of the same root complex.
+    let other_port = path("pci0000:17/0000:17:02.0/0000:30:00.0", Some(0));
+    assert_eq!(pci_distance(&gpu, &other_port).class, PciClass::Phb);
+    // Another root complex: same NUMA node PHB, another or unknown SYS.
+    let same_cpu = path("pci0000:40/0000:40:01.0/0000:41:00.0", Some(0));
+    let other_cpu = path("pci0000:c0/0000:c0:01.0/0000:c1:00.0", Some(1));
+    let unknown = path("pci0000:c0/0000:c0:01.0/0000:c1:00.0", None);
+    assert_eq!(pci_distance(&gpu, &same_cpu), d(PciClass::Phb, 0));
+    assert_eq!(pci_distance(&gpu, &other_cpu), d(PciClass::Sys, 0));
+    assert_eq!(pci_distance(&gpu, &unknown), d(PciClass::Sys, 0));
+    assert!(d(PciClass::Pix, 9) < d(PciClass::Pxb, 1) && d(PciClass::Pxb, 3) < d(PciClass::Pxb, 4));
+    for bad in ["", "/sys/devices/virtual/net/lo", "pci0000:17", "0000:17:01.0/0000:18:00.0", "pcizzzz:17/0000:17:01.0"] {
+        assert_eq!(PciPath::parse(bad, None).unwrap_err().code(), ErrorCode::InvalidArgument, "{bad:?}");
+    }
+}
+
+#[test]
+fn each_gpu_with_its_own_nic_forwards_through_itself() {
+    // DGX-H100-like: 4 switches, each with GPUs 2s, 2s+1 and NICs 2s, 2s+1.
+    let m: Vec<Vec<PciDistance>> =
+        (0..8).map(|g| (0..8).map(|n| if g / 2 == n / 2 { d(PciClass::Pix, 2) } else if g / 4 == n / 4 { d(PciClass::Phb, 0) } else { d(PciClass::Sys, 0) }).collect()).collect();
+    let a = choose_forwarding(&m, &[true; 8]).unwrap();
+    assert_eq!(a.forwarding, (0..8).collect::<Vec<_>>());
+    assert_eq!(a.nic_of_gpu, (0..8).map(Some).collect::<Vec<_>>(), "two GPUs beside two NICs spread over both");
+    // A NIC that is down is not chosen: its switch's GPUs share the other NIC.
+    let mut usable = [true; 8];
+    usable[3] = false;
+    let a = choose_forwarding(&m, &usable).unwrap();
+    assert_eq!(a.nic_of_gpu[2], Some(2));
+    assert_eq!(a.nic_of_gpu[3], Some(2));
+    assert_eq!(a.forwarding, (0..8).collect::<Vec<_>>());
+}
+
+#[test]
+fn gpus_without_a_near_nic_forward_through_the_nearest_affine_gpu() {
+    // One NIC beside GPUs 0 and 1 (PIX); GPUs 2, 3 behind another root port (PHB).
+    let m = vec![vec![d(PciClass::Pix, 2)], vec![d(PciClass::Pix, 2)], vec![d(PciClass::Phb, 3)], vec![d(PciClass::Phb, 3)]];
+    let a = choose_forwarding(&m, &[true]).unwrap();
+    assert_eq!(a.forwarding, [0, 1, 0, 1], "spread over the affine GPUs");
+    assert_eq!(a.nic_of_gpu, [Some(0); 4]);
+    // Two NICs, one per CPU, each beside one GPU: the others go to the affine GPU of their
+    // own CPU (nearest NIC), not the other one.
+    let mut m = vec![vec![d(PciClass::Sys, 0); 2]; 8];
+    for g in 0..8 {
+        m[g][g / 4] = d(PciClass::Phb, 0);
+    }
+    m[0][0] = d(PciClass::Pix, 2);
+    m[4][1] = d(PciClass::Pxb, 4);
+    let a = choose_forwarding(&m, &[true, true]).unwrap();
+    assert_eq!(a.forwarding, [0, 0, 0, 0, 4, 4, 4, 4]);
+    assert_eq!(a.nic_of_gpu, [Some(0), Some(0), Some(0), Some(0), Some(1), Some(1), Some(1), Some(1)]);
+    assert!(check_forwarding_map(&a.forwarding.iter().map(|&g| g as u32).collect::<Vec<_>>()).is_ok());
+}
+
+#[test]
+fn no_usable_nic_or_no_affine_gpu_means_identity() {
+    let far = vec![vec![d(PciClass::Sys, 0), d(PciClass::Phb, 0)]; 3];
+    assert_eq!(choose_forwarding(&far, &[false, false]).unwrap(), Affinity::identity(3));
+    assert_eq!(choose_forwarding(&[], &[]).unwrap(), Affinity::identity(0));
+    let a = choose_forwarding(&far, &[true, true]).unwrap();
+    assert_eq!(a.forwarding, [0, 1, 2]);
+    assert_eq!(a.nic_of_gpu, [Some(1); 3], "the nearest NIC, even beyond GPUDirect range");
+    let ragged = vec![vec![d(PciClass::Pix, 2)], vec![]];
+    assert_eq!(choose_forwarding(&ragged, &[true]).unwrap_err().code(), ErrorCode::InvalidArgument);
+}
+
+#[test]
+fn host_forwarding_maps_become_rank_forwarding() {
+    // Host a: 4 GPUs, GPUs 2 and 3 forward through 0 and 1. Host b: no map (identity).
+    let mut records: Vec<RankRecord> = ["a", "a", "a", "a", "b", "b"].iter().map(|h| rec(h, 4)).collect();
+    for r in &mut records[..4] {
+        r.forwarding = vec![0, 1, 0, 1];
+    }
+    let t = Topology::build(&records, &cfg(1, &[]), all).unwrap();
+    let fwd: Vec<usize> = (0..6).filter_map(|r| t.forwarding_peer(r)).collect();
+    assert_eq!(fwd, [0, 1, 0, 1, 4, 5]);
+    // Two virtual nodes: node {2, 3} has no rank on GPUs 0 or 1, so its ranks stage alone.
+    let t = Topology::build(&records[..4], &cfg(2, &[]), all).unwrap();
+    assert_eq!((0..4).filter_map(|r| t.forwarding_peer(r)).collect::<Vec<_>>(), [0, 1, 2, 3]);
+    // Two ranks per GPU (8 ranks on 4 GPUs): a rank forwards through the lowest rank on its
+    // forwarding GPU.
+    let mut many: Vec<RankRecord> = (0..8).map(|_| rec("a", 4)).collect();
+    many.iter_mut().for_each(|r| r.forwarding = vec![0, 1, 0, 1]);
+    let t = Topology::build(&many, &cfg(1, &[]), all).unwrap();
+    assert_eq!((0..8).filter_map(|r| t.forwarding_peer(r)).collect::<Vec<_>>(), [0, 1, 0, 1, 4, 5, 0, 1]);
+    // HOCCL_FORWARDING_PEERS wins over the map.
+    let t = Topology::build(&records[..4], &cfg(1, &[1, 0, 3, 2]), all).unwrap();
+    assert_eq!((0..4).filter_map(|r| t.forwarding_peer(r)).collect::<Vec<_>>(), [1, 0, 3, 2]);
+    // A map that is not a forwarding map is refused.
+    for bad in [vec![1, 2, 2, 3], vec![0, 1, 7, 3]] {
+        let mut r = records.clone();
+        r[0].forwarding = bad.clone();
+        assert_eq!(err_code(Topology::build(&r, &cfg(1, &[]), all)), ErrorCode::InvalidArgument, "{bad:?}");
+    }
 }
