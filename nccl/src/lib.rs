@@ -18,7 +18,7 @@ mod abi;
 mod comm;
 
 use abi::*;
-use comm::{for_call, live, ncclComm_t, unregister};
+use comm::{live, ncclComm_t};
 use hoccl::surface::put;
 use hoccl::{Collective, Communicator, DataType, DevPtr, Device, Error, OpDesc, RedOp, Result, StreamHandle, UniqueId};
 use std::collections::{HashMap, HashSet};
@@ -124,12 +124,10 @@ fn red_op(op: &'static str, v: ncclRedOp_t) -> Result<RedOp> {
     RedOp::from_raw(op, v)
 }
 
-/// Validate and enqueue one operation through hoccl's funnel.
-fn enqueue(op: &'static str, comm: ncclComm_t, desc: impl FnOnce(&Communicator) -> Result<OpDesc<'static>>) -> ncclResult_t {
-    call(op, || {
-        let c = for_call(op, comm)?;
-        c.enqueue(&desc(&c)?)
-    })
+/// Validate and enqueue one operation through hoccl's funnel (kept for the group's end
+/// when `comm`'s creation was deferred there).
+fn enqueue(op: &'static str, comm: ncclComm_t, desc: impl FnOnce() -> Result<OpDesc<'static>>) -> ncclResult_t {
+    call(op, || comm::enqueue(op, comm, desc))
 }
 
 /// The descriptor of an operation without per-rank arrays.
@@ -307,7 +305,7 @@ nccl_api! {
     /// communicator; reports an asynchronous error it had.
     fn ncclCommDestroy / pncclCommDestroy(comm: ncclComm_t) -> ncclResult_t {
         const OP: &str = "ncclCommDestroy";
-        call(OP, || unregister(OP, comm)?.handle.destroy(OP))
+        call(OP, || comm::release(OP, comm, false))
     }
 }
 
@@ -315,7 +313,7 @@ nccl_api! {
     /// Fails pending operations at once, releases their streams, frees the communicator.
     fn ncclCommAbort / pncclCommAbort(comm: ncclComm_t) -> ncclResult_t {
         const OP: &str = "ncclCommAbort";
-        call(OP, || unregister(OP, comm)?.handle.abort(OP))
+        call(OP, || comm::release(OP, comm, true))
     }
 }
 
@@ -325,13 +323,7 @@ nccl_api! {
     /// returning); its message becomes this thread's last error.
     fn ncclCommGetAsyncError / pncclCommGetAsyncError(comm: ncclComm_t, asyncError: *mut ncclResult_t) -> ncclResult_t {
         const OP: &str = "ncclCommGetAsyncError";
-        call(OP, || {
-            let e = live(OP, comm)?.async_error();
-            if let Some(e) = &e {
-                comm::set_last_error(e);
-            }
-            put(OP, "asyncError", asyncError, e.map_or(NCCL_SUCCESS, |e| result_of(e.code())))
-        })
+        call(OP, || put(OP, "asyncError", asyncError, comm::async_error(OP, comm)?))
     }
 }
 
@@ -555,35 +547,35 @@ nccl_api! {
 nccl_api! {
     fn ncclAllReduce / pncclAllReduce(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, op: ncclRedOp_t, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
         const OP: &str = "ncclAllReduce";
-        enqueue(OP, comm, |_| desc(Collective::AllReduce { op: red_op(OP, op)? }, sendbuff, recvbuff, count, OP, datatype, stream))
+        enqueue(OP, comm, || desc(Collective::AllReduce { op: red_op(OP, op)? }, sendbuff, recvbuff, count, OP, datatype, stream))
     }
 }
 
 nccl_api! {
     fn ncclReduceScatter / pncclReduceScatter(sendbuff: *const c_void, recvbuff: *mut c_void, recvcount: usize, datatype: ncclDataType_t, op: ncclRedOp_t, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
         const OP: &str = "ncclReduceScatter";
-        enqueue(OP, comm, |_| desc(Collective::ReduceScatter { op: red_op(OP, op)? }, sendbuff, recvbuff, recvcount, OP, datatype, stream))
+        enqueue(OP, comm, || desc(Collective::ReduceScatter { op: red_op(OP, op)? }, sendbuff, recvbuff, recvcount, OP, datatype, stream))
     }
 }
 
 nccl_api! {
     fn ncclReduce / pncclReduce(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, op: ncclRedOp_t, root: c_int, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
         const OP: &str = "ncclReduce";
-        enqueue(OP, comm, |_| desc(Collective::Reduce { op: red_op(OP, op)?, root: hoccl::rank_arg(OP, "root", root)? }, sendbuff, recvbuff, count, OP, datatype, stream))
+        enqueue(OP, comm, || desc(Collective::Reduce { op: red_op(OP, op)?, root: hoccl::rank_arg(OP, "root", root)? }, sendbuff, recvbuff, count, OP, datatype, stream))
     }
 }
 
 nccl_api! {
     fn ncclAllGather / pncclAllGather(sendbuff: *const c_void, recvbuff: *mut c_void, sendcount: usize, datatype: ncclDataType_t, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
         const OP: &str = "ncclAllGather";
-        enqueue(OP, comm, |_| desc(Collective::AllGather, sendbuff, recvbuff, sendcount, OP, datatype, stream))
+        enqueue(OP, comm, || desc(Collective::AllGather, sendbuff, recvbuff, sendcount, OP, datatype, stream))
     }
 }
 
 nccl_api! {
     fn ncclBroadcast / pncclBroadcast(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, root: c_int, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
         const OP: &str = "ncclBroadcast";
-        enqueue(OP, comm, |_| desc(Collective::Broadcast { root: hoccl::rank_arg(OP, "root", root)? }, sendbuff, recvbuff, count, OP, datatype, stream))
+        enqueue(OP, comm, || desc(Collective::Broadcast { root: hoccl::rank_arg(OP, "root", root)? }, sendbuff, recvbuff, count, OP, datatype, stream))
     }
 }
 
@@ -591,42 +583,42 @@ nccl_api! {
     /// The in-place broadcast of NCCL's first API.
     fn ncclBcast / pncclBcast(buff: *mut c_void, count: usize, datatype: ncclDataType_t, root: c_int, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
         const OP: &str = "ncclBcast";
-        enqueue(OP, comm, |_| desc(Collective::Broadcast { root: hoccl::rank_arg(OP, "root", root)? }, buff, buff, count, OP, datatype, stream))
+        enqueue(OP, comm, || desc(Collective::Broadcast { root: hoccl::rank_arg(OP, "root", root)? }, buff, buff, count, OP, datatype, stream))
     }
 }
 
 nccl_api! {
     fn ncclSend / pncclSend(sendbuff: *const c_void, count: usize, datatype: ncclDataType_t, peer: c_int, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
         const OP: &str = "ncclSend";
-        enqueue(OP, comm, |_| desc(Collective::Send { peer: hoccl::rank_arg(OP, "peer", peer)? }, sendbuff, std::ptr::null_mut(), count, OP, datatype, stream))
+        enqueue(OP, comm, || desc(Collective::Send { peer: hoccl::rank_arg(OP, "peer", peer)? }, sendbuff, std::ptr::null_mut(), count, OP, datatype, stream))
     }
 }
 
 nccl_api! {
     fn ncclRecv / pncclRecv(recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, peer: c_int, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
         const OP: &str = "ncclRecv";
-        enqueue(OP, comm, |_| desc(Collective::Recv { peer: hoccl::rank_arg(OP, "peer", peer)? }, std::ptr::null(), recvbuff, count, OP, datatype, stream))
+        enqueue(OP, comm, || desc(Collective::Recv { peer: hoccl::rank_arg(OP, "peer", peer)? }, std::ptr::null(), recvbuff, count, OP, datatype, stream))
     }
 }
 
 nccl_api! {
     fn ncclAlltoAll / pncclAlltoAll(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
         const OP: &str = "ncclAlltoAll";
-        enqueue(OP, comm, |_| desc(Collective::AllToAll, sendbuff, recvbuff, count, OP, datatype, stream))
+        enqueue(OP, comm, || desc(Collective::AllToAll, sendbuff, recvbuff, count, OP, datatype, stream))
     }
 }
 
 nccl_api! {
     fn ncclGather / pncclGather(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, root: c_int, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
         const OP: &str = "ncclGather";
-        enqueue(OP, comm, |_| desc(Collective::Gather { root: hoccl::rank_arg(OP, "root", root)? }, sendbuff, recvbuff, count, OP, datatype, stream))
+        enqueue(OP, comm, || desc(Collective::Gather { root: hoccl::rank_arg(OP, "root", root)? }, sendbuff, recvbuff, count, OP, datatype, stream))
     }
 }
 
 nccl_api! {
     fn ncclScatter / pncclScatter(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, root: c_int, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
         const OP: &str = "ncclScatter";
-        enqueue(OP, comm, |_| desc(Collective::Scatter { root: hoccl::rank_arg(OP, "root", root)? }, sendbuff, recvbuff, count, OP, datatype, stream))
+        enqueue(OP, comm, || desc(Collective::Scatter { root: hoccl::rank_arg(OP, "root", root)? }, sendbuff, recvbuff, count, OP, datatype, stream))
     }
 }
 
