@@ -178,26 +178,37 @@ pub fn group_start() {
     GROUP.with(|g| g.borrow_mut().start());
 }
 
-/// Close the thread's group. The outermost end launches the gathered calls of every
-/// communicator used since the outermost start (each one even if another fails), then runs
-/// the group's deferred creations together (a thread each, every one bounded by hoccl's
-/// timeout) and enqueues, as one group per new communicator, the operations kept for it.
-/// If a creation fails, every communicator of the group's creations is released and each
-/// of their handles reports the failure. The first failure is returned.
+/// Close the thread's group. The outermost end runs the group's deferred creations together
+/// (a thread each, every one bounded by hoccl's timeout), launches the gathered calls of
+/// every communicator used since the outermost start (each one even if another fails), and
+/// enqueues, as one group per new communicator, the operations kept for it. If a creation
+/// fails, every communicator of the group's creations is released and each of their handles
+/// reports the failure. The first failure is returned.
 pub fn group_end(op: &'static str) -> Result<()> {
     let outermost = GROUP.with(|g| g.borrow().depth() == 1);
+    // The creations run before the group's calls on existing communicators launch, so that
+    // new ranks that are threads of this process reserve their scratch while nothing of
+    // this thread is pending (see `prepare_thread_rank`).
+    let deferred = if outermost { DEFERRED.with(|p| std::mem::take(&mut *p.borrow_mut())) } else { Vec::new() };
+    let (created, kept) = create_deferred(op, deferred);
     let launched = GROUP.with(|g| ThreadGroup::end(g, op, "ncclGroupStart", |h| h.handle(op)?.get(op).and_then(|c| c.group_end())));
-    if !outermost {
-        return launched;
+    let mut first = launched.and(created);
+    for (cop, h, ops) in kept {
+        let r = launch_kept(cop, &h, &ops);
+        if first.is_ok() {
+            first = r;
+        }
     }
-    let deferred = DEFERRED.with(|p| std::mem::take(&mut *p.borrow_mut()));
-    let created = create_deferred(op, deferred);
-    launched.and(created)
+    first
 }
 
-fn create_deferred(op: &'static str, deferred: Vec<Deferred>) -> Result<()> {
+/// The operations kept for one communicator a group's end created.
+type Kept = (&'static str, Arc<Comm>, Vec<OpDesc<'static>>);
+
+/// Run a group's deferred creations; the communicators made and the operations kept for them.
+fn create_deferred(op: &'static str, deferred: Vec<Deferred>) -> (Result<()>, Vec<Kept>) {
     if deferred.is_empty() {
-        return Ok(());
+        return (Ok(()), Vec::new());
     }
     log::debug!("{op}: {} deferred creation(s)", deferred.len());
     let (rest, jobs): (Vec<_>, Vec<_>) = deferred.into_iter().map(|d| ((d.op, d.comm, d.ops), d.create)).unzip();
@@ -212,21 +223,33 @@ fn create_deferred(op: &'static str, deferred: Vec<Deferred>) -> Result<()> {
                 let _ = h.made.set(Made::Failed(why));
             }
         } // the communicators that were made are dropped here
-        return Err(e);
+        return (Err(e), Vec::new());
     }
-    let mut first = Ok(());
+    let several = made.iter().filter(|r| matches!(r, Ok(Some(_)))).count() > 1;
+    let mut kept = Vec::new();
     for ((cop, comm, ops), r) in rest.into_iter().zip(made) {
         let (Some((_, h)), Ok(Some(c))) = (comm, r) else { continue };
         log_name(&c, &h.options);
+        if several {
+            prepare_thread_rank(cop, &c);
+        }
         let _ = h.made.set(Made::Live(CommHandle::new(c)));
         if !ops.is_empty() {
-            let r = launch_kept(cop, &h, &ops);
-            if first.is_ok() {
-                first = r;
-            }
+            kept.push((cop, h, ops));
         }
     }
-    first
+    (Ok(()), kept)
+}
+
+/// Ranks that are threads of this process (several created by one `ncclGroupEnd`, or by
+/// `ncclCommInitAll`) allocate their reduction scratch now, before any of them can have a
+/// collective pending: allocating while another rank's collective is pending can wait for
+/// that rank's stream, which one thread driving all ranks would never release. A failure
+/// only defers the allocation to the first reduction, as for any communicator.
+fn prepare_thread_rank(op: &'static str, c: &Communicator) {
+    if let Err(e) = c.reserve_reduce_scratch() {
+        log::warn!("{op}: rank {}: reserving the reduction scratch at creation: {e}", c.rank());
+    }
 }
 
 /// The operations kept for a communicator created at a group's end, as one group.
@@ -335,7 +358,11 @@ pub fn init_all(op: &'static str, devs: &[usize]) -> Result<Vec<ncclComm_t>> {
     if let Some(e) = made.iter().find_map(|r| r.as_ref().err()).cloned() {
         return Err(e.with_op(op)); // the communicators that were made are dropped here
     }
-    Ok(made.into_iter().flatten().map(|c| register(c, CommOptions::default())).collect())
+    let made: Vec<Communicator> = made.into_iter().flatten().collect();
+    if made.len() > 1 {
+        made.iter().for_each(|c| prepare_thread_rank(op, c));
+    }
+    Ok(made.into_iter().map(|c| register(c, CommOptions::default())).collect())
 }
 
 /// Tag base of `ncclCommSplit`'s messages over the parent's bootstrap (plus the split's
