@@ -8,9 +8,9 @@
  * Count/CuDevice/UserRank, GetVersion, GetErrorString; AllReduce (sum, prod, max, min, avg
  * on float, int32, bf16), ReduceScatter, Reduce, AllGather, Broadcast, Bcast, Send/Recv in
  * groups, AlltoAll, Gather, Scatter; MemAlloc/MemFree, CommRegister/Deregister and window
- * registration, RedOpCreatePreMulSum/RedOpDestroy; Finalize, Abort, GetAsyncError; and error
- * paths: NULL communicator, bad data type, operator, root and peer, a count that overflows, a
- * refused function. Exits non-zero on any failure.
+ * registration, RedOpCreatePreMulSum (host and device scalars)/RedOpDestroy; Finalize, Abort,
+ * GetAsyncError; and error paths: NULL communicator, bad data type, operator, root and
+ * peer, a count that overflows, a refused function. Exits non-zero on any failure.
  *
  * Buffers come from ncclMemAlloc. On CUDA (libcuda.so.1 loads and HOCCL_BACKEND is not
  * "host") they are GPU memory, copied with the driver's cuMemcpy and waited for with
@@ -638,26 +638,39 @@ static void registration_and_operators(ncclComm_t world) {
   expect_rc(ncclCommWindowRegister(world, d, 4096 * 4, &win, NCCL_WIN_DEFAULT), ncclSuccess, "CommWindowRegister");
   expect_rc(ncclCommWindowDeregister(world, win), ncclSuccess, "CommWindowDeregister");
 
-  /* PreMulSum: each rank's input times 2, summed. hoccl either computes it or refuses every
-   * collective with the operator (ncclInvalidArgument, with a message); either way the
-   * operator is created and destroyed. */
+  /* PreMulSum: each rank's input times the scalar, summed. A host scalar (2, float) is read
+   * at creation; a device scalar (3, int32) is read by the reduce step when it runs. */
   float scalar = 2.0f, *h = malloc(count * 4);
-  ncclRedOp_t op = ncclSum;
+  ncclRedOp_t op = ncclSum, dop = ncclSum;
   expect_rc(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat32, ncclScalarHostImmediate, world), ncclSuccess,
-            "RedOpCreatePreMulSum");
+            "RedOpCreatePreMulSum (host scalar)");
   expect((int)op >= (int)ncclNumOps, "a PreMulSum operator is numbered past the built-in ones");
+  scalar = 100.0f; /* read at creation: changing it now changes nothing */
   fill(h, ncclFloat32, g_rank, count, 0, 11);
   upload(d, h, count * 4);
-  ncclResult_t rc = ncclAllReduce(d, d, count, ncclFloat32, op, world, g_stream);
-  if (rc == ncclSuccess) {
-    wait_for(world);
-    download(h, d, count * 4);
-    size_t bad = 0;
-    for (size_t i = 0; i < count; ++i) bad += h[i] != 2.0f * (float)reduced(ncclFloat32, ncclSum, g_n, i, 11);
-    expect(bad == 0, "AllReduce with PreMulSum: wrong elements");
-  } else {
-    expect_refused(rc, ncclInvalidArgument, "AllReduce with a PreMulSum operator");
-  }
+  expect_rc(ncclAllReduce(d, d, count, ncclFloat32, op, world, g_stream), ncclSuccess, "AllReduce with PreMulSum");
+  wait_for(world);
+  download(h, d, count * 4);
+  size_t bad = 0;
+  for (size_t i = 0; i < count; ++i) bad += h[i] != 2.0f * (float)reduced(ncclFloat32, ncclSum, g_n, i, 11);
+  expect(bad == 0, "AllReduce with PreMulSum (host scalar): wrong elements");
+  void* ds = dalloc(8);
+  expect_rc(ncclRedOpCreatePreMulSum(&dop, ds, ncclInt32, ncclScalarDevice, world), ncclSuccess,
+            "RedOpCreatePreMulSum (device scalar)");
+  int32_t three = 3, *hi = (int32_t*)h;
+  upload(ds, &three, 4); /* after creation: the step reads it when it runs */
+  fill(h, ncclInt32, g_rank, count, 0, 12);
+  upload(d, h, count * 4);
+  expect_rc(ncclAllReduce(d, d, count, ncclInt32, dop, world, g_stream), ncclSuccess, "AllReduce with a device PreMulSum");
+  wait_for(world);
+  download(h, d, count * 4);
+  bad = 0;
+  for (size_t i = 0; i < count; ++i) bad += hi[i] != 3 * (int32_t)reduced(ncclInt32, ncclSum, g_n, i, 12);
+  expect(bad == 0, "AllReduce with PreMulSum (device scalar): wrong elements");
+  expect_refused(ncclAllReduce(d, d, count, ncclFloat32, dop, world, g_stream), ncclInvalidArgument,
+                 "a PreMulSum operator on another data type");
+  expect_rc(ncclRedOpDestroy(dop, world), ncclSuccess, "RedOpDestroy (device scalar)");
+  dfree(ds);
   expect_rc(ncclRedOpDestroy(op, world), ncclSuccess, "RedOpDestroy");
   expect_refused(ncclRedOpDestroy(op, world), ncclInvalidArgument, "RedOpDestroy twice");
   dfree(d);

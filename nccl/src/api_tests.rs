@@ -83,14 +83,37 @@ fn collectives_groups_and_split_on_two_ranks() {
                 ok(ncclBcast(s.0, N, 7, 1, c, null_mut()));
                 ok(ncclCommFinalize(c));
                 assert!(s.f32s().iter().enumerate().all(|(i, v)| *v == 1.0 + i as f32));
-                // A PreMulSum operator is created, refused by collectives, destroyed.
-                let (mut op, scalar) = (0, 2.0f32);
+                // PreMulSum: sum(scalar * x) with the scalar read at creation (host) or by
+                // the reduce step when it runs (device memory, written after creation).
+                // s holds 1 + i on both ranks here (the Bcast above).
+                let (mut op, scalar) = (0, 2.5f32);
                 ok(ncclRedOpCreatePreMulSum(&mut op, &scalar as *const f32 as *mut c_void, 7, 1, c));
                 assert!(op >= 5);
-                assert_eq!(ncclAllReduce(s.0, out.0, N, 7, op, c, null_mut()), NCCL_INVALID_ARGUMENT);
-                assert!(last().contains("ncclRedOpCreatePreMulSum"), "{}", last());
+                ok(ncclAllReduce(s.0, out.0, N, 7, op, c, null_mut()));
+                ok(ncclCommFinalize(c));
+                assert!(out.f32s()[..N].iter().enumerate().all(|(i, v)| *v == 5.0 * (1.0 + i as f32)), "PreMulSum, host scalar");
+                let mut dscalar = Buf::new(1);
+                let mut dop = 0;
+                ok(ncclRedOpCreatePreMulSum(&mut dop, dscalar.0, 7, 0, c));
+                dscalar.f32s()[0] = -0.5;
+                ok(ncclReduceScatter(out.0, s.0, N / 2, 7, dop, c, null_mut()));
+                ok(ncclCommFinalize(c));
+                let me = rank as usize * (N / 2);
+                assert!(s.f32s()[..N / 2].iter().enumerate().all(|(i, v)| *v == -5.0 * (1.0 + (me + i) as f32)), "PreMulSum, device scalar");
+                // The operator's data type and communicator are its own.
+                assert_eq!(ncclAllReduce(s.0, out.0, N, 2, op, c, null_mut()), NCCL_INVALID_ARGUMENT);
+                assert!(last().contains("made for f32 data"), "{}", last());
+                assert_eq!(ncclRedOpCreatePreMulSum(&mut dop, s.0, 7, 2, c), NCCL_INVALID_ARGUMENT);
+                let host_only = [0f32; 1];
+                assert_eq!(ncclRedOpCreatePreMulSum(&mut op, host_only.as_ptr() as *mut c_void, 7, 0, c), NCCL_INVALID_ARGUMENT);
                 ok(ncclRedOpDestroy(op, c));
+                ok(ncclRedOpDestroy(dop, c));
                 assert_eq!(ncclRedOpDestroy(op, c), NCCL_INVALID_ARGUMENT);
+                assert_eq!(ncclAllReduce(s.0, out.0, N, 7, op, c, null_mut()), NCCL_INVALID_ARGUMENT);
+                // Restore s (1 + i) for the checks below.
+                for (i, v) in s.f32s().iter_mut().enumerate() {
+                    *v = 1.0 + i as f32;
+                }
                 // Bad arguments come back from hoccl's funnel as NCCL codes.
                 assert_eq!(ncclAllReduce(s.0, out.0, N, 12, 0, c, null_mut()), NCCL_INVALID_ARGUMENT);
                 assert_eq!(ncclBroadcast(s.0, out.0, N, 7, 2, c, null_mut()), NCCL_INVALID_ARGUMENT);
