@@ -6,7 +6,10 @@
 //! every blocking stream: a synchronous copy that hoccl issued while enqueueing a reduction
 //! once waited there for the reduction itself (two processes, rank 0's first reduce step).
 //!
-//! The host backend runs stream 0 here; the CUDA body runs with `--ignored` on a GPU
+//! A second body enqueues three collectives back to back on a fresh communicator before it
+//! waits (its first reduction then sets up while the AllGather may be pending).
+//!
+//! The host backend runs stream 0 here; the CUDA bodies run with `--ignored` on a GPU
 //! (`scripts/gpu/core.sh` runs every test binary both ways). A child that does not finish
 //! within the limit is killed and the test fails: a hang is a failure, not a wait.
 mod common;
@@ -119,8 +122,44 @@ fn every_op(id: &UniqueId, me: usize, backend: BackendChoice, s: StreamHandle) {
     println!("rank {me}: every op on stream {:#x}: ok", s.0);
 }
 
+/// One rank, a fresh communicator: an AllGather, an AllReduce and a ReduceScatter enqueued
+/// back to back on stream `s`, waited for once, then checked. The AllReduce is the
+/// communicator's first reduction, so it sets up its scratch and the kernel's constants while
+/// the AllGather may still be pending on the stream (a program that never synchronizes
+/// between collectives, as most do).
+fn pipelined(id: &UniqueId, me: usize, backend: BackendChoice, s: StreamHandle) {
+    let cfg = Config { backend, timeout: Duration::from_secs(30), ..Config::from_env().expect("HOCCL_* settings") };
+    let comm = Communicator::from_unique_id(id, N, me, cfg).expect("communicator");
+    let dev = comm.device().clone();
+    let c = 4099;
+    let bufs: Vec<DevPtr> = (0..6).map(|_| dev.alloc(N * c * 4).expect("alloc")).collect();
+    let mine = |salt| (0..N * c).map(|i| v(me, i, salt)).collect::<Vec<_>>();
+    for (k, salt) in [(0, 21), (2, 22), (4, 23)] {
+        dev.copy_from_host(bufs[k], &bytes(&mine(salt))).expect("upload");
+    }
+    let op = |coll, k: usize, count| OpDesc { coll, send: bufs[k], recv: bufs[k + 1], count, dtype: DataType::I32, stream: s };
+    comm.enqueue(&op(Collective::AllGather, 0, c)).expect("AllGather");
+    comm.enqueue(&op(Collective::AllReduce { op: RedOp::Sum }, 2, c)).expect("AllReduce");
+    comm.enqueue(&op(Collective::ReduceScatter { op: RedOp::Sum }, 4, c)).expect("ReduceScatter");
+    dev.synchronize(s).expect("synchronize");
+    let read = |k: usize, n: usize| {
+        let mut out = vec![0u8; n * 4];
+        dev.copy_to_host(&mut out, bufs[k]).expect("download");
+        ints(&out)
+    };
+    let sum = |i, salt| (0..N).map(|p| v(p, i, salt)).sum::<i32>();
+    assert!(read(1, N * c).iter().enumerate().all(|(i, x)| *x == v(i / c, i % c, 21)), "rank {me}: pipelined AllGather");
+    assert!(read(3, c).iter().enumerate().all(|(i, x)| *x == sum(i, 22)), "rank {me}: pipelined AllReduce");
+    assert!(read(5, c).iter().enumerate().all(|(i, x)| *x == sum(me * c + i, 23)), "rank {me}: pipelined ReduceScatter");
+    comm.wait_idle().expect("idle");
+    for b in bufs {
+        dev.free(b).expect("free");
+    }
+    println!("rank {me}: pipelined ops on stream {:#x}: ok", s.0);
+}
+
 /// The child side: does nothing unless `HOCCL_STREAMS_CHILD` (`<hex id> <rank> <host|cuda>
-/// <stream>`) is set.
+/// <stream> <every|pipelined>`) is set.
 #[test]
 fn child_rank() {
     let Ok(v) = std::env::var("HOCCL_STREAMS_CHILD") else { return };
@@ -129,11 +168,14 @@ fn child_rank() {
     let me: usize = a[1].parse().expect("rank");
     let backend = if a[2] == "cuda" { BackendChoice::Cuda } else { BackendChoice::Host };
     let s = StreamHandle(a[3].parse().expect("stream"));
-    every_op(&id, me, backend, s);
+    match a[4] {
+        "every" => every_op(&id, me, backend, s),
+        _ => pipelined(&id, me, backend, s),
+    }
 }
 
-/// Two child processes per stream, each bounded by LIMIT.
-fn two_processes(backend: &str, streams: &[u64]) {
+/// Two child processes per stream, each bounded by LIMIT; `mode` is the child's body.
+fn two_processes(backend: &str, streams: &[u64], mode: &str) {
     common::logs::capture();
     let exe = std::env::current_exe().expect("test binary");
     for &s in streams {
@@ -142,7 +184,7 @@ fn two_processes(backend: &str, streams: &[u64]) {
             .map(|r| {
                 std::process::Command::new(&exe)
                     .args(["--exact", "child_rank", "--nocapture", "--test-threads=1", "--include-ignored"])
-                    .env("HOCCL_STREAMS_CHILD", format!("{} {r} {backend} {s}", id.to_hex()))
+                    .env("HOCCL_STREAMS_CHILD", format!("{} {r} {backend} {s} {mode}", id.to_hex()))
                     .stdout(std::process::Stdio::piped())
                     .stderr(std::process::Stdio::piped())
                     .spawn()
@@ -164,7 +206,7 @@ fn two_processes(backend: &str, streams: &[u64]) {
             let out = k.wait_with_output().expect("child");
             let stdout = String::from_utf8_lossy(&out.stdout);
             assert!(
-                out.status.success() && stdout.contains("every op on stream"),
+                out.status.success() && stdout.contains(if mode == "every" { "every op on stream" } else { "pipelined ops on stream" }),
                 "{backend} stream {s:#x} rank {r}: {stdout}\n{}",
                 String::from_utf8_lossy(&out.stderr)
             );
@@ -174,12 +216,23 @@ fn two_processes(backend: &str, streams: &[u64]) {
 
 #[test]
 fn every_op_on_the_default_stream_host() {
-    two_processes("host", &[0]);
+    two_processes("host", &[0], "every");
+}
+
+#[test]
+fn pipelined_ops_on_the_default_stream_host() {
+    two_processes("host", &[0], "pipelined");
 }
 
 /// Stream 0, `cudaStreamLegacy` and `cudaStreamPerThread`.
 #[test]
 #[ignore = "needs a GPU: run with --ignored"]
 fn every_op_on_the_default_streams_cuda() {
-    two_processes("cuda", &[0, 1, 2]);
+    two_processes("cuda", &[0, 1, 2], "every");
+}
+
+#[test]
+#[ignore = "needs a GPU: run with --ignored"]
+fn pipelined_ops_on_the_default_streams_cuda() {
+    two_processes("cuda", &[0, 1, 2], "pipelined");
 }
