@@ -323,11 +323,11 @@ fn a_failed_creation_fails_the_group_and_each_of_its_handles() {
     assert!(why.contains("ncclCommInitRank"), "{why}");
     let mut e = -1;
     let mut n = -1;
-    for h in [a, b] {
+    for (h, code) in [(a, NCCL_INVALID_USAGE), (b, NCCL_INVALID_ARGUMENT)] {
         assert_eq!(ncclCommCount(h, &mut n), NCCL_INVALID_USAGE);
         assert!(last().contains("creation failed in ncclGroupEnd"), "{}", last());
         ok(ncclCommGetAsyncError(h, &mut e));
-        assert_ne!(e, NCCL_SUCCESS);
+        assert_eq!(e, code, "the creation's own code: {}", last());
     }
     assert_eq!(ncclCommCount(a, &mut n), NCCL_INVALID_USAGE);
     assert!(last().contains("another creation of its group failed"), "{}", last());

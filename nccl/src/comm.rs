@@ -111,13 +111,14 @@ pub fn async_error(op: &'static str, comm: ncclComm_t) -> Result<ncclResult_t> {
     let h = lookup(op, comm)?;
     let e = match h.made.get() {
         None => return Ok(NCCL_IN_PROGRESS),
-        Some(Made::Failed(_)) => h.handle(op).err(),
-        Some(Made::Live(c)) => c.get(op)?.async_error(),
+        // The creation's own code, with the message that says where it failed.
+        Some(Made::Failed(why)) => h.handle(op).err().map(|e| (why.code(), e)),
+        Some(Made::Live(c)) => c.get(op)?.async_error().map(|e| (e.code(), e)),
     };
-    if let Some(e) = &e {
+    if let Some((_, e)) = &e {
         set_last_error(e);
     }
-    Ok(e.map_or(NCCL_SUCCESS, |e| result_of(e.code())))
+    Ok(e.map_or(NCCL_SUCCESS, |(code, _)| result_of(code)))
 }
 
 // ---------------------------------------------------------------- thread state -----------
