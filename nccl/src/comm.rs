@@ -159,20 +159,21 @@ pub fn last_error() -> *const std::ffi::c_char {
 /// enqueued when the group's end has created the communicator, as NCCL allows.
 pub fn enqueue(op: &'static str, comm: ncclComm_t, desc: impl FnOnce() -> Result<OpDesc<'static>>) -> Result<()> {
     let h = lookup(op, comm)?;
+    let d = desc()?;
     if h.made.get().is_none() {
-        let d = desc()?;
-        let kept = DEFERRED.with(|p| {
-            p.borrow_mut().iter_mut().find(|x| x.comm.as_ref().is_some_and(|(i, _)| *i == id(comm))).map(|x| x.ops.push(d)).is_some()
+        let mine = DEFERRED.with(|p| {
+            let mut p = p.borrow_mut();
+            let entry = p.iter_mut().find(|x| x.comm.as_ref().is_some_and(|(i, _)| *i == id(comm)));
+            entry.map(|x| x.ops.push(d)).is_some()
         });
-        if !kept {
-            h.handle(op)?; // created by another thread's group, or made since: say which
-            return live(op, comm)?.enqueue(&d);
+        if mine {
+            return Ok(());
         }
-        return Ok(());
+        // Deferred by another thread's group (an error saying so), or made just now.
     }
     let c = h.handle(op)?.get(op)?;
     GROUP.with(|g| g.borrow_mut().join(id(comm), &h, || c.group_start()))?;
-    c.enqueue(&desc()?)
+    c.enqueue(&d)
 }
 
 pub fn group_start() {
