@@ -199,6 +199,8 @@ nccl_api! {
 }
 
 /// `*comm` becomes NULL first, so a failed creation never leaves a stale handle there.
+/// Inside a group the creation is deferred to the outermost `ncclGroupEnd` (`comm.rs`):
+/// the handle is written at once and made usable there.
 fn create(op: &'static str, comm: *mut ncclComm_t, f: impl FnOnce() -> Result<ncclComm_t>) -> ncclResult_t {
     call(op, || {
         put(op, "comm", comm, std::ptr::null_mut())?;
@@ -214,8 +216,8 @@ nccl_api! {
 }
 
 nccl_api! {
-    /// `config` may be NULL; `blocking = 0` is accepted (creation still completes before
-    /// the call returns).
+    /// `config` may be NULL; `blocking = 0` is accepted (outside a group, creation
+    /// completes before the call returns).
     fn ncclCommInitRankConfig / pncclCommInitRankConfig(comm: *mut ncclComm_t, nranks: c_int, commId: ncclUniqueId, rank: c_int, config: *mut ncclConfig_t) -> ncclResult_t {
         const OP: &str = "ncclCommInitRankConfig";
         create(OP, comm, || comm::init_rank(OP, &commId, nranks, rank, config))
