@@ -22,7 +22,9 @@
 
 namespace red {
 
-enum Op : int { SUM = 0, PROD = 1, MAX = 2, MIN = 3, AVG = 4 };
+// PREMUL (PreMulSum): every input is first multiplied by a scalar (one PROD step, the
+// input as the accumulator), then the products are folded with SUM (reduce.cu).
+enum Op : int { SUM = 0, PROD = 1, MAX = 2, MIN = 3, AVG = 4, PREMUL = 5 };
 
 // ------------------------------------------------------------------ f32 / f64 steps ----
 
@@ -279,6 +281,18 @@ __device__ __forceinline__ uint4 step16(uint4 acc, uint4 x) {
     for (int i = 0; i < E; ++i) a[i] = D::template step<OP>(a[i], b[i]);
     memcpy(&acc, a, 16);
     return acc;
+}
+// 16 bytes holding the element `v` of T in every lane.
+template <class D>
+__device__ __forceinline__ uint4 splat16(typename D::U v) {
+    using T = typename D::U;
+    constexpr int E = 16 / sizeof(T);
+    T a[E];
+#pragma unroll
+    for (int i = 0; i < E; ++i) a[i] = v;
+    uint4 r;
+    memcpy(&r, a, 16);
+    return r;
 }
 template <class D>
 __device__ __forceinline__ uint4 avg16(uint4 acc, uint32_t n) {

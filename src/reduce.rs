@@ -6,6 +6,9 @@
 //! **Order.** The inputs are folded left to right in the order given (the engines give them
 //! in rank order 0..n-1): `acc = x0; acc = f(acc, x1); …; acc = f(acc, x(n-1))`, each step
 //! rounded to the storage type. `Avg` is the `Sum` fold followed by one division by `n`.
+//! `PreMulSum(s)` first replaces every input by `Prod(x_i, s)` (one product step of the
+//! rules below, with `x_i` as the accumulator: in f32 and rounded to the storage type for
+//! 16- and 8-bit floats, wrapping for integers), then folds those with `Sum`.
 //!
 //! **Arithmetic per dtype.**
 //! - Integers (i8, u8, i32, u32, i64, u64): wrapping sum and product; min/max by value;
@@ -43,27 +46,55 @@
 use crate::error::{Error, Result};
 use crate::types::DataType;
 
-/// A reduction operator, numbered as NCCL numbers `ncclRedOp_t` (sum 0, prod 1, max 2,
-/// min 3, avg 4).
-#[repr(i32)]
+/// A reduction operator. The built-in ones are numbered as NCCL numbers `ncclRedOp_t` (sum
+/// 0, prod 1, max 2, min 3, avg 4: [`RedOp::raw`]); `PreMulSum` is NCCL's
+/// `ncclRedOpCreatePreMulSum` operator, which carries its scalar.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RedOp {
-    Sum = 0,
-    Prod = 1,
-    Max = 2,
-    Min = 3,
-    Avg = 4,
+    Sum,
+    Prod,
+    Max,
+    Min,
+    Avg,
+    /// `sum(scalar * x_i)`: every input is multiplied by the scalar (one `Prod` step, the
+    /// input as the accumulator), then the products are folded with `Sum`.
+    PreMulSum(Scalar),
+}
+
+/// The scalar of a `PreMulSum`, of the reduction's data type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Scalar {
+    /// Its bits (the data type's width, in the low bytes), fixed when the operator was made.
+    Value(u64),
+    /// The address of the scalar in device memory of the communicator's device, read when
+    /// each reduce step runs (by the kernel on CUDA, by the stream's worker on the host
+    /// backend), so a stream-ordered write to it before the collective applies.
+    Device(u64),
 }
 
 impl RedOp {
+    /// The built-in operators (NCCL's `ncclNumOps` of them).
     pub const ALL: [RedOp; 5] = [RedOp::Sum, RedOp::Prod, RedOp::Max, RedOp::Min, RedOp::Avg];
 
     pub fn from_raw(op: &'static str, v: i32) -> Result<Self> {
         Self::ALL
             .iter()
             .copied()
-            .find(|r| *r as i32 == v)
+            .find(|r| r.raw() == v)
             .ok_or_else(|| Error::invalid_arg(op, format!("unknown reduction operator {v}")))
+    }
+
+    /// The `ncclRedOp_t` number of a built-in operator; `PreMulSum` has none of its own
+    /// (NCCL numbers each one made from `ncclNumOps` = 5 up): 5.
+    pub fn raw(self) -> i32 {
+        match self {
+            RedOp::Sum => 0,
+            RedOp::Prod => 1,
+            RedOp::Max => 2,
+            RedOp::Min => 3,
+            RedOp::Avg => 4,
+            RedOp::PreMulSum(_) => 5,
+        }
     }
 
     pub fn name(self) -> &'static str {
@@ -73,6 +104,7 @@ impl RedOp {
             RedOp::Max => "max",
             RedOp::Min => "min",
             RedOp::Avg => "avg",
+            RedOp::PreMulSum(_) => "premulsum",
         }
     }
 }
@@ -283,6 +315,18 @@ pub fn reduce_into(dtype: DataType, op: RedOp, dst: &mut [u8], srcs: &[&[u8]]) -
     if let Some(s) = srcs.iter().find(|s| s.len() != dst.len()) {
         return Err(Error::invalid_arg(OP, format!("an input holds {} bytes, the output {}", s.len(), dst.len())));
     }
+    if let RedOp::PreMulSum(scalar) = op {
+        let Scalar::Value(bits) = scalar else {
+            return Err(Error::invalid_arg(OP, "a PreMulSum scalar in device memory is read by the device backend when its step runs; give its value here"));
+        };
+        let splat: Vec<u8> = bits.to_le_bytes()[..es].iter().copied().cycle().take(dst.len()).collect();
+        let mut scaled = vec![vec![0u8; dst.len()]; srcs.len()];
+        for (y, x) in scaled.iter_mut().zip(srcs) {
+            reduce_into(dtype, RedOp::Prod, y, &[x, &splat])?;
+        }
+        let scaled: Vec<&[u8]> = scaled.iter().map(|v| v.as_slice()).collect();
+        return reduce_into(dtype, RedOp::Sum, dst, &scaled);
+    }
     let n = srcs.len() as u64;
     match dtype {
         DataType::I8 => fold::<1>(dst, srcs, |a, b| int_step::<i8>(op, a, b, n)),
@@ -346,7 +390,7 @@ int_impl!(i8: u8, i128; u8: u8, u128; i32: u32, i128; u32: u32, u128; i64: u64, 
 fn int_step<T: Int>(op: RedOp, a: u64, b: Option<u64>, n: u64) -> u64 {
     let a = T::from_bits(a);
     let r = match (op, b.map(T::from_bits)) {
-        (RedOp::Sum | RedOp::Avg, Some(b)) => a.wrapping_add(b),
+        (RedOp::Sum | RedOp::Avg | RedOp::PreMulSum(_), Some(b)) => a.wrapping_add(b),
         (RedOp::Prod, Some(b)) => a.wrapping_mul(b),
         (RedOp::Max, Some(b)) => a.max(b),
         (RedOp::Min, Some(b)) => a.min(b),
@@ -370,7 +414,7 @@ fn pick<F: PartialOrd + Copy>(op: RedOp, a: F, b: F, a_nan: bool) -> bool {
 fn f32_step(op: RedOp, a: u64, b: Option<u64>, n: u64) -> u64 {
     let fa = f32::from_bits(a as u32);
     let r = match (op, b) {
-        (RedOp::Sum | RedOp::Avg, Some(b)) => {
+        (RedOp::Sum | RedOp::Avg | RedOp::PreMulSum(_), Some(b)) => {
             let fb = f32::from_bits(b as u32);
             nan_rule_f32(fa, fb, fa + fb)
         }
@@ -394,7 +438,7 @@ fn f32_step(op: RedOp, a: u64, b: Option<u64>, n: u64) -> u64 {
 fn f64_step(op: RedOp, a: u64, b: Option<u64>, n: u64) -> u64 {
     let fa = f64::from_bits(a);
     let r = match (op, b) {
-        (RedOp::Sum | RedOp::Avg, Some(b)) => {
+        (RedOp::Sum | RedOp::Avg | RedOp::PreMulSum(_), Some(b)) => {
             let fb = f64::from_bits(b);
             nan_rule_f64(fa, fb, fa + fb)
         }
@@ -420,7 +464,7 @@ fn f64_step(op: RedOp, a: u64, b: Option<u64>, n: u64) -> u64 {
 fn narrow_step(op: RedOp, a: u64, b: Option<u64>, n: u64, widen: impl Fn(u64) -> f32, narrow: impl Fn(f32) -> u64) -> u64 {
     let fa = widen(a);
     match (op, b) {
-        (RedOp::Sum | RedOp::Avg, Some(b)) => {
+        (RedOp::Sum | RedOp::Avg | RedOp::PreMulSum(_), Some(b)) => {
             let fb = widen(b);
             narrow(nan_rule_f32(fa, fb, fa + fb))
         }
@@ -710,6 +754,71 @@ mod tests {
         assert_eq!(u64s(Sum, &[u64::MAX, 2]), 1);
         assert_eq!(u64s(Avg, &[u64::MAX, 0, 0]), u64::MAX / 3);
         assert_eq!(u64s(Min, &[u64::MAX, 1 << 63]), 1 << 63);
+    }
+
+    /// PreMulSum against arithmetic written out here: each input times the scalar in the
+    /// contract's arithmetic, then summed left to right, for every float and integer type.
+    #[test]
+    fn premulsum_is_prescale_then_sum() {
+        let pm = |s: u64| PreMulSum(Scalar::Value(s));
+        // f32 and f64: plain IEEE arithmetic (finite values).
+        let xs = [1.5f32, -2.25, 1e30, 3.0];
+        let want = xs.iter().map(|x| x * 0.1f32).fold(None, |a: Option<f32>, y| Some(a.map_or(y, |a| a + y))).unwrap();
+        assert_eq!(f32r(pm(0.1f32.to_bits() as u64), &xs), want.to_bits());
+        let xd = [1.5f64, -2.25, 1e300, 3.0, 7.0];
+        let wd = xd.iter().map(|x| x * -0.3).fold(None, |a: Option<f64>, y| Some(a.map_or(y, |a| a + y))).unwrap();
+        assert_eq!(f64r(pm((-0.3f64).to_bits()), &xd), wd.to_bits());
+        // 16- and 8-bit floats: each product rounded to the storage type, each sum too.
+        let narrow_case = |dt: DataType, s: f32, xs: &[f32], to: &dyn Fn(f32) -> u64, from: &dyn Fn(u64) -> f32| {
+            let sb = to(s);
+            let xb: Vec<u64> = xs.iter().map(|x| to(*x)).collect();
+            let ys: Vec<u64> = xb.iter().map(|x| to(from(*x) * from(sb))).collect();
+            let mut acc = ys[0];
+            for y in &ys[1..] {
+                acc = to(from(acc) + from(*y));
+            }
+            let w = dt.size();
+            assert_eq!(red_any(dt, pm(sb), &xb, w), acc, "{}", dt.name());
+        };
+        let xs = [1.0f32, 3.0, -0.75, 100.0, 0.3];
+        narrow_case(DataType::F16, 0.1, &xs, &|x| f32_to_f16(x) as u64, &|b| f16_to_f32(b as u16));
+        narrow_case(DataType::BF16, 0.1, &xs, &|x| f32_to_bf16(x) as u64, &|b| bf16_to_f32(b as u16));
+        narrow_case(DataType::F8E4M3, 0.5, &xs, &|x| f32_to_f8e4m3(x) as u64, &|b| f8e4m3_to_f32(b as u8));
+        narrow_case(DataType::F8E5M2, 0.5, &xs, &|x| f32_to_f8e5m2(x) as u64, &|b| f8e5m2_to_f32(b as u8));
+        // f16: the product rounds before the sum (1 + 2^-11 is 1 in f16; the sum then 2).
+        assert_eq!(f16(pm(0x3c00), &[0x3c00, 0x3c00]), 0x4000);
+        // (1 + 2^-10) + 2^-11 (1 + 2^-10): the product is exact (0x1001), the sum lies just
+        // above the tie between 0x3c01 and 0x3c02, so it rounds up.
+        assert_eq!(f16(pm(0x3c01), &[0x3c00, 0x1000]), 0x3c02);
+        // Integers: wrapping products and sums.
+        let i8s: Vec<u64> = [100i8, -7, 3].iter().map(|x| *x as u8 as u64).collect();
+        let w8 = [100i8, -7, 3].iter().fold(0i8, |a, x| a.wrapping_add(x.wrapping_mul(3)));
+        assert_eq!(red_any(DataType::I8, pm(3), &i8s, 1) as u8 as i8, w8);
+        assert_eq!(red_any(DataType::U8, pm(200), &[2, 3], 1), (2u8.wrapping_mul(200).wrapping_add(3u8.wrapping_mul(200))) as u64);
+        let w32 = [i32::MAX, -5, 9].iter().fold(0i32, |a, x| a.wrapping_add(x.wrapping_mul(-2)));
+        let i32s: Vec<u64> = [i32::MAX, -5, 9].iter().map(|x| *x as u32 as u64).collect();
+        assert_eq!(red_any(DataType::I32, pm((-2i32) as u32 as u64), &i32s, 4) as u32 as i32, w32);
+        assert_eq!(red_any(DataType::U32, pm(7), &[u32::MAX as u64, 1], 4), u32::MAX.wrapping_mul(7).wrapping_add(7) as u64);
+        assert_eq!(red_any(DataType::I64, pm((-1i64) as u64), &[5, (-9i64) as u64], 8) as i64, 4);
+        assert_eq!(red_any(DataType::U64, pm(1 << 63), &[3, 2], 8), 1 << 63);
+        // One input: just the product.
+        assert_eq!(f32r(pm(2.0f32.to_bits() as u64), &[3.0]), 6.0f32.to_bits());
+        // NaN scalar: every product is NaN (quieted), so the sum is.
+        assert_eq!(f32r(pm(0x7f80_0001), &[1.0, 2.0]), 0x7fc0_0001);
+        // A scalar in device memory cannot be read here.
+        let mut out = [0u8; 4];
+        assert!(reduce_into(DataType::F32, PreMulSum(Scalar::Device(0x1000)), &mut out, &[&[0u8; 4][..]]).is_err());
+        assert_eq!(PreMulSum(Scalar::Value(0)).raw(), 5);
+        assert_eq!(PreMulSum(Scalar::Value(0)).name(), "premulsum");
+    }
+
+    fn red_any(dt: DataType, op: RedOp, xs: &[u64], w: usize) -> u64 {
+        match w {
+            1 => red::<1>(dt, op, xs),
+            2 => red::<2>(dt, op, xs),
+            4 => red::<4>(dt, op, xs),
+            _ => red::<8>(dt, op, xs),
+        }
     }
 
     #[test]

@@ -269,7 +269,7 @@ struct Pool {
 
 fn args(op: Op, f: Fault, p: &Pool) -> Args {
     let peer = (1 - p.rank) as c_int;
-    let mut a = Args { send: p.a, recv: p.b, count: GOOD_COUNT, dtype: F32, red: RedOp::Sum as c_int, rank: if op.p2p() { peer } else { 0 }, stream: p.stream };
+    let mut a = Args { send: p.a, recv: p.b, count: GOOD_COUNT, dtype: F32, red: RedOp::Sum.raw(), rank: if op.p2p() { peer } else { 0 }, stream: p.stream };
     let bad_buffer = |a: &mut Args, v: u64| {
         if op.faults_send() {
             a.send = v;
@@ -495,7 +495,7 @@ fn alloc(comm: c::Comm, bytes: usize) -> *mut c_void {
 fn c_good_all_reduce(comm: c::Comm, rank: usize, i: usize, a: *mut c_void, b: *mut c_void, s: c::Stream, after: &str) {
     let input = f32_bytes(&good_input(rank, i));
     assert_eq!(c::hocclMemcpyToDevice(comm, a, input.as_ptr().cast(), input.len()), OK, "{}", c::last_error());
-    assert_eq!(c::hocclAllReduce(a, b, GOOD_COUNT, F32, RedOp::Sum as c_int, comm, s), OK, "after {after}: {}", c::last_error());
+    assert_eq!(c::hocclAllReduce(a, b, GOOD_COUNT, F32, RedOp::Sum.raw(), comm, s), OK, "after {after}: {}", c::last_error());
     assert_eq!(c::hocclStreamSynchronize(comm, s), OK, "{}", c::last_error());
     let mut got = vec![0u8; GOOD_COUNT * 4];
     assert_eq!(c::hocclMemcpyToHost(comm, got.as_mut_ptr().cast(), b, got.len()), OK, "{}", c::last_error());

@@ -12,7 +12,7 @@ mod rng;
 use rng::Rng;
 use hoccl::config::BackendChoice;
 use hoccl::device::{cuda::CudaDevice, DevPtr, Device};
-use hoccl::reduce::RedOp;
+use hoccl::reduce::{RedOp, Scalar};
 use hoccl::types::DataType;
 use std::sync::Arc;
 
@@ -126,7 +126,7 @@ fn step(dt: DataType, op: RedOp, a: u64, b: u64) -> u64 {
         ($t:ty) => {{
             let (x, y) = (a as $t, b as $t);
             (match op {
-                RedOp::Sum | RedOp::Avg => x.wrapping_add(y),
+                RedOp::Sum | RedOp::Avg | RedOp::PreMulSum(_) => x.wrapping_add(y),
                 RedOp::Prod => x.wrapping_mul(y),
                 RedOp::Max => if y > x { y } else { x },
                 RedOp::Min => if y < x { y } else { x },
@@ -137,7 +137,7 @@ fn step(dt: DataType, op: RedOp, a: u64, b: u64) -> u64 {
         ($x:expr, $y:expr) => {{
             let (x, y) = ($x, $y);
             match op {
-                RedOp::Sum | RedOp::Avg => Err(x + y),
+                RedOp::Sum | RedOp::Avg | RedOp::PreMulSum(_) => Err(x + y),
                 RedOp::Prod => Err(x * y),
                 RedOp::Max => Ok(y > x || x.is_nan()),
                 RedOp::Min => Ok(y < x || x.is_nan()),
@@ -209,7 +209,13 @@ pub fn reference(dt: DataType, op: RedOp, inputs: &[&[u8]], count: usize) -> Vec
 }
 
 /// This file's reading of the contract, element by element (the spot checks below).
+/// PreMulSum: each input times the scalar (a Prod step, the input first), then summed.
 fn fold(dt: DataType, op: RedOp, inputs: &[u64]) -> u64 {
+    let scaled: Vec<u64> = match op {
+        RedOp::PreMulSum(Scalar::Value(s)) => inputs.iter().map(|&x| step(dt, RedOp::Prod, x, s)).collect(),
+        _ => inputs.to_vec(),
+    };
+    let inputs = &scaled;
     let mut acc = inputs[0];
     for &x in &inputs[1..] {
         acc = step(dt, op, acc, x);
@@ -262,6 +268,13 @@ fn cuda(dev: &Arc<dyn Device>) -> &CudaDevice {
 /// dst at offs[m]) from 256-byte aligned allocations; `in_place`: dst is input 0.
 #[allow(clippy::too_many_arguments)]
 fn run_case(dev: &Arc<dyn Device>, s: hoccl::device::StreamHandle, rng: &mut Rng, dt: DataType, op: RedOp, m: usize, count: usize, offs: &[usize], in_place: bool) {
+    run_case_as(dev, s, rng, dt, op, op, m, count, offs, in_place)
+}
+
+/// `run_case` with the operator of the reference given apart (a scalar in device memory is
+/// checked against its value).
+#[allow(clippy::too_many_arguments)]
+fn run_case_as(dev: &Arc<dyn Device>, s: hoccl::device::StreamHandle, rng: &mut Rng, dt: DataType, op: RedOp, ref_op: RedOp, m: usize, count: usize, offs: &[usize], in_place: bool) {
     let es = dt.size();
     let inputs: Vec<Vec<u8>> = (0..m).map(|_| data(rng, dt, count)).collect();
     let len = count * es + 64;
@@ -276,7 +289,7 @@ fn run_case(dev: &Arc<dyn Device>, s: hoccl::device::StreamHandle, rng: &mut Rng
     let mut got = vec![0u8; count * es];
     dev.copy_to_host(&mut got, dst).unwrap();
     let refs: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
-    let want = reference(dt, op, &refs, count);
+    let want = reference(dt, ref_op, &refs, count);
     if got != want {
         let i = (0..count).find(|&i| got[i * es..(i + 1) * es] != want[i * es..(i + 1) * es]).unwrap();
         let ins: Vec<String> = inputs.iter().map(|x| format!("{:#x}", get(x, i, es))).collect();
@@ -321,6 +334,36 @@ fn every_dtype_op_and_count_bit_exact() {
         }
     }
     eprintln!("{cases} cases bit exact");
+}
+
+/// PreMulSum kernels: every dtype, the scalar by value and in device memory (read by the
+/// kernel), vector and scalar paths, in place and out of place.
+#[test]
+#[ignore = "needs a GPU: run with --ignored"]
+fn premulsum_every_dtype_bit_exact() {
+    let dev = gpu();
+    let s = dev.create_stream().unwrap();
+    let mut rng = Rng(0x5eed_0003);
+    let sp = dev.alloc(8).unwrap();
+    for dt in DataType::ALL {
+        let per16 = 16 / dt.size();
+        for (ci, count) in [1, per16 + 1, 1000, 64 * 1024 + 3].into_iter().enumerate() {
+            for m in [1usize, 2, 3, 8] {
+                let bits = get(&data(&mut rng, dt, 1), 0, dt.size());
+                for on_device in [false, true] {
+                    let op = if on_device {
+                        dev.copy_from_host(sp, &bits.to_le_bytes()[..dt.size()]).unwrap();
+                        RedOp::PreMulSum(Scalar::Device(sp.0))
+                    } else {
+                        RedOp::PreMulSum(Scalar::Value(bits))
+                    };
+                    let offs: Vec<usize> = if ci % 2 == 0 { vec![0; m + 1] } else { (0..=m).map(|_| rng.below(per16 as u64) as usize).collect() };
+                    run_case_as(&dev, s, &mut rng, dt, op, RedOp::PreMulSum(Scalar::Value(bits)), m, count, &offs, ci == 2);
+                }
+            }
+        }
+    }
+    dev.free(sp).unwrap();
 }
 
 #[test]
@@ -415,7 +458,8 @@ fn reference_spot_checks() {
     // The two readings agree on values without generated NaNs.
     let mut rng = Rng(7);
     for dt in [DataType::BF16, DataType::F16, DataType::F32, DataType::F64, DataType::I32, DataType::U8, DataType::F8E4M3] {
-        for op in RedOp::ALL {
+        let scalar = get(&data(&mut rng, dt, 1), 0, dt.size());
+        for op in RedOp::ALL.into_iter().chain([RedOp::PreMulSum(Scalar::Value(scalar))]) {
             let x: Vec<Vec<u8>> = (0..3).map(|_| data(&mut rng, dt, 64)).collect();
             let refd = reference(dt, op, &x.iter().map(|v| v.as_slice()).collect::<Vec<_>>(), 64);
             for i in 0..64 {

@@ -10,7 +10,7 @@ mod common;
 use common::*;
 
 use hoccl::device::pattern_byte;
-use hoccl::reduce::reduce_into;
+use hoccl::reduce::{reduce_into, Scalar};
 use hoccl::{Config, DataType, RedOp};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,6 +63,13 @@ fn reference(dtype: DataType, op: RedOp, inputs: &[Vec<u8>], at: usize, len: usi
 /// One call of `kind` with every rank's buffers, checked against the reference.
 #[allow(clippy::too_many_arguments)]
 fn check_one(c: &hoccl::Communicator, s: hoccl::device::StreamHandle, it: u64, kind: Kind, dtype: DataType, op: RedOp, count: usize, in_place: bool, root: usize) {
+    check_one_as(c, s, it, kind, dtype, op, op, count, in_place, root)
+}
+
+/// `check_one` with the operator the reference applies given apart (a PreMulSum whose
+/// scalar the device reads is checked against the same operator with the scalar's value).
+#[allow(clippy::too_many_arguments)]
+fn check_one_as(c: &hoccl::Communicator, s: hoccl::device::StreamHandle, it: u64, kind: Kind, dtype: DataType, op: RedOp, ref_op: RedOp, count: usize, in_place: bool, root: usize) {
     let (r, n, dev) = (c.rank(), c.size(), c.device().clone());
     let es = dtype.size();
     let len = count * es;
@@ -88,9 +95,9 @@ fn check_one(c: &hoccl::Communicator, s: hoccl::device::StreamHandle, it: u64, k
     sync(&dev, s);
     let got_send = send.read_all();
     let expect = match kind {
-        Kind::AllReduce => Some(reference(dtype, op, &inputs, 0, len)),
-        Kind::ReduceScatter => Some(reference(dtype, op, &inputs, r * len, len)),
-        Kind::Reduce => (r == root).then(|| reference(dtype, op, &inputs, 0, len)),
+        Kind::AllReduce => Some(reference(dtype, ref_op, &inputs, 0, len)),
+        Kind::ReduceScatter => Some(reference(dtype, ref_op, &inputs, r * len, len)),
+        Kind::Reduce => (r == root).then(|| reference(dtype, ref_op, &inputs, 0, len)),
     };
     match (&recv, &expect) {
         (Some(b), Some(e)) => {
@@ -345,4 +352,49 @@ fn invalid_arguments(b: Backend) {
     });
 }
 
-backend_tests!(matrix_1, matrix_2, matrix_3, matrix_4, matrix_5, matrix_8, random_shapes, mixed_two_streams, stream_ordering, in_groups, invalid_arguments);
+/// PreMulSum (every input times a scalar, then summed): every kind × data type on 3 ranks,
+/// the scalar given by value and in device memory (there read when the reduce step runs: it
+/// is written after the previous call's step completed and before this call is enqueued).
+/// Scalars are random bits, so the floating-point types meet NaN and infinite scalars too.
+/// `reduce_into`'s PreMulSum is checked against an independent arithmetic in its own tests
+/// and in `tests/reduce_kernels.rs`.
+fn premulsum(b: Backend) {
+    run_ranks(b, 3, small_scratch(), |c| {
+        c.reserve_reduce_scratch().unwrap();
+        let dev = c.device().clone();
+        let s = new_stream(&dev);
+        let scalar = dev.alloc(8).unwrap();
+        let mut it = 77_000;
+        for kind in KINDS {
+            for dtype in DataType::ALL {
+                for on_device in [false, true] {
+                    it += 1;
+                    let mut rng = Rng(it); // the same on every rank
+                    let bits = rng.next() & (u64::MAX >> (64 - 8 * dtype.size()));
+                    let value = RedOp::PreMulSum(Scalar::Value(bits));
+                    let op = if on_device {
+                        dev.copy_from_host(scalar, &bits.to_le_bytes()[..dtype.size()]).unwrap();
+                        RedOp::PreMulSum(Scalar::Device(scalar.0))
+                    } else {
+                        value
+                    };
+                    let count = [1, chunk_elems(3, dtype) * 3 + 1, rng.below(900) as usize | 1][rng.below(3) as usize];
+                    let (in_place, root) = (rng.below(2) == 0, rng.below(3) as usize);
+                    check_one_as(c, s, it, kind, dtype, op, value, count, in_place, root);
+                }
+            }
+        }
+        // A scalar outside device memory is refused when the call is enqueued.
+        let on_host = [0u8; 8];
+        let bad = RedOp::PreMulSum(Scalar::Device(on_host.as_ptr() as u64));
+        let buf = dev.alloc(64).unwrap();
+        let e = c.all_reduce(buf, buf, 4, DataType::F32, bad, s).unwrap_err();
+        assert_eq!(e.code(), hoccl::ErrorCode::InvalidArgument, "{e}");
+        assert!(e.to_string().contains("PreMulSum scalar"), "{e}");
+        sync(&dev, s);
+        dev.free(buf).unwrap();
+        dev.free(scalar).unwrap();
+    });
+}
+
+backend_tests!(matrix_1, matrix_2, matrix_3, matrix_4, matrix_5, matrix_8, random_shapes, mixed_two_streams, stream_ordering, in_groups, invalid_arguments, premulsum);

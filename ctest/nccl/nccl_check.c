@@ -1,6 +1,6 @@
 /* hoccl's libnccl.so.2 through NCCL's C API (include/hoccl-nccl/nccl.h), from C, without MPI:
  * the program forks its ranks before any library call and rank 0 hands them the unique id
- * through pipes (ctest/spawn_ranks.h).   nccl_check NRANKS
+ * through pipes (ctest/spawn_ranks.h).   nccl_check NRANKS [STREAM]
  *
  * Checked against values computed here: the unique-id bootstrap and a refused wrong secret
  * (bounded time, message in ncclGetLastError); InitRank, InitRankConfig (blocking 1 and 0,
@@ -8,17 +8,21 @@
  * Count/CuDevice/UserRank, GetVersion, GetErrorString; AllReduce (sum, prod, max, min, avg
  * on float, int32, bf16), ReduceScatter, Reduce, AllGather, Broadcast, Bcast, Send/Recv in
  * groups, AlltoAll, Gather, Scatter; MemAlloc/MemFree, CommRegister/Deregister and window
- * registration, RedOpCreatePreMulSum/RedOpDestroy; Finalize, Abort, GetAsyncError; and error
- * paths: NULL communicator, bad data type, operator, root and peer, a count that overflows, a
- * refused function. Exits non-zero on any failure.
+ * registration, RedOpCreatePreMulSum (host and device scalars)/RedOpDestroy; Finalize, Abort,
+ * GetAsyncError; and error paths: NULL communicator, bad data type, operator, root and
+ * peer, a count that overflows, a refused function. Exits non-zero on any failure.
  *
  * Buffers come from ncclMemAlloc. On CUDA (libcuda.so.1 loads and HOCCL_BACKEND is not
  * "host") they are GPU memory, copied with the driver's cuMemcpy and waited for with
  * cuCtxSynchronize; rank r uses GPU r mod the GPU count. On the host backend they are host
  * memory, and work on the default stream is waited for with ncclCommFinalize (which on
- * hoccl's host backend also drains the default stream). Collectives use stream 0 on the
- * host backend and a created non-blocking stream on CUDA (the legacy default stream is a
- * documented limit there: docs/nccl.md). */
+ * hoccl's host backend also drains the default stream). STREAM picks the stream of every
+ * collective on CUDA: "created" (the default: a non-blocking stream made here), "null"
+ * (stream 0, the legacy default stream), "legacy" (cudaStreamLegacy) or "per-thread"
+ * (cudaStreamPerThread); the host backend has stream 0 only, whatever STREAM says. The
+ * sections that drive several ranks from this thread give each its own created stream:
+ * two ranks on one default stream would wait for each other. Also: creation inside a group
+ * (InitRank and Split deferred to GroupEnd, collectives kept for them, a failing group). */
 #define _POSIX_C_SOURCE 200809L
 #include <dlfcn.h>
 #include <limits.h>
@@ -36,8 +40,9 @@
 #define SECRET_LEN 16
 
 static int g_rank, g_n, g_failures, g_checks;
-/* The stream of every collective: NULL (stream 0) on the host backend, a created one on CUDA. */
+/* The stream of every collective: NULL (stream 0) on the host backend; on CUDA as STREAM says. */
 static cudaStream_t g_stream = NULL;
+static const char* g_stream_mode = "created";
 
 static void expect(int ok, const char* what) {
   ++g_checks;
@@ -521,6 +526,108 @@ static void init_all(void) {
   free(h);
 }
 
+/* NCCL's way of driving several ranks from one thread: GroupStart, one InitRank per rank,
+ * GroupEnd. The creations return their handles at once and GroupEnd creates them together
+ * (each would otherwise wait for the others' rendezvous); collectives enqueued in the same
+ * group apply to the new communicators. Three ranks in this process (each on its own stream
+ * on CUDA, as in init_all), then a split of them inside a group, a split of `world` across the
+ * processes inside a group with an AllReduce on the new communicator in that group, and a
+ * group whose creation fails: GroupEnd fails and each handle of the group reports it. */
+static void group_creation(ncclComm_t world) {
+  enum { R = 3 };
+  ncclComm_t comms[R] = {NULL, NULL, NULL};
+  cudaStream_t streams[R] = {NULL, NULL, NULL};
+  if (cu.cuda)
+    for (int r = 0; r < R; ++r) expect(cu.stream_create(&streams[r], 1 /* non-blocking */) == 0, "cuStreamCreate");
+  ncclUniqueId id;
+  expect_rc(ncclGetUniqueId(&id), ncclSuccess, "GetUniqueId (group creation)");
+  const size_t count = 513;
+  float* h = malloc(count * 4);
+  void* d[R];
+  for (int r = 0; r < R; ++r) {
+    d[r] = dalloc(count * 4);
+    fill(h, ncclFloat32, r, count, 0, 71);
+    upload(d[r], h, count * 4);
+  }
+  expect_rc(ncclGroupStart(), ncclSuccess, "GroupStart (creation)");
+  for (int r = 0; r < R; ++r) {
+    expect_rc(ncclCommInitRank(&comms[r], R, id, r), ncclSuccess, "InitRank inside a group");
+    expect(comms[r] != NULL, "InitRank inside a group returns its handle at once");
+  }
+  ncclResult_t st = ncclSuccess;
+  int c = -1;
+  expect_rc(ncclCommGetAsyncError(comms[0], &st), ncclSuccess, "GetAsyncError on a pending creation");
+  expect_rc(st, ncclInProgress, "a creation pending until GroupEnd is in progress");
+  expect_refused(ncclCommCount(comms[0], &c), ncclInvalidUsage, "Count before GroupEnd");
+  for (int r = 0; r < R; ++r)
+    expect_rc(ncclAllReduce(d[r], d[r], count, ncclFloat32, ncclSum, comms[r], streams[r]), ncclSuccess,
+              "AllReduce in the creating group");
+  expect_rc(ncclGroupEnd(), ncclSuccess, "GroupEnd creates the communicators");
+  for (int r = 0; r < R; ++r) {
+    int me = -1;
+    c = -1;
+    expect(ncclCommCount(comms[r], &c) == ncclSuccess && c == R, "group creation: Count");
+    expect(ncclCommUserRank(comms[r], &me) == ncclSuccess && me == r, "group creation: UserRank");
+    wait_for(comms[r]);
+    download(h, d[r], count * 4);
+    size_t bad = 0;
+    for (size_t i = 0; i < count; ++i) bad += h[i] != (float)(ival(0, i, 71) + ival(1, i, 71) + ival(2, i, 71));
+    expect(bad == 0, "AllReduce enqueued in the creating group: wrong elements");
+  }
+  /* Split of the three inside a group: even and odd ranks. */
+  ncclComm_t subs[R] = {NULL, NULL, NULL};
+  expect_rc(ncclGroupStart(), ncclSuccess, "GroupStart (split)");
+  for (int r = 0; r < R; ++r) expect_rc(ncclCommSplit(comms[r], r % 2, 0, &subs[r], NULL), ncclSuccess, "Split inside a group");
+  expect_rc(ncclGroupEnd(), ncclSuccess, "GroupEnd creates the splits");
+  for (int r = 0; r < R; ++r) {
+    c = -1;
+    expect(ncclCommCount(subs[r], &c) == ncclSuccess && c == (r % 2 == 0 ? 2 : 1), "split inside a group: Count");
+    expect_rc(ncclCommDestroy(subs[r]), ncclSuccess, "Destroy (split inside a group)");
+  }
+  for (int r = 0; r < R; ++r) {
+    dfree(d[r]);
+    expect_rc(ncclCommDestroy(comms[r]), ncclSuccess, "Destroy (group creation)");
+  }
+  /* A split of `world` inside a group, across the processes, with a collective kept for it. */
+  ncclComm_t all = NULL;
+  int32_t* hi = malloc(count * 4);
+  void* di = dalloc(count * 4);
+  for (size_t i = 0; i < count; ++i) hi[i] = ival(g_rank, i, 72);
+  upload(di, hi, count * 4);
+  expect_rc(ncclGroupStart(), ncclSuccess, "GroupStart (split of world)");
+  expect_rc(ncclCommSplit(world, 0, g_rank, &all, NULL), ncclSuccess, "Split of world inside a group");
+  expect_rc(ncclAllReduce(di, di, count, ncclInt32, ncclSum, all, g_stream), ncclSuccess, "AllReduce on a split pending in the group");
+  expect_rc(ncclGroupEnd(), ncclSuccess, "GroupEnd creates the split of world");
+  if (all != NULL) {
+    wait_for(all);
+    download(hi, di, count * 4);
+    size_t bad = 0;
+    for (size_t i = 0; i < count; ++i) {
+      int32_t want = 0;
+      for (int p = 0; p < g_n; ++p) want += ival(p, i, 72);
+      bad += hi[i] != want;
+    }
+    expect(bad == 0, "AllReduce kept for a split of world: wrong elements");
+    expect_rc(ncclCommDestroy(all), ncclSuccess, "Destroy (split of world)");
+  }
+  dfree(di);
+  free(hi);
+  /* A group whose second creation cannot succeed (an id naming no rendezvous). */
+  ncclUniqueId good, bad;
+  memset(&bad, 0, sizeof bad);
+  expect_rc(ncclGetUniqueId(&good), ncclSuccess, "GetUniqueId (failing group)");
+  ncclComm_t a = NULL, b = NULL;
+  expect_rc(ncclGroupStart(), ncclSuccess, "GroupStart (failing group)");
+  expect_rc(ncclCommInitRank(&a, 1, good, 0), ncclSuccess, "InitRank (failing group, good id)");
+  expect_rc(ncclCommInitRank(&b, 1, bad, 0), ncclSuccess, "InitRank (failing group, bad id: checked at GroupEnd)");
+  expect_refused(ncclGroupEnd(), ncclInvalidArgument, "GroupEnd of a group whose creation fails");
+  expect_refused(ncclCommCount(a, &c), ncclInvalidUsage, "Count on a handle of the failed group");
+  expect(strstr(ncclGetLastError(NULL), "another creation of its group failed") != NULL, "the message says why");
+  expect_rc(ncclCommDestroy(a), ncclSuccess, "Destroy a handle of the failed group");
+  expect_rc(ncclCommAbort(b), ncclSuccess, "Abort the failed handle");
+  free(h);
+}
+
 static void registration_and_operators(ncclComm_t world) {
   const size_t count = 513;
   void* d = dalloc(4096 * 4);
@@ -531,26 +638,39 @@ static void registration_and_operators(ncclComm_t world) {
   expect_rc(ncclCommWindowRegister(world, d, 4096 * 4, &win, NCCL_WIN_DEFAULT), ncclSuccess, "CommWindowRegister");
   expect_rc(ncclCommWindowDeregister(world, win), ncclSuccess, "CommWindowDeregister");
 
-  /* PreMulSum: each rank's input times 2, summed. hoccl either computes it or refuses every
-   * collective with the operator (ncclInvalidArgument, with a message); either way the
-   * operator is created and destroyed. */
+  /* PreMulSum: each rank's input times the scalar, summed. A host scalar (2, float) is read
+   * at creation; a device scalar (3, int32) is read by the reduce step when it runs. */
   float scalar = 2.0f, *h = malloc(count * 4);
-  ncclRedOp_t op = ncclSum;
+  ncclRedOp_t op = ncclSum, dop = ncclSum;
   expect_rc(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat32, ncclScalarHostImmediate, world), ncclSuccess,
-            "RedOpCreatePreMulSum");
+            "RedOpCreatePreMulSum (host scalar)");
   expect((int)op >= (int)ncclNumOps, "a PreMulSum operator is numbered past the built-in ones");
+  scalar = 100.0f; /* read at creation: changing it now changes nothing */
   fill(h, ncclFloat32, g_rank, count, 0, 11);
   upload(d, h, count * 4);
-  ncclResult_t rc = ncclAllReduce(d, d, count, ncclFloat32, op, world, g_stream);
-  if (rc == ncclSuccess) {
-    wait_for(world);
-    download(h, d, count * 4);
-    size_t bad = 0;
-    for (size_t i = 0; i < count; ++i) bad += h[i] != 2.0f * (float)reduced(ncclFloat32, ncclSum, g_n, i, 11);
-    expect(bad == 0, "AllReduce with PreMulSum: wrong elements");
-  } else {
-    expect_refused(rc, ncclInvalidArgument, "AllReduce with a PreMulSum operator");
-  }
+  expect_rc(ncclAllReduce(d, d, count, ncclFloat32, op, world, g_stream), ncclSuccess, "AllReduce with PreMulSum");
+  wait_for(world);
+  download(h, d, count * 4);
+  size_t bad = 0;
+  for (size_t i = 0; i < count; ++i) bad += h[i] != 2.0f * (float)reduced(ncclFloat32, ncclSum, g_n, i, 11);
+  expect(bad == 0, "AllReduce with PreMulSum (host scalar): wrong elements");
+  void* ds = dalloc(8);
+  expect_rc(ncclRedOpCreatePreMulSum(&dop, ds, ncclInt32, ncclScalarDevice, world), ncclSuccess,
+            "RedOpCreatePreMulSum (device scalar)");
+  int32_t three = 3, *hi = (int32_t*)h;
+  upload(ds, &three, 4); /* after creation: the step reads it when it runs */
+  fill(h, ncclInt32, g_rank, count, 0, 12);
+  upload(d, h, count * 4);
+  expect_rc(ncclAllReduce(d, d, count, ncclInt32, dop, world, g_stream), ncclSuccess, "AllReduce with a device PreMulSum");
+  wait_for(world);
+  download(h, d, count * 4);
+  bad = 0;
+  for (size_t i = 0; i < count; ++i) bad += hi[i] != 3 * (int32_t)reduced(ncclInt32, ncclSum, g_n, i, 12);
+  expect(bad == 0, "AllReduce with PreMulSum (device scalar): wrong elements");
+  expect_refused(ncclAllReduce(d, d, count, ncclFloat32, dop, world, g_stream), ncclInvalidArgument,
+                 "a PreMulSum operator on another data type");
+  expect_rc(ncclRedOpDestroy(dop, world), ncclSuccess, "RedOpDestroy (device scalar)");
+  dfree(ds);
   expect_rc(ncclRedOpDestroy(op, world), ncclSuccess, "RedOpDestroy");
   expect_refused(ncclRedOpDestroy(op, world), ncclInvalidArgument, "RedOpDestroy twice");
   dfree(d);
@@ -605,7 +725,12 @@ static int rank_main(int rank, int nranks, const void* idp, void* arg) {
     fprintf(stderr, "nccl_check: rank %d: CUDA requested but not usable\n", rank);
     return 1;
   }
-  if (cu.cuda) expect(cu.stream_create(&g_stream, 1 /* non-blocking */) == 0, "cuStreamCreate");
+  if (cu.cuda && strcmp(g_stream_mode, "created") == 0)
+    expect(cu.stream_create(&g_stream, 1 /* non-blocking */) == 0, "cuStreamCreate");
+  else if (cu.cuda && strcmp(g_stream_mode, "legacy") == 0)
+    g_stream = (cudaStream_t)(uintptr_t)0x1; /* cudaStreamLegacy */
+  else if (cu.cuda && strcmp(g_stream_mode, "per-thread") == 0)
+    g_stream = (cudaStream_t)(uintptr_t)0x2; /* cudaStreamPerThread */
   ncclUniqueId id;
   memcpy(&id, idp, sizeof id);
   int version = 0;
@@ -639,24 +764,30 @@ static int rank_main(int rank, int nranks, const void* idp, void* arg) {
   config_comms(world);
   split_comms(world);
   init_all();
+  group_creation(world);
   registration_and_operators(world);
   error_paths(world);
 
   expect_rc(ncclCommFinalize(world), ncclSuccess, "Finalize");
   expect_rc(ncclCommDestroy(world), ncclSuccess, "Destroy");
-  printf("nccl_check: rank %d: %d checks, %d failed (%s)\n", rank, g_checks, g_failures, cu.cuda ? "CUDA" : "host backend");
+  printf("nccl_check: rank %d: %d checks, %d failed (%s, stream %p)\n", rank, g_checks, g_failures,
+         cu.cuda ? "CUDA" : "host backend", (void*)g_stream);
   return g_failures != 0;
 }
 
 int main(int argc, char** argv) {
   int nranks = argc > 1 ? atoi(argv[1]) : 2;
-  if (nranks < 2) {
-    fprintf(stderr, "usage: %s NRANKS (2 or more)\n", argv[0]);
+  if (argc > 2) g_stream_mode = argv[2];
+  const char* modes[] = {"created", "null", "legacy", "per-thread"};
+  int known = 0;
+  for (int i = 0; i < 4; ++i) known |= strcmp(g_stream_mode, modes[i]) == 0;
+  if (nranks < 2 || !known) {
+    fprintf(stderr, "usage: %s NRANKS [created|null|legacy|per-thread] (NRANKS 2 or more)\n", argv[0]);
     return 2;
   }
   setenv("HOCCL_TIMEOUT_MS", "30000", 0);
   int rc = spawn_ranks(nranks, sizeof(ncclUniqueId), make_id, rank_main, NULL);
-  printf("nccl_check: %s (%d ranks, %s)\n", rc == 0 ? "OK" : "FAILED", nranks,
-         getenv("HOCCL_BACKEND") ? getenv("HOCCL_BACKEND") : "backend auto");
+  printf("nccl_check: %s (%d ranks, %s, stream %s)\n", rc == 0 ? "OK" : "FAILED", nranks,
+         getenv("HOCCL_BACKEND") ? getenv("HOCCL_BACKEND") : "backend auto", g_stream_mode);
   return rc;
 }

@@ -295,9 +295,9 @@ impl NcclComm {
                 recv(rb, ROOT)
             }),
             // ncclRedOp_t and hoccl's RedOp share their numbering.
-            (OpKind::AllReduce, ..) => a.check("ncclAllReduce", (a.all_reduce)(sb, rb, cnt, t, RED_OP as c_int, c, st), c),
-            (OpKind::ReduceScatter, ..) => a.check("ncclReduceScatter", (a.reduce_scatter)(sb, rb, cnt, t, RED_OP as c_int, c, st), c),
-            (OpKind::Reduce, ..) => a.check("ncclReduce", (a.reduce)(sb, rb, cnt, t, RED_OP as c_int, root, c, st), c),
+            (OpKind::AllReduce, ..) => a.check("ncclAllReduce", (a.all_reduce)(sb, rb, cnt, t, RED_OP.raw(), c, st), c),
+            (OpKind::ReduceScatter, ..) => a.check("ncclReduceScatter", (a.reduce_scatter)(sb, rb, cnt, t, RED_OP.raw(), c, st), c),
+            (OpKind::Reduce, ..) => a.check("ncclReduce", (a.reduce)(sb, rb, cnt, t, RED_OP.raw(), root, c, st), c),
         }
     }
 

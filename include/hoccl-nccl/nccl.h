@@ -258,8 +258,9 @@ ncclResult_t pncclCommWindowRegister(ncclComm_t comm, void *buff, size_t size, n
 ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win);
 ncclResult_t pncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win);
 
-/* Creates the operator; a collective that uses it fails with ncclInvalidArgument (hoccl's
- * reduce step cannot prescale). */
+/* An operator for collectives of comm on datatype: sum(scalar * x_i), each product rounded to
+ * datatype. ncclScalarHostImmediate: *scalar is read now; ncclScalarDevice: scalar points to
+ * device memory of comm's GPU, read by each reduce step when it runs. */
 ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar, ncclDataType_t datatype,
                                       ncclScalarResidence_t residence, ncclComm_t comm);
 ncclResult_t pncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar, ncclDataType_t datatype,

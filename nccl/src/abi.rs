@@ -23,6 +23,10 @@ pub const NCCL_VERSION_CODE: c_int = 22809;
 /// `ncclNumOps`: reduction operators at or above it are made by `ncclRedOpCreatePreMulSum`.
 pub const NCCL_NUM_OPS: c_int = 5;
 
+/// `ncclScalarResidence_t`.
+pub const NCCL_SCALAR_DEVICE: c_int = 0;
+pub const NCCL_SCALAR_HOST_IMMEDIATE: c_int = 1;
+
 /// `NCCL_SPLIT_NOCOLOR`.
 pub const NCCL_SPLIT_NOCOLOR: c_int = -1;
 

@@ -83,14 +83,37 @@ fn collectives_groups_and_split_on_two_ranks() {
                 ok(ncclBcast(s.0, N, 7, 1, c, null_mut()));
                 ok(ncclCommFinalize(c));
                 assert!(s.f32s().iter().enumerate().all(|(i, v)| *v == 1.0 + i as f32));
-                // A PreMulSum operator is created, refused by collectives, destroyed.
-                let (mut op, scalar) = (0, 2.0f32);
+                // PreMulSum: sum(scalar * x) with the scalar read at creation (host) or by
+                // the reduce step when it runs (device memory, written after creation).
+                // s holds 1 + i on both ranks here (the Bcast above).
+                let (mut op, scalar) = (0, 2.5f32);
                 ok(ncclRedOpCreatePreMulSum(&mut op, &scalar as *const f32 as *mut c_void, 7, 1, c));
                 assert!(op >= 5);
-                assert_eq!(ncclAllReduce(s.0, out.0, N, 7, op, c, null_mut()), NCCL_INVALID_ARGUMENT);
-                assert!(last().contains("ncclRedOpCreatePreMulSum"), "{}", last());
+                ok(ncclAllReduce(s.0, out.0, N, 7, op, c, null_mut()));
+                ok(ncclCommFinalize(c));
+                assert!(out.f32s()[..N].iter().enumerate().all(|(i, v)| *v == 5.0 * (1.0 + i as f32)), "PreMulSum, host scalar");
+                let mut dscalar = Buf::new(1);
+                let mut dop = 0;
+                ok(ncclRedOpCreatePreMulSum(&mut dop, dscalar.0, 7, 0, c));
+                dscalar.f32s()[0] = -0.5;
+                ok(ncclReduceScatter(out.0, s.0, N / 2, 7, dop, c, null_mut()));
+                ok(ncclCommFinalize(c));
+                let me = rank as usize * (N / 2);
+                assert!(s.f32s()[..N / 2].iter().enumerate().all(|(i, v)| *v == -5.0 * (1.0 + (me + i) as f32)), "PreMulSum, device scalar");
+                // The operator's data type and communicator are its own.
+                assert_eq!(ncclAllReduce(s.0, out.0, N, 2, op, c, null_mut()), NCCL_INVALID_ARGUMENT);
+                assert!(last().contains("made for f32 data"), "{}", last());
+                assert_eq!(ncclRedOpCreatePreMulSum(&mut dop, s.0, 7, 2, c), NCCL_INVALID_ARGUMENT);
+                let host_only = [0f32; 1];
+                assert_eq!(ncclRedOpCreatePreMulSum(&mut op, host_only.as_ptr() as *mut c_void, 7, 0, c), NCCL_INVALID_ARGUMENT);
                 ok(ncclRedOpDestroy(op, c));
+                ok(ncclRedOpDestroy(dop, c));
                 assert_eq!(ncclRedOpDestroy(op, c), NCCL_INVALID_ARGUMENT);
+                assert_eq!(ncclAllReduce(s.0, out.0, N, 7, op, c, null_mut()), NCCL_INVALID_ARGUMENT);
+                // Restore s (1 + i) for the checks below.
+                for (i, v) in s.f32s().iter_mut().enumerate() {
+                    *v = 1.0 + i as f32;
+                }
                 // Bad arguments come back from hoccl's funnel as NCCL codes.
                 assert_eq!(ncclAllReduce(s.0, out.0, N, 12, 0, c, null_mut()), NCCL_INVALID_ARGUMENT);
                 assert_eq!(ncclBroadcast(s.0, out.0, N, 7, 2, c, null_mut()), NCCL_INVALID_ARGUMENT);
@@ -191,4 +214,125 @@ fn config_and_abort_through_a_unique_id() {
     ok(ncclCommAbort(c));
     assert_eq!(ncclCommGetAsyncError(c, &mut e), NCCL_INVALID_USAGE);
     assert_eq!(ncclCommAbort(c), NCCL_INVALID_USAGE);
+}
+
+/// NCCL's pattern for driving several ranks from one thread: the creations inside one
+/// group return handles at once, `ncclGroupEnd` creates them together, and collectives
+/// enqueued in the same group after the creations apply to the new communicators.
+#[test]
+fn ranks_created_inside_one_group_from_one_thread() {
+    std::env::set_var("HOCCL_BACKEND", "host");
+    const N: usize = 257;
+    for n in [2usize, 4] {
+        let mut uid = UniqueId { internal: [0; 128] };
+        ok(ncclGetUniqueId(&mut uid));
+        let mut comms = vec![null_mut(); n];
+        let mut bufs: Vec<Buf> = (0..n).map(|_| Buf::new(N)).collect();
+        for (r, b) in bufs.iter_mut().enumerate() {
+            b.f32s().iter_mut().enumerate().for_each(|(i, v)| *v = (r * 10 + i) as f32);
+        }
+        ok(ncclGroupStart());
+        for (r, c) in comms.iter_mut().enumerate() {
+            let cfg = if r % 2 == 1 { Box::into_raw(Box::new(initializer())) } else { null_mut() };
+            ok(ncclCommInitRankConfig(c, n as c_int, uid, r as c_int, cfg));
+            if !cfg.is_null() {
+                // SAFETY: made by Box::into_raw above; the config is read during the call only.
+                drop(unsafe { Box::from_raw(cfg) });
+            }
+            assert!(!c.is_null(), "a deferred creation returns its handle at once");
+        }
+        // Before the group's end: the handles exist, the communicators do not yet.
+        let mut count = -1;
+        assert_eq!(ncclCommCount(comms[0], &mut count), NCCL_INVALID_USAGE);
+        assert!(last().contains("ncclGroupEnd"), "{}", last());
+        let mut e = -1;
+        ok(ncclCommGetAsyncError(comms[0], &mut e));
+        assert_eq!(e, NCCL_IN_PROGRESS);
+        assert_eq!(ncclCommDestroy(comms[0]), NCCL_INVALID_USAGE, "a pending creation cannot be destroyed");
+        for (c, b) in comms.iter().zip(&bufs) {
+            ok(ncclAllReduce(b.0, b.0, N, 7, 0, *c, null_mut()));
+        }
+        ok(ncclGroupEnd());
+        for (r, c) in comms.iter().enumerate() {
+            let (mut me, mut size) = (-1, -1);
+            ok(ncclCommUserRank(*c, &mut me));
+            ok(ncclCommCount(*c, &mut size));
+            assert_eq!((me, size), (r as c_int, n as c_int));
+            ok(ncclCommGetAsyncError(*c, &mut e));
+            assert_eq!(e, NCCL_SUCCESS);
+            ok(ncclCommFinalize(*c));
+        }
+        let base = (0..n).map(|r| r * 10).sum::<usize>();
+        for b in &mut bufs {
+            assert!(b.f32s().iter().enumerate().all(|(i, v)| *v == (base + n * i) as f32), "AllReduce kept in the group, n = {n}");
+        }
+        // A split of every rank inside one group (two colors, key reversing the order), and
+        // NOCOLOR, whose handle is NULL at once.
+        let mut subs = vec![null_mut(); n];
+        ok(ncclGroupStart());
+        for (r, (c, s)) in comms.iter().zip(subs.iter_mut()).enumerate() {
+            let color = if r == n - 1 && n > 2 { NCCL_SPLIT_NOCOLOR } else { (r % 2) as c_int };
+            ok(ncclCommSplit(*c, color, -(r as c_int), s, null_mut()));
+            assert_eq!(s.is_null(), color == NCCL_SPLIT_NOCOLOR);
+        }
+        ok(ncclGroupEnd());
+        for (r, s) in subs.iter().enumerate().filter(|(_, s)| !s.is_null()) {
+            let members: Vec<usize> = (0..n).filter(|&p| p % 2 == r % 2 && !(p == n - 1 && n > 2)).collect();
+            let (mut me, mut size) = (-1, -1);
+            ok(ncclCommUserRank(*s, &mut me));
+            ok(ncclCommCount(*s, &mut size));
+            let pos = members.iter().rev().position(|&p| p == r).unwrap();
+            assert_eq!((me, size), (pos as c_int, members.len() as c_int), "split rank {r} of {n}");
+            ok(ncclCommDestroy(*s));
+        }
+        for c in comms {
+            ok(ncclCommDestroy(c));
+        }
+    }
+}
+
+/// A creation of a group that fails makes `ncclGroupEnd` fail, and every handle of the
+/// group's creations reports it (the others' communicators are released); destroy and
+/// abort take such handles back. Calls outside a group and on another thread are refused.
+#[test]
+fn a_failed_creation_fails_the_group_and_each_of_its_handles() {
+    std::env::set_var("HOCCL_BACKEND", "host");
+    let mut good = UniqueId { internal: [0; 128] };
+    ok(ncclGetUniqueId(&mut good));
+    let bad = UniqueId { internal: [0; 128] }; // not an id: the creation fails at the group's end
+    let (mut a, mut b) = (null_mut(), null_mut());
+    ok(ncclGroupStart());
+    ok(ncclCommInitRank(&mut a, 1, good, 0));
+    ok(ncclCommInitRank(&mut b, 1, bad, 0));
+    // Bad arguments are still refused at the call.
+    let mut c = 1usize as ncclComm_t;
+    assert_eq!(ncclCommInitRank(&mut c, 1, good, 3), NCCL_INVALID_ARGUMENT);
+    assert!(c.is_null());
+    // A pending handle is another thread's business only after the group's end.
+    let pending = id(a);
+    std::thread::spawn(move || {
+        let mut n = -1;
+        assert_eq!(ncclCommCount(pending as ncclComm_t, &mut n), NCCL_INVALID_USAGE);
+        assert_eq!(ncclAllReduce(null(), null_mut(), 0, 7, 0, pending as ncclComm_t, null_mut()), NCCL_INVALID_USAGE);
+    })
+    .join()
+    .unwrap();
+    let rc = ncclGroupEnd();
+    assert_ne!(rc, NCCL_SUCCESS);
+    let why = last();
+    assert!(why.contains("ncclCommInitRank"), "{why}");
+    let mut e = -1;
+    let mut n = -1;
+    for (h, code) in [(a, NCCL_INVALID_USAGE), (b, NCCL_INVALID_ARGUMENT)] {
+        assert_eq!(ncclCommCount(h, &mut n), NCCL_INVALID_USAGE);
+        assert!(last().contains("creation failed in ncclGroupEnd"), "{}", last());
+        ok(ncclCommGetAsyncError(h, &mut e));
+        assert_eq!(e, code, "the creation's own code: {}", last());
+    }
+    assert_eq!(ncclCommCount(a, &mut n), NCCL_INVALID_USAGE);
+    assert!(last().contains("another creation of its group failed"), "{}", last());
+    ok(ncclCommDestroy(a));
+    ok(ncclCommAbort(b));
+    assert_eq!(ncclCommDestroy(a), NCCL_INVALID_USAGE);
+    assert_eq!(ncclCommAbort(b), NCCL_INVALID_USAGE);
 }

@@ -18,10 +18,11 @@ mod abi;
 mod comm;
 
 use abi::*;
-use comm::{for_call, live, ncclComm_t, unregister};
+use comm::{live, ncclComm_t};
 use hoccl::surface::put;
+use hoccl::reduce::Scalar;
 use hoccl::{Collective, Communicator, DataType, DevPtr, Device, Error, OpDesc, RedOp, Result, StreamHandle, UniqueId};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -109,27 +110,42 @@ fn stream(s: cudaStream_t) -> StreamHandle {
     StreamHandle(s as usize as u64)
 }
 
+/// An operator made by `ncclRedOpCreatePreMulSum`: its data type, its scalar, and the
+/// communicator it belongs to (NCCL's operators are per communicator).
+struct PreMul {
+    dtype: DataType,
+    scalar: Scalar,
+    comm: usize,
+}
+
 /// Operators made by `ncclRedOpCreatePreMulSum` and not yet destroyed.
-fn premul_ops() -> &'static Mutex<HashSet<c_int>> {
-    static S: OnceLock<Mutex<HashSet<c_int>>> = OnceLock::new();
+fn premul_ops() -> &'static Mutex<HashMap<c_int, PreMul>> {
+    static S: OnceLock<Mutex<HashMap<c_int, PreMul>>> = OnceLock::new();
     S.get_or_init(Default::default)
 }
 
-/// Decode a reduction operator. hoccl's reduce step has no prescaling, so a PreMulSum
-/// operator is refused here by name (the set is only consulted on this error path).
-fn red_op(op: &'static str, v: ncclRedOp_t) -> Result<RedOp> {
-    if v >= NCCL_NUM_OPS && premul_ops().lock().unwrap_or_else(|p| p.into_inner()).contains(&v) {
-        return Err(Error::invalid_arg(op, format!("operator {v} was made by ncclRedOpCreatePreMulSum, which hoccl's reduce step cannot apply (it has no prescaling)")));
+/// Decode a reduction operator of a collective on `comm` over `dtype`: a built-in one, or a
+/// PreMulSum operator made for that communicator and that data type.
+fn red_op(op: &'static str, v: ncclRedOp_t, comm: ncclComm_t, dtype: ncclDataType_t) -> Result<RedOp> {
+    if v < NCCL_NUM_OPS {
+        return RedOp::from_raw(op, v);
     }
-    RedOp::from_raw(op, v)
+    let ops = premul_ops().lock().unwrap_or_else(|p| p.into_inner());
+    let Some(m) = ops.get(&v) else { return RedOp::from_raw(op, v) };
+    if m.comm != comm as usize {
+        return Err(Error::invalid_arg(op, format!("operator {v} was made by ncclRedOpCreatePreMulSum for another communicator")));
+    }
+    let dt = DataType::from_raw(op, dtype)?;
+    if m.dtype != dt {
+        return Err(Error::invalid_arg(op, format!("operator {v} was made for {} data, the call is on {}", m.dtype.name(), dt.name())));
+    }
+    Ok(RedOp::PreMulSum(m.scalar))
 }
 
-/// Validate and enqueue one operation through hoccl's funnel.
-fn enqueue(op: &'static str, comm: ncclComm_t, desc: impl FnOnce(&Communicator) -> Result<OpDesc<'static>>) -> ncclResult_t {
-    call(op, || {
-        let c = for_call(op, comm)?;
-        c.enqueue(&desc(&c)?)
-    })
+/// Validate and enqueue one operation through hoccl's funnel (kept for the group's end
+/// when `comm`'s creation was deferred there).
+fn enqueue(op: &'static str, comm: ncclComm_t, desc: impl FnOnce() -> Result<OpDesc<'static>>) -> ncclResult_t {
+    call(op, || comm::enqueue(op, comm, desc))
 }
 
 /// The descriptor of an operation without per-rank arrays.
@@ -183,6 +199,8 @@ nccl_api! {
 }
 
 /// `*comm` becomes NULL first, so a failed creation never leaves a stale handle there.
+/// Inside a group the creation is deferred to the outermost `ncclGroupEnd` (`comm.rs`):
+/// the handle is written at once and made usable there.
 fn create(op: &'static str, comm: *mut ncclComm_t, f: impl FnOnce() -> Result<ncclComm_t>) -> ncclResult_t {
     call(op, || {
         put(op, "comm", comm, std::ptr::null_mut())?;
@@ -198,8 +216,8 @@ nccl_api! {
 }
 
 nccl_api! {
-    /// `config` may be NULL; `blocking = 0` is accepted (creation still completes before
-    /// the call returns).
+    /// `config` may be NULL; `blocking = 0` is accepted (outside a group, creation
+    /// completes before the call returns).
     fn ncclCommInitRankConfig / pncclCommInitRankConfig(comm: *mut ncclComm_t, nranks: c_int, commId: ncclUniqueId, rank: c_int, config: *mut ncclConfig_t) -> ncclResult_t {
         const OP: &str = "ncclCommInitRankConfig";
         create(OP, comm, || comm::init_rank(OP, &commId, nranks, rank, config))
@@ -307,7 +325,7 @@ nccl_api! {
     /// communicator; reports an asynchronous error it had.
     fn ncclCommDestroy / pncclCommDestroy(comm: ncclComm_t) -> ncclResult_t {
         const OP: &str = "ncclCommDestroy";
-        call(OP, || unregister(OP, comm)?.handle.destroy(OP))
+        call(OP, || comm::release(OP, comm, false))
     }
 }
 
@@ -315,7 +333,7 @@ nccl_api! {
     /// Fails pending operations at once, releases their streams, frees the communicator.
     fn ncclCommAbort / pncclCommAbort(comm: ncclComm_t) -> ncclResult_t {
         const OP: &str = "ncclCommAbort";
-        call(OP, || unregister(OP, comm)?.handle.abort(OP))
+        call(OP, || comm::release(OP, comm, true))
     }
 }
 
@@ -325,13 +343,7 @@ nccl_api! {
     /// returning); its message becomes this thread's last error.
     fn ncclCommGetAsyncError / pncclCommGetAsyncError(comm: ncclComm_t, asyncError: *mut ncclResult_t) -> ncclResult_t {
         const OP: &str = "ncclCommGetAsyncError";
-        call(OP, || {
-            let e = live(OP, comm)?.async_error();
-            if let Some(e) = &e {
-                comm::set_last_error(e);
-            }
-            put(OP, "asyncError", asyncError, e.map_or(NCCL_SUCCESS, |e| result_of(e.code())))
-        })
+        call(OP, || put(OP, "asyncError", asyncError, comm::async_error(OP, comm)?))
     }
 }
 
@@ -482,28 +494,45 @@ nccl_api! {
 static NEXT_OP: AtomicI32 = AtomicI32::new(NCCL_NUM_OPS);
 
 nccl_api! {
-    /// Creates the operator, after checking the arguments; every collective that uses it
-    /// fails with `ncclInvalidArgument` (hoccl's reduce step cannot prescale).
+    /// `sum(scalar * x_i)` over the ranks' inputs. `ncclScalarHostImmediate`: the scalar (of
+    /// `datatype`) is read here; `ncclScalarDevice`: it must lie in device memory of the
+    /// communicator's GPU and is read by each reduce step when it runs (stream-ordered, as
+    /// NCCL reads it). The operator serves collectives of `comm` on `datatype`.
     fn ncclRedOpCreatePreMulSum / pncclRedOpCreatePreMulSum(op: *mut ncclRedOp_t, scalar: *mut c_void, datatype: ncclDataType_t, residence: ncclScalarResidence_t, comm: ncclComm_t) -> ncclResult_t {
         const OP: &str = "ncclRedOpCreatePreMulSum";
         call(OP, || {
-            live(OP, comm)?;
-            DataType::from_raw(OP, datatype)?;
+            let c = live(OP, comm)?;
+            let dtype = DataType::from_raw(OP, datatype)?;
             if scalar.is_null() {
                 return Err(Error::invalid_arg(OP, "scalar is NULL"));
-            }
-            if !(0..=1).contains(&residence) {
-                return Err(Error::invalid_arg(OP, format!("scalar residence {residence} (want ncclScalarDevice 0 or ncclScalarHostImmediate 1)")));
             }
             if op.is_null() {
                 return Err(Error::invalid_arg(OP, "op is NULL"));
             }
+            let scalar = match residence {
+                NCCL_SCALAR_HOST_IMMEDIATE => {
+                    let mut w = [0u8; 8];
+                    // SAFETY: non-NULL; the contract is a host value of `datatype`, whose
+                    // size (at most 8 bytes) is what is read.
+                    unsafe { std::ptr::copy_nonoverlapping(scalar.cast::<u8>(), w.as_mut_ptr(), dtype.size()) };
+                    Scalar::Value(u64::from_le_bytes(w))
+                }
+                NCCL_SCALAR_DEVICE => {
+                    let p = dev_ptr(scalar);
+                    let a = c.device().allocation(p).map_err(|e| Error::invalid_arg(OP, format!("a device-resident scalar must be device memory of the communicator's GPU: {e}")))?;
+                    if p.0 + dtype.size() as u64 > a.base.0 + a.len as u64 || p.0 % dtype.size() as u64 != 0 {
+                        return Err(Error::invalid_arg(OP, format!("scalar at {:#x}: not {} aligned bytes inside its allocation", p.0, dtype.size())));
+                    }
+                    Scalar::Device(p.0)
+                }
+                _ => return Err(Error::invalid_arg(OP, format!("scalar residence {residence} (want ncclScalarDevice 0 or ncclScalarHostImmediate 1)"))),
+            };
             let v = NEXT_OP.fetch_add(1, Ordering::Relaxed);
             if v < NCCL_NUM_OPS {
                 return Err(Error::internal(OP, "operator numbers exhausted"));
             }
-            premul_ops().lock().unwrap_or_else(|p| p.into_inner()).insert(v);
-            log::info!("{OP}: operator {v} created; hoccl cannot apply it (no prescaling in its reduce step), collectives using it will fail");
+            premul_ops().lock().unwrap_or_else(|p| p.into_inner()).insert(v, PreMul { dtype, scalar, comm: comm as usize });
+            log::debug!("{OP}: operator {v} ({} scalar {scalar:?})", dtype.name());
             put(OP, "op", op, v)
         })
     }
@@ -517,7 +546,7 @@ nccl_api! {
             if (0..NCCL_NUM_OPS).contains(&op) {
                 return Err(Error::invalid_arg(OP, format!("operator {op} is built in")));
             }
-            if !premul_ops().lock().unwrap_or_else(|p| p.into_inner()).remove(&op) {
+            if premul_ops().lock().unwrap_or_else(|p| p.into_inner()).remove(&op).is_none() {
                 return Err(Error::invalid_arg(OP, format!("operator {op} was not made by ncclRedOpCreatePreMulSum (or was destroyed)")));
             }
             Ok(())
@@ -555,35 +584,35 @@ nccl_api! {
 nccl_api! {
     fn ncclAllReduce / pncclAllReduce(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, op: ncclRedOp_t, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
         const OP: &str = "ncclAllReduce";
-        enqueue(OP, comm, |_| desc(Collective::AllReduce { op: red_op(OP, op)? }, sendbuff, recvbuff, count, OP, datatype, stream))
+        enqueue(OP, comm, || desc(Collective::AllReduce { op: red_op(OP, op, comm, datatype)? }, sendbuff, recvbuff, count, OP, datatype, stream))
     }
 }
 
 nccl_api! {
     fn ncclReduceScatter / pncclReduceScatter(sendbuff: *const c_void, recvbuff: *mut c_void, recvcount: usize, datatype: ncclDataType_t, op: ncclRedOp_t, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
         const OP: &str = "ncclReduceScatter";
-        enqueue(OP, comm, |_| desc(Collective::ReduceScatter { op: red_op(OP, op)? }, sendbuff, recvbuff, recvcount, OP, datatype, stream))
+        enqueue(OP, comm, || desc(Collective::ReduceScatter { op: red_op(OP, op, comm, datatype)? }, sendbuff, recvbuff, recvcount, OP, datatype, stream))
     }
 }
 
 nccl_api! {
     fn ncclReduce / pncclReduce(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, op: ncclRedOp_t, root: c_int, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
         const OP: &str = "ncclReduce";
-        enqueue(OP, comm, |_| desc(Collective::Reduce { op: red_op(OP, op)?, root: hoccl::rank_arg(OP, "root", root)? }, sendbuff, recvbuff, count, OP, datatype, stream))
+        enqueue(OP, comm, || desc(Collective::Reduce { op: red_op(OP, op, comm, datatype)?, root: hoccl::rank_arg(OP, "root", root)? }, sendbuff, recvbuff, count, OP, datatype, stream))
     }
 }
 
 nccl_api! {
     fn ncclAllGather / pncclAllGather(sendbuff: *const c_void, recvbuff: *mut c_void, sendcount: usize, datatype: ncclDataType_t, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
         const OP: &str = "ncclAllGather";
-        enqueue(OP, comm, |_| desc(Collective::AllGather, sendbuff, recvbuff, sendcount, OP, datatype, stream))
+        enqueue(OP, comm, || desc(Collective::AllGather, sendbuff, recvbuff, sendcount, OP, datatype, stream))
     }
 }
 
 nccl_api! {
     fn ncclBroadcast / pncclBroadcast(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, root: c_int, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
         const OP: &str = "ncclBroadcast";
-        enqueue(OP, comm, |_| desc(Collective::Broadcast { root: hoccl::rank_arg(OP, "root", root)? }, sendbuff, recvbuff, count, OP, datatype, stream))
+        enqueue(OP, comm, || desc(Collective::Broadcast { root: hoccl::rank_arg(OP, "root", root)? }, sendbuff, recvbuff, count, OP, datatype, stream))
     }
 }
 
@@ -591,42 +620,42 @@ nccl_api! {
     /// The in-place broadcast of NCCL's first API.
     fn ncclBcast / pncclBcast(buff: *mut c_void, count: usize, datatype: ncclDataType_t, root: c_int, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
         const OP: &str = "ncclBcast";
-        enqueue(OP, comm, |_| desc(Collective::Broadcast { root: hoccl::rank_arg(OP, "root", root)? }, buff, buff, count, OP, datatype, stream))
+        enqueue(OP, comm, || desc(Collective::Broadcast { root: hoccl::rank_arg(OP, "root", root)? }, buff, buff, count, OP, datatype, stream))
     }
 }
 
 nccl_api! {
     fn ncclSend / pncclSend(sendbuff: *const c_void, count: usize, datatype: ncclDataType_t, peer: c_int, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
         const OP: &str = "ncclSend";
-        enqueue(OP, comm, |_| desc(Collective::Send { peer: hoccl::rank_arg(OP, "peer", peer)? }, sendbuff, std::ptr::null_mut(), count, OP, datatype, stream))
+        enqueue(OP, comm, || desc(Collective::Send { peer: hoccl::rank_arg(OP, "peer", peer)? }, sendbuff, std::ptr::null_mut(), count, OP, datatype, stream))
     }
 }
 
 nccl_api! {
     fn ncclRecv / pncclRecv(recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, peer: c_int, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
         const OP: &str = "ncclRecv";
-        enqueue(OP, comm, |_| desc(Collective::Recv { peer: hoccl::rank_arg(OP, "peer", peer)? }, std::ptr::null(), recvbuff, count, OP, datatype, stream))
+        enqueue(OP, comm, || desc(Collective::Recv { peer: hoccl::rank_arg(OP, "peer", peer)? }, std::ptr::null(), recvbuff, count, OP, datatype, stream))
     }
 }
 
 nccl_api! {
     fn ncclAlltoAll / pncclAlltoAll(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
         const OP: &str = "ncclAlltoAll";
-        enqueue(OP, comm, |_| desc(Collective::AllToAll, sendbuff, recvbuff, count, OP, datatype, stream))
+        enqueue(OP, comm, || desc(Collective::AllToAll, sendbuff, recvbuff, count, OP, datatype, stream))
     }
 }
 
 nccl_api! {
     fn ncclGather / pncclGather(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, root: c_int, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
         const OP: &str = "ncclGather";
-        enqueue(OP, comm, |_| desc(Collective::Gather { root: hoccl::rank_arg(OP, "root", root)? }, sendbuff, recvbuff, count, OP, datatype, stream))
+        enqueue(OP, comm, || desc(Collective::Gather { root: hoccl::rank_arg(OP, "root", root)? }, sendbuff, recvbuff, count, OP, datatype, stream))
     }
 }
 
 nccl_api! {
     fn ncclScatter / pncclScatter(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, root: c_int, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
         const OP: &str = "ncclScatter";
-        enqueue(OP, comm, |_| desc(Collective::Scatter { root: hoccl::rank_arg(OP, "root", root)? }, sendbuff, recvbuff, count, OP, datatype, stream))
+        enqueue(OP, comm, || desc(Collective::Scatter { root: hoccl::rank_arg(OP, "root", root)? }, sendbuff, recvbuff, count, OP, datatype, stream))
     }
 }
 

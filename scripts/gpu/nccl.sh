@@ -12,7 +12,9 @@
 #   3. the nccl* symbols libtorch_cuda.so needs (nm -D --undefined-only) against the ones
 #      our library exports: any missing symbol fails
 #   4. the C programs of ctest/nccl, compiled here against include/hoccl-nccl/nccl.h and
-#      linked to our library, with 2 and 3 ranks (processes sharing the GPUs), on CUDA
+#      linked to our library, with 2 and 3 ranks (processes sharing the GPUs), on CUDA;
+#      nccl_check again with 2 ranks on each default stream (0, cudaStreamLegacy,
+#      cudaStreamPerThread)
 # With fewer GPUs than ranks the ranks share a GPU, which needs MPS: it is started here
 # (nvidia-cuda-mps-control -d) and stopped when the script exits.
 #   HOCCL_NCCL_LIB   our libnccl.so.2 (default: $HOCCL_BIN_DIR/nccl/libnccl.so.2 from build.sh,
@@ -143,6 +145,13 @@ for src in ctest/nccl/*.c; do
     step "$(basename "$prog")-np$np" env HOCCL_BACKEND=cuda "$prog" "$np"
   done
 done
+# nccl_check with every collective on the default streams: stream 0 (the legacy default
+# stream), cudaStreamLegacy and cudaStreamPerThread, 2 processes.
+if [ -x "$cdir/nccl_check" ]; then
+  for s in null legacy per-thread; do
+    step "nccl_check-np2-stream-$s" env HOCCL_BACKEND=cuda "$cdir/nccl_check" 2 "$s"
+  done
+fi
 
 
 record "$summary" "bash scripts/gpu/nccl.sh"

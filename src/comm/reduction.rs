@@ -117,6 +117,10 @@ impl Communicator {
             _ => return Err(Error::internal(name, "not a reduction")),
         };
         let len = Self::bytes(name, op.count, op.dtype)?;
+        if let RedOp::PreMulSum(crate::reduce::Scalar::Device(p)) = rop {
+            // The reduce step reads it when it runs: it must be device memory of this GPU.
+            self.region(name, "PreMulSum scalar", DevPtr(p), op.dtype.size())?;
+        }
         let (send, recv) = match kind {
             Kind::AllReduce => {
                 let r = self.region(name, "receive", op.recv, len)?;
@@ -304,7 +308,12 @@ impl Communicator {
             // position `me`, and writes the block once.
             let peers: Vec<DevPtr> = srcs.iter().enumerate().filter(|(p, _)| *p != me).map(|(_, x)| *x).collect();
             let fused = plan.as_ref().and_then(|p| p.fused_inputs(&peers, mine));
-            let why = fused.as_ref().map_or(Some("nothing received compressed"), |f| self.unfused(f));
+            let why = match (&fused, red.op) {
+                (None, _) => Some("nothing received compressed"),
+                // The fused kernels have no prescaling: decompress, then the CopyReduce step.
+                (Some(_), RedOp::PreMulSum(_)) => Some("PreMulSum has no fused kernel"),
+                (Some(f), _) => self.unfused(f),
+            };
             if plan.is_some() && !*logged {
                 *logged = true;
                 match why {

@@ -220,7 +220,15 @@ fn run_task(t: Task, st: &QueueState) {
                 chunk.copy_from_slice(&v[..chunk.len()]);
             }
         }
-        Task::Reduce { dst, srcs, len, dtype, op } => {
+        Task::Reduce { dst, srcs, len, dtype, mut op } => {
+            if let RedOp::PreMulSum(crate::reduce::Scalar::Device(p)) = op {
+                // A scalar in device memory is read when the step runs (stream order).
+                let mut w = [0u8; 8];
+                // SAFETY: the scalar's dtype.size() bytes at p were checked against a live
+                // region when the task was enqueued; w holds 8 >= dtype.size() bytes.
+                unsafe { std::ptr::copy_nonoverlapping(p as *const u8, w.as_mut_ptr(), dtype.size()) };
+                op = RedOp::PreMulSum(crate::reduce::Scalar::Value(u64::from_le_bytes(w)));
+            }
             // SAFETY: every range was checked against a live region when the task was
             // enqueued; the stream order guarantees nothing else writes them meanwhile.
             let inputs: Vec<&[u8]> = srcs.iter().map(|p| unsafe { std::slice::from_raw_parts(*p as *const u8, len) }).collect();
@@ -606,6 +614,9 @@ impl Device for HostDevice {
             reg.check(OP, dst, len)?;
             for p in srcs {
                 reg.check(OP, *p, len)?;
+            }
+            if let RedOp::PreMulSum(crate::reduce::Scalar::Device(p)) = op {
+                reg.check(OP, DevPtr(p), dtype.size()).map_err(|e| Error::invalid_arg(OP, format!("PreMulSum scalar: {e}")))?;
             }
         }
         let srcs = srcs.iter().map(|p| p.0).collect();

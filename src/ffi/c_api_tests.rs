@@ -312,7 +312,7 @@ fn header_red_ops_match_the_rust_ones() {
     let code = |n: &str| ops.iter().find(|(k, _)| k == n).map(|(_, v)| *v);
     use crate::reduce::RedOp;
     for (name, o) in [("hocclSum", RedOp::Sum), ("hocclProd", RedOp::Prod), ("hocclMax", RedOp::Max), ("hocclMin", RedOp::Min), ("hocclAvg", RedOp::Avg)] {
-        assert_eq!(code(name), Some(o as i32), "{name}");
+        assert_eq!(code(name), Some(o.raw()), "{name}");
     }
     assert_eq!(code("hocclNumOps"), Some(RedOp::ALL.len() as i32));
 }

@@ -32,8 +32,13 @@ impl<T> Registry<T> {
 
     /// Register `v`; its handle.
     pub fn insert(&self, v: T) -> u64 {
+        self.insert_arc(Arc::new(v))
+    }
+
+    /// Register a shared `v` (its creator keeps a reference); its handle.
+    pub fn insert_arc(&self, v: Arc<T>) -> u64 {
         let id = self.next.fetch_add(2, Ordering::Relaxed);
-        self.lock().insert(id, Arc::new(v));
+        self.lock().insert(id, v);
         id
     }
 
@@ -101,6 +106,11 @@ impl<T> Default for ThreadGroup<T> {
 impl<T> ThreadGroup<T> {
     pub fn start(&mut self) {
         self.depth += 1;
+    }
+
+    /// Groups open on this thread (0 outside any).
+    pub fn depth(&self) -> usize {
+        self.depth
     }
 
     /// A call on handle `id`: inside a group, the first one opens the handle's group

@@ -42,6 +42,7 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuMemHostGetDevicePointer_v2",
     "cuMemFreeHost",
     "cuMemcpyDtoH_v2",
+    "cuMemcpyDtoHAsync_v2",
     "cuMemcpyHtoD_v2",
     "cuMemcpyAsync",
     "cuStreamCreate",

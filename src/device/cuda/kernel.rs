@@ -250,11 +250,39 @@ impl CudaDevice {
         if bytes != 4 {
             return Err(Error::invalid_arg(OP, format!("global {name} has {bytes} bytes, not 4")));
         }
-        let mut v = 0u32;
-        // SAFETY: dptr is a 4-byte device global of this context's module; v is 4 bytes.
-        check(OP, "cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(&mut v as *mut u32 as *mut c_void, dptr, 4) })?;
+        let v = self.read_global_u32(dptr)?;
         cache.globals.insert(name.to_string(), v);
         Ok(v)
+    }
+
+    /// Read a 4-byte device global (the context must be current). Not with `cuMemcpyDtoH`: a
+    /// synchronous copy runs on the legacy default stream, which first waits for the work queued
+    /// on it and on every blocking stream, and launchers read globals while enqueueing a
+    /// collective whose handshake wait is already on the caller's stream. On stream 0 (or
+    /// `cudaStreamLegacy`, `cudaStreamPerThread`, a stream created without
+    /// `CU_STREAM_NON_BLOCKING`) the copy would wait for that collective, which waits for this
+    /// thread to finish enqueueing it: a two-process ReduceScatter on stream 0 hung there, in the
+    /// first reduce step of a rank. So the copy goes through a private non-blocking stream.
+    fn read_global_u32(&self, dptr: sys::CUdeviceptr) -> Result<u32> {
+        let mut s: sys::CUstream = std::ptr::null_mut();
+        let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+        // SAFETY: valid out-pointer; the caller made the context current.
+        check(OP, "cuStreamCreate", unsafe { sys::cuStreamCreate(&mut s, flags) })?;
+        let mut v = 0u32;
+        let gate = self.ctx.enqueue_gate(OP);
+        // SAFETY: dptr is a 4-byte device global of the current context's module; v is 4 bytes
+        // and outlives the copy (the stream is synchronized before v is read or dropped).
+        let queued = check(OP, "cuMemcpyDtoHAsync", unsafe { sys::cuMemcpyDtoHAsync_v2(&mut v as *mut u32 as *mut c_void, dptr, 4, s) });
+        drop(gate);
+        // SAFETY: s was created above and is live.
+        let copied = queued.and_then(|_| check(OP, "cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(s) }));
+        // SAFETY: s was created above and is destroyed once; nothing is queued on it any more
+        // (synchronized, or the copy was never queued).
+        let r = unsafe { sys::cuStreamDestroy_v2(s) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            log::warn!("hoccl: cuStreamDestroy of a private stream failed: {}", error_name(r));
+        }
+        copied.map(|_| v)
     }
 
     /// CTAs of kernel `name` that fit one SM with `block` threads and `smem` bytes of

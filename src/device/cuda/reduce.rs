@@ -1,9 +1,11 @@
 //! Launcher of the CopyReduce kernels (`cuda/reduce.cu`): `dst[i] = fold(srcs[0][i], …)` for
-//! 1..=8 sources, every dtype × `RedOp`, bit for bit as `crate::reduce` specifies.
+//! 1..=8 sources, every dtype × `RedOp`, bit for bit as `crate::reduce` specifies
+//! (`PreMulSum`: each source times its scalar, then summed; a scalar in device memory is read
+//! by the kernel when it runs).
 use super::CudaDevice;
 use crate::device::{DevPtr, StreamHandle};
 use crate::error::{Error, Result};
-use crate::reduce::RedOp;
+use crate::reduce::{RedOp, Scalar};
 use crate::types::DataType;
 use std::ffi::c_void;
 
@@ -25,6 +27,9 @@ struct ReduceArgs {
     count: u64,
     nsrc: u32,
     flags: u32,
+    /// PreMulSum: the scalar's bits, or (`scalar_ptr` not 0) its device address.
+    scalar: u64,
+    scalar_ptr: u64,
 }
 
 const OP: &str = "CudaDevice::reduce_kernel_async";
@@ -106,12 +111,23 @@ impl CudaDevice {
         if srcs.iter().all(|p| p.0 % 16 == dst.0 % 16) {
             a.flags |= 1;
         }
+        match op {
+            RedOp::PreMulSum(Scalar::Value(bits)) => a.scalar = bits,
+            RedOp::PreMulSum(Scalar::Device(p)) => {
+                if p == 0 || p % size != 0 {
+                    return Err(Error::invalid_arg(OP, format!("PreMulSum scalar at {p:#x}: null or not aligned to {size} bytes")));
+                }
+                a.scalar_ptr = p;
+            }
+            _ => {}
+        }
         let threads = self.module_u32("hoccl_reduce_threads").map_err(|e| e.with_op(OP))?;
         let mut args = [&mut a as *mut ReduceArgs as *mut c_void];
-        // SAFETY: the kernel takes one parameter, `red::ReduceArgs` (88 bytes, the layout of
-        // this #[repr(C)] struct); it reads `count` elements at each source and writes them
-        // at dst, device memory the caller provides (bad addresses are reported
-        // asynchronously by the driver). No programmatic dependent launch.
+        // SAFETY: the kernel takes one parameter, `red::ReduceArgs` (104 bytes, the layout of
+        // this #[repr(C)] struct); it reads `count` elements at each source (and a PreMulSum
+        // scalar at scalar_ptr) and writes them at dst, device memory the caller provides
+        // (bad addresses are reported asynchronously by the driver). No programmatic
+        // dependent launch.
         unsafe { self.launch(s, &kernel_name(dtype, op), (ctas as u32, 1, 1), (threads, 1, 1), 0, &mut args, false) }
             .map_err(|e| e.with_op(OP))
     }
@@ -123,7 +139,7 @@ mod tests {
 
     #[test]
     fn args_match_the_kernel_struct() {
-        assert_eq!(std::mem::size_of::<ReduceArgs>(), 88);
+        assert_eq!(std::mem::size_of::<ReduceArgs>(), 104);
         assert_eq!(std::mem::align_of::<ReduceArgs>(), 8);
     }
 
@@ -131,5 +147,6 @@ mod tests {
     fn kernel_names() {
         assert_eq!(kernel_name(DataType::BF16, RedOp::Sum), "hoccl_reduce_bf16_sum");
         assert_eq!(kernel_name(DataType::F8E5M2, RedOp::Avg), "hoccl_reduce_f8e5m2_avg");
+        assert_eq!(kernel_name(DataType::F32, RedOp::PreMulSum(Scalar::Value(0))), "hoccl_reduce_f32_premulsum");
     }
 }
