@@ -131,12 +131,14 @@ pub fn listen_for_peers(b: &dyn Bootstrap, topo: &Topology, cfg: &Config, comm_i
 pub fn resolve_engine(b: &dyn Bootstrap, topo: &Topology, cfg: &Config) -> Result<(Vec<LinkKind>, CostModel, CompressFrom)> {
     const OP: &str = "Communicator::new";
     let (me, n) = (b.rank(), b.size());
-    let spec = cfg.cost_model.to_spec();
+    // The transport's rate limit is what crosses between nodes (cost::CostModel::with_net_rate).
+    let own = cfg.cost_model.clone().with_net_rate(cfg.net_gbps);
+    let spec = own.to_spec();
     let all = b.all_gather(spec.as_bytes()).map_err(|e| e.with_op(OP))?;
     let root = std::str::from_utf8(&all[0]).map_err(|_| Error::internal(OP, "rank 0's cost model is not text"))?;
     let model = CostModel::default().with_overrides(root).map_err(|e| e.with_op(OP))?;
-    if model != cfg.cost_model {
-        log::warn!("hoccl: rank {me}: HOCCL_COST_MODEL differs from rank 0's; using rank 0's ({root})");
+    if model != own {
+        log::warn!("hoccl: rank {me}: HOCCL_COST_MODEL (with HOCCL_NET_GBPS as the NIC rate) differs from rank 0's; using rank 0's ({root})");
     }
     let links = crate::cost::links(topo, me);
     let from = match cfg.engine {

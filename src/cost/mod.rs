@@ -45,15 +45,19 @@ impl LinkKind {
     }
 }
 
-/// The link from `me` to each rank of `topo` (to itself: `SameGpu`). Symmetric (peer
-/// access must hold both ways for `NvLink`), so both ends of a transfer see the same kind.
+/// The link from `me` to each rank of `topo` (to itself: `SameGpu`). Ranks of different
+/// nodes, virtual nodes of one host included, reach each other only through the NIC
+/// transport, so their link is `Nic` whatever GPU they sit on. Symmetric (peer access must
+/// hold both ways for `NvLink`), so both ends of a transfer see the same kind.
 pub fn links(topo: &Topology, me: usize) -> Vec<LinkKind> {
     (0..topo.nranks())
         .map(|p| {
-            if p == me || topo.shares_gpu(me, p) {
+            if p == me {
                 LinkKind::SameGpu
-            } else if !topo.same_host(me, p) {
+            } else if !topo.same_node(me, p) {
                 LinkKind::Nic
+            } else if topo.shares_gpu(me, p) {
+                LinkKind::SameGpu
             } else if topo.peer_access(me, p) && topo.peer_access(p, me) {
                 LinkKind::NvLink
             } else {
@@ -230,6 +234,16 @@ impl CostModel {
     }
 
     /// GB/s of `link`.
+    /// The model with the NIC's rate set to the transport's limit: `gbps` GB/s
+    /// (`HOCCL_NET_GBPS`) when it is positive, so that `auto` weighs the rate the bytes
+    /// between nodes actually get; unchanged for 0 (no limit).
+    pub fn with_net_rate(mut self, gbps: f64) -> CostModel {
+        if gbps > 0.0 && gbps.is_finite() {
+            self.nic_gbps = gbps;
+        }
+        self
+    }
+
     pub fn link_gbps(&self, link: LinkKind) -> f64 {
         match link {
             LinkKind::SameGpu => self.same_gpu_gbps,

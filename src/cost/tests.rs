@@ -147,3 +147,29 @@ fn bad_specs_are_errors() {
         assert!(e.to_string().contains(says), "{spec}: {e}");
     }
 }
+
+/// Ranks of different virtual nodes talk over the NIC transport even on one GPU, so their
+/// link is `Nic`; ranks of one node keep theirs.
+#[test]
+fn virtual_nodes_are_nic_links() {
+    let cfg = crate::Config { virtual_nodes: 2, ..crate::Config::default() };
+    let topo = Topology::synthetic(1, 4, 1, &cfg).unwrap();
+    assert_eq!(links(&topo, 0), vec![LinkKind::SameGpu, LinkKind::SameGpu, LinkKind::Nic, LinkKind::Nic]);
+    assert_eq!(links(&topo, 3), vec![LinkKind::Nic, LinkKind::Nic, LinkKind::SameGpu, LinkKind::SameGpu]);
+    let one = Topology::synthetic(1, 4, 1, &crate::Config::default()).unwrap();
+    assert!(links(&one, 0).iter().all(|l| *l == LinkKind::SameGpu));
+}
+
+/// `HOCCL_NET_GBPS` replaces `nic_gbps` (and only it); at 0.25 GB/s bf16 compresses over
+/// the NIC from the codec's floor, at the nominal 50 GB/s only from megabytes.
+#[test]
+fn net_rate_sets_the_nic_figure() {
+    let m = CostModel::default();
+    assert_eq!(m.clone().with_net_rate(0.0), m);
+    let slow = m.clone().with_net_rate(0.25);
+    assert_eq!(slow.nic_gbps, 0.25);
+    assert_eq!(CostModel { nic_gbps: m.nic_gbps, ..slow.clone() }, m);
+    assert_eq!(compress_threshold(&slow, DataType::BF16, LinkKind::Nic), Some(MIN_COMPRESS_BYTES));
+    assert!(compress_threshold(&m, DataType::BF16, LinkKind::Nic).unwrap() > M);
+    assert_eq!(compress_threshold(&slow, DataType::BF16, LinkKind::Pcie), compress_threshold(&m, DataType::BF16, LinkKind::Pcie));
+}
