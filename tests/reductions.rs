@@ -11,6 +11,7 @@ use common::*;
 
 use hoccl::device::pattern_byte;
 use hoccl::reduce::{reduce_into, Scalar};
+use hoccl::config::EngineChoice;
 use hoccl::{Config, DataType, RedOp};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -397,4 +398,106 @@ fn premulsum(b: Backend) {
     });
 }
 
-backend_tests!(matrix_1, matrix_2, matrix_3, matrix_4, matrix_5, matrix_8, random_shapes, mixed_two_streams, stream_ordering, in_groups, invalid_arguments, premulsum);
+/// Ranks on several virtual nodes (ranks of other nodes only through the socket
+/// transport): every kind × data type against the same reference, with the
+/// small scratch so calls run in many chunks of the hierarchical plan. The layouts cover
+/// even nodes, uneven ones (`ranks` not a multiple of `nodes`: the first nodes get one
+/// more), and one rank per node (which stays flat); Avg and PreMulSum stay flat too.
+fn across_nodes_with(b: Backend, engine: EngineChoice, layouts: &'static [(usize, usize)]) {
+    for &(nodes, ranks) in layouts {
+        let cfg = Config { virtual_nodes: nodes, engine, ..small_scratch() };
+        run_ranks(b, ranks, cfg, move |c| {
+            let n = c.size();
+            assert_eq!(c.topology().nnodes(), nodes);
+            assert_eq!(c.reduces_hierarchically(RedOp::Sum), ranks > nodes, "{nodes} nodes, {ranks} ranks");
+            c.reserve_reduce_scratch().unwrap();
+            let s = new_stream(&c.device().clone());
+            let mut rng = Rng(0x40de + (nodes * 16 + ranks) as u64);
+            let mut it = 700_000 + 1000 * (nodes * 16 + ranks) as u64;
+            for kind in KINDS {
+                // Every data type with one of the operators (each operator's arithmetic is
+                // the flat tests' business; here the plan must hand it the right inputs in
+                // the right order), and Avg once per kind, which stays flat.
+                let picks = DataType::ALL.into_iter().map(|d| (d, RedOp::ALL[rng.below(4) as usize])).chain([(DataType::F32, RedOp::Avg)]);
+                for (dtype, op) in picks.collect::<Vec<_>>() {
+                    {
+                        it += 1;
+                        let cap = chunk_elems(n, dtype);
+                        let count = match rng.below(6) {
+                            0 => rng.below(n as u64 + 1) as usize,
+                            1 => cap + 1,
+                            2 => 3 * cap + rng.below(cap as u64) as usize,
+                            _ => rng.below(900) as usize | 1,
+                        };
+                        let in_place = rng.below(2) == 0;
+                        let root = rng.below(n as u64) as usize;
+                        check_one(c, s, it, kind, dtype, op, count, in_place, root);
+                    }
+                }
+            }
+        });
+    }
+}
+
+fn across_nodes(b: Backend) {
+    across_nodes_with(b, EngineChoice::CopyEngine, &[(2, 4), (2, 3), (3, 5), (4, 6), (2, 8), (3, 3)]);
+}
+
+/// Under `auto` with a slow NIC (`HOCCL_NET_GBPS`, which sets the model's NIC rate) and
+/// under `compressed`, with the default scratch and counts whose pieces reach the
+/// compressed engine's 64 KiB floor, so the hops between nodes cross compressed.
+fn across_nodes_compressed(b: Backend) {
+    for (engine, nodes, ranks) in [(EngineChoice::Compressed, 2, 4), (EngineChoice::Compressed, 3, 5), (EngineChoice::Auto, 2, 4)] {
+        let cfg = Config { virtual_nodes: nodes, engine, net_gbps: 8.0, ..test_config() };
+        run_ranks(b, ranks, cfg, move |c| {
+            let n = c.size();
+            c.reserve_reduce_scratch().unwrap();
+            let s = new_stream(&c.device().clone());
+            let mut rng = Rng(0xc0de + (nodes * 16 + ranks) as u64);
+            let mut it = 800_000 + 1000 * (nodes * 16 + ranks) as u64;
+            for kind in KINDS {
+                for dtype in [DataType::BF16, DataType::F16, DataType::F32] {
+                    for op in [RedOp::Sum, RedOp::Max] {
+                        it += 1;
+                        let count = 100_000 + rng.below(100_000) as usize;
+                        let count = if kind == Kind::ReduceScatter { count / n } else { count };
+                        let (in_place, root) = (rng.below(2) == 0, rng.below(n as u64) as usize);
+                        check_one(c, s, it, kind, dtype, op, count, in_place, root);
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// The hierarchical plan is the one that runs: on 2 nodes × 2 ranks, an AllReduce has rank
+/// 0 exchange data only with its node peer and its counterpart on the other node (rank 2),
+/// never with rank 3, while the flat plan (Avg) reaches every rank; the operators and
+/// layouts that stay flat say so.
+fn hierarchical_path(b: Backend) {
+    run_ranks(b, 4, Config { virtual_nodes: 2, ..small_scratch() }, |c| {
+        let (r, dev) = (c.rank(), c.device().clone());
+        for op in [RedOp::Sum, RedOp::Prod, RedOp::Max, RedOp::Min] {
+            assert!(c.reduces_hierarchically(op), "{op:?}");
+        }
+        assert!(!c.reduces_hierarchically(RedOp::Avg));
+        assert!(!c.reduces_hierarchically(RedOp::PreMulSum(Scalar::Value(0))));
+        let s = new_stream(&dev);
+        let far = [3, 2, 1, 0][r];
+        let ops = |c: &hoccl::Communicator| (0..4).map(|p| c.ops_with(p).unwrap()).collect::<Vec<u64>>();
+        let before = ops(c);
+        for i in 0..3 {
+            check_one(c, s, 900_000 + i, Kind::AllReduce, DataType::I32, RedOp::Sum, 3000, i == 1, 0);
+        }
+        let after = ops(c);
+        assert_eq!(after[far], before[far], "rank {r} exchanged with rank {far} under the hierarchical plan: {before:?} -> {after:?}");
+        assert!(after[r ^ 1] > before[r ^ 1] && after[r ^ 2] > before[r ^ 2], "rank {r}: {before:?} -> {after:?}");
+        check_one(c, s, 900_010, Kind::AllReduce, DataType::I32, RedOp::Avg, 3000, false, 0);
+        assert!(ops(c)[far] > after[far], "rank {r}: the flat plan reaches every rank");
+        assert!(c.ops_with(4).is_err());
+    });
+    run_ranks(b, 3, Config { virtual_nodes: 3, ..small_scratch() }, |c| assert!(!c.reduces_hierarchically(RedOp::Sum)));
+    run_ranks(b, 4, small_scratch(), |c| assert!(!c.reduces_hierarchically(RedOp::Sum)));
+}
+
+backend_tests!(matrix_1, matrix_2, matrix_3, matrix_4, matrix_5, matrix_8, random_shapes, mixed_two_streams, stream_ordering, in_groups, invalid_arguments, premulsum, across_nodes, across_nodes_compressed, hierarchical_path);

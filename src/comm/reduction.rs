@@ -104,6 +104,46 @@ fn overlaps(a: DevPtr, alen: usize, b: DevPtr, blen: usize) -> bool {
     alen > 0 && blen > 0 && a.0 < b.0 + blen as u64 && b.0 < a.0 + alen as u64
 }
 
+/// Elements `[a, b)` of a reduction's index space.
+type Span = (usize, usize);
+
+fn meet(x: Span, y: Span) -> Option<Span> {
+    let (a, b) = (x.0.max(y.0), x.1.min(y.1));
+    (a < b).then_some((a, b))
+}
+
+fn width(x: Span) -> usize {
+    x.1 - x.0
+}
+
+/// The nodes of a hierarchical reduction (contiguous rank ranges, in rank order) and where
+/// each rank's piece of a chunk lies.
+struct Chain<'a> {
+    bounds: &'a [usize],
+    dtype: DataType,
+}
+
+impl Chain<'_> {
+    fn nodes(&self) -> usize {
+        self.bounds.len() - 1
+    }
+    fn node_of(&self, r: usize) -> usize {
+        self.bounds.partition_point(|b| *b <= r) - 1
+    }
+    fn ranks(&self, j: usize) -> std::ops::Range<usize> {
+        self.bounds[j]..self.bounds[j + 1]
+    }
+    /// Rank r's piece of chunk `c`: its node splits the chunk into one shard per local rank
+    /// as AllReduce splits a buffer into shards ([`shard_start`]); nodes of different sizes
+    /// split it differently, so a piece meets one or more pieces of another node.
+    fn piece(&self, r: usize, c: Span) -> Span {
+        let j = self.node_of(r);
+        let (k, l) = (self.bounds[j + 1] - self.bounds[j], r - self.bounds[j]);
+        let len = width(c);
+        (c.0 + shard_start(len, k, l, self.dtype), c.0 + shard_start(len, k, l + 1, self.dtype))
+    }
+}
+
 impl Communicator {
     /// Validate a reduction (`enqueue`'s arm for AllReduce, ReduceScatter and Reduce).
     pub(super) fn reduction(&self, name: &'static str, op: &OpDesc) -> Result<Reduction> {
@@ -228,6 +268,14 @@ impl Communicator {
         let (n, me, es, name, s) = (self.size, self.rank, red.dtype.size(), red.name, red.stream);
         if red.count == 0 {
             return Ok(());
+        }
+        match self.node_chain(red.op) {
+            Ok(bounds) => {
+                log::debug!("rank {me}: {name} ({}, {}): hierarchical over {} nodes", red.dtype.name(), red.op.name(), bounds.len() - 1);
+                return self.run_hierarchical(st, red, &bounds, submitted);
+            }
+            Err(Some(why)) => log::debug!("rank {me}: {name} ({}, {}): flat across nodes: {why}", red.dtype.name(), red.op.name()),
+            Err(None) => {}
         }
         let blocks: Vec<(usize, usize)> = (0..n).map(|q| self.block(red, q)).collect();
         let (my_off, my_len) = blocks[me];
@@ -364,6 +412,264 @@ impl Communicator {
                 *submitted = true;
             }
         }
+        Ok(())
+    }
+
+    /// Whether reductions with `op` run hierarchically on this communicator
+    /// (docs/design.md, "Reductions across nodes"); every rank gets the same answer.
+    pub fn reduces_hierarchically(&self, op: RedOp) -> bool {
+        self.node_chain(op).is_ok()
+    }
+
+    /// How many ops this rank has enqueued that exchange data with `peer` (the pair's
+    /// sequence number): which ranks a collective reached, for tests and diagnostics.
+    pub fn ops_with(&self, peer: usize) -> Result<u64> {
+        self.check_peer("ops_with", peer)?;
+        let st = self.lock("ops_with")?;
+        Ok(st.pair_counts[peer])
+    }
+
+    /// The nodes of the hierarchical plan as rank boundaries, `b[j]..b[j + 1]` the ranks of
+    /// node j, nodes in rank order. `Err(None)` with one node; `Err(Some(why))` where the
+    /// plan could not reproduce the rank-order fold, or has nothing to gain. Depends only on
+    /// the topology and the operator, so every rank decides alike.
+    fn node_chain(&self, op: RedOp) -> std::result::Result<Vec<usize>, Option<&'static str>> {
+        if self.topo.nnodes() < 2 {
+            return Err(None);
+        }
+        match op {
+            RedOp::Sum | RedOp::Prod | RedOp::Max | RedOp::Min => {}
+            RedOp::Avg => return Err(Some("Avg divides the whole fold by n once, so a node's partial fold cannot be carried on")),
+            RedOp::PreMulSum(_) => return Err(Some("PreMulSum prescales every input, so a node's partial fold cannot be carried on")),
+        }
+        let mut nodes: Vec<&[usize]> = self.topo.nodes().iter().map(|x| &x.ranks[..]).filter(|r| !r.is_empty()).collect();
+        nodes.sort_by_key(|r| r[0]);
+        let mut bounds = vec![0];
+        for r in nodes {
+            let at = bounds[bounds.len() - 1];
+            if r.iter().enumerate().any(|(i, x)| *x != at + i) {
+                return Err(Some("a node's ranks are not one contiguous range of ranks"));
+            }
+            bounds.push(at + r.len());
+        }
+        if bounds[bounds.len() - 1] != self.size {
+            return Err(Some("the nodes do not cover the ranks"));
+        }
+        if bounds.windows(2).all(|w| w[1] - w[0] == 1) {
+            return Err(Some("one rank per node: nothing to combine within a node"));
+        }
+        Ok(bounds)
+    }
+
+    /// Run `red` hierarchically over the nodes `bounds` (docs/design.md, "Reductions across
+    /// nodes"). The index space (AllReduce, Reduce: `count` elements; ReduceScatter: the
+    /// `n * count` of the send buffer) is cut into chunks; every node splits each chunk into
+    /// one piece per local rank ([`Chain::piece`]). For chunk t, the owner of a piece on
+    /// node j folds, in rank order, the prefix its counterparts on node j - 1 computed (the
+    /// fold of ranks `0..b[j]`) and the contributions of its node's ranks, so the last node
+    /// holds the rank-order fold of every rank, bit for bit `reduce::reduce_into`; it then
+    /// sends the result where it belongs. One op per step, pipelined one chunk deep so the
+    /// results of chunk t - 1 travel back while the prefixes of chunk t travel forward:
+    ///
+    /// - node j < last: X(t) = contributions of chunk t within the node (+ prefix from
+    ///   j - 1) and, AllReduce, the node's AllGather of chunk t - 2; reduce step; Y(t) =
+    ///   prefix of chunk t to node j + 1 and the results of chunk t - 1 from the last node;
+    /// - last node: X(t) = contributions and prefix of chunk t, and the results of chunk
+    ///   t - 1 to their owners (AllReduce: to each node's counterpart, then within the node).
+    ///
+    /// Two ranks' ops match pair by pair (the engine's pair sequence numbers), so each side
+    /// lists a pair's transfers under the same rule and in the same order.
+    fn run_hierarchical(&self, st: &mut State, red: &Reduction, bounds: &[usize], submitted: &mut bool) -> Result<()> {
+        let (n, me, es, name, s, dt) = (self.size, self.rank, red.dtype.size(), red.name, red.stream, red.dtype);
+        let ch = Chain { bounds, dtype: dt };
+        let (j, last) = (ch.node_of(me), ch.nodes() - 1);
+        let local = |r: usize| r - bounds[ch.node_of(r)];
+        let sizes: Vec<usize> = (0..ch.nodes()).map(|x| ch.ranks(x).len()).collect();
+        let (kmax, kmin) = (sizes.iter().copied().max().unwrap_or(1), sizes.iter().copied().min().unwrap_or(1));
+        // Scratch layout: kmax + 2 slots of `hs` bytes: one per local rank (the node peers'
+        // contributions; this rank's own stages a misaligned input), the prefix from the
+        // previous node, and this rank's fold (a prefix, or on the last node the result).
+        let sc = self.scratch(st, name)?;
+        let region = sc.region;
+        let hs = slot_bytes(sc.slot * n, kmax + 2);
+        let (prefix, out) = (kmax * hs, (kmax + 1) * hs);
+        let cap = hs / es;
+        // Chunk length: as long as keeps every piece within one slot (a split of `len` into
+        // k shards gives pieces of at most len / k + one alignment unit).
+        let align = (256 / es).max(1);
+        let grid = if cap > 2 * align + 1 { (cap - align - 1) * kmin / align * align } else { cap };
+        let total = match red.kind {
+            Kind::ReduceScatter => n * red.count,
+            _ => red.count,
+        };
+        let chunks = total.div_ceil(grid);
+        let span = |t: usize| (t * grid, ((t + 1) * grid).min(total));
+        let at = |t: Option<usize>| t.filter(|t| *t < chunks).map(span);
+        let misaligned = red.send.ptr.0 % es as u64 != 0;
+        let recv = red.recv;
+        let need_recv = || recv.ok_or_else(|| Error::internal(name, "a hierarchical reduction's result has no receive buffer"));
+        self.wait_for_scratch(st, s).map_err(|e| e.with_op(name))?;
+        let mut launch = |st: &mut State, sends: Vec<crate::engine::Transfer>, recvs: Vec<crate::engine::Transfer>| -> Result<()> {
+            if !sends.is_empty() || !recvs.is_empty() {
+                self.launch(st, name, s, Some(dt), sends, recvs)?;
+                *submitted = true;
+            }
+            Ok(())
+        };
+        // The last node's results of chunk c: sends (from its fold) and this rank's receives.
+        let final_sends = |c: Span, sends: &mut Vec<crate::engine::Transfer>| -> Result<()> {
+            let p = ch.piece(me, c);
+            if width(p) == 0 {
+                return Ok(());
+            }
+            let from = |i: Span, q: usize| region.part(out + (i.0 - p.0) * es, width(i) * es, q);
+            match red.kind {
+                Kind::AllReduce => {
+                    for v in 0..bounds[last] {
+                        if let Some(i) = meet(p, ch.piece(v, c)) {
+                            sends.push(from(i, v)?);
+                        }
+                    }
+                    for q in ch.ranks(last) {
+                        sends.push(from(p, q)?);
+                    }
+                }
+                Kind::ReduceScatter => {
+                    for q in 0..n {
+                        if let Some(i) = meet(p, (q * red.count, (q + 1) * red.count)) {
+                            sends.push(from(i, q)?);
+                        }
+                    }
+                }
+                Kind::Reduce { root } => sends.push(from(p, root)?),
+            }
+            Ok(())
+        };
+        let final_recvs = |c: Span, recvs: &mut Vec<crate::engine::Transfer>| -> Result<()> {
+            let p = ch.piece(me, c);
+            match red.kind {
+                Kind::AllReduce if j == last => {
+                    // This node's AllGather of the results (its own through a copy to self).
+                    for q in ch.ranks(last) {
+                        let pq = ch.piece(q, c);
+                        if width(pq) > 0 {
+                            recvs.push(need_recv()?.part(pq.0 * es, width(pq) * es, q)?);
+                        }
+                    }
+                }
+                Kind::AllReduce => {
+                    for u in ch.ranks(last) {
+                        if let Some(i) = meet(p, ch.piece(u, c)) {
+                            recvs.push(need_recv()?.part(i.0 * es, width(i) * es, u)?);
+                        }
+                    }
+                }
+                Kind::ReduceScatter => {
+                    for u in ch.ranks(last) {
+                        if let Some(i) = meet(ch.piece(u, c), (me * red.count, (me + 1) * red.count)) {
+                            recvs.push(need_recv()?.part((i.0 - me * red.count) * es, width(i) * es, u)?);
+                        }
+                    }
+                }
+                Kind::Reduce { root } if root == me => {
+                    for u in ch.ranks(last) {
+                        let pu = ch.piece(u, c);
+                        if width(pu) > 0 {
+                            recvs.push(need_recv()?.part(pu.0 * es, width(pu) * es, u)?);
+                        }
+                    }
+                }
+                Kind::Reduce { .. } => {}
+            }
+            Ok(())
+        };
+        for t in 0..chunks + 2 {
+            let now = at(Some(t));
+            let prev = at(t.checked_sub(1));
+            // X(t): within the node (and the prefix from the previous node).
+            let (mut sends, mut recvs) = (Vec::new(), Vec::new());
+            if let Some(c) = now {
+                let p = ch.piece(me, c);
+                for q in ch.ranks(j).filter(|q| *q != me) {
+                    let pq = ch.piece(q, c);
+                    if width(pq) > 0 {
+                        sends.push(red.send.part(pq.0 * es, width(pq) * es, q)?);
+                    }
+                    if width(p) > 0 {
+                        recvs.push(region.part(local(q) * hs, width(p) * es, q)?);
+                    }
+                }
+                if j > 0 {
+                    for v in ch.ranks(j - 1) {
+                        if let Some(i) = meet(ch.piece(v, c), p) {
+                            recvs.push(region.part(prefix + (i.0 - p.0) * es, width(i) * es, v)?);
+                        }
+                    }
+                }
+            }
+            if j == last {
+                if let Some(c) = prev {
+                    final_sends(c, &mut sends)?;
+                    final_recvs(c, &mut recvs)?;
+                }
+            } else if let (Kind::AllReduce, Some(c)) = (red.kind, at(t.checked_sub(2))) {
+                // The node's AllGather of the results its ranks received in Y(t - 1).
+                let p = ch.piece(me, c);
+                let r = need_recv()?;
+                for q in ch.ranks(j).filter(|q| *q != me) {
+                    let pq = ch.piece(q, c);
+                    if width(p) > 0 {
+                        sends.push(r.part(p.0 * es, width(p) * es, q)?);
+                    }
+                    if width(pq) > 0 {
+                        recvs.push(r.part(pq.0 * es, width(pq) * es, q)?);
+                    }
+                }
+            }
+            launch(st, sends, recvs)?;
+            // The reduce step: prefix, then the node's ranks in rank order, into `out`.
+            if let Some(c) = now {
+                let p = ch.piece(me, c);
+                let len = width(p);
+                if len > cap {
+                    return Err(Error::internal(name, format!("hierarchical piece of {len} elements exceeds a slot of {cap}")));
+                }
+                if len > 0 {
+                    let mut own = red.send.ptr.add(p.0 * es);
+                    if misaligned {
+                        let o = region.ptr.add(local(me) * hs);
+                        self.dev.memcpy_async(s, o, own, len * es).map_err(|e| e.with_op(name))?;
+                        own = o;
+                    }
+                    let mut srcs = Vec::with_capacity(kmax + 1);
+                    if j > 0 {
+                        srcs.push(region.ptr.add(prefix));
+                    }
+                    srcs.extend(ch.ranks(j).map(|q| if q == me { own } else { region.ptr.add(local(q) * hs) }));
+                    self.dev.reduce_async(s, region.ptr.add(out), &srcs, len, dt, red.op).map_err(|e| e.with_op(name))?;
+                }
+            }
+            // Y(t): the prefix on to the next node; the last node's results of chunk t - 1.
+            if j < last {
+                let (mut sends, mut recvs) = (Vec::new(), Vec::new());
+                if let Some(c) = now {
+                    let p = ch.piece(me, c);
+                    for u in ch.ranks(j + 1) {
+                        if let Some(i) = meet(p, ch.piece(u, c)) {
+                            sends.push(region.part(out + (i.0 - p.0) * es, width(i) * es, u)?);
+                        }
+                    }
+                }
+                if let Some(c) = prev {
+                    final_recvs(c, &mut recvs)?;
+                }
+                launch(st, sends, recvs)?;
+            }
+        }
+        let sc = st.scratch.as_mut().ok_or_else(|| Error::internal(name, "scratch vanished"))?;
+        sc.last = Some(s);
+        self.dev.write_value(s, sc.flag.dev_addr(0), sc.uses + 1).map_err(|e| e.with_op(name))?;
+        sc.uses += 1;
         Ok(())
     }
 
