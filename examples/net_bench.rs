@@ -1,7 +1,8 @@
 //! hoccl-example: self-checking
 //! hoccl-example-run: --sizes 64K,256K --iters 2 --warmup 1
 //! net-bench: measured completion of AllGather, AlltoAll and AlltoAllv (uniform and Zipf)
-//! across nodes, next to the simulator's prediction for the same topology and rates.
+//! across nodes, next to the simulator's prediction for the same topology and rates; and
+//! AllReduce, hierarchical (Sum) next to the flat plan (Avg, which stays flat), measured only.
 //!
 //! Run as `HOCCL_VIRTUAL_NODES=N HOCCL_NET_GBPS=G mpirun -np R target/release/examples/net_bench
 //! [options]` (`--help` lists them; `scripts/net-bench.sh` runs the matrix).
@@ -53,7 +54,10 @@ mod common;
 type Res<T> = Result<T, String>;
 
 const USAGE: &str = "usage: mpirun -np R net_bench [options]   (HOCCL_VIRTUAL_NODES=N HOCCL_NET_GBPS=G)
-  --ops LIST       allgather,alltoall,alltoallv,zipf (all): zipf is AlltoAllv with Zipf counts
+  --ops LIST       allgather,alltoall,alltoallv,zipf (the default), allreduce, allreduce-flat:
+                   zipf is AlltoAllv with Zipf counts; allreduce sums (hierarchical across
+                   nodes), allreduce-flat averages, which runs the flat plan (every rank to
+                   every rank: the bytes a flat sum moves); neither has a prediction
   --sizes LIST     bytes per rank (AlltoAll(v): one rank's send total; AllGather: the receive
                    total), K/M/G suffixes (256K,1M,4M)
   --iters N (5)    timed iterations per point; the median is reported
@@ -75,6 +79,10 @@ enum Op {
     AlltoAll,
     AlltoAllvUniform,
     AlltoAllvZipf,
+    /// AllReduce with Sum: hierarchical when the communicator spans nodes.
+    AllReduce,
+    /// AllReduce with Avg: the flat plan, for comparison.
+    AllReduceFlat,
 }
 
 impl Op {
@@ -84,7 +92,12 @@ impl Op {
             Op::AlltoAll => "alltoall",
             Op::AlltoAllvUniform => "alltoallv",
             Op::AlltoAllvZipf => "alltoallv-zipf",
+            Op::AllReduce => "allreduce",
+            Op::AllReduceFlat => "allreduce-flat",
         }
+    }
+    fn reduces(self) -> bool {
+        matches!(self, Op::AllReduce | Op::AllReduceFlat)
     }
 }
 
@@ -141,7 +154,9 @@ fn parse_opts(argv: &[String]) -> Res<Opts> {
                         "alltoall" => Ok(Op::AlltoAll),
                         "alltoallv" => Ok(Op::AlltoAllvUniform),
                         "zipf" | "alltoallv-zipf" => Ok(Op::AlltoAllvZipf),
-                        other => Err(format!("--ops: unknown op {other:?} (allgather, alltoall, alltoallv, zipf)")),
+                        "allreduce" => Ok(Op::AllReduce),
+                        "allreduce-flat" => Ok(Op::AllReduceFlat),
+                        other => Err(format!("--ops: unknown op {other:?} (allgather, alltoall, alltoallv, zipf, allreduce, allreduce-flat)")),
                     })
                     .collect::<Res<_>>()?
             }
@@ -204,7 +219,8 @@ impl Shape {
         let es = o.dtype.size();
         let per = bytes / n / es;
         let counts = match op {
-            Op::AllGather | Op::AlltoAll | Op::AlltoAllvUniform => vec![per; n * n],
+            // AllReduce: `n * per` elements per rank, `counts` its shards.
+            Op::AllGather | Op::AlltoAll | Op::AlltoAllvUniform | Op::AllReduce | Op::AllReduceFlat => vec![per; n * n],
             Op::AlltoAllvZipf => plan::zipf_sizes(n, bytes as u64, o.zipf, o.seed).iter().map(|&b| b as usize / es).collect(),
         };
         Shape { counts, n }
@@ -278,6 +294,8 @@ fn run_op(ctx: &Ctx, op: Op, sh: &Shape, send: DevPtr, recv: DevPtr) -> Res<()> 
             let rc: Vec<usize> = (0..sh.n).map(|u| sh.c(u, r)).collect();
             ctx.comm.all_to_allv(send, &sc, &sh.send_displs(r), recv, &rc, &sh.recv_displs(r), dt, s)
         }
+        Op::AllReduce => ctx.comm.all_reduce(send, recv, sh.send_total(r), dt, hoccl::RedOp::Sum, s),
+        Op::AllReduceFlat => ctx.comm.all_reduce(send, recv, sh.send_total(r), dt, hoccl::RedOp::Avg, s),
     };
     res.map_err(|e| format!("{}: {e}", op.name()))
 }
@@ -285,6 +303,18 @@ fn run_op(ctx: &Ctx, op: Op, sh: &Shape, send: DevPtr, recv: DevPtr) -> Res<()> 
 /// Checks `got` (this rank's receive buffer) byte by byte; returns the first mismatch.
 fn verify(ctx: &Ctx, op: Op, sh: &Shape, got: &[u8]) -> Option<String> {
     let (es, me) = (ctx.o.dtype.size(), ctx.rank);
+    if op.reduces() {
+        // The rank-order fold of every rank's input (`reduce::reduce_into`), bit for bit.
+        let len = sh.send_total(me) * es;
+        let inputs: Vec<Vec<u8>> = (0..sh.n).map(|u| (0..len).map(|i| source_byte(&ctx.o, u, i)).collect()).collect();
+        let srcs: Vec<&[u8]> = inputs.iter().map(|v| &v[..]).collect();
+        let mut want = vec![0u8; len];
+        let rop = if op == Op::AllReduce { hoccl::RedOp::Sum } else { hoccl::RedOp::Avg };
+        if let Err(e) = hoccl::reduce::reduce_into(ctx.o.dtype, rop, &mut want, &srcs) {
+            return Some(format!("reference: {e}"));
+        }
+        return (0..len).find(|&i| got[i] != want[i]).map(|i| format!("byte {i}: {:#04x}, expected {:#04x}", got[i], want[i]));
+    }
     let rd = sh.recv_displs(me);
     for u in 0..sh.n {
         // Where u's block for me starts in u's send buffer (AllGather: u's whole block).
@@ -365,11 +395,13 @@ fn measure(ctx: &Ctx, op: Op, bytes: usize, model: &SimSetup) -> Res<Record> {
     }
     let launches = ctx.sum_f64((launch_count() - launches0) as f64)? as u64;
     let cpu = ctx.sum_f64(proxy_cpu_s() - cpu0)?;
-    // Bytes this rank sent to ranks of other nodes per op (AllGather: its block to each).
+    // Bytes this rank sent to ranks of other nodes per op (AllGather: its block to each;
+    // AllReduce: not counted, they depend on the plan).
     let topo = ctx.comm.topology();
-    let remote: usize = (0..ctx.n).filter(|&v| !topo.same_node(me, v)).map(|v| if op == Op::AllGather { sh.c(me, 0) } else { sh.c(me, v) }).sum();
+    let remote: usize = (0..ctx.n).filter(|&v| !topo.same_node(me, v) && !op.reduces()).map(|v| if op == Op::AllGather { sh.c(me, 0) } else { sh.c(me, v) }).sum();
     let sent_gb = ctx.sum_f64((remote * es * ctx.o.iters) as f64)? / 1e9;
-    if launches > 0 && ctx.comm.config().engine != EngineChoice::Compressed {
+    // A reduction's reduce step is a kernel on CUDA on every engine.
+    if launches > 0 && ctx.comm.config().engine != EngineChoice::Compressed && !op.reduces() {
         return Err(format!("{} {bytes} B: hoccl launched {launches} kernel(s) on the raw path", op.name()));
     }
     times.sort_by(f64::total_cmp);
@@ -435,7 +467,7 @@ impl SimSetup {
 
     /// (direct, planned) completion in µs for the point's traffic.
     fn predict(&self, op: Op, sh: &Shape, es: usize) -> Res<(Option<f64>, Option<f64>)> {
-        let Some(cl) = &self.cluster else { return Ok((None, None)) };
+        let Some(cl) = self.cluster.as_ref().filter(|_| !op.reduces()) else { return Ok((None, None)) };
         let g = cl.num_gpus();
         let b = |elems: usize| ((elems * es) as f64 * self.scale).ceil() as u64;
         let (direct_c, planned_c) = match op {
@@ -452,6 +484,7 @@ impl SimSetup {
                 let sizes: Vec<u64> = sh.counts.iter().map(|&c| b(c)).collect();
                 (Collective::AlltoAllv { sizes: sizes.clone() }, Collective::AlltoAllv { sizes })
             }
+            Op::AllReduce | Op::AllReduceFlat => return Ok((None, None)),
         };
         let opt = PlanOptions { chunk_bytes: self.chunk };
         // Direct sends stage only what the transport stages: on the host backend nothing

@@ -104,6 +104,11 @@ fn overlaps(a: DevPtr, alen: usize, b: DevPtr, blen: usize) -> bool {
     alen > 0 && blen > 0 && a.0 < b.0 + blen as u64 && b.0 < a.0 + alen as u64
 }
 
+/// The hierarchical plan cuts a reduction into at least this many chunks...
+const PIPELINE_CHUNKS: usize = 8;
+/// ...of at least this many bytes each (a chunk costs a few op handshakes per hop).
+const PIPELINE_MIN_BYTES: usize = 1 << 20;
+
 /// Elements `[a, b)` of a reduction's index space.
 type Span = (usize, usize);
 
@@ -502,6 +507,11 @@ impl Communicator {
             Kind::ReduceScatter => n * red.count,
             _ => red.count,
         };
+        // At least PIPELINE_CHUNKS chunks once they stay above PIPELINE_MIN_BYTES: the
+        // results of one chunk travel back while the next one's prefixes travel forward,
+        // which needs several chunks in flight.
+        let pipe = total.div_ceil(PIPELINE_CHUNKS).max(PIPELINE_MIN_BYTES / es).div_ceil(align) * align;
+        let grid = grid.min(pipe);
         let chunks = total.div_ceil(grid);
         let span = |t: usize| (t * grid, ((t + 1) * grid).min(total));
         let at = |t: Option<usize>| t.filter(|t| *t < chunks).map(span);
