@@ -126,7 +126,7 @@ fn main() {
     if sample.is_some() && !calibrate {
         bad_usage("--sample goes with --calibrate".into());
     }
-    let model = hoccl::Config::from_env().map(|c| c.cost_model).map_err(|e| e.to_string());
+    let model = hoccl::Config::from_env().map(|c| c.cost_model.clone().with_net_rate(c.net_gbps)).map_err(|e| e.to_string());
     if calibrate {
         std::process::exit(calibrate::run(model, sample.as_deref()));
     }
