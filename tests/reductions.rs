@@ -443,6 +443,19 @@ fn across_nodes(b: Backend) {
     across_nodes_with(b, EngineChoice::CopyEngine, &[(2, 4), (2, 3), (3, 5), (4, 6), (2, 8), (3, 3)]);
 }
 
+/// Nodes of 8 ranks: the fold of the prefix and 8 contributions takes more inputs than one
+/// reduce launch (the CUDA kernel's 8), so it goes on from its partial result.
+fn across_nodes_wide(b: Backend) {
+    run_ranks(b, 16, Config { virtual_nodes: 2, ..small_scratch() }, |c| {
+        assert!(c.reduces_hierarchically(RedOp::Sum));
+        c.reserve_reduce_scratch().unwrap();
+        let s = new_stream(&c.device().clone());
+        for (i, (kind, dtype, op)) in [(Kind::AllReduce, DataType::F32, RedOp::Sum), (Kind::ReduceScatter, DataType::BF16, RedOp::Prod), (Kind::Reduce, DataType::F16, RedOp::Min)].into_iter().enumerate() {
+            check_one(c, s, 850_000 + i as u64, kind, dtype, op, 2 * chunk_elems(16, dtype) + 5, i == 1, 9);
+        }
+    });
+}
+
 /// Under `auto` with a slow NIC (`HOCCL_NET_GBPS`, which sets the model's NIC rate) and
 /// under `compressed`, with the default scratch and counts whose pieces reach the
 /// compressed engine's 64 KiB floor, so the hops between nodes cross compressed.
@@ -500,4 +513,4 @@ fn hierarchical_path(b: Backend) {
     run_ranks(b, 4, small_scratch(), |c| assert!(!c.reduces_hierarchically(RedOp::Sum)));
 }
 
-backend_tests!(matrix_1, matrix_2, matrix_3, matrix_4, matrix_5, matrix_8, random_shapes, mixed_two_streams, stream_ordering, in_groups, invalid_arguments, premulsum, across_nodes, across_nodes_compressed, hierarchical_path);
+backend_tests!(matrix_1, matrix_2, matrix_3, matrix_4, matrix_5, matrix_8, random_shapes, mixed_two_streams, stream_ordering, in_groups, invalid_arguments, premulsum, across_nodes, across_nodes_wide, across_nodes_compressed, hierarchical_path);

@@ -104,6 +104,9 @@ fn overlaps(a: DevPtr, alen: usize, b: DevPtr, blen: usize) -> bool {
     alen > 0 && blen > 0 && a.0 < b.0 + blen as u64 && b.0 < a.0 + alen as u64
 }
 
+/// Inputs of one reduce launch (the CUDA CopyReduce kernel's limit).
+use crate::device::cuda::MAX_REDUCE_SRCS;
+
 /// The hierarchical plan cuts a reduction into at least this many chunks...
 const PIPELINE_CHUNKS: usize = 8;
 /// ...of at least this many bytes each (a chunk costs a few op handshakes per hop).
@@ -656,7 +659,17 @@ impl Communicator {
                         srcs.push(region.ptr.add(prefix));
                     }
                     srcs.extend(ch.ranks(j).map(|q| if q == me { own } else { region.ptr.add(local(q) * hs) }));
-                    self.dev.reduce_async(s, region.ptr.add(out), &srcs, len, dt, red.op).map_err(|e| e.with_op(name))?;
+                    // One launch takes at most MAX_REDUCE_SRCS inputs; a longer fold goes on
+                    // from its own partial result (the ops here carry a fold exactly).
+                    let dst = region.ptr.add(out);
+                    let mut done = srcs.len().min(MAX_REDUCE_SRCS);
+                    self.dev.reduce_async(s, dst, &srcs[..done], len, dt, red.op).map_err(|e| e.with_op(name))?;
+                    while done < srcs.len() {
+                        let more = (srcs.len() - done).min(MAX_REDUCE_SRCS - 1);
+                        let part: Vec<DevPtr> = std::iter::once(dst).chain(srcs[done..done + more].iter().copied()).collect();
+                        self.dev.reduce_async(s, dst, &part, len, dt, red.op).map_err(|e| e.with_op(name))?;
+                        done += more;
+                    }
                 }
             }
             // Y(t): the prefix on to the next node; the last node's results of chunk t - 1.
