@@ -1,8 +1,10 @@
 //! AllReduce, ReduceScatter and Reduce as a composition of the copy-engine exchange and one
 //! reduce step on the caller's stream (docs/design.md, "Reductions"). The exchange is an
 //! engine op like any other, so it crosses nodes through whichever transport reaches each
-//! peer (the socket transport between nodes): flat, every rank to every rank, not the
-//! hierarchical intra-node / inter-node plan.
+//! peer (the socket transport between nodes). Across nodes, Sum, Prod, Max and Min run the
+//! hierarchical plan instead ([`Communicator::run_hierarchical`]: within each node, then
+//! node after node in a chain that keeps the rank-order fold); what follows is the flat
+//! plan, which every other reduction runs.
 //!
 //! Every reduction is described the same way: each rank `q` owns one *block* of the result
 //! (ReduceScatter: `count` elements; AllReduce: its shard; Reduce: the root owns all of it,
