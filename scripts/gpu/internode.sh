@@ -38,6 +38,9 @@ if [ "$ngpu" -le 1 ] && command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
   trap 'echo quit | nvidia-cuda-mps-control >/dev/null 2>&1; rm -rf "$mps_dir"' EXIT
   trap 'exit 143' TERM INT HUP
+  # Four client processes with 32 hardware queues each fail to start under MPS
+  # (cuDevicePrimaryCtxRetain: out of memory); with 16 they run.
+  export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-16}"
   nvidia-cuda-mps-control -d || { echo "internode.sh: MPS did not start" | tee -a "$summary"; exit 1; }
   echo "# processes under MPS" | tee -a "$summary"
 fi
