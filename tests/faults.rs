@@ -17,6 +17,7 @@
 //! Every case prints its time to error (`eprintln`, `--nocapture` shows it).
 mod common;
 use common::*;
+use common::ops::{Op, OPS};
 use hoccl::bootstrap::tcp::UniqueId;
 use hoccl::device::{pattern_byte, DevPtr, StreamHandle};
 use hoccl::{Communicator, Config, DataType, ErrorCode, RedOp};
@@ -35,33 +36,6 @@ const LARGE: usize = 1 << 20;
 fn unix_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Op {
-    SendRecv,
-    AllGather,
-    AllToAll,
-    AllToAllV,
-    Broadcast,
-    Gather,
-    Scatter,
-    AllReduce,
-    ReduceScatter,
-    Reduce,
-}
-
-const OPS: [Op; 10] = [
-    Op::SendRecv,
-    Op::AllGather,
-    Op::AllToAll,
-    Op::AllToAllV,
-    Op::Broadcast,
-    Op::Gather,
-    Op::Scatter,
-    Op::AllReduce,
-    Op::ReduceScatter,
-    Op::Reduce,
-];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Point {

@@ -5,27 +5,11 @@
 //! mid-transfer; the rate limit. The same bodies run on CUDA with `--ignored`.
 mod common;
 use common::*;
+use common::ops::{Op, OPS};
 
 use hoccl::comm::Communicator;
 use hoccl::config::EngineChoice;
 use hoccl::{Config, DataType, RedOp};
-
-
-/// The ops exercised, in the order each round runs them.
-#[derive(Clone, Copy, Debug)]
-enum Op {
-    SendRecv,
-    AllGather,
-    AllToAll,
-    AllToAllV,
-    Broadcast,
-    Gather,
-    Scatter,
-    AllReduce,
-    ReduceScatter,
-    Reduce,
-}
-const OPS: [Op; 10] = [Op::SendRecv, Op::AllGather, Op::AllToAll, Op::AllToAllV, Op::Broadcast, Op::Gather, Op::Scatter, Op::AllReduce, Op::ReduceScatter, Op::Reduce];
 
 /// Element `i` of rank `r`'s input in round `it`, as an integer every dtype holds exactly
 /// (bf16 up to 256): sums of up to 16 ranks stay exact.

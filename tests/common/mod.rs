@@ -104,6 +104,7 @@ pub fn allocated(c: &Communicator) {
 #[path = "logs.rs"]
 pub mod logs;
 pub mod wrap;
+pub mod ops;
 #[path = "rng.rs"]
 mod rng;
 #[allow(unused_imports)] // not every test binary that includes this module draws numbers
