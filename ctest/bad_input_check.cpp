@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "hoccl/hoccl.hpp"
-#include "spawn_ranks.h"
+#include "spawn_ranks.hpp"
 
 namespace {
 
@@ -453,17 +453,6 @@ void creation() {
 
 hoccl::Communicator solo() { return hoccl::Communicator::fromUniqueId(hoccl::UniqueId::create(), 1, 0); }
 
-int makeId(void* id, void*) {
-  try {
-    hoccl::UniqueId u = hoccl::UniqueId::create();
-    std::memcpy(id, u.bytes.data(), u.bytes.size());
-    return 0;
-  } catch (const hoccl::Error& e) {
-    std::fprintf(stderr, "bad_input_cpp_check: UniqueId::create: %s\n", e.what());
-    return 1;
-  }
-}
-
 int rankMain(int rank, int nranks, const void* idp, void*) {
   myRank = rank;
   hoccl::UniqueId id;
@@ -505,7 +494,7 @@ int rankMain(int rank, int nranks, const void* idp, void*) {
 int main(int argc, char** argv) {
   const int nranks = argc > 1 ? std::atoi(argv[1]) : 2;
   setenv("HOCCL_TIMEOUT_MS", "30000", 0);
-  const int rc = spawn_ranks(nranks, hoccl::UniqueId::kBytes, makeId, rankMain, nullptr);
+  const int rc = spawn_ranks(nranks, hoccl::UniqueId::kBytes, makeUniqueId, rankMain, const_cast<char*>("bad_input_cpp_check"));
   std::printf("bad_input_cpp_check: %s (%d ranks)\n", rc == 0 ? "OK" : "FAILED", nranks);
   return rc;
 }
