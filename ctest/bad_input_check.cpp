@@ -6,10 +6,10 @@
 // AllReduce afterwards must give the right sum. Ranks are forked processes joined through a
 // unique id (ctest/spawn_ranks.h); HOCCL_BACKEND=cuda runs the same program on a GPU, where
 // an unknown stream is not a case (the driver's pointer is not checked, as with NCCL).
-// Two cases overflowed address arithmetic inside the Rust validation (allToAll with a receive
-// address near 2^64, allToAllv with an empty block at an overflowing displacement): a panic
-// in builds with overflow checks, which the bridge's guard turns into Internal, a silent wrap
-// in others; both must be InvalidArgument.
+// Two cases would overflow address arithmetic inside the Rust validation if it were unchecked
+// (allToAll with a receive address near 2^64, allToAllv with an empty block at an
+// overflowing displacement): a panic in builds with overflow checks, which the bridge's guard
+// would turn into Internal, a silent wrap in others; both must be InvalidArgument.
 //   bad_input_cpp_check NRANKS
 #include <chrono>
 #include <climits>

@@ -490,9 +490,10 @@ mod tests {
         });
     }
 
-    /// Arguments that overflowed address arithmetic inside `enqueue` (a panic in builds with
-    /// overflow checks, which the guard turned into `Internal`; a silent wrap otherwise) are
-    /// refused as `InvalidArgument` (ctest/bad_input_check.cpp drives the same through C++).
+    /// Arguments that overflow address arithmetic inside `enqueue` unless it is checked (a
+    /// panic in this build, with overflow checks, which the guard would turn into `Internal`;
+    /// a silent wrap in release) are `InvalidArgument` (ctest/bad_input_check.cpp drives the
+    /// same through C++).
     #[test]
     fn overflowing_addresses_are_invalid_arguments() {
         with_ranks(2, |_, c| {
