@@ -5,6 +5,7 @@
 #include "hoccl/hoccl.hpp"
 
 #include <algorithm>
+#include <cstdint>
 
 namespace hoccl {
 namespace detail {
@@ -28,6 +29,23 @@ rust::Slice<const std::size_t> slice(const std::vector<std::size_t>& v) noexcept
 }
 void hostCheck(const char* what, const void* p, std::size_t bytes) {
   if (p == nullptr && bytes > 0) throw Error(ErrorCode::InvalidArgument, std::string(what) + ": host pointer is null");
+}
+// Bytes of `count` values of `t`; InvalidArgument when that overflows what a buffer can hold
+// (so that no size wraps around before it reaches the bridge).
+std::size_t byteSize(const char* what, DataType t, std::size_t count) {
+  const std::size_t es = sizeOf(t);
+  if (es != 0 && count > static_cast<std::size_t>(PTRDIFF_MAX) / es)
+    throw Error(ErrorCode::InvalidArgument, std::string(what) + ": " + std::to_string(count) + " values overflow the address space");
+  return count * es;
+}
+// A rust::Str of `s`; cxx refuses text that is not UTF-8 with std::invalid_argument, which
+// must reach the caller as a hoccl::Error like every other failure.
+rust::Str str(const char* what, const std::string& s) {
+  try {
+    return rust::Str(s);
+  } catch (const std::invalid_argument&) {
+    throw Error(ErrorCode::InvalidArgument, std::string(what) + ": the name is not UTF-8");
+  }
 }
 
 // The descriptor of an operation without per-peer counts; `root` is the peer or root where
@@ -54,7 +72,7 @@ std::string version() { return std::string(bridge::version()); }
 Device Device::open(const std::string& backend, int ordinal) {
   if (ordinal < 0) throw Error(ErrorCode::InvalidArgument, "Device::open: negative ordinal");
   bridge::Status st;
-  rust::Box<bridge::Dev> d = bridge::device_open(backend, static_cast<std::size_t>(ordinal), st);
+  rust::Box<bridge::Dev> d = bridge::device_open(str("Device::open", backend), static_cast<std::size_t>(ordinal), st);
   check(st);
   return Device(std::move(d));
 }
@@ -103,9 +121,8 @@ std::size_t maxCompressedLen(DataType t, std::size_t count, Params p) {
 }
 
 std::vector<std::uint8_t> compress(DataType t, const void* host, std::size_t count, Params p) {
-  const std::size_t n = count * sizeOf(t);
+  const std::size_t n = byteSize("codec::compress", t, count);
   if (host == nullptr && count > 0) throw Error(ErrorCode::InvalidArgument, "codec::compress: host pointer is null");
-  if (sizeOf(t) != 0 && n / sizeOf(t) != count) throw Error(ErrorCode::InvalidArgument, "codec::compress: size overflows");
   bridge::Status st;
   rust::Vec<std::uint8_t> v = bridge::codec_compress(
       raw(t), rust::Slice<const std::uint8_t>(host ? bytes(host) : nullptr, host ? n : 0), p.block, p.tiers, st);
@@ -117,11 +134,17 @@ void decompress(DataType t, const void* stream, std::size_t streamBytes, void* h
   if ((stream == nullptr && streamBytes > 0) || (host == nullptr && count > 0))
     throw Error(ErrorCode::InvalidArgument, "codec::decompress: null pointer");
   rust::Slice<const std::uint8_t> in(stream ? bytes(stream) : nullptr, stream ? streamBytes : 0);
-  rust::Slice<std::uint8_t> out(host ? bytes(host) : nullptr, host ? count * sizeOf(t) : 0);
+  rust::Slice<std::uint8_t> out(host ? bytes(host) : nullptr, host ? byteSize("codec::decompress", t, count) : 0);
   check(bridge::codec_decompress(raw(t), in, out));
 }
 std::vector<std::uint8_t> decompress(DataType t, const std::vector<std::uint8_t>& stream, std::size_t count) {
-  std::vector<std::uint8_t> out(count * sizeOf(t));
+  const std::size_t n = byteSize("codec::decompress", t, count);
+  std::vector<std::uint8_t> out;
+  try {
+    out.resize(n);
+  } catch (const std::exception&) {  // std::bad_alloc, std::length_error
+    throw Error(ErrorCode::System, "codec::decompress: cannot allocate " + std::to_string(n) + " bytes for the output");
+  }
   decompress(t, stream.data(), stream.size(), out.data(), count);
   return out;
 }
@@ -271,7 +294,10 @@ Group::~Group() {
   try {
     comm_->groupEnd();
   } catch (const std::exception& e) {
-    bridge::log_error(std::string("~Group: ") + e.what());
+    try {
+      bridge::log_error(std::string("~Group: ") + e.what());
+    } catch (...) {  // a message that is not UTF-8: a destructor must not throw
+    }
   }
 }
 void Group::end() {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "hoccl/hoccl.hpp"
-#include "spawn_ranks.h"
+#include "spawn_ranks.hpp"
 
 namespace {
 
@@ -31,17 +31,6 @@ void expect(int rank, bool ok, const std::string& what) {
 
 float fval(int r, std::size_t i) { return static_cast<float>((static_cast<int>(i) * 7 + r * 13) % 101) - 50.0f; }
 std::int64_t lval(int r, std::size_t i) { return (static_cast<std::int64_t>(r) << 40) + static_cast<std::int64_t>(i); }
-
-int makeId(void* id, void*) {
-  try {
-    hoccl::UniqueId u = hoccl::UniqueId::create();
-    std::memcpy(id, u.bytes.data(), u.bytes.size());
-    return 0;
-  } catch (const hoccl::Error& e) {
-    std::fprintf(stderr, "unique_id_cpp_check: UniqueId::create: %s\n", e.what());
-    return 1;
-  }
-}
 
 int rankMain(int rank, int nranks, const void* idp, void*) {
   hoccl::UniqueId id;
@@ -119,7 +108,7 @@ int rankMain(int rank, int nranks, const void* idp, void*) {
 int main(int argc, char** argv) {
   int nranks = argc > 1 ? std::atoi(argv[1]) : 2;
   setenv("HOCCL_TIMEOUT_MS", "30000", 0);
-  int rc = spawn_ranks(nranks, hoccl::UniqueId::kBytes, makeId, rankMain, nullptr);
+  int rc = spawn_ranks(nranks, hoccl::UniqueId::kBytes, makeUniqueId, rankMain, const_cast<char*>("unique_id_cpp_check"));
   std::printf("unique_id_cpp_check: %s (%d ranks)\n", rc == 0 ? "OK" : "FAILED", nranks);
   return rc;
 }

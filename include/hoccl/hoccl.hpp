@@ -242,7 +242,8 @@ struct UniqueId {
 };
 
 // A communicator over the ranks of an MPI communicator, or of a unique id's rendezvous.
-// Movable, not copyable. Calls from several threads are safe; calls on one communicator must
+// Movable, not copyable; every method of a moved-from one throws InvalidUsage, as after
+// destroy(). Calls from several threads are safe; calls on one communicator must
 // be in the same order on every rank.
 class Communicator {
  public:

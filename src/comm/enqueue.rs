@@ -10,8 +10,10 @@ use crate::device::DevPtr;
 use crate::engine::Transfer;
 use crate::error::{Error, Result};
 
+/// Whether two ranges share a byte. Either may be unvalidated (a caller's bogus address near
+/// the top of the address space), so an end past 2^64 saturates instead of overflowing.
 fn overlaps(a: DevPtr, alen: usize, b: DevPtr, blen: usize) -> bool {
-    alen > 0 && blen > 0 && a.0 < b.0 + blen as u64 && b.0 < a.0 + alen as u64
+    alen > 0 && blen > 0 && a.0 < b.0.saturating_add(blen as u64) && b.0 < a.0.saturating_add(alen as u64)
 }
 
 /// What this rank sends and receives for one operation.
@@ -162,12 +164,14 @@ impl Communicator {
         };
         let s = self.region(name, "send", op.send, extent(send_counts, send_displs)?)?;
         let r = self.region(name, "receive", op.recv, extent(recv_counts, recv_displs)?)?;
-        let es = dtype.size();
+        // A displacement is refused when its byte offset overflows, even for an empty block
+        // (whose extent is not checked above).
+        let offset = |d: usize| Self::bytes(name, d, dtype).map_err(|_| Error::invalid_arg(name, format!("displacement {d} overflows")));
         let mut sends = Vec::with_capacity(self.size);
         let mut recvs = Vec::with_capacity(self.size);
         for p in 0..self.size {
-            sends.push(s.part(send_displs[p] * es, Self::bytes(name, send_counts[p], dtype)?, p)?);
-            recvs.push(r.part(recv_displs[p] * es, Self::bytes(name, recv_counts[p], dtype)?, p)?);
+            sends.push(s.part(offset(send_displs[p])?, Self::bytes(name, send_counts[p], dtype)?, p)?);
+            recvs.push(r.part(offset(recv_displs[p])?, Self::bytes(name, recv_counts[p], dtype)?, p)?);
         }
         for x in &sends {
             if recvs.iter().any(|y| overlaps(x.ptr, x.len, y.ptr, y.len)) {

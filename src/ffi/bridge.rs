@@ -490,6 +490,35 @@ mod tests {
         });
     }
 
+    /// Arguments that overflow address arithmetic inside `enqueue` unless it is checked (a
+    /// panic in this build, with overflow checks, which the guard would turn into `Internal`;
+    /// a silent wrap in release) are `InvalidArgument` (ctest/bad_input_check.cpp drives the
+    /// same through C++).
+    #[test]
+    fn overflowing_addresses_are_invalid_arguments() {
+        with_ranks(2, |_, c| {
+            let comm = Comm { handle: CommHandle::new(c) };
+            let mut st = status(Ok(()));
+            let dev = comm.device(&mut st);
+            let (a, b) = (dev.alloc(256, &mut st), dev.alloc(256, &mut st));
+            let s = dev.create_stream(&mut st);
+            assert_eq!(st.code, 0, "{}", st.message);
+            // A receive buffer whose end wraps past 2^64, seen by the overlap test first.
+            let top = usize::MAX as *mut u8;
+            let e = comm.enqueue(&OpArgs::new(OpKind::AllToAll, a, top.wrapping_sub(15), 16, U8, 0, s));
+            assert_eq!(e.code, ErrorCode::InvalidArgument as i32, "{}", e.message);
+            // An empty block at a displacement whose byte offset overflows.
+            let counts = [4usize, 0];
+            let displs = [0usize, usize::MAX / 2];
+            let f32_ = DataType::F32 as i32;
+            let v = OpArgs { send_counts: &counts, send_displs: &displs, recv_counts: &counts, recv_displs: &displs, ..OpArgs::new(OpKind::AllToAllV, a, b, 0, f32_, 0, s) };
+            let e = comm.enqueue(&v);
+            assert_eq!(e.code, ErrorCode::InvalidArgument as i32, "{}", e.message);
+            assert!(e.message.contains("displacement"), "{}", e.message);
+            assert_eq!(comm.destroy().code, 0);
+        });
+    }
+
     #[test]
     fn communicator_from_a_unique_id() {
         let mut st = status(Ok(()));
