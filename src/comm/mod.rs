@@ -19,6 +19,7 @@ mod enqueue;
 mod op;
 mod reduction;
 mod setup;
+mod shrink;
 
 pub use crate::topology::{RankPlacement, Topology};
 pub use op::{Collective, OpDesc};

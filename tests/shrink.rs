@@ -1,0 +1,302 @@
+//! `Communicator::shrink` (host backend): survivors of an excluded rank, alive or killed,
+//! form a new communicator without it and run every collective there, results checked
+//! against values computed here; survivors that disagree on the exclude list end in an
+//! error within the timeout. Ranks as threads (thread bootstrap) and as processes (TCP
+//! bootstrap, this binary re-run with `HOCCL_SHRINK_CHILD` set, one of four SIGKILLed
+//! while the others run all-reduces).
+mod common;
+use common::*;
+use hoccl::bootstrap::thread::ThreadBootstrap;
+use hoccl::bootstrap::tcp::UniqueId;
+use hoccl::{Communicator, Config, DataType, ErrorCode, RedOp};
+use std::io::{BufRead, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Element `i` of rank `r`'s input (small, so i32 sums are exact).
+fn val(r: usize, i: usize) -> i32 {
+    ((r * 131 + i * 7) % 97) as i32
+}
+
+fn ints(r: usize, from: usize, n: usize) -> Vec<u8> {
+    (from..from + n).flat_map(|i| val(r, i).to_le_bytes()).collect()
+}
+
+fn sums(ranks: usize, from: usize, n: usize) -> Vec<u8> {
+    (from..from + n).flat_map(|i| (0..ranks).map(|r| val(r, i)).sum::<i32>().to_le_bytes()).collect()
+}
+
+/// A buffer of `n` i32 filled with rank `r`'s input from element `from`.
+fn filled(c: &Communicator, r: usize, from: usize, n: usize) -> Buf {
+    let b = Buf::new(c.device(), n * 4, 0, 1);
+    c.device().copy_from_host(b.ptr, &ints(r, from, n)).unwrap();
+    b
+}
+
+fn out(c: &Communicator, n: usize) -> Buf {
+    Buf::new(c.device(), n * 4, 0, 2)
+}
+
+/// The first `n` i32 of `b`, after the stream is done.
+fn got(c: &Communicator, s: hoccl::device::StreamHandle, b: &Buf, n: usize) -> Vec<u8> {
+    sync(c.device(), s);
+    let all = b.read_all();
+    assert_eq!(b.guard_damage(&all), 0, "rank {}: bytes written past the output", c.rank());
+    all[..n * 4].to_vec()
+}
+
+/// Every collective once on `c` (any size), each rank's output checked.
+fn every_collective(c: &Communicator) {
+    let (r, n) = (c.rank(), c.size());
+    let s = new_stream(c.device());
+    let k = 1001; // elements per block
+    let root = n - 1;
+    let i32t = DataType::I32;
+    let what = |op: &str| format!("{op} on rank {r} of {n}");
+
+    let (send, recv) = (filled(c, r, 0, k), out(c, k));
+    let (to, from) = ((r + 1) % n, (r + n - 1) % n);
+    c.group(|c| {
+        c.send(send.ptr, k, i32t, to, s)?;
+        c.recv(recv.ptr, k, i32t, from, s)
+    })
+    .unwrap();
+    assert!(got(c, s, &recv, k) == ints(from, 0, k), "{}", what("send/recv"));
+
+    let (send, recv) = (filled(c, r, 0, k), out(c, n * k));
+    c.all_gather(send.ptr, recv.ptr, k, i32t, s).unwrap();
+    let want: Vec<u8> = (0..n).flat_map(|p| ints(p, 0, k)).collect();
+    assert!(got(c, s, &recv, n * k) == want, "{}", what("all_gather"));
+
+    let recv = out(c, n * k);
+    c.gather(send.ptr, recv.ptr, k, i32t, root, s).unwrap();
+    let g = got(c, s, &recv, n * k);
+    assert!(r != root || g == want, "{}", what("gather"));
+
+    let (send, recv) = (filled(c, r, 0, n * k), out(c, n * k));
+    c.all_to_all(send.ptr, recv.ptr, k, i32t, s).unwrap();
+    let want: Vec<u8> = (0..n).flat_map(|p| ints(p, r * k, k)).collect();
+    assert!(got(c, s, &recv, n * k) == want, "{}", what("all_to_all"));
+
+    // Rank p sends j + p + 1 elements to rank j, packed from element 0 of its input.
+    let cnt = |p: usize, j: usize| j + p + 1;
+    let displ = |v: Vec<usize>| v.iter().scan(0, |a, x| { let d = *a; *a += x; Some(d) }).collect::<Vec<_>>();
+    let sc: Vec<usize> = (0..n).map(|j| cnt(r, j)).collect();
+    let rc: Vec<usize> = (0..n).map(|p| cnt(p, r)).collect();
+    let (sd, rd) = (displ(sc.clone()), displ(rc.clone()));
+    let (st, rt) = (sc.iter().sum::<usize>(), rc.iter().sum::<usize>());
+    let (send, recv) = (filled(c, r, 0, st), out(c, rt));
+    c.all_to_allv(send.ptr, &sc, &sd, recv.ptr, &rc, &rd, i32t, s).unwrap();
+    let want: Vec<u8> = (0..n).flat_map(|p| ints(p, displ((0..n).map(|j| cnt(p, j)).collect())[r], rc[p])).collect();
+    assert!(got(c, s, &recv, rt) == want, "{}", what("all_to_allv"));
+
+    let (send, recv) = (filled(c, r, 0, k), out(c, k));
+    c.broadcast(send.ptr, recv.ptr, k, i32t, root, s).unwrap();
+    assert!(got(c, s, &recv, k) == ints(root, 0, k), "{}", what("broadcast"));
+
+    let (send, recv) = (filled(c, r, 0, n * k), out(c, k));
+    c.scatter(send.ptr, recv.ptr, k, i32t, root, s).unwrap();
+    assert!(got(c, s, &recv, k) == ints(root, r * k, k), "{}", what("scatter"));
+
+    let (send, recv) = (filled(c, r, 0, k), out(c, k));
+    c.all_reduce(send.ptr, recv.ptr, k, i32t, RedOp::Sum, s).unwrap();
+    assert!(got(c, s, &recv, k) == sums(n, 0, k), "{}", what("all_reduce"));
+
+    let recv = out(c, k);
+    c.reduce(send.ptr, recv.ptr, k, i32t, RedOp::Sum, root, s).unwrap();
+    let g = got(c, s, &recv, k);
+    assert!(r != root || g == sums(n, 0, k), "{}", what("reduce"));
+
+    let (send, recv) = (filled(c, r, 0, n * k), out(c, k));
+    c.reduce_scatter(send.ptr, recv.ptr, k, i32t, RedOp::Sum, s).unwrap();
+    assert!(got(c, s, &recv, k) == sums(n, r * k, k), "{}", what("reduce_scatter"));
+    c.wait_idle().unwrap();
+}
+
+/// Four thread ranks; rank 1 (alive) is excluded, then the new rank 0 (parent rank 0) from
+/// the shrunk communicator: every collective on each.
+#[test]
+fn exclude_live_ranks_twice() {
+    run_ranks(Backend::Host, 4, test_config(), |c| {
+        if c.rank() == 1 {
+            return; // excluded: takes no part
+        }
+        let s1 = c.shrink(&[1], test_config()).expect("shrink");
+        let parent_of = [0, 2, 3];
+        assert_eq!((s1.size(), parent_of[s1.rank()]), (3, c.rank()));
+        every_collective(&s1);
+        if s1.rank() != 0 {
+            let s2 = s1.shrink(&[0], test_config()).expect("second shrink");
+            assert_eq!((s2.size(), s2.rank()), (2, s1.rank() - 1));
+            every_collective(&s2);
+        }
+    });
+}
+
+#[test]
+fn bad_exclude_lists_are_refused() {
+    run_ranks(Backend::Host, 2, test_config(), |c| {
+        for bad in [&[2usize][..], &[1 - c.rank(), 1 - c.rank()], &[c.rank()]] {
+            let e = c.shrink(bad, test_config()).err().expect("refused");
+            assert_eq!(e.code(), ErrorCode::InvalidArgument, "{bad:?}: {e}");
+        }
+    });
+}
+
+/// Rank 0 excludes rank 2, ranks 1 and 2 exclude nobody: rank 1 sees the difference in the
+/// leader's message (`InvalidArgument`), ranks 0 and 2 wait in vain (`Timeout`); all within
+/// the timeout (twice: the id's arrival, then the rendezvous) and a margin.
+#[test]
+fn mismatched_exclude_lists_fail_within_the_timeout() {
+    let tmo = Duration::from_millis(1500);
+    let cfg = Config { timeout: tmo, ..test_config() };
+    let t0 = Instant::now();
+    let ranks: Vec<_> = ThreadBootstrap::group_with_timeout(3, tmo)
+        .into_iter()
+        .enumerate()
+        .map(|(r, b)| {
+            let cfg = cfg.clone();
+            std::thread::spawn(move || {
+                let comm = Communicator::with_bootstrap(Box::new(b), Some(open_device(Backend::Host, r)), cfg.clone()).expect("communicator");
+                let exclude: &[usize] = if r == 0 { &[2] } else { &[] };
+                let t = Instant::now();
+                let e = comm.shrink(exclude, cfg).err().expect("a mismatched shrink fails");
+                (e.code(), t.elapsed(), e.to_string())
+            })
+        })
+        .collect();
+    let got: Vec<_> = ranks.into_iter().map(|h| h.join().expect("rank thread")).collect();
+    for (r, (code, t, e)) in got.iter().enumerate() {
+        eprintln!("rank {r}: {code:?} after {t:?}: {e}");
+        assert!(*t < 2 * tmo + Duration::from_secs(1), "rank {r} took {t:?}");
+    }
+    assert_eq!(got[1].0, ErrorCode::InvalidArgument, "{}", got[1].2);
+    assert!(got[1].2.contains("survivors differ"), "{}", got[1].2);
+    assert_eq!((got[0].0, got[2].0), (ErrorCode::Timeout, ErrorCode::Timeout));
+    assert!(t0.elapsed() < Duration::from_secs(10));
+}
+
+// ---------------------------------------------------------------- processes --------------
+
+const N: usize = 4;
+const VICTIM: usize = 2;
+const TMO_MS: u64 = 2000;
+
+fn say(rank: usize, what: &str) {
+    let mut o = std::io::stdout().lock();
+    let _ = writeln!(o, "SHRINK {rank} {what}");
+    let _ = o.flush();
+}
+
+/// A child rank: `HOCCL_SHRINK_CHILD` = `<hex id> <rank>`. All-reduces until the victim is
+/// killed (the victim reports its second one done, then waits); the survivors then abort
+/// the parent, shrink without the victim and run every collective.
+#[test]
+fn child_rank() {
+    let Ok(v) = std::env::var("HOCCL_SHRINK_CHILD") else { return };
+    let w: Vec<&str> = v.split_whitespace().collect();
+    let id = UniqueId::from_hex(w[0]).expect("id");
+    let rank: usize = w[1].parse().unwrap();
+    let cfg = Config::from_env().expect("HOCCL_* settings");
+    assert_eq!(cfg.timeout, Duration::from_millis(TMO_MS));
+    let dev = open_device(Backend::Host, rank);
+    let comm = Communicator::from_unique_id_on(&id, N, rank, Some(dev.clone()), cfg.clone()).expect("communicator");
+    let k = 100_000;
+    let (send, recv) = (filled(&comm, rank, 0, k), out(&comm, k));
+    let s = new_stream(&dev);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut iter = 0;
+    let err = loop {
+        assert!(Instant::now() < deadline, "rank {rank}: no error after {iter} all-reduces");
+        let r = comm.all_reduce(send.ptr, recv.ptr, k, DataType::I32, RedOp::Sum, s);
+        dev.synchronize(s).expect("synchronize returns");
+        match r.and_then(|_| comm.wait_idle()) {
+            Ok(()) => iter += 1,
+            Err(e) => break e,
+        }
+        if rank == VICTIM && iter == 2 {
+            say(rank, "kill-me");
+            loop {
+                std::thread::sleep(Duration::from_secs(60));
+            }
+        }
+    };
+    assert!(matches!(err.code(), ErrorCode::Remote | ErrorCode::Timeout), "rank {rank}: {err}");
+    say(rank, &format!("error {:?} after {iter} all-reduces", err.code()));
+    comm.abort();
+    let t = Instant::now();
+    let small = comm.shrink(&[VICTIM], cfg).expect("shrink after the victim's death");
+    say(rank, &format!("shrunk to rank {} of {} in {} ms", small.rank(), small.size(), t.elapsed().as_millis()));
+    assert_eq!(small.size(), N - 1);
+    assert_eq!(small.rank(), if rank < VICTIM { rank } else { rank - 1 });
+    every_collective(&small);
+    small.wait_idle().unwrap();
+    drop(small);
+    drop(comm);
+    free_deferred();
+    say(rank, "done");
+}
+
+#[test]
+fn survivors_of_a_killed_process_shrink_and_run_every_collective() {
+    let id = Communicator::unique_id(&test_config()).expect("unique id");
+    let exe = std::env::current_exe().expect("test binary");
+    let (tx, rx) = std::sync::mpsc::channel::<(usize, String)>();
+    let mut kids: Vec<_> = (0..N)
+        .map(|r| {
+            let mut k = Command::new(&exe)
+                .args(["--exact", "child_rank", "--nocapture", "--test-threads=1"])
+                .env("HOCCL_SHRINK_CHILD", format!("{} {r}", id.to_hex()))
+                .env("HOCCL_TIMEOUT_MS", TMO_MS.to_string())
+                .env("HOCCL_BACKEND", "host")
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("spawn child rank");
+            let o = k.stdout.take().unwrap();
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for l in std::io::BufReader::new(o).lines().map_while(|l| l.ok()) {
+                    let _ = tx.send((r, l));
+                }
+            });
+            k
+        })
+        .collect();
+    drop(tx);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut done = [false; N];
+    let mut killed = None;
+    while done.iter().enumerate().any(|(r, d)| r != VICTIM && !d) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Ok((r, l)) = rx.recv_timeout(left) else { break };
+        eprintln!("rank {r}: {l}");
+        if l.contains(&format!("SHRINK {VICTIM} kill-me")) && killed.is_none() {
+            kids[VICTIM].kill().expect("SIGKILL the victim");
+            killed = Some(Instant::now());
+        }
+        if l.contains(&format!("SHRINK {r} done")) {
+            done[r] = true;
+        }
+    }
+    for (r, k) in kids.iter_mut().enumerate() {
+        if r == VICTIM {
+            let _ = k.kill();
+            let _ = k.wait();
+            continue;
+        }
+        let st = loop {
+            if let Some(st) = k.try_wait().unwrap() {
+                break Some(st);
+            }
+            if Instant::now() > deadline + Duration::from_secs(5) {
+                let _ = k.kill();
+                let _ = k.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(st.is_some_and(|s| s.success()), "rank {r}: exit {st:?}");
+    }
+    assert!(killed.is_some(), "the victim never reached its kill point");
+    assert!(done.iter().enumerate().all(|(r, d)| r == VICTIM || *d), "survivors done: {done:?}");
+}
