@@ -29,6 +29,9 @@ pub const NCCL_SCALAR_HOST_IMMEDIATE: c_int = 1;
 
 /// `NCCL_SPLIT_NOCOLOR`.
 pub const NCCL_SPLIT_NOCOLOR: c_int = -1;
+/// `ncclCommShrink`'s flags: leave the parent's operations, or abort them first.
+pub const NCCL_SHRINK_DEFAULT: c_int = 0;
+pub const NCCL_SHRINK_ABORT: c_int = 1;
 
 /// The one mapping of hoccl's error kinds to `ncclResult_t`. NCCL 2.28 has no timeout,
 /// corrupt-data or aborted code: a timeout and data that fails validation come from a peer

@@ -336,3 +336,118 @@ fn a_failed_creation_fails_the_group_and_each_of_its_handles() {
     assert_eq!(ncclCommDestroy(a), NCCL_INVALID_USAGE);
     assert_eq!(ncclCommAbort(b), NCCL_INVALID_USAGE);
 }
+
+/// AllReduce (sum of `rank + i`) on `c` of `n` ranks, from this thread, checked.
+fn all_reduce_checks(c: ncclComm_t, n: usize) {
+    const K: usize = 333;
+    let (mut rank, mut size) = (-1, -1);
+    ok(ncclCommUserRank(c, &mut rank));
+    ok(ncclCommCount(c, &mut size));
+    assert_eq!(size as usize, n);
+    let (mut s, mut out) = (Buf::new(K), Buf::new(K));
+    s.f32s().iter_mut().enumerate().for_each(|(i, v)| *v = (rank as usize + i) as f32);
+    ok(ncclAllReduce(s.0, out.0, K, 7, 0, c, null_mut()));
+    ok(ncclCommFinalize(c));
+    let base = (n * (n - 1) / 2) as f32;
+    assert!(out.f32s().iter().enumerate().all(|(i, v)| *v == base + (n * i) as f32), "rank {rank} of {n}");
+}
+
+/// Three ranks; rank 1 (alive) is excluded and takes no part. Rank 0 shrinks with
+/// NCCL_SHRINK_DEFAULT (its parent stays usable), rank 2 with NCCL_SHRINK_ABORT (its parent
+/// is aborted: every call but destroy fails).
+#[test]
+fn shrink_excludes_a_rank_that_does_not_call() {
+    let comms = init_all(3);
+    let threads: Vec<_> = comms
+        .iter()
+        .enumerate()
+        .map(|(r, &c)| {
+            std::thread::spawn(move || {
+                let c = c as ncclComm_t;
+                if r != 1 {
+                    let mut ex = [1 as c_int];
+                    let flag = if r == 0 { NCCL_SHRINK_DEFAULT } else { NCCL_SHRINK_ABORT };
+                    let mut sub = null_mut();
+                    ok(ncclCommShrink(c, ex.as_mut_ptr(), 1, &mut sub, null_mut(), flag));
+                    let mut me = -1;
+                    ok(ncclCommUserRank(sub, &mut me));
+                    assert_eq!(me, r as c_int / 2, "survivors renumbered in order");
+                    all_reduce_checks(sub, 2);
+                    ok(ncclCommDestroy(sub));
+                    if flag == NCCL_SHRINK_ABORT {
+                        let b = Buf::new(4);
+                        assert_ne!(ncclAllReduce(b.0, b.0, 4, 7, 0, c, null_mut()), NCCL_SUCCESS, "the aborted parent refuses operations");
+                        assert!(last().contains("abort"), "{}", last());
+                    }
+                }
+                ok(ncclCommDestroy(c));
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+}
+
+/// One thread shrinks two ranks of this process inside one group: the creations run together
+/// at the group's end, as NCCL's; the new ranks then all-reduce from the same thread.
+#[test]
+fn shrink_inside_a_group_from_one_thread() {
+    let comms: Vec<ncclComm_t> = init_all(3).into_iter().map(|c| c as ncclComm_t).collect();
+    let mut subs = [null_mut(); 2];
+    let mut ex = [1 as c_int];
+    ok(ncclGroupStart());
+    for (s, &c) in subs.iter_mut().zip([comms[0], comms[2]].iter()) {
+        ok(ncclCommShrink(c, ex.as_mut_ptr(), 1, s, null_mut(), NCCL_SHRINK_DEFAULT));
+        assert!(!s.is_null(), "a deferred shrink returns its handle at once");
+    }
+    ok(ncclGroupEnd());
+    const K: usize = 100;
+    let mut bufs: Vec<(Buf, Buf)> = (0..2).map(|_| (Buf::new(K), Buf::new(K))).collect();
+    ok(ncclGroupStart());
+    for (r, (s, out)) in bufs.iter_mut().enumerate() {
+        let mut me = -1;
+        ok(ncclCommUserRank(subs[r], &mut me));
+        assert_eq!(me, r as c_int);
+        s.f32s().iter_mut().enumerate().for_each(|(i, v)| *v = (10 * r + i) as f32);
+        ok(ncclAllReduce(s.0, out.0, K, 7, 0, subs[r], null_mut()));
+    }
+    ok(ncclGroupEnd());
+    for (r, (_, out)) in bufs.iter_mut().enumerate() {
+        ok(ncclCommFinalize(subs[r]));
+        assert!(out.f32s().iter().enumerate().all(|(i, v)| *v == (10 + 2 * i) as f32), "rank {r}");
+    }
+    for c in subs.into_iter().chain(comms) {
+        ok(ncclCommDestroy(c));
+    }
+}
+
+#[test]
+fn shrink_bad_arguments() {
+    std::env::set_var("HOCCL_BACKEND", "host");
+    let mut uid = UniqueId { internal: [0; 128] };
+    ok(ncclGetUniqueId(&mut uid));
+    let mut c = null_mut();
+    ok(ncclCommInitRank(&mut c, 1, uid, 0));
+    let mut sub = 1usize as ncclComm_t;
+    let bad: [(&[c_int], c_int, c_int, &str); 5] = [
+        (&[], 0, 2, "shrinkFlags"),
+        (&[], 1, 0, "NULL"),
+        (&[], -1, 0, "excludeRanksCount"),
+        (&[3], 1, 0, "out of 1 ranks"),
+        (&[0], 1, 0, "excludes itself"),
+    ];
+    for (list, count, flags, why) in bad {
+        let mut l = list.to_vec();
+        let p = if list.is_empty() { null_mut() } else { l.as_mut_ptr() };
+        assert_eq!(ncclCommShrink(c, p, count, &mut sub, null_mut(), flags), NCCL_INVALID_ARGUMENT, "{why}");
+        assert!(sub.is_null(), "a failed shrink leaves NULL");
+        assert!(last().contains(why), "{why}: {}", last());
+    }
+    // Excluding nobody is a copy of the communicator.
+    ok(ncclCommShrink(c, null_mut(), 0, &mut sub, null_mut(), NCCL_SHRINK_DEFAULT));
+    all_reduce_checks(sub, 1);
+    ok(ncclCommDestroy(sub));
+    ok(ncclCommDestroy(c));
+    assert_eq!(ncclCommShrink(c, null_mut(), 0, &mut sub, null_mut(), NCCL_SHRINK_DEFAULT), NCCL_INVALID_USAGE);
+}

@@ -1,5 +1,5 @@
 //! Communicator handles, the calling thread's state (last error, open group) and the
-//! creation paths (unique id, one process's clique, split).
+//! creation paths (unique id, one process's clique, split, shrink).
 //!
 //! An `ncclComm_t` is not a pointer to anything: as hoccl's C ABI does, it is the id of an
 //! entry in a process-wide registry, never reused, so a destroyed handle is an error value
@@ -419,6 +419,27 @@ fn split_run(op: &'static str, c: &Communicator, color: i32, key: i32, tag: u32)
         UniqueId { internal }
     };
     Communicator::from_unique_id(&id, members.len(), new_rank, cfg).map(Some).map_err(|e| e.with_op(op))
+}
+
+/// `ncclCommShrink`, called by every rank not in `exclude` (the excluded ranks do not take
+/// part; they may be dead): [`Communicator::shrink`] over the parent's bootstrap, with the
+/// parent's hoccl settings and, for a NULL `cfg`, its options. With `NCCL_SHRINK_ABORT`
+/// (`abort`) the parent's operations are aborted first (its handle stays valid for
+/// `ncclCommDestroy` / `ncclCommAbort`, every other call on it fails with `ncclInvalidUsage`
+/// as after any abort); without it the parent is untouched.
+///
+/// Inside a group the abort and the shrink run at the group's end, concurrently with the
+/// group's other creations, so one thread may shrink several ranks of this process.
+pub fn shrink(op: &'static str, parent: ncclComm_t, exclude: Vec<usize>, abort: bool, cfg: *const ncclConfig_t) -> Result<ncclComm_t> {
+    let h = lookup(op, parent)?;
+    let c = h.handle(op)?.get(op)?;
+    let options = if cfg.is_null() { h.options.clone() } else { read_config(op, cfg)? };
+    create_or_defer(op, options, true, move || {
+        if abort {
+            c.abort();
+        }
+        c.shrink(&exclude, c.config().clone()).map(Some)
+    })
 }
 
 /// The parent ranks of the caller's color in their new rank order (key, then parent

@@ -290,10 +290,30 @@ nccl_api! {
 }
 
 nccl_api! {
-    /// Refused: the excluded ranks do not take part, and hoccl's split needs every rank of
-    /// the parent.
-    fn ncclCommShrink / pncclCommShrink(_comm: ncclComm_t, _excludeRanksList: *mut c_int, _excludeRanksCount: c_int, _newcomm: *mut ncclComm_t, _config: *mut ncclConfig_t, _shrinkFlags: c_int) -> ncclResult_t {
-        refuse("ncclCommShrink", "a communicator without some ranks is made with ncclCommSplit, which every rank calls")
+    /// Every rank not in `excludeRanksList` calls it (the excluded ranks do not; they may be
+    /// dead): the survivors form a new communicator, ranks renumbered in parent order.
+    /// `NCCL_SHRINK_ABORT` aborts the parent's operations first; `NCCL_SHRINK_DEFAULT` leaves
+    /// them. `config` NULL inherits the parent's options. Bounded by hoccl's timeout.
+    fn ncclCommShrink / pncclCommShrink(comm: ncclComm_t, excludeRanksList: *mut c_int, excludeRanksCount: c_int, newcomm: *mut ncclComm_t, config: *mut ncclConfig_t, shrinkFlags: c_int) -> ncclResult_t {
+        const OP: &str = "ncclCommShrink";
+        create(OP, newcomm, || {
+            let abort = match shrinkFlags {
+                NCCL_SHRINK_DEFAULT => false,
+                NCCL_SHRINK_ABORT => true,
+                f => return Err(Error::invalid_arg(OP, format!("shrinkFlags {f:#x} (want NCCL_SHRINK_DEFAULT or NCCL_SHRINK_ABORT)"))),
+            };
+            let n = hoccl::rank_arg(OP, "excludeRanksCount", excludeRanksCount)?;
+            let list: &[c_int] = if n == 0 {
+                &[]
+            } else if excludeRanksList.is_null() {
+                return Err(Error::invalid_arg(OP, format!("excludeRanksList is NULL with excludeRanksCount {n}")));
+            } else {
+                // SAFETY: non-NULL; the contract is excludeRanksCount readable entries.
+                unsafe { std::slice::from_raw_parts(excludeRanksList, n) }
+            };
+            let exclude = list.iter().map(|&r| hoccl::rank_arg(OP, "excludeRanksList entry", r)).collect::<Result<Vec<_>>>()?;
+            comm::shrink(OP, comm, exclude, abort, config)
+        })
     }
 }
 
