@@ -451,3 +451,110 @@ fn shrink_bad_arguments() {
     ok(ncclCommDestroy(c));
     assert_eq!(ncclCommShrink(c, null_mut(), 0, &mut sub, null_mut(), NCCL_SHRINK_DEFAULT), NCCL_INVALID_USAGE);
 }
+
+/// The rank of `shrink_after_a_process_is_killed` that is killed.
+const KILLED: usize = 2;
+
+/// A rank process of `shrink_after_a_process_is_killed` (`HOCCL_NCCL_SHRINK_CHILD` =
+/// `<hex id> <rank>`): all-reduces until one fails (rank KILLED stops after its second and
+/// waits for its SIGKILL), then shrinks without rank KILLED (NCCL_SHRINK_ABORT) and
+/// all-reduces on the survivors.
+#[test]
+fn shrink_child() {
+    let Ok(v) = std::env::var("HOCCL_NCCL_SHRINK_CHILD") else { return };
+    let w: Vec<&str> = v.split_whitespace().collect();
+    let uid = UniqueId::from_hex(w[0]).expect("id");
+    let rank: usize = w[1].parse().expect("rank");
+    let say = |what: &str| {
+        use std::io::Write;
+        let mut o = std::io::stdout().lock();
+        let _ = writeln!(o, "NCCLSHRINK {rank} {what}");
+        let _ = o.flush();
+    };
+    let mut c = null_mut();
+    ok(ncclCommInitRank(&mut c, 3, uid, rank as c_int));
+    const K: usize = 50_000;
+    let (s, out) = (Buf::new(K), Buf::new(K));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    let mut done = 0;
+    let failed = loop {
+        assert!(std::time::Instant::now() < deadline, "rank {rank}: no failure after {done} all-reduces");
+        let r = match ncclAllReduce(s.0, out.0, K, 7, 0, c, null_mut()) {
+            NCCL_SUCCESS => ncclCommFinalize(c),
+            e => e,
+        };
+        if r != NCCL_SUCCESS {
+            break r;
+        }
+        done += 1;
+        if rank == KILLED && done == 2 {
+            say("kill-me");
+            std::thread::sleep(std::time::Duration::from_secs(600));
+        }
+    };
+    assert_ne!(rank, KILLED, "the victim failed before its kill: {}", last());
+    let mut e = NCCL_SUCCESS;
+    ok(ncclCommGetAsyncError(c, &mut e));
+    assert_ne!(e, NCCL_SUCCESS, "the failure is the communicator's asynchronous error");
+    say(&format!("failed with {failed} after {done} all-reduces: {}", last()));
+    let mut sub = null_mut();
+    let mut ex = [KILLED as c_int];
+    ok(ncclCommShrink(c, ex.as_mut_ptr(), 1, &mut sub, null_mut(), NCCL_SHRINK_ABORT));
+    all_reduce_checks(sub, 2);
+    ok(ncclCommDestroy(sub));
+    ok(ncclCommAbort(c));
+    drop((s, out));
+    say("done");
+}
+
+/// Three processes through a unique id; rank KILLED is SIGKILLed between all-reduces; the
+/// survivors see the error, shrink without it through ncclCommShrink, all-reduce and exit 0.
+#[test]
+fn shrink_after_a_process_is_killed() {
+    use std::io::BufRead;
+    let mut uid = UniqueId { internal: [0; 128] };
+    std::env::set_var("HOCCL_BACKEND", "host");
+    ok(ncclGetUniqueId(&mut uid));
+    let exe = std::env::current_exe().expect("test binary");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut kids: Vec<std::process::Child> = (0..3)
+        .map(|r| {
+            let mut k = std::process::Command::new(&exe)
+                .args(["--exact", "api_tests::shrink_child", "--nocapture", "--test-threads=1"])
+                .env("HOCCL_NCCL_SHRINK_CHILD", format!("{} {r}", uid.to_hex()))
+                .env("HOCCL_TIMEOUT_MS", "2000")
+                .env("HOCCL_BACKEND", "host")
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .expect("spawn a rank");
+            let lines = std::io::BufReader::new(k.stdout.take().unwrap()).lines();
+            let tx = tx.clone();
+            std::thread::spawn(move || lines.map_while(|l| l.ok()).for_each(|l| drop(tx.send((r, l)))));
+            k
+        })
+        .collect();
+    drop(tx);
+    let mut killed = false;
+    let mut finished = 0;
+    while let Ok((r, l)) = rx.recv_timeout(std::time::Duration::from_secs(20)) {
+        eprintln!("rank {r}: {l}");
+        if l.contains("NCCLSHRINK") && l.ends_with("kill-me") && !killed {
+            kids[KILLED].kill().expect("SIGKILL");
+            killed = true;
+        }
+        finished += usize::from(l.contains("NCCLSHRINK") && l.ends_with(" done"));
+        if finished == 2 {
+            break;
+        }
+    }
+    // A survivor that did not finish is killed too, so that a hang fails the test.
+    for (r, k) in kids.iter_mut().enumerate() {
+        if r == KILLED || finished < 2 {
+            let _ = k.kill();
+        }
+    }
+    let status: Vec<_> = kids.iter_mut().map(|k| k.wait().expect("wait")).collect();
+    assert!(killed, "rank {KILLED} never reached its kill point");
+    assert_eq!(finished, 2, "survivors finished: {status:?}");
+    assert!(status.iter().enumerate().all(|(r, s)| r == KILLED || s.success()), "{status:?}");
+}
