@@ -3,7 +3,7 @@
 //! against values computed here; survivors that disagree on the exclude list end in an
 //! error within the timeout. Ranks as threads (thread bootstrap) and as processes (TCP
 //! bootstrap, this binary re-run with `HOCCL_SHRINK_CHILD` set, one of four SIGKILLed
-//! while the others run all-reduces).
+//! while the others run all-reduces). The same bodies run on CUDA with `--ignored`.
 mod common;
 use common::*;
 use hoccl::bootstrap::thread::ThreadBootstrap;
@@ -37,87 +37,70 @@ fn out(c: &Communicator, n: usize) -> Buf {
     Buf::new(c.device(), n * 4, 0, 2)
 }
 
-/// The first `n` i32 of `b`, after the stream is done.
-fn got(c: &Communicator, s: hoccl::device::StreamHandle, b: &Buf, n: usize) -> Vec<u8> {
-    sync(c.device(), s);
-    let all = b.read_all();
-    assert_eq!(b.guard_damage(&all), 0, "rank {}: bytes written past the output", c.rank());
-    all[..n * 4].to_vec()
-}
-
-/// Every collective once on `c` (any size), each rank's output checked.
+/// Every collective once on `c` (any size), each rank's output checked. Buffers are made
+/// and filled first, and read after every rank is idle (`quiesce`): thread ranks on CUDA
+/// share a context, where allocations and synchronous copies can wait for another rank's
+/// stream.
 fn every_collective(c: &Communicator) {
     let (r, n) = (c.rank(), c.size());
     let s = new_stream(c.device());
     let k = 1001; // elements per block
     let root = n - 1;
     let i32t = DataType::I32;
-    let what = |op: &str| format!("{op} on rank {r} of {n}");
-
-    let (send, recv) = (filled(c, r, 0, k), out(c, k));
     let (to, from) = ((r + 1) % n, (r + n - 1) % n);
-    c.group(|c| {
-        c.send(send.ptr, k, i32t, to, s)?;
-        c.recv(recv.ptr, k, i32t, from, s)
-    })
-    .unwrap();
-    assert!(got(c, s, &recv, k) == ints(from, 0, k), "{}", what("send/recv"));
-
-    let (send, recv) = (filled(c, r, 0, k), out(c, n * k));
-    c.all_gather(send.ptr, recv.ptr, k, i32t, s).unwrap();
-    let want: Vec<u8> = (0..n).flat_map(|p| ints(p, 0, k)).collect();
-    assert!(got(c, s, &recv, n * k) == want, "{}", what("all_gather"));
-
-    let recv = out(c, n * k);
-    c.gather(send.ptr, recv.ptr, k, i32t, root, s).unwrap();
-    let g = got(c, s, &recv, n * k);
-    assert!(r != root || g == want, "{}", what("gather"));
-
-    let (send, recv) = (filled(c, r, 0, n * k), out(c, n * k));
-    c.all_to_all(send.ptr, recv.ptr, k, i32t, s).unwrap();
-    let want: Vec<u8> = (0..n).flat_map(|p| ints(p, r * k, k)).collect();
-    assert!(got(c, s, &recv, n * k) == want, "{}", what("all_to_all"));
-
-    // Rank p sends j + p + 1 elements to rank j, packed from element 0 of its input.
+    // AllToAllV: rank p sends j + p + 1 elements to rank j, packed from element 0.
     let cnt = |p: usize, j: usize| j + p + 1;
     let displ = |v: Vec<usize>| v.iter().scan(0, |a, x| { let d = *a; *a += x; Some(d) }).collect::<Vec<_>>();
     let sc: Vec<usize> = (0..n).map(|j| cnt(r, j)).collect();
     let rc: Vec<usize> = (0..n).map(|p| cnt(p, r)).collect();
     let (sd, rd) = (displ(sc.clone()), displ(rc.clone()));
     let (st, rt) = (sc.iter().sum::<usize>(), rc.iter().sum::<usize>());
-    let (send, recv) = (filled(c, r, 0, st), out(c, rt));
-    c.all_to_allv(send.ptr, &sc, &sd, recv.ptr, &rc, &rd, i32t, s).unwrap();
-    let want: Vec<u8> = (0..n).flat_map(|p| ints(p, displ((0..n).map(|j| cnt(p, j)).collect())[r], rc[p])).collect();
-    assert!(got(c, s, &recv, rt) == want, "{}", what("all_to_allv"));
-
-    let (send, recv) = (filled(c, r, 0, k), out(c, k));
-    c.broadcast(send.ptr, recv.ptr, k, i32t, root, s).unwrap();
-    assert!(got(c, s, &recv, k) == ints(root, 0, k), "{}", what("broadcast"));
-
-    let (send, recv) = (filled(c, r, 0, n * k), out(c, k));
-    c.scatter(send.ptr, recv.ptr, k, i32t, root, s).unwrap();
-    assert!(got(c, s, &recv, k) == ints(root, r * k, k), "{}", what("scatter"));
-
-    let (send, recv) = (filled(c, r, 0, k), out(c, k));
-    c.all_reduce(send.ptr, recv.ptr, k, i32t, RedOp::Sum, s).unwrap();
-    assert!(got(c, s, &recv, k) == sums(n, 0, k), "{}", what("all_reduce"));
-
-    let recv = out(c, k);
-    c.reduce(send.ptr, recv.ptr, k, i32t, RedOp::Sum, root, s).unwrap();
-    let g = got(c, s, &recv, k);
-    assert!(r != root || g == sums(n, 0, k), "{}", what("reduce"));
-
-    let (send, recv) = (filled(c, r, 0, n * k), out(c, k));
-    c.reduce_scatter(send.ptr, recv.ptr, k, i32t, RedOp::Sum, s).unwrap();
-    assert!(got(c, s, &recv, k) == sums(n, r * k, k), "{}", what("reduce_scatter"));
-    c.wait_idle().unwrap();
+    let (one, many, v_in) = (filled(c, r, 0, k), filled(c, r, 0, n * k), filled(c, r, 0, st));
+    let gathered: Vec<u8> = (0..n).flat_map(|p| ints(p, 0, k)).collect();
+    // (name, output, elements, expected or None where this rank gets no output)
+    let checks: Vec<(&str, Buf, usize, Option<Vec<u8>>)> = vec![
+        ("send/recv", out(c, k), k, Some(ints(from, 0, k))),
+        ("all_gather", out(c, n * k), n * k, Some(gathered.clone())),
+        ("gather", out(c, n * k), n * k, (r == root).then_some(gathered)),
+        ("all_to_all", out(c, n * k), n * k, Some((0..n).flat_map(|p| ints(p, r * k, k)).collect())),
+        ("all_to_allv", out(c, rt), rt, Some((0..n).flat_map(|p| ints(p, displ((0..n).map(|j| cnt(p, j)).collect())[r], rc[p])).collect())),
+        ("broadcast", out(c, k), k, Some(ints(root, 0, k))),
+        ("scatter", out(c, k), k, Some(ints(root, r * k, k))),
+        ("all_reduce", out(c, k), k, Some(sums(n, 0, k))),
+        ("reduce", out(c, k), k, (r == root).then(|| sums(n, 0, k))),
+        ("reduce_scatter", out(c, k), k, Some(sums(n, r * k, k))),
+    ];
+    quiesce(c);
+    let o = |i: usize| checks[i].1.ptr;
+    c.group(|c| {
+        c.send(one.ptr, k, i32t, to, s)?;
+        c.recv(o(0), k, i32t, from, s)
+    })
+    .unwrap();
+    c.all_gather(one.ptr, o(1), k, i32t, s).unwrap();
+    c.gather(one.ptr, o(2), k, i32t, root, s).unwrap();
+    c.all_to_all(many.ptr, o(3), k, i32t, s).unwrap();
+    c.all_to_allv(v_in.ptr, &sc, &sd, o(4), &rc, &rd, i32t, s).unwrap();
+    c.broadcast(one.ptr, o(5), k, i32t, root, s).unwrap();
+    c.scatter(many.ptr, o(6), k, i32t, root, s).unwrap();
+    c.all_reduce(one.ptr, o(7), k, i32t, RedOp::Sum, s).unwrap();
+    c.reduce(one.ptr, o(8), k, i32t, RedOp::Sum, root, s).unwrap();
+    c.reduce_scatter(many.ptr, o(9), k, i32t, RedOp::Sum, s).unwrap();
+    sync(c.device(), s);
+    quiesce(c);
+    for (op, b, len, want) in &checks {
+        let all = b.read_all();
+        if let Some(want) = want {
+            assert!(all[..len * 4] == want[..], "{op} on rank {r} of {n}");
+        }
+        assert_eq!(b.guard_damage(&all), 0, "{op} on rank {r} of {n}: bytes written past the output");
+    }
 }
 
 /// Four thread ranks; rank 1 (alive) is excluded, then the new rank 0 (parent rank 0) from
 /// the shrunk communicator: every collective on each.
-#[test]
-fn exclude_live_ranks_twice() {
-    run_ranks(Backend::Host, 4, test_config(), |c| {
+fn exclude_live_ranks_twice(b: Backend) {
+    run_ranks(b, 4, test_config(), |c| {
         if c.rank() == 1 {
             return; // excluded: takes no part
         }
@@ -146,18 +129,17 @@ fn bad_exclude_lists_are_refused() {
 /// Rank 0 excludes rank 2, ranks 1 and 2 exclude nobody: rank 1 sees the difference in the
 /// leader's message (`InvalidArgument`), ranks 0 and 2 wait in vain (`Timeout`); all within
 /// the timeout (twice: the id's arrival, then the rendezvous) and a margin.
-#[test]
-fn mismatched_exclude_lists_fail_within_the_timeout() {
+fn mismatched_exclude_lists_fail_within_the_timeout(b: Backend) {
     let tmo = Duration::from_millis(1500);
     let cfg = Config { timeout: tmo, ..test_config() };
     let t0 = Instant::now();
     let ranks: Vec<_> = ThreadBootstrap::group_with_timeout(3, tmo)
         .into_iter()
         .enumerate()
-        .map(|(r, b)| {
+        .map(|(r, boot)| {
             let cfg = cfg.clone();
             std::thread::spawn(move || {
-                let comm = Communicator::with_bootstrap(Box::new(b), Some(open_device(Backend::Host, r)), cfg.clone()).expect("communicator");
+                let comm = Communicator::with_bootstrap(Box::new(boot), Some(open_device(b, r)), cfg.clone()).expect("communicator");
                 let exclude: &[usize] = if r == 0 { &[2] } else { &[] };
                 let t = Instant::now();
                 let e = comm.shrink(exclude, cfg).err().expect("a mismatched shrink fails");
@@ -188,7 +170,7 @@ fn say(rank: usize, what: &str) {
     let _ = o.flush();
 }
 
-/// A child rank: `HOCCL_SHRINK_CHILD` = `<hex id> <rank>`. All-reduces until the victim is
+/// A child rank: `HOCCL_SHRINK_CHILD` = `<hex id> <rank> <Host|Cuda>`. All-reduces until the victim is
 /// killed (the victim reports its second one done, then waits); the survivors then abort
 /// the parent, shrink without the victim and run every collective.
 #[test]
@@ -197,9 +179,10 @@ fn child_rank() {
     let w: Vec<&str> = v.split_whitespace().collect();
     let id = UniqueId::from_hex(w[0]).expect("id");
     let rank: usize = w[1].parse().unwrap();
+    let backend = if w[2] == "Cuda" { Backend::Cuda } else { Backend::Host };
     let cfg = Config::from_env().expect("HOCCL_* settings");
     assert_eq!(cfg.timeout, Duration::from_millis(TMO_MS));
-    let dev = open_device(Backend::Host, rank);
+    let dev = open_device(backend, rank);
     let comm = Communicator::from_unique_id_on(&id, N, rank, Some(dev.clone()), cfg.clone()).expect("communicator");
     let k = 100_000;
     let (send, recv) = (filled(&comm, rank, 0, k), out(&comm, k));
@@ -237,8 +220,7 @@ fn child_rank() {
     say(rank, "done");
 }
 
-#[test]
-fn survivors_of_a_killed_process_shrink_and_run_every_collective() {
+fn survivors_of_a_killed_process_shrink_and_run_every_collective(b: Backend) {
     let id = Communicator::unique_id(&test_config()).expect("unique id");
     let exe = std::env::current_exe().expect("test binary");
     let (tx, rx) = std::sync::mpsc::channel::<(usize, String)>();
@@ -246,9 +228,9 @@ fn survivors_of_a_killed_process_shrink_and_run_every_collective() {
         .map(|r| {
             let mut k = Command::new(&exe)
                 .args(["--exact", "child_rank", "--nocapture", "--test-threads=1"])
-                .env("HOCCL_SHRINK_CHILD", format!("{} {r}", id.to_hex()))
+                .env("HOCCL_SHRINK_CHILD", format!("{} {r} {b:?}", id.to_hex()))
                 .env("HOCCL_TIMEOUT_MS", TMO_MS.to_string())
-                .env("HOCCL_BACKEND", "host")
+                .env("HOCCL_BACKEND", if b == Backend::Cuda { "cuda" } else { "host" })
                 .stdout(Stdio::piped())
                 .spawn()
                 .expect("spawn child rank");
@@ -300,3 +282,5 @@ fn survivors_of_a_killed_process_shrink_and_run_every_collective() {
     assert!(killed.is_some(), "the victim never reached its kill point");
     assert!(done.iter().enumerate().all(|(r, d)| r == VICTIM || *d), "survivors done: {done:?}");
 }
+
+backend_tests!(exclude_live_ranks_twice, mismatched_exclude_lists_fail_within_the_timeout, survivors_of_a_killed_process_shrink_and_run_every_collective);
