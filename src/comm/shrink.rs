@@ -80,7 +80,10 @@ impl Communicator {
             }
             id
         } else {
-            let got = b.recv(leader, SHRINK_TAG).map_err(|e| e.with_op(OP))?;
+            let got = b.recv(leader, SHRINK_TAG).map_err(|e| match e {
+                Error::Timeout { after, .. } => Error::Timeout { op: OP, after, what: format!("no shrink id from rank {leader}, the lowest survivor (does every survivor pass the same exclude list?)") },
+                e => e.with_op(OP),
+            })?;
             let (id, theirs) = decode(OP, &got)?;
             if theirs != members {
                 return Err(Error::invalid_arg(
