@@ -70,6 +70,9 @@ pub struct Communicator {
     wait_limit: usize,
     /// Whether the debug line about reductions under `HOCCL_ENGINE=ce` was logged.
     ce_reduce_logged: AtomicBool,
+    /// `shrink` calls so far, failed ones included: each call's message uses its own tag
+    /// (`shrink.rs`), so a retry never reads an id left over from a failed attempt.
+    shrinks: std::sync::atomic::AtomicU32,
     /// The engine setting resolved for this communicator (docs/design.md, "Choosing the
     /// engine"): the link to each rank, the cost model every rank uses (rank 0's), and which
     /// transfers cross compressed. `EngineChoice::Auto` goes no further than this.
@@ -176,6 +179,7 @@ impl Communicator {
             config,
             wait_limit,
             ce_reduce_logged: AtomicBool::new(false),
+            shrinks: std::sync::atomic::AtomicU32::new(0),
             peer_links,
             cost_model,
             compress_from,

@@ -18,8 +18,8 @@ use crate::bootstrap::tcp::UniqueId;
 use crate::config::Config;
 use crate::error::{Error, Result};
 
-/// Tag of the shrink message over the parent's bootstrap (its user messages); apart from
-/// the NCCL layer's split tags (`0x4e43_53xx`).
+/// Tag base of the shrink message over the parent's bootstrap (its user messages), plus the
+/// call's number on the parent; apart from the NCCL layer's split tags (`0x4e43_53xx`).
 const SHRINK_TAG: u32 = 0x4e43_4b00;
 
 /// The parent ranks that remain, in order, after excluding `exclude` from `size` ranks;
@@ -65,8 +65,12 @@ impl Communicator {
     /// stop them). Works after the parent's asynchronous error and after `abort()`. Every
     /// survivor must pass the same list: a different one is `InvalidArgument` on the ranks
     /// that detect it and `Timeout` on the rest.
+    ///
+    /// Each call on a parent, failed ones included, has its own message tag, so survivors
+    /// that retry after a failed attempt (every one calling again) never read its leftovers.
     pub fn shrink(&self, exclude: &[usize], config: Config) -> Result<Communicator> {
         const OP: &str = "Communicator::shrink";
+        let tag = SHRINK_TAG.wrapping_add(self.shrinks.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
         config.validate()?;
         let members = survivors(OP, self.size, self.rank, exclude)?;
         let new_rank = members.iter().position(|&p| p == self.rank).ok_or_else(|| Error::internal(OP, "caller not a survivor"))?;
@@ -76,11 +80,11 @@ impl Communicator {
             let id = UniqueId::with_ifname(config.socket_ifname.as_deref())?;
             let msg = encode(&id, &members);
             for &p in &members[1..] {
-                b.send(p, SHRINK_TAG, &msg).map_err(|e| e.with_op(OP))?;
+                b.send(p, tag, &msg).map_err(|e| e.with_op(OP))?;
             }
             id
         } else {
-            let got = b.recv(leader, SHRINK_TAG).map_err(|e| match e {
+            let got = b.recv(leader, tag).map_err(|e| match e {
                 Error::Timeout { after, .. } => Error::Timeout { op: OP, after, what: format!("no shrink id from rank {leader}, the lowest survivor (does every survivor pass the same exclude list?)") },
                 e => e.with_op(OP),
             })?;
