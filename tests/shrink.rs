@@ -126,6 +126,40 @@ fn bad_exclude_lists_are_refused() {
     });
 }
 
+/// A one-rank thread bootstrap that reports no timeout, as an MPI bootstrap made without
+/// one does.
+struct Unbounded(ThreadBootstrap);
+
+impl hoccl::bootstrap::Bootstrap for Unbounded {
+    fn rank(&self) -> usize {
+        self.0.rank()
+    }
+    fn size(&self) -> usize {
+        self.0.size()
+    }
+    fn all_gather(&self, mine: &[u8]) -> hoccl::Result<Vec<Vec<u8>>> {
+        self.0.all_gather(mine)
+    }
+    fn barrier(&self) -> hoccl::Result<()> {
+        self.0.barrier()
+    }
+    fn send(&self, peer: usize, tag: u32, data: &[u8]) -> hoccl::Result<()> {
+        self.0.send(peer, tag, data)
+    }
+    fn recv(&self, peer: usize, tag: u32) -> hoccl::Result<Vec<u8>> {
+        self.0.recv(peer, tag)
+    }
+}
+
+#[test]
+fn a_bootstrap_without_a_timeout_is_refused() {
+    let boot = Unbounded(ThreadBootstrap::group(1).pop().unwrap());
+    let c = Communicator::with_bootstrap(Box::new(boot), Some(open_device(Backend::Host, 0)), test_config()).expect("communicator");
+    let e = c.shrink(&[], test_config()).err().expect("refused");
+    assert_eq!(e.code(), ErrorCode::InvalidUsage, "{e}");
+    assert!(e.to_string().contains("MpiBootstrap::with_timeout"), "{e}");
+}
+
 /// Rank 0 excludes rank 2, ranks 1 and 2 exclude nobody: rank 1 sees the difference in the
 /// leader's message (`InvalidArgument`), ranks 0 and 2 wait in vain (`Timeout`); all within
 /// the timeout (twice: the id's arrival, then the rendezvous) and a margin.

@@ -20,4 +20,10 @@ pub trait Bootstrap: Send + Sync {
     /// Tagged point-to-point; `recv` blocks until the matching message arrives.
     fn send(&self, peer: usize, tag: u32, data: &[u8]) -> Result<()>;
     fn recv(&self, peer: usize, tag: u32) -> Result<Vec<u8>>;
+    /// The longest any wait of this bootstrap blocks before `Timeout`; `None` when waits
+    /// are unbounded. `Communicator::shrink` needs a bound (a survivor waits for the
+    /// leader's message point to point).
+    fn timeout(&self) -> Option<std::time::Duration> {
+        None
+    }
 }

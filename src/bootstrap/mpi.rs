@@ -568,6 +568,10 @@ impl Bootstrap for MpiBootstrap {
         Ok(())
     }
 
+    fn timeout(&self) -> Option<Duration> {
+        self.timeout
+    }
+
     fn send(&self, peer: usize, tag: u32, data: &[u8]) -> Result<()> {
         const OP: &str = "MpiBootstrap::send";
         let (dest, tag) = self.check_peer(OP, peer, tag)?;

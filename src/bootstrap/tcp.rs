@@ -776,6 +776,10 @@ impl Bootstrap for TcpBootstrap {
     fn recv(&self, peer: usize, tag: u32) -> Result<Vec<u8>> {
         self.take(KIND_USER, peer, tag, "TcpBootstrap::recv")
     }
+
+    fn timeout(&self) -> Option<Duration> {
+        Some(self.timeout)
+    }
 }
 
 #[cfg(test)]

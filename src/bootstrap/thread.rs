@@ -107,6 +107,10 @@ impl Bootstrap for ThreadBootstrap {
         self.all_gather(&[]).map(|_| ())
     }
 
+    fn timeout(&self) -> Option<Duration> {
+        Some(self.shared.timeout)
+    }
+
     fn send(&self, peer: usize, tag: u32, data: &[u8]) -> Result<()> {
         const OP: &str = "ThreadBootstrap::send";
         if peer >= self.shared.size {

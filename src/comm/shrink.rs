@@ -10,17 +10,21 @@
 //! that disagree on the leader therefore end in `Timeout`, never a hang.
 //!
 //! What each bootstrap supports: TCP (pairwise links; a dead peer's link closing affects no
-//! other) and thread ranks, whether the excluded ranks are alive or dead. MPI carries the id
-//! as well, but after a process's death the MPI runtime usually ends the whole job; hoccl
-//! can shrink an MPI communicator only around ranks that are alive.
+//! other) and thread ranks, whether the excluded ranks are alive or dead. An MPI bootstrap
+//! made with a timeout (`MpiBootstrap::with_timeout`) carries the id as well, around live
+//! ranks; after a process's death the MPI runtime usually ends the whole job. A bootstrap
+//! without a timeout (MPI's by default) is refused with `InvalidUsage`: a survivor could
+//! wait forever for a leader that disagrees.
 use super::Communicator;
 use crate::bootstrap::tcp::UniqueId;
 use crate::config::Config;
 use crate::error::{Error, Result};
 
 /// Tag base of the shrink message over the parent's bootstrap (its user messages), plus the
-/// call's number on the parent; apart from the NCCL layer's split tags (`0x4e43_53xx`).
-const SHRINK_TAG: u32 = 0x4e43_4b00;
+/// call's number on the parent modulo `SHRINK_TAGS`: at most 32767, the least `MPI_TAG_UB`
+/// MPI allows, and apart from the NCCL layer's split tags (`0x4e43_53xx`).
+const SHRINK_TAG: u32 = 0x7000;
+const SHRINK_TAGS: u32 = 0x1000;
 
 /// The parent ranks that remain, in order, after excluding `exclude` from `size` ranks;
 /// an entry out of range, a repeated entry, or the caller (`me`) in the list is an error.
@@ -70,12 +74,18 @@ impl Communicator {
     /// that retry after a failed attempt (every one calling again) never read its leftovers.
     pub fn shrink(&self, exclude: &[usize], config: Config) -> Result<Communicator> {
         const OP: &str = "Communicator::shrink";
-        let tag = SHRINK_TAG.wrapping_add(self.shrinks.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        let tag = SHRINK_TAG + self.shrinks.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % SHRINK_TAGS;
         config.validate()?;
         let members = survivors(OP, self.size, self.rank, exclude)?;
         let new_rank = members.iter().position(|&p| p == self.rank).ok_or_else(|| Error::internal(OP, "caller not a survivor"))?;
         let leader = members[0];
         let b = self.bootstrap();
+        if b.timeout().is_none() {
+            return Err(Error::invalid_usage(
+                OP,
+                "the parent's bootstrap waits without a timeout (an MPI bootstrap made without MpiBootstrap::with_timeout), so a survivor could wait forever for the leader's message; create the communicator over a bootstrap with a timeout, or from a unique id",
+            ));
+        }
         let id = if self.rank == leader {
             let id = UniqueId::with_ifname(config.socket_ifname.as_deref())?;
             let msg = encode(&id, &members);
