@@ -261,8 +261,8 @@ impl CudaDevice {
     /// collective whose handshake wait is already on the caller's stream. On stream 0 (or
     /// `cudaStreamLegacy`, `cudaStreamPerThread`, a stream created without
     /// `CU_STREAM_NON_BLOCKING`) the copy would wait for that collective, which waits for this
-    /// thread to finish enqueueing it: a two-process ReduceScatter on stream 0 hung there, in the
-    /// first reduce step of a rank. So the copy goes through a private non-blocking stream.
+    /// thread to finish enqueueing it (a deadlock at a rank's first reduce step). So the copy
+    /// goes through a private non-blocking stream.
     fn read_global_u32(&self, dptr: sys::CUdeviceptr) -> Result<u32> {
         let mut s: sys::CUstream = std::ptr::null_mut();
         let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
