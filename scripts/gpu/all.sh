@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything a GPU machine checks and measures, in one command, from the repository root:
 #   bash scripts/gpu/all.sh [core] [codec] [reduce] [bench] [latency] [compressed] [sanitize]
-#                           [internode] [nccl]   (default: core codec bench)
+#                           [internode] [nccl] [driverlock]   (default: core codec bench)
 # With Rust installed (and HOCCL_BIN_DIR unset) it first builds the binaries here
 # (scripts/gpu/build.sh into build/gpu-bin); otherwise it runs those in HOCCL_BIN_DIR, a
 # folder that build.sh made on another machine. Then each part:
@@ -22,6 +22,8 @@
 #   nccl   hoccl's libnccl.so.2 in place of NCCL: the ctest/nccl C programs on CUDA, the
 #          ctypes (vLLM-style) check, torch_check.py under torchrun with the library found
 #          through LD_LIBRARY_PATH and LD_PRELOAD, torch's nccl symbols (scripts/gpu/nccl.sh)
+#   driverlock  which CUDA driver calls block while another thread of the process waits for
+#          the GPU inside the driver -> driver-lock.txt (scripts/gpu/driverlock.sh)
 # Results go to docs/results/<machine>/ (e.g. h200-1gpu; HOCCL_MACHINE names it), each with
 # a .cmd file saying which command made it; full logs to build/gpu-logs/. Prints one line
 # per part and the end of its output; exits non-zero if any part failed.
@@ -42,7 +44,7 @@ mkdir -p "$logs"
 parts=("$@"); [ ${#parts[@]} -gt 0 ] || parts=(core codec bench)
 status=0
 for p in "${parts[@]}"; do
-  case "$p" in core|codec|reduce|bench|latency|compressed|sanitize|internode|nccl) ;; *) echo "all.sh: unknown part '$p' (core, codec, reduce, bench, latency, compressed, sanitize, internode, nccl)" >&2; exit 2 ;; esac
+  case "$p" in core|codec|reduce|bench|latency|compressed|sanitize|internode|nccl|driverlock) ;; *) echo "all.sh: unknown part '$p' (core, codec, reduce, bench, latency, compressed, sanitize, internode, nccl, driverlock)" >&2; exit 2 ;; esac
   t0=$SECONDS
   limit_var="LIMIT_$p"
   case "$p" in core) limit=900 ;; codec|reduce) limit=300 ;; nccl) limit=1800 ;; *) limit=600 ;; esac

@@ -101,8 +101,8 @@ fn start_thread() {
                         after,
                         what: format!(
                             "rank {}: the proxy thread has made no progress with {pending} operation(s) pending: it is blocked, most likely in a CUDA driver call. \
-                             The usual cause is another thread of this process in cudaFree/cuMemFree (or another call that waits for the whole device) while a collective is pending; \
-                             that call waits for the collective's stream while holding the lock the proxy needs (see the README, \"Freeing while a collective is pending\"). \
+                             The usual cause is another thread of this process waiting for the GPU inside the driver (a synchronous copy into pageable memory such as torch's .item()/.cpu(), or cudaFree/cuMemFree) while a collective is pending; \
+                             that call waits for the collective's stream while holding the lock the proxy needs (see the README, \"Waiting inside the driver while a collective is pending\"). \
                              abort() releases the streams",
                             x.rank
                         ),
