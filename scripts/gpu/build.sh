@@ -77,13 +77,14 @@ if command -v cmake >/dev/null; then
     [ -x "$f" ] && cp "$f" "$bin/cpp/"
   done
 fi
-# The driver-lock probe (scripts/gpu/driverlock.sh), against the cuda.h of the nvcc in use.
+# The probes of scripts/gpu/driverlock.sh, against the cuda.h of the nvcc in use.
 nvcc_path="${HOCCL_NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}"
 cuda_inc="$(dirname "$(dirname "$nvcc_path")")/include"
 if [ -f "$cuda_inc/cuda.h" ]; then
   cc -O1 -I"$cuda_inc" scripts/gpu/driver_lock_probe.c -o "$bin/driver_lock_probe" -ldl -lpthread
+  cc -O1 -I"$cuda_inc" scripts/gpu/callside_probe.c -o "$bin/callside_probe" -ldl
 else
-  echo "build.sh: no cuda.h beside $nvcc_path: driver_lock_probe not built" >&2
+  echo "build.sh: no cuda.h beside $nvcc_path: driver_lock_probe and callside_probe not built" >&2
 fi
 find "$bin" -type f -perm -u+x -exec strip --strip-debug {} +
 # The commit the binaries come from (with "+changes" when the tree had uncommitted edits),
