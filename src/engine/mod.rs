@@ -12,6 +12,7 @@
 //!
 //! - `proxy`: the proxy thread and the op state machine.
 //! - [`streams`]: the per-stream flag pairs and the handshake enqueued on the user's stream.
+//! - [`graphs`]: operations captured into CUDA graphs (templates, instances, orphans).
 //! - `watchdog`: reports a proxy thread that stopped making progress.
 use crate::device::{Allocation, DevPtr, Device, FlagSlab};
 use crate::error::{Error, Result};
@@ -26,6 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::{JoinHandle, Thread};
 use std::time::Duration;
 
+pub mod graphs;
 mod proxy;
 pub mod streams;
 mod watchdog;
@@ -179,6 +181,10 @@ pub struct EngineConfig {
 
 enum Cmd {
     Submit(Op),
+    /// A captured op (`graphs`): poll its start flag from now on.
+    Template(graphs::Template),
+    /// Its graph was destroyed: stop polling template `id`.
+    Forget(u32),
     /// Stop after pending ops finish (graceful) or fail them now.
     Shutdown { graceful: bool },
 }
@@ -251,6 +257,27 @@ impl Engine {
         // An atomic swap when the proxy is awake; one futex wake when it is parked.
         self.proxy.unpark();
         Ok(())
+    }
+
+    /// Register a captured op (`graphs`) whose stream side (the reset-based handshake on
+    /// `flags`' words `start` and `finish`, both zero now) is recorded in a graph: the proxy
+    /// runs one instance of it per replay it observes. The returned life's
+    /// `graph_released` must be called once the graph is destroyed.
+    pub fn register_template(
+        &self,
+        id: u32,
+        name: &'static str,
+        (flags, start, finish): (Arc<FlagSlab>, usize, usize),
+        sends: Vec<Transfer>,
+        recvs: Vec<Transfer>,
+    ) -> Result<Arc<graphs::TemplateLife>> {
+        let g = self.tx.lock().map_err(|_| Error::internal("Engine::register_template", "poisoned"))?;
+        let tx = g.as_ref().ok_or_else(|| Error::invalid_usage(name, "communicator was destroyed"))?;
+        let life = Arc::new(graphs::TemplateLife::new(id, name, flags, start, finish, (tx.clone(), self.proxy.clone())));
+        tx.send(Cmd::Template(graphs::Template { life: life.clone(), sends, recvs }))
+            .map_err(|_| Error::internal("Engine::register_template", "proxy thread is gone"))?;
+        self.proxy.unpark();
+        Ok(life)
     }
 
     /// Stop the proxy. Graceful: pending ops finish first (each bounded by the timeout);
