@@ -40,12 +40,34 @@ enum Op {
     AllGather,
     Broadcast,
     AllToAll,
+    /// Blocks in reverse order on both sides.
+    AllToAllV,
     Gather,
     Scatter,
     SendRecv,
+    /// PreMulSum with a device scalar (replay k writes k + 2 into it before the replay):
+    /// the captured reduce step reads it when it runs.
+    AllReducePreMul,
 }
 
-const OPS: [Op; 9] = [Op::AllReduce, Op::ReduceScatter, Op::Reduce, Op::AllGather, Op::Broadcast, Op::AllToAll, Op::Gather, Op::Scatter, Op::SendRecv];
+const OPS: [Op; 11] = [
+    Op::AllReduce,
+    Op::ReduceScatter,
+    Op::Reduce,
+    Op::AllGather,
+    Op::Broadcast,
+    Op::AllToAll,
+    Op::AllToAllV,
+    Op::Gather,
+    Op::Scatter,
+    Op::SendRecv,
+    Op::AllReducePreMul,
+];
+
+/// The PreMulSum scalar of replay k.
+fn scalar(k: usize) -> i32 {
+    k as i32 + 2
+}
 
 /// Rank r's element i of replay k's input.
 fn v(r: usize, k: usize, i: usize) -> i32 {
@@ -60,8 +82,9 @@ fn ints(b: &[u8]) -> Vec<i32> {
     b.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
 }
 
-/// Enqueue `op` over `send` (n * CNT elements) and `recv` (n * CNT elements) on `s`.
-fn enqueue(c: &Communicator, op: Op, send: DevPtr, recv: DevPtr, s: StreamHandle) -> hoccl::Result<()> {
+/// Enqueue `op` over `send` (n * CNT elements) and `recv` (n * CNT elements) on `s`;
+/// `scalar` holds the PreMulSum scalar.
+fn enqueue(c: &Communicator, op: Op, send: DevPtr, recv: DevPtr, scalar: DevPtr, s: StreamHandle) -> hoccl::Result<()> {
     let (n, me) = (c.size(), c.rank());
     let root = n - 1;
     let dt = DataType::I32;
@@ -72,6 +95,12 @@ fn enqueue(c: &Communicator, op: Op, send: DevPtr, recv: DevPtr, s: StreamHandle
         Op::AllGather => c.all_gather(send, recv, CNT, dt, s),
         Op::Broadcast => c.broadcast(send, recv, CNT, dt, root, s),
         Op::AllToAll => c.all_to_all(send, recv, CNT, dt, s),
+        Op::AllToAllV => {
+            let counts = vec![CNT; n];
+            let displs: Vec<usize> = (0..n).map(|j| (n - 1 - j) * CNT).collect();
+            c.all_to_allv(send, &counts, &displs, recv, &counts, &displs, dt, s)
+        }
+        Op::AllReducePreMul => c.all_reduce(send, recv, CNT, dt, RedOp::PreMulSum(hoccl::reduce::Scalar::Device(scalar.0)), s),
         Op::Gather => c.gather(send, recv, CNT, dt, root, s),
         Op::Scatter => c.scatter(send, recv, CNT, dt, root, s),
         Op::SendRecv => c.group(|c| {
@@ -94,6 +123,11 @@ fn expected(op: Op, n: usize, me: usize, k: usize) -> Vec<i32> {
         Op::AllGather => (0..n * CNT).for_each(|i| out[i] = v(i / CNT, k, i % CNT)),
         Op::Broadcast => (0..CNT).for_each(|i| out[i] = v(root, k, i)),
         Op::AllToAll => (0..n * CNT).for_each(|i| out[i] = v(i / CNT, k, me * CNT + i % CNT)),
+        Op::AllToAllV => (0..n * CNT).for_each(|i| {
+            let j = n - 1 - i / CNT;
+            out[i] = v(j, k, (n - 1 - me) * CNT + i % CNT)
+        }),
+        Op::AllReducePreMul => (0..CNT).for_each(|i| out[i] = (0..n).map(|r| scalar(k) * v(r, k, i)).sum()),
         Op::Gather if me == root => (0..n * CNT).for_each(|i| out[i] = v(i / CNT, k, i % CNT)),
         Op::Scatter => (0..CNT).for_each(|i| out[i] = v(root, k, me * CNT + i)),
         Op::SendRecv => (0..CNT).for_each(|i| out[i] = v((me + n - 1) % n, k, i)),
@@ -149,6 +183,8 @@ fn every_op_replayed(c: &Communicator, s: StreamHandle, other: StreamHandle) {
     let mut b = Bufs::new(&dev);
     let inputs: Vec<DevPtr> = (0..REPLAYS).map(|k| b.with(&(0..len).map(|i| v(me, k, i)).collect::<Vec<_>>())).collect();
     let poison = b.with(&vec![POISON; len]);
+    let scalars: Vec<DevPtr> = (0..REPLAYS).map(|k| b.with(&[scalar(k)])).collect();
+    let scalar_at = b.with(&[0]);
     let (send, recv) = (b.with(&vec![0; len]), b.with(&vec![0; len]));
     let results: Vec<DevPtr> = (0..REPLAYS).map(|_| b.with(&vec![0; len])).collect();
     // The eager calls' buffers: constant inputs, so every eager result is the same.
@@ -156,11 +192,12 @@ fn every_op_replayed(c: &Communicator, s: StreamHandle, other: StreamHandle) {
     let (e_sum, e_gather) = (b.with(&vec![0; CNT]), b.with(&vec![0; len]));
     quiesce(c);
     for op in OPS {
-        let g = capture(&dev, s, || enqueue(c, op, send, recv, s));
+        let g = capture(&dev, s, || enqueue(c, op, send, recv, scalar_at, s));
         let b4 = c.pending();
         for k in 0..REPLAYS {
             dev.memcpy_async(s, send, inputs[k], len * 4).expect("new input");
             dev.memcpy_async(s, recv, poison, len * 4).expect("poison");
+            dev.memcpy_async(s, scalar_at, scalars[k], 4).expect("scalar");
             dev.graph_launch(g, s).expect("replay");
             dev.memcpy_async(s, results[k], recv, len * 4).expect("result aside");
             if k % 2 == 1 {
