@@ -71,6 +71,7 @@ impl Communicator {
 
     /// Record one op between ranks into the graph `stream` is captured into: a template
     /// on the proxy, the handshake and `local` copies on the stream, the release hook.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn launch_captured(
         &self,
         st: &mut State,

@@ -729,7 +729,7 @@ impl Device for HostDevice {
         let hook = join_hooks(gr.hooks);
         // After the last launch, as CUDA releases a graph's user objects.
         match gr.last.map(|s| self.stream(OP, StreamHandle(s))) {
-            Some(Ok(q)) => q.push(OP, Task::Release(hook.clone())).map(|_| ()).or_else(|_| Ok(run_release(&hook))),
+            Some(Ok(q)) if q.push(OP, Task::Release(hook.clone())).is_ok() => Ok(()),
             _ => {
                 run_release(&hook);
                 Ok(())
