@@ -224,25 +224,24 @@ fn every_op_replayed(c: &Communicator, s: StreamHandle, other: StreamHandle) {
     b.free();
 }
 
-fn every_op_two_ranks(backend: Backend) {
-    run_ranks(backend, 2, config(), |c| {
+/// `every_op_replayed` on `n` thread ranks.
+fn every_op_on(backend: Backend, n: usize) {
+    run_ranks(backend, n, config(), |c| {
         let (s, o) = (common::new_stream(c.device()), common::new_stream(c.device()));
         every_op_replayed(c, s, o);
     });
+}
+
+fn every_op_two_ranks(backend: Backend) {
+    every_op_on(backend, 2);
 }
 
 fn every_op_three_ranks(backend: Backend) {
-    run_ranks(backend, 3, config(), |c| {
-        let (s, o) = (common::new_stream(c.device()), common::new_stream(c.device()));
-        every_op_replayed(c, s, o);
-    });
+    every_op_on(backend, 3);
 }
 
 fn every_op_four_ranks(backend: Backend) {
-    run_ranks(backend, 4, config(), |c| {
-        let (s, o) = (common::new_stream(c.device()), common::new_stream(c.device()));
-        every_op_replayed(c, s, o);
-    });
+    every_op_on(backend, 4);
 }
 
 /// An AllReduce graph on one stream and an AllGather graph on another, replayed in an order
