@@ -295,6 +295,51 @@ fn two_graphs_two_streams(backend: Backend) {
     });
 }
 
+/// Several reductions captured in one graph on one stream (they share a scratch; the second
+/// needs a larger one than the first), the last reading the first's result: every replay's
+/// results checked.
+fn reductions_in_one_graph(backend: Backend) {
+    /// Elements of the first and last AllReduce: a scratch slot of 256 bytes.
+    const SMALL: usize = 64;
+    run_ranks(backend, 3, config(), |c| {
+        let (n, me, dev) = (c.size(), c.rank(), c.device().clone());
+        let s = common::new_stream(&dev);
+        let big = 4 * n * CNT;
+        let mut b = Bufs::new(&dev);
+        let inputs: Vec<DevPtr> = (0..REPLAYS).map(|k| b.with(&(0..big).map(|i| v(me, k, i)).collect::<Vec<_>>())).collect();
+        let input = b.with(&vec![0; big]);
+        let (a, rs, bg, chained) = (b.with(&vec![0; CNT]), b.with(&vec![0; CNT]), b.with(&vec![0; big]), b.with(&vec![0; CNT]));
+        let res: Vec<[DevPtr; 4]> = (0..REPLAYS).map(|_| [b.with(&vec![0; CNT]), b.with(&vec![0; CNT]), b.with(&vec![0; big]), b.with(&vec![0; CNT])]).collect();
+        quiesce(c);
+        let dt = DataType::I32;
+        let g = capture(&dev, s, || {
+            c.all_reduce(input, a, SMALL, dt, RedOp::Sum, s)?;
+            c.reduce_scatter(input, rs, CNT, dt, RedOp::Sum, s)?;
+            c.all_reduce(input, bg, big, dt, RedOp::Sum, s)?;
+            c.all_reduce(a, chained, SMALL, dt, RedOp::Sum, s)
+        });
+        for k in 0..REPLAYS {
+            dev.memcpy_async(s, input, inputs[k], big * 4).unwrap();
+            dev.graph_launch(g, s).unwrap();
+            for (dst, src, len) in [(res[k][0], a, SMALL), (res[k][1], rs, CNT), (res[k][2], bg, big), (res[k][3], chained, SMALL)] {
+                dev.memcpy_async(s, dst, src, len * 4).unwrap();
+            }
+        }
+        dev.synchronize(s).unwrap();
+        assert!(c.async_error().is_none(), "rank {me}: {:?}", c.async_error());
+        for k in 0..REPLAYS {
+            let sum = |i: usize| (0..n).map(|r| v(r, k, i)).sum::<i32>();
+            assert!(b.read(res[k][0], SMALL).iter().enumerate().all(|(i, x)| *x == sum(i)), "rank {me} replay {k}: first all_reduce");
+            assert!(b.read(res[k][1], CNT).iter().enumerate().all(|(i, x)| *x == sum(me * CNT + i)), "rank {me} replay {k}: reduce_scatter");
+            assert!(b.read(res[k][2], big).iter().enumerate().all(|(i, x)| *x == sum(i)), "rank {me} replay {k}: large all_reduce");
+            assert!(b.read(res[k][3], SMALL).iter().enumerate().all(|(i, x)| *x == n as i32 * sum(i)), "rank {me} replay {k}: chained all_reduce");
+        }
+        dev.graph_destroy(g).unwrap();
+        quiesce(c);
+        b.free();
+    });
+}
+
 /// A capture with the compressed engine is refused with InvalidUsage (and records nothing
 /// that could hang a replay); with one rank, capture records the stream work as before.
 fn refusals_and_one_rank(backend: Backend) {
@@ -418,7 +463,7 @@ fn peer_never_replays(backend: Backend) {
     });
 }
 
-backend_tests!(every_op_two_ranks, every_op_three_ranks, every_op_four_ranks, two_graphs_two_streams, refusals_and_one_rank, destroy_orders, peer_never_replays);
+backend_tests!(every_op_two_ranks, every_op_three_ranks, every_op_four_ranks, two_graphs_two_streams, reductions_in_one_graph, refusals_and_one_rank, destroy_orders, peer_never_replays);
 
 // ---------------------------------------------------------------- processes -------------
 

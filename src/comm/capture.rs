@@ -9,9 +9,12 @@
 //!
 //! Every replay then runs one instance of the template. Template ids count the captured ops
 //! of the communicator, so every rank that captures the same calls in the same order gives
-//! each the same id. A captured reduction owns a scratch of its own (a replay may run while
-//! eager reductions use the communicator's), sized for its blocks; its reduce steps are
-//! recorded like any kernel. A graph's release hook (`Device::capture_retain`) returns the
+//! each the same id. Captured reductions have a scratch of their own (a replay may run while
+//! eager reductions use the communicator's), shared by the reductions captured on one stream
+//! in one capture sequence: the graph orders those one after another, as a stream orders
+//! eager reductions, and replays of one graph run in order. A reduction that needs more
+//! than that stream's scratch holds gets a larger one, which the later ones share. The
+//! reduce steps are recorded like any kernel. A graph's release hook (`Device::capture_retain`) returns the
 //! flag pair and the scratch to this communicator's pool for later captures; the pool is
 //! freed with the communicator. What a graph still holds when its communicator is destroyed
 //! stays allocated: a later replay reads it (the orphan responder releases its stream).
@@ -22,6 +25,7 @@ use crate::engine::graphs::MAX_TEMPLATES;
 use crate::engine::Transfer;
 use crate::error::{Error, Result};
 use crate::types::DataType;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 /// Flags per slab of template flag pairs.
@@ -44,6 +48,8 @@ pub(super) struct CaptureState {
     /// The slab that fresh pairs are cut from, and its next free word.
     current: Option<(Arc<FlagSlab>, usize)>,
     pool: SharedPool,
+    /// Per capturing stream: the capture sequence and the scratch its reductions share.
+    scratch_for: HashMap<StreamHandle, (u64, Region)>,
 }
 
 fn lock_pool(p: &SharedPool) -> std::sync::MutexGuard<'_, Pool> {
@@ -147,8 +153,9 @@ impl Communicator {
         Ok((slab, i))
     }
 
-    /// Capture reduction `red` (more than one rank, a nonempty count): the flat plan with a
-    /// scratch of its own, whose release hook returns it to the pool.
+    /// Capture reduction `red` (more than one rank, a nonempty count): the flat plan with the
+    /// scratch of its stream's capture sequence (a new one, attached to the graph, when it
+    /// has none or one too small), whose release hook returns it to the pool.
     pub(super) fn capture_reduction(&self, st: &mut State, red: &Reduction, slot: usize) -> Result<()> {
         let name = red.name;
         if self.node_chain(red.op).is_ok() {
@@ -159,6 +166,12 @@ impl Communicator {
         }
         self.capturable(name, Some(red.dtype))?;
         let len = slot * self.size;
+        let seq = self.dev.capture_id(red.stream).map_err(|e| e.with_op(name))?;
+        if let Some(&(s, region)) = st.capture.scratch_for.get(&red.stream) {
+            if s == seq && region.len >= len {
+                return self.run_reduction_captured(st, red, region, slot);
+            }
+        }
         let taken = {
             let mut p = lock_pool(&st.capture.pool);
             let at = p.scratch.iter().position(|r| r.len >= len);
@@ -196,6 +209,7 @@ impl Communicator {
             return Err(e.with_op(name));
         }
         log::debug!("rank {}: {name} captured with a scratch of {len} bytes ({} slots of {slot})", self.rank, self.size);
+        st.capture.scratch_for.insert(red.stream, (seq, region));
         // The hook owns the scratch from here: a failure below leaves it to the graph.
         self.run_reduction_captured(st, red, region, slot)
     }

@@ -186,8 +186,9 @@ fn run_release(h: &ReleaseHook) {
 }
 
 /// A stream being captured: the tasks recorded so far and the hooks attached.
-#[derive(Default)]
 struct Capture {
+    /// The capture sequence's id (`capture_id`).
+    id: u64,
     tasks: Vec<Task>,
     hooks: Vec<Box<dyn FnOnce() + Send>>,
 }
@@ -690,6 +691,12 @@ impl Device for HostDevice {
         Ok(())
     }
 
+    fn capture_id(&self, s: StreamHandle) -> Result<u64> {
+        const OP: &str = "HostDevice::capture_id";
+        let c = self.captures.lock().map_err(|_| Error::internal(OP, "capture table poisoned"))?;
+        c.get(&s.0).map(|cap| cap.id).ok_or_else(|| Error::invalid_usage(OP, format!("stream {:#x} is not being captured", s.0)))
+    }
+
     fn begin_capture(&self, s: StreamHandle) -> Result<()> {
         const OP: &str = "HostDevice::begin_capture";
         self.stream(OP, s)?;
@@ -697,7 +704,8 @@ impl Device for HostDevice {
         if c.contains_key(&s.0) {
             return Err(Error::invalid_usage(OP, format!("stream {:#x} is already being captured", s.0)));
         }
-        c.insert(s.0, Capture::default());
+        static IDS: AtomicU64 = AtomicU64::new(1);
+        c.insert(s.0, Capture { id: IDS.fetch_add(1, Ordering::Relaxed), tasks: Vec::new(), hooks: Vec::new() });
         Ok(())
     }
 

@@ -202,6 +202,13 @@ pub trait Device: Send + Sync + 'static {
         let _ = (s, on_release);
         Err(crate::error::Error::invalid_usage("Device::capture_retain", format!("{} has no graph capture", self.name())))
     }
+    /// The id of the capture sequence `s` is being captured in (unique in the process while
+    /// the capture lasts; `cuStreamGetCaptureInfo`), `InvalidUsage` when `s` is not
+    /// capturing. Work captured on one stream in one sequence is ordered in the graph.
+    fn capture_id(&self, s: StreamHandle) -> Result<u64> {
+        let _ = s;
+        Err(crate::error::Error::invalid_usage("Device::capture_id", format!("{} has no graph capture", self.name())))
+    }
     /// Run `f` with the calling thread allowed the calls a global-mode capture forbids
     /// (`cuThreadExchangeStreamCaptureMode` to relaxed, and back): memory for a captured
     /// operation is allocated while the application captures, as NCCL does. A plain call

@@ -53,10 +53,10 @@ unsafe extern "C" fn release_hook(p: *mut c_void) {
 }
 
 impl CudaDevice {
-    pub(super) fn graph_capture_retain(&self, s: StreamHandle, on_release: Hook) -> Result<()> {
-        const OP: &str = "Device::capture_retain";
-        require(OP)?;
-        let _g = self.enter(OP)?;
+    /// The active capture `s` is in: its sequence id and graph.
+    fn capture_info(&self, op: &'static str, s: StreamHandle) -> Result<(u64, sys::CUgraph)> {
+        require(op)?;
+        let _g = self.enter(op)?;
         let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
         let mut id: sys::cuuint64_t = 0;
         let mut graph: sys::CUgraph = std::ptr::null_mut();
@@ -64,12 +64,23 @@ impl CudaDevice {
         let mut edges: *const sys::CUgraphEdgeData = std::ptr::null();
         let mut ndeps: usize = 0;
         // SAFETY: valid out-pointers; the driver validates the stream.
-        check(OP, "cuStreamGetCaptureInfo_v3", unsafe {
+        check(op, "cuStreamGetCaptureInfo_v3", unsafe {
             sys::cuStreamGetCaptureInfo_v3(cu_stream(s), &mut status, &mut id, &mut graph, &mut deps, &mut edges, &mut ndeps)
         })?;
         if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE || graph.is_null() {
-            return Err(Error::invalid_usage(OP, format!("stream {:#x} is not being captured (status {status:?})", s.0)));
+            return Err(Error::invalid_usage(op, format!("stream {:#x} is not being captured (status {status:?})", s.0)));
         }
+        Ok((id, graph))
+    }
+
+    pub(super) fn graph_capture_id(&self, s: StreamHandle) -> Result<u64> {
+        self.capture_info("Device::capture_id", s).map(|(id, _)| id)
+    }
+
+    pub(super) fn graph_capture_retain(&self, s: StreamHandle, on_release: Hook) -> Result<()> {
+        const OP: &str = "Device::capture_retain";
+        let (_, graph) = self.capture_info(OP, s)?;
+        let _g = self.enter(OP)?;
         let p = Box::into_raw(Box::new(on_release)) as *mut c_void;
         let mut obj: sys::CUuserObject = std::ptr::null_mut();
         let flags = sys::CUuserObject_flags::CU_USER_OBJECT_NO_DESTRUCTOR_SYNC as u32;

@@ -283,6 +283,9 @@ impl Device for CudaDevice {
     fn stream_capturing(&self, s: StreamHandle) -> Result<bool> {
         self.stream_is_capturing(s)
     }
+    fn capture_id(&self, s: StreamHandle) -> Result<u64> {
+        self.graph_capture_id(s)
+    }
     fn capture_retain(&self, s: StreamHandle, on_release: Box<dyn FnOnce() + Send>) -> Result<()> {
         self.graph_capture_retain(s, on_release)
     }
