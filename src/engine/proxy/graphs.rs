@@ -6,7 +6,7 @@
 //! **Cost.** Each turn reads the start flag of every live template that has no instance
 //! running (one load of a host-mapped word each); a proxy with live templates sleeps
 //! `WAIT_SLEEP` per idle turn instead of parking, so a replay is seen within tens of
-//! microseconds.
+//! microseconds (host backend, a live template and nothing else: about 7 % of a core).
 use super::{OpState, Proxy, Step};
 use crate::engine::graphs::{self, instance_key, split_key, Template, INSTANCE};
 use crate::engine::Op;
