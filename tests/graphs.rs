@@ -174,6 +174,13 @@ fn capture(dev: &Arc<dyn Device>, s: StreamHandle, f: impl FnOnce() -> hoccl::Re
     g
 }
 
+/// After this rank's captures: wait until every rank has made its own, so that no rank
+/// allocates for a capture (flag slabs, scratch) while another's replay is pending on the
+/// GPU they share (docs/design.md, "Several ranks in one process on one GPU").
+fn captured(c: &Communicator) {
+    c.bootstrap().barrier().expect("barrier");
+}
+
 /// One rank: every op captured on `s` and replayed `REPLAYS` times with new inputs; after
 /// every other replay an eager AllReduce on `s` and an eager AllGather on `other`. Each
 /// replay's result and the eager results are checked.
@@ -193,6 +200,7 @@ fn every_op_replayed(c: &Communicator, s: StreamHandle, other: StreamHandle) {
     quiesce(c);
     for op in OPS {
         let g = capture(&dev, s, || enqueue(c, op, send, recv, scalar_at, s));
+        captured(c);
         let b4 = c.pending();
         for k in 0..REPLAYS {
             dev.memcpy_async(s, send, inputs[k], len * 4).expect("new input");
@@ -218,8 +226,8 @@ fn every_op_replayed(c: &Communicator, s: StreamHandle, other: StreamHandle) {
         let gat = b.read(e_gather, len);
         assert!(gat.iter().enumerate().all(|(i, x)| *x == v(i / CNT, 99, i % CNT)), "rank {me}: eager all_gather beside {op:?}");
         assert!(c.pending() <= b4, "rank {me}: {op:?}: operations left pending");
-        dev.graph_destroy(g).expect("graph_destroy");
         quiesce(c);
+        dev.graph_destroy(g).expect("graph_destroy");
     }
     b.free();
 }
@@ -260,6 +268,7 @@ fn two_graphs_two_streams(backend: Backend) {
         quiesce(c);
         let ga = capture(&dev, s1, || c.all_reduce(a_in, a_out, CNT, DataType::I32, RedOp::Sum, s1));
         let gg = capture(&dev, s2, || c.all_gather(g_in, g_out, CNT, DataType::I32, s2));
+        captured(c);
         for k in 0..REPLAYS {
             let run_a = || {
                 dev.memcpy_async(s1, a_in, inputs[k], CNT * 4).unwrap();
@@ -288,9 +297,9 @@ fn two_graphs_two_streams(backend: Backend) {
             let g = b.read(g_res[k], len);
             assert!(g.iter().enumerate().all(|(i, x)| *x == v(i / CNT, (k + 1) % REPLAYS, i % CNT)), "rank {me}: all_gather replay {k}");
         }
+        quiesce(c);
         dev.graph_destroy(ga).unwrap();
         dev.graph_destroy(gg).unwrap();
-        quiesce(c);
         b.free();
     });
 }
@@ -318,6 +327,7 @@ fn reductions_in_one_graph(backend: Backend) {
             c.all_reduce(input, bg, big, dt, RedOp::Sum, s)?;
             c.all_reduce(a, chained, SMALL, dt, RedOp::Sum, s)
         });
+        captured(c);
         for k in 0..REPLAYS {
             dev.memcpy_async(s, input, inputs[k], big * 4).unwrap();
             dev.graph_launch(g, s).unwrap();
@@ -334,8 +344,8 @@ fn reductions_in_one_graph(backend: Backend) {
             assert!(b.read(res[k][2], big).iter().enumerate().all(|(i, x)| *x == sum(i)), "rank {me} replay {k}: large all_reduce");
             assert!(b.read(res[k][3], SMALL).iter().enumerate().all(|(i, x)| *x == n as i32 * sum(i)), "rank {me} replay {k}: chained all_reduce");
         }
-        dev.graph_destroy(g).unwrap();
         quiesce(c);
+        dev.graph_destroy(g).unwrap();
         b.free();
     });
 }
@@ -357,13 +367,14 @@ fn refusals_and_one_rank(backend: Backend) {
         assert!(e.to_string().contains("compressed engine"), "{e}");
         // Raw data (no codec for i32) is captured under the same setting.
         let g2 = capture(&dev, s, || c.all_gather(x, y, CNT, DataType::I32, s));
+        captured(c);
         dev.graph_launch(g, s).unwrap();
         dev.graph_launch(g2, s).unwrap();
         dev.synchronize(s).unwrap();
         assert!(c.async_error().is_none(), "{:?}", c.async_error());
+        quiesce(c);
         dev.graph_destroy(g).unwrap();
         dev.graph_destroy(g2).unwrap();
-        quiesce(c);
         b.free();
     });
     run_ranks(backend, 1, config(), |c| {
@@ -413,6 +424,7 @@ fn destroy_orders(backend: Backend) {
         for (graph_first, bs) in [true, false].into_iter().zip(bs) {
             let comm = Communicator::with_bootstrap(Box::new(bs), Some(dev.clone()), config()).expect("communicator");
             let g = capture(&dev, s, || comm.all_reduce(x, y, CNT, DataType::I32, RedOp::Sum, s));
+            captured(&comm);
             dev.graph_launch(g, s).unwrap();
             dev.synchronize(s).unwrap();
             assert_eq!(b.read(y, CNT), vec![3; CNT], "rank {me}");
@@ -447,6 +459,7 @@ fn peer_never_replays(backend: Backend) {
         let (x, y) = (b.with(&vec![1; CNT]), b.with(&vec![0; CNT]));
         quiesce(c);
         let g = capture(&dev, s, || c.all_reduce(x, y, CNT, DataType::I32, RedOp::Sum, s));
+        captured(c);
         if me == 0 {
             let t = Instant::now();
             dev.graph_launch(g, s).unwrap();
