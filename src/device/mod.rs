@@ -196,8 +196,8 @@ pub trait Device: Send + Sync + 'static {
     /// (`cuStreamGetCaptureInfo`, then a user object the graph retains): it runs once, after
     /// the graph and every executable graph made from it are destroyed and their launches
     /// completed, on a thread of the driver's (CUDA) or the stream's (host backend); it must
-    /// make no device call. Fails when `s` is not capturing. The default refuses (a device
-    /// without graph capture).
+    /// make no device call. Fails when `s` is not capturing; `on_release` is then dropped
+    /// without running. The default refuses (a device without graph capture).
     fn capture_retain(&self, s: StreamHandle, on_release: Box<dyn FnOnce() + Send>) -> Result<()> {
         let _ = (s, on_release);
         Err(crate::error::Error::invalid_usage("Device::capture_retain", format!("{} has no graph capture", self.name())))

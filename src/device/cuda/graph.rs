@@ -42,13 +42,19 @@ static NEXT_GRAPH: AtomicU64 = AtomicU64::new(1);
 
 type Hook = Box<dyn FnOnce() + Send>;
 
+/// A user object's payload: the hook, taken out unrun when the graph could not retain it.
+type Payload = Mutex<Option<Hook>>;
+
 /// The user object's destructor: runs the hook once, on a driver thread; never unwinds.
 unsafe extern "C" fn release_hook(p: *mut c_void) {
-    // SAFETY: p is the Box<Hook> leaked in `capture_retain`, passed to exactly one
+    // SAFETY: p is the Box<Payload> leaked in `capture_retain`, passed to exactly one
     // destructor call by the driver.
-    let hook = unsafe { Box::from_raw(p as *mut Hook) };
-    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || (*hook)())).is_err() {
-        log::error!("hoccl: a graph's release hook panicked");
+    let payload = unsafe { Box::from_raw(p as *mut Payload) };
+    let hook = payload.lock().ok().and_then(|mut g| g.take());
+    if let Some(hook) = hook {
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(hook)).is_err() {
+            log::error!("hoccl: a graph's release hook panicked");
+        }
     }
 }
 
@@ -81,14 +87,14 @@ impl CudaDevice {
         const OP: &str = "Device::capture_retain";
         let (_, graph) = self.capture_info(OP, s)?;
         let _g = self.enter(OP)?;
-        let p = Box::into_raw(Box::new(on_release)) as *mut c_void;
+        let p = Box::into_raw(Box::new(Payload::new(Some(on_release)))) as *mut c_void;
         let mut obj: sys::CUuserObject = std::ptr::null_mut();
         let flags = sys::CUuserObject_flags::CU_USER_OBJECT_NO_DESTRUCTOR_SYNC as u32;
         // SAFETY: p stays valid until the destructor takes it back; release_hook never unwinds.
         let made = check(OP, "cuUserObjectCreate", unsafe { sys::cuUserObjectCreate(&mut obj, p, Some(release_hook), 1, flags) });
         if let Err(e) = made {
             // SAFETY: the driver did not take p: take it back (the hook is dropped unrun).
-            drop(unsafe { Box::from_raw(p as *mut Hook) });
+            drop(unsafe { Box::from_raw(p as *mut Payload) });
             return Err(e);
         }
         let mv = sys::CUuserObjectRetain_flags::CU_GRAPH_USER_OBJECT_MOVE as u32;
@@ -96,8 +102,11 @@ impl CudaDevice {
         // moves to the graph.
         let r = check(OP, "cuGraphRetainUserObject", unsafe { sys::cuGraphRetainUserObject(graph, obj, 1, mv) });
         if r.is_err() {
-            // SAFETY: the reference was not moved: drop it (the destructor runs the hook,
-            // which releases at once what nothing will use).
+            // The hook is dropped unrun (the caller releases what it holds), then the
+            // reference that was not moved is dropped, which frees the payload.
+            // SAFETY: p stays valid until the destructor runs, which needs that reference.
+            drop(unsafe { &*(p as *const Payload) }.lock().ok().and_then(|mut g| g.take()));
+            // SAFETY: obj is live and this is its one reference.
             unsafe { sys::cuUserObjectRelease(obj, 1) };
         }
         r
