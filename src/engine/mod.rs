@@ -260,7 +260,7 @@ impl Engine {
     }
 
     /// Register a captured op (`graphs`) whose stream side (the reset-based handshake on
-    /// `flags`' words `start` and `finish`, both zero now) is recorded in a graph: the proxy
+    /// `flags`' words `start` and `finish`, both zero at the call) is recorded in a graph: the proxy
     /// runs one instance of it per replay it observes. The returned life's
     /// `graph_released` must be called once the graph is destroyed.
     pub fn register_template(
