@@ -413,34 +413,57 @@ fn thread_ranks(backend: Backend, n: usize, groups: usize, f: impl Fn(usize, Vec
     assert!(failed.is_empty(), "ranks {failed:?} failed");
 }
 
-/// The graph outlives its communicator: a replay after the destroy is released (the
-/// operation fails, logged) instead of hanging; destroying the graph then ends it. And the
-/// usual order, graph first, then the communicator.
+/// How `destroy_orders` ends a communicator with a captured graph.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum End {
+    /// The graph is destroyed, then the communicator.
+    GraphFirst,
+    /// The communicator is destroyed, the graph replayed, then destroyed.
+    DestroyFirst,
+    /// The communicator is aborted, the graph replayed (the handle still exists), then both
+    /// go.
+    AbortFirst,
+}
+
+/// The graph outlives its communicator (destroyed or aborted): a replay afterwards is
+/// released (the operation fails, logged) instead of hanging; destroying the graph then
+/// ends it. And the usual order, graph first, then the communicator.
 fn destroy_orders(backend: Backend) {
-    thread_ranks(backend, 2, 2, move |me, bs, dev| {
+    let ends = [End::GraphFirst, End::DestroyFirst, End::AbortFirst];
+    thread_ranks(backend, 2, ends.len(), move |me, bs, dev| {
         let s = dev.create_stream().unwrap();
         let mut b = Bufs::new(&dev);
         let (x, y) = (b.with(&vec![me as i32 + 1; CNT]), b.with(&vec![0; CNT]));
-        for (graph_first, bs) in [true, false].into_iter().zip(bs) {
+        for (end, bs) in ends.into_iter().zip(bs) {
             let comm = Communicator::with_bootstrap(Box::new(bs), Some(dev.clone()), config()).expect("communicator");
             let g = capture(&dev, s, || comm.all_reduce(x, y, CNT, DataType::I32, RedOp::Sum, s));
             captured(&comm);
             dev.graph_launch(g, s).unwrap();
             dev.synchronize(s).unwrap();
-            assert_eq!(b.read(y, CNT), vec![3; CNT], "rank {me}");
+            assert_eq!(b.read(y, CNT), vec![3; CNT], "rank {me}: {end:?}");
             comm.bootstrap().barrier().unwrap();
-            if graph_first {
-                dev.graph_destroy(g).unwrap();
-                dev.synchronize(s).unwrap();
-                drop(comm);
-            } else {
-                drop(comm);
-                let t = Instant::now();
-                dev.graph_launch(g, s).unwrap();
-                dev.synchronize(s).unwrap();
-                assert!(t.elapsed() < Duration::from_secs(5), "rank {me}: a replay after destroy took {:?}", t.elapsed());
-                dev.graph_destroy(g).unwrap();
-                dev.synchronize(s).unwrap();
+            match end {
+                End::GraphFirst => {
+                    dev.graph_destroy(g).unwrap();
+                    dev.synchronize(s).unwrap();
+                    drop(comm);
+                }
+                End::DestroyFirst | End::AbortFirst => {
+                    let comm = match end {
+                        End::AbortFirst => {
+                            comm.abort();
+                            Some(comm)
+                        }
+                        _ => None,
+                    };
+                    let t = Instant::now();
+                    dev.graph_launch(g, s).unwrap();
+                    dev.synchronize(s).unwrap();
+                    assert!(t.elapsed() < Duration::from_secs(5), "rank {me}: {end:?}: a replay afterwards took {:?}", t.elapsed());
+                    drop(comm);
+                    dev.graph_destroy(g).unwrap();
+                    dev.synchronize(s).unwrap();
+                }
             }
         }
         b.free();
