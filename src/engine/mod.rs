@@ -215,6 +215,7 @@ impl Engine {
         let (ready_tx, ready_rx) = sync_channel(1);
         let sh = shared.clone();
         let (rank, nranks, timeout, trace) = (links.rank, links.peers.len(), cfg.timeout, cfg.trace_ops);
+        let dev_for_mode = dev.clone();
         // The transport is made on the proxy thread: its device resources (copy queues)
         // belong to the thread that binds the device.
         let connect = move || -> Result<Box<dyn Transport>> {
@@ -225,15 +226,36 @@ impl Engine {
             let is_far = (0..nranks).map(|p| far.reaches(p)).collect();
             Ok(Box::new(Route::new(near, Box::new(far), is_far)))
         };
+        let body = move || match connect() {
+            Ok(t) => {
+                let _ = ready_tx.send(Ok(()));
+                proxy::Proxy::new(rank, nranks, t, timeout, rx, sh).trace(trace).run();
+            }
+            Err(e) => {
+                let _ = ready_tx.send(Err(e));
+            }
+        };
+        let relaxed = dev_for_mode;
         let thread = std::thread::Builder::new()
             .name(format!("hoccl-proxy-r{rank}"))
-            .spawn(move || match connect() {
-                Ok(t) => {
-                    let _ = ready_tx.send(Ok(()));
-                    proxy::Proxy::new(rank, nranks, t, timeout, rx, sh).trace(trace).run();
+            .spawn(move || {
+                // The proxy never captures work: in relaxed capture mode its driver calls
+                // (copy queues, fence queries, imports) stay allowed while an application
+                // thread captures a graph in global mode (`torch.cuda.graph`'s default),
+                // which would otherwise refuse them and invalidate that capture.
+                let mut body = Some(body);
+                let mode = relaxed.relaxed_capture(&mut || {
+                    if let Some(b) = body.take() {
+                        b();
+                    }
+                    Ok(())
+                });
+                if let Err(e) = mode {
+                    log::warn!("hoccl: rank {rank}: the proxy's capture mode: {e}");
                 }
-                Err(e) => {
-                    let _ = ready_tx.send(Err(e));
+                // Run anyway if the mode could not be set.
+                if let Some(b) = body.take() {
+                    b();
                 }
             })
             .map_err(|e| Error::io(OP, "thread spawn", e))?;
