@@ -558,3 +558,47 @@ fn shrink_after_a_process_is_killed() {
     assert_eq!(finished, 2, "survivors finished: {status:?}");
     assert!(status.iter().enumerate().all(|(r, s)| r == KILLED || s.success()), "{status:?}");
 }
+
+/// Run `f` on every rank of `comms`, one thread each, and join them.
+fn on_each_rank(comms: &[usize], f: fn(ncclComm_t)) {
+    let ts: Vec<_> = comms.iter().map(|&c| std::thread::spawn(move || f(c as ncclComm_t))).collect();
+    ts.into_iter().for_each(|t| t.join().unwrap());
+}
+
+/// Collectives captured through the NCCL ABI into a graph and replayed: the host backend
+/// emulates capture on each rank's stream 0 (the application's side, which on CUDA is
+/// `cudaStreamBeginCapture`), the calls are the exported functions, and every replay's
+/// AllReduce and AllGather results are checked after new inputs were written.
+#[test]
+fn collectives_captured_through_the_abi_replay() {
+    let comms = init_all(2);
+    on_each_rank(&comms, |c| {
+        const K: usize = 777;
+        // The rank's device, to capture on (the application's CUDA runtime calls).
+        let dev = comm::lookup("t", c).unwrap().handle("t").unwrap().get("t").unwrap().device().clone();
+        let mut rank = -1;
+        ok(ncclCommUserRank(c, &mut rank));
+        let rank = rank as usize;
+        let s0 = StreamHandle(0);
+        let (mut s, mut sum, mut all) = (Buf::new(K), Buf::new(K), Buf::new(2 * K));
+        dev.begin_capture(s0).unwrap();
+        let captured = [ncclAllReduce(s.0, sum.0, K, 7, 0, c, null_mut()), ncclAllGather(s.0, all.0, K, 7, c, null_mut())];
+        let g = dev.end_capture(s0).unwrap();
+        captured.into_iter().for_each(ok);
+        for k in 0..4 {
+            let x = |r: usize, i: usize| (r * 10 + i + k * 3) as f32;
+            s.f32s().iter_mut().enumerate().for_each(|(i, v)| *v = x(rank, i));
+            sum.f32s().fill(-1.0);
+            all.f32s().fill(-1.0);
+            dev.graph_launch(g, s0).unwrap();
+            dev.synchronize(s0).unwrap();
+            assert!(sum.f32s().iter().enumerate().all(|(i, v)| *v == x(0, i) + x(1, i)), "rank {rank} replay {k}: all_reduce");
+            assert!(all.f32s().iter().enumerate().all(|(i, v)| *v == x(i / K, i % K)), "rank {rank} replay {k}: all_gather");
+        }
+        dev.graph_destroy(g).unwrap();
+        ok(ncclCommFinalize(c));
+    });
+    for c in comms {
+        ok(ncclCommDestroy(c as ncclComm_t));
+    }
+}

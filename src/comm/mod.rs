@@ -13,6 +13,7 @@ use crate::types::DataType;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+mod capture;
 mod collectives;
 pub(crate) mod compressed;
 mod enqueue;
@@ -54,6 +55,8 @@ struct State {
     codec: compressed::CodecState,
     /// The reductions' scratch, once allocated (`reduction.rs`).
     scratch: Option<reduction::Scratch>,
+    /// Ops captured into graphs: template ids, flag pairs, released resources (`capture.rs`).
+    capture: capture::CaptureState,
     destroyed: bool,
 }
 
@@ -190,6 +193,7 @@ impl Communicator {
                 group: Group::default(),
                 codec: compressed::CodecState::default(),
                 scratch: None,
+                capture: capture::CaptureState::default(),
                 destroyed: false,
             }),
         })
@@ -406,7 +410,9 @@ impl Communicator {
         mut recvs: Vec<Transfer>,
     ) -> Result<Option<compressed::Plan>> {
         let local = take_local(name, self.rank, &mut sends, &mut recvs)?;
-        self.check_capture(name, stream, !sends.is_empty() || !recvs.is_empty())?;
+        if self.capturing(name, stream, !sends.is_empty() || !recvs.is_empty())? {
+            return self.launch_captured(st, name, stream, dtype, sends, recvs, &local).map(|_| None);
+        }
         if sends.is_empty() && recvs.is_empty() {
             // Nothing crosses to a peer: the copies go on the caller's stream itself, which
             // orders them after the work before the call and before the work after it.
@@ -457,32 +463,9 @@ impl Communicator {
         Ok(plan)
     }
 
-    /// Refuse an op whose work crosses to a peer (`crosses`) on a stream that is being
-    /// captured into a CUDA graph. The proxy drives such an op once, through the stream's
-    /// handshake flags and their monotonic sequence numbers; a replayed graph would repeat
-    /// the stream's waits and writes without the proxy's part, so the capture would record
-    /// an op that can never run again. Work that stays on the caller's stream (copies to
-    /// self, a one-rank reduction's reduce step) is recorded like any stream work. Only
-    /// asked when the op crosses, so one-rank ops pay nothing.
-    pub(super) fn check_capture(&self, name: &'static str, stream: StreamHandle, crosses: bool) -> Result<()> {
-        capture_verdict(name, crosses, || self.dev.stream_capturing(stream).map_err(|e| e.with_op(name)))
-    }
-
     fn bytes(op: &'static str, count: usize, dtype: DataType) -> Result<usize> {
         dtype.bytes(op, count)
     }
-}
-
-/// The capture rule of [`Communicator::check_capture`]: `capturing` is asked only for an op
-/// that crosses to a peer.
-fn capture_verdict(name: &'static str, crosses: bool, capturing: impl FnOnce() -> Result<bool>) -> Result<()> {
-    if crosses && capturing()? {
-        return Err(Error::invalid_usage(
-            name,
-            "the stream is being captured into a CUDA graph, and an operation that moves data between ranks cannot be captured (only one-rank operations can)",
-        ));
-    }
-    Ok(())
 }
 
 /// Remove this rank's transfers to itself from `sends` and `recvs` and pair them: the k-th
@@ -552,25 +535,7 @@ impl Drop for Communicator {
             st.streams.release(self.dev.as_ref(), clean);
             st.codec.release(self.dev.as_ref(), clean);
             self.release_scratch(&mut st, self.config.timeout);
+            self.release_captured(&mut st);
         }
-    }
-}
-
-#[cfg(test)]
-mod capture_tests {
-    use super::*;
-    use crate::error::ErrorCode;
-
-    #[test]
-    fn only_ops_that_cross_to_a_peer_are_refused_under_capture() {
-        let e = capture_verdict("all_reduce", true, || Ok(true)).unwrap_err();
-        assert_eq!(e.code(), ErrorCode::InvalidUsage);
-        assert!(e.to_string().contains("captured into a CUDA graph"), "{e}");
-        assert!(capture_verdict("send", true, || Ok(false)).is_ok());
-        // A one-rank op never asks the device, so it costs nothing and cannot fail here.
-        assert!(capture_verdict("all_gather", false, || panic!("asked for an op that stays local")).is_ok());
-        // A failing query is reported, not taken for "not capturing".
-        let e = capture_verdict("send", true, || Err(Error::internal("q", "driver"))).unwrap_err();
-        assert_eq!(e.code(), ErrorCode::Internal);
     }
 }

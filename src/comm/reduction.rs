@@ -78,10 +78,10 @@ enum Kind {
 /// A validated reduction, ready to run (now, or at the end of the open group).
 #[derive(Clone, Copy)]
 pub(super) struct Reduction {
-    name: &'static str,
+    pub(super) name: &'static str,
     kind: Kind,
-    op: RedOp,
-    dtype: DataType,
+    pub(super) op: RedOp,
+    pub(super) dtype: DataType,
     /// Elements of the result: AllReduce and Reduce `count`, ReduceScatter `recvcount`.
     count: usize,
     send: Region,
@@ -263,27 +263,46 @@ impl Communicator {
         if self.config.engine == crate::config::EngineChoice::CopyEngine && !self.ce_reduce_logged.swap(true, Ordering::Relaxed) {
             log::debug!("HOCCL_ENGINE=ce: reductions move their data on the copy engines, but their reduce step always runs on the device (a kernel on CUDA)");
         }
-        // Checked once before any step: a reduction over peers must not be half recorded.
-        self.check_capture(red.name, red.stream, self.size > 1 && red.count > 0)?;
+        // Decided once before any step: a reduction over peers is recorded whole or not at all.
+        if self.capturing(red.name, red.stream, self.size > 1 && red.count > 0)? {
+            return self.capture_reduction(st, red, self.captured_slot(red));
+        }
         let (mut submitted, mut logged) = (false, false);
-        let r = self.run_reduction_steps(st, red, &mut submitted, &mut logged);
+        let r = self.run_reduction_steps(st, red, None, &mut submitted, &mut logged);
         if let (Err(e), true) = (&r, submitted) {
             self.engine.shared.set_error(e.clone());
         }
         r
     }
 
+    /// A captured reduction's scratch slot: the largest block, rounded up to 256 bytes,
+    /// within the communicator's slot size (the same on every rank: the blocks are).
+    pub(super) fn captured_slot(&self, red: &Reduction) -> usize {
+        let most = (0..self.size).map(|q| self.block(red, q).1).max().unwrap_or(0) * red.dtype.size();
+        slot_bytes(self.config.reduce_scratch, self.size).min(most.div_ceil(256).max(1) * 256)
+    }
+
+    /// The flat plan of a reduction being captured (`capture.rs`): its scratch is `region`
+    /// (slots of `slot` bytes), owned by the graph, so no other stream's reduce step shares
+    /// it and no "step done" flag orders them.
+    pub(super) fn run_reduction_captured(&self, st: &mut State, red: &Reduction, region: Region, slot: usize) -> Result<()> {
+        let (mut submitted, mut logged) = (false, false);
+        self.run_reduction_steps(st, red, Some((region, slot)), &mut submitted, &mut logged)
+    }
+
+    /// `captured`: a captured reduction's scratch and slot size, instead of the communicator's.
     /// `logged`: whether this reduction said at debug how its compressed reduce steps run.
-    fn run_reduction_steps(&self, st: &mut State, red: &Reduction, submitted: &mut bool, logged: &mut bool) -> Result<()> {
+    fn run_reduction_steps(&self, st: &mut State, red: &Reduction, captured: Option<(Region, usize)>, submitted: &mut bool, logged: &mut bool) -> Result<()> {
         let (n, me, es, name, s) = (self.size, self.rank, red.dtype.size(), red.name, red.stream);
         if red.count == 0 {
             return Ok(());
         }
         match self.node_chain(red.op) {
-            Ok(bounds) => {
+            Ok(bounds) if captured.is_none() => {
                 log::debug!("rank {me}: {name} ({}, {}): hierarchical over {} nodes", red.dtype.name(), red.op.name(), bounds.len() - 1);
                 return self.run_hierarchical(st, red, &bounds, submitted);
             }
+            Ok(_) => return Err(Error::internal(name, "a captured reduction reached the hierarchical plan")),
             Err(Some(why)) => log::debug!("rank {me}: {name} ({}, {}): flat across nodes: {why}", red.dtype.name(), red.op.name()),
             Err(None) => {}
         }
@@ -297,12 +316,23 @@ impl Communicator {
         let stage = my_len > 0 && red.recv.is_some_and(|r| misaligned(r.ptr) || misaligned(red.send.ptr));
         // Elements per chunk: one scratch slot; with one rank nothing is exchanged, so the
         // whole block is one reduce step (unless it is staged).
-        let cap = if n == 1 && !stage { red.count } else { slot_bytes(self.config.reduce_scratch, n) / es };
+        let cap = match captured {
+            Some((_, slot)) => slot / es,
+            None if n == 1 && !stage => red.count,
+            None => slot_bytes(self.config.reduce_scratch, n) / es,
+        };
         let chunks = blocks.iter().map(|b| b.1.div_ceil(cap)).max().unwrap_or(0);
         // Receives into the scratch only where this rank owns a block and has peers.
         let receives = n > 1 && my_len > 0;
-        let scratch = if receives || stage { Some(self.scratch(st, name)?.region) } else { None };
-        let slot = st.scratch.as_ref().map_or(0, |x| x.slot);
+        let scratch = match captured {
+            _ if !receives && !stage => None,
+            Some((region, _)) => Some(region),
+            None => Some(self.scratch(st, name)?.region),
+        };
+        let slot = match captured {
+            Some((_, slot)) => slot,
+            None => st.scratch.as_ref().map_or(0, |x| x.slot),
+        };
         for k in 0..chunks {
             let part = |len: usize| len.saturating_sub(k * cap).min(cap);
             let mut sends = Vec::new();
@@ -319,7 +349,7 @@ impl Communicator {
                 }
             }
             let exchanges = !sends.is_empty() || !recvs.is_empty();
-            if mine > 0 && (stage || receives && exchanges) {
+            if mine > 0 && (stage || receives && exchanges) && captured.is_none() {
                 self.wait_for_scratch(st, s).map_err(|e| e.with_op(name))?;
             }
             // Under the compressed engine the exchange's plan holds the received streams;
@@ -396,7 +426,7 @@ impl Communicator {
             if out != dst {
                 self.dev.memcpy_async(s, dst, out, mine * es).map_err(|e| e.with_op(name))?;
             }
-            if receives || stage {
+            if (receives || stage) && captured.is_none() {
                 let sc = st.scratch.as_mut().ok_or_else(|| Error::internal(name, "scratch vanished"))?;
                 // The step reads the scratch from now on, whether or not its flag write
                 // can be enqueued (if not, the communicator stops with that error).
@@ -443,7 +473,7 @@ impl Communicator {
     /// node j, nodes in rank order. `Err(None)` with one node; `Err(Some(why))` where the
     /// plan could not reproduce the rank-order fold, or has nothing to gain. Depends only on
     /// the topology and the operator, so every rank decides alike.
-    fn node_chain(&self, op: RedOp) -> std::result::Result<Vec<usize>, Option<&'static str>> {
+    pub(super) fn node_chain(&self, op: RedOp) -> std::result::Result<Vec<usize>, Option<&'static str>> {
         if self.topo.nnodes() < 2 {
             return Err(None);
         }

@@ -2,6 +2,12 @@
 //! name, as CUDA IPC maps device memory), copy engines are worker threads, a stream is an
 //! in-order queue run by its own thread. It lets CI run the whole engine without a GPU.
 //!
+//! Graph capture is emulated: between `begin_capture` and `end_capture` the tasks enqueued
+//! on a stream are recorded instead of run, and `graph_launch` enqueues copies of them (the
+//! same writes, waits, copies and reduce steps, with the values recorded), as a CUDA graph
+//! replays its nodes. What `capture_retain` attaches to a graph runs in stream order after
+//! the graph's last launch once the graph is destroyed (or when the device is dropped).
+//!
 //! Every address this backend dereferences is checked against its registry of live
 //! allocations, imported mappings and flag slabs first, so a bad pointer is an error, not UB.
 use super::*;
@@ -153,6 +159,10 @@ fn sweep_stale_objects() {
 
 // ------------------------------------------------------------------ streams -------------
 
+/// A graph's release hook (`capture_retain`), shared by the copies of a release task.
+type ReleaseHook = Arc<Mutex<Option<Box<dyn FnOnce() + Send>>>>;
+
+#[derive(Clone)]
 enum Task {
     Write { addr: u64, v: u64 },
     Wait { addr: u64, v: u64 },
@@ -161,6 +171,38 @@ enum Task {
     /// `reduce_into` over `srcs` (each `len` bytes) into `dst`.
     Reduce { dst: u64, srcs: Vec<u64>, len: usize, dtype: DataType, op: RedOp },
     Marker,
+    /// Run a destroyed graph's release hooks (after its last launch, in stream order).
+    Release(ReleaseHook),
+}
+
+/// Run the hooks once; a panicking hook is logged, not propagated into a queue thread.
+fn run_release(h: &ReleaseHook) {
+    let f = h.lock().ok().and_then(|mut g| g.take());
+    if let Some(f) = f {
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
+            log::error!("host backend: a graph's release hook panicked");
+        }
+    }
+}
+
+/// A stream being captured: the tasks recorded so far and the hooks attached.
+struct Capture {
+    /// The capture sequence's id (`capture_id`).
+    id: u64,
+    tasks: Vec<Task>,
+    hooks: Vec<Box<dyn FnOnce() + Send>>,
+}
+
+/// A captured graph: its tasks, its release hooks, and the stream of its last launch.
+struct HostGraph {
+    tasks: Vec<Task>,
+    hooks: Vec<Box<dyn FnOnce() + Send>>,
+    last: Option<u64>,
+}
+
+/// One hook that runs every hook of `hooks`.
+fn join_hooks(hooks: Vec<Box<dyn FnOnce() + Send>>) -> ReleaseHook {
+    Arc::new(Mutex::new(Some(Box::new(move || hooks.into_iter().for_each(|h| h())))))
 }
 
 struct QueueState {
@@ -251,6 +293,7 @@ fn run_task(t: Task, st: &QueueState) {
             }
         }
         Task::Marker => {}
+        Task::Release(h) => run_release(&h),
     }
 }
 
@@ -354,13 +397,46 @@ pub struct HostDevice {
     owned: Mutex<HashMap<u64, (String, usize)>>,
     streams: Mutex<HashMap<u64, Arc<HostQueue>>>,
     next_stream: AtomicU64,
+    /// Streams being captured, by id.
+    captures: Mutex<HashMap<u64, Capture>>,
+    graphs: Mutex<HashMap<u64, HostGraph>>,
+    next_graph: AtomicU64,
 }
 
 impl HostDevice {
     pub fn new() -> Result<HostDevice> {
         static SWEEP: std::sync::Once = std::sync::Once::new();
         SWEEP.call_once(sweep_stale_objects);
-        Ok(HostDevice { owned: Mutex::new(HashMap::new()), streams: Mutex::new(HashMap::new()), next_stream: AtomicU64::new(1) })
+        Ok(HostDevice {
+            owned: Mutex::new(HashMap::new()),
+            streams: Mutex::new(HashMap::new()),
+            next_stream: AtomicU64::new(1),
+            captures: Mutex::new(HashMap::new()),
+            graphs: Mutex::new(HashMap::new()),
+            next_graph: AtomicU64::new(1),
+        })
+    }
+
+    /// Run `t` on stream `s`, or record it when `s` is being captured.
+    fn enqueue(&self, op: &'static str, s: StreamHandle, t: Task) -> Result<()> {
+        let q = self.stream(op, s)?;
+        {
+            let mut c = self.captures.lock().map_err(|_| Error::internal(op, "capture table poisoned"))?;
+            if let Some(cap) = c.get_mut(&s.0) {
+                cap.tasks.push(t);
+                return Ok(());
+            }
+        }
+        q.push(op, t).map(|_| ())
+    }
+
+    /// Refuse what a capturing stream cannot do (CUDA: `cudaErrorStreamCaptureUnsupported`).
+    fn not_capturing(&self, op: &'static str, s: StreamHandle) -> Result<()> {
+        let c = self.captures.lock().map_err(|_| Error::internal(op, "capture table poisoned"))?;
+        if c.contains_key(&s.0) {
+            return Err(Error::invalid_usage(op, format!("stream {:#x} is being captured", s.0)));
+        }
+        Ok(())
     }
 
     fn stream(&self, op: &'static str, s: StreamHandle) -> Result<Arc<HostQueue>> {
@@ -391,6 +467,18 @@ impl HostDevice {
 
 impl Drop for HostDevice {
     fn drop(&mut self) {
+        // Graphs and captures left behind can never run again: release what they hold.
+        let hooks: Vec<Box<dyn FnOnce() + Send>> = self
+            .graphs
+            .lock()
+            .map(|mut m| m.drain().flat_map(|(_, g)| g.hooks).collect())
+            .unwrap_or_default();
+        let more: Vec<Box<dyn FnOnce() + Send>> = self
+            .captures
+            .lock()
+            .map(|mut m| m.drain().flat_map(|(_, c)| c.hooks).collect())
+            .unwrap_or_default();
+        run_release(&join_hooks(hooks.into_iter().chain(more).collect()));
         let streams: Vec<_> = self.streams.lock().map(|mut m| m.drain().map(|(_, q)| q).collect()).unwrap_or_default();
         for q in streams {
             q.shutdown();
@@ -565,17 +653,18 @@ impl Device for HostDevice {
     fn write_value(&self, s: StreamHandle, flag: DevPtr, v: u64) -> Result<()> {
         const OP: &str = "HostDevice::write_value";
         Self::check_flag(OP, flag)?;
-        self.stream(OP, s)?.push(OP, Task::Write { addr: flag.0, v }).map(|_| ())
+        self.enqueue(OP, s, Task::Write { addr: flag.0, v })
     }
 
     fn wait_value_geq(&self, s: StreamHandle, flag: DevPtr, v: u64) -> Result<()> {
         const OP: &str = "HostDevice::wait_value_geq";
         Self::check_flag(OP, flag)?;
-        self.stream(OP, s)?.push(OP, Task::Wait { addr: flag.0, v }).map(|_| ())
+        self.enqueue(OP, s, Task::Wait { addr: flag.0, v })
     }
 
     fn synchronize(&self, s: StreamHandle) -> Result<()> {
         const OP: &str = "HostDevice::synchronize";
+        self.not_capturing(OP, s)?;
         let q = self.stream(OP, s)?;
         let n = q.push(OP, Task::Marker)?;
         q.wait_for(n);
@@ -583,21 +672,90 @@ impl Device for HostDevice {
     }
 
     fn stream_query(&self, s: StreamHandle) -> Result<bool> {
+        self.not_capturing("HostDevice::stream_query", s)?;
         let q = self.stream("HostDevice::stream_query", s)?;
         Ok(q.st.done.load(Ordering::Acquire) >= q.st.enqueued.load(Ordering::Acquire))
+    }
+
+    fn stream_capturing(&self, s: StreamHandle) -> Result<bool> {
+        const OP: &str = "HostDevice::stream_capturing";
+        self.stream(OP, s)?;
+        Ok(self.captures.lock().map_err(|_| Error::internal(OP, "capture table poisoned"))?.contains_key(&s.0))
+    }
+
+    fn capture_retain(&self, s: StreamHandle, on_release: Box<dyn FnOnce() + Send>) -> Result<()> {
+        const OP: &str = "HostDevice::capture_retain";
+        let mut c = self.captures.lock().map_err(|_| Error::internal(OP, "capture table poisoned"))?;
+        let cap = c.get_mut(&s.0).ok_or_else(|| Error::invalid_usage(OP, format!("stream {:#x} is not being captured", s.0)))?;
+        cap.hooks.push(on_release);
+        Ok(())
+    }
+
+    fn capture_id(&self, s: StreamHandle) -> Result<u64> {
+        const OP: &str = "HostDevice::capture_id";
+        let c = self.captures.lock().map_err(|_| Error::internal(OP, "capture table poisoned"))?;
+        c.get(&s.0).map(|cap| cap.id).ok_or_else(|| Error::invalid_usage(OP, format!("stream {:#x} is not being captured", s.0)))
+    }
+
+    fn begin_capture(&self, s: StreamHandle) -> Result<()> {
+        const OP: &str = "HostDevice::begin_capture";
+        self.stream(OP, s)?;
+        let mut c = self.captures.lock().map_err(|_| Error::internal(OP, "capture table poisoned"))?;
+        if c.contains_key(&s.0) {
+            return Err(Error::invalid_usage(OP, format!("stream {:#x} is already being captured", s.0)));
+        }
+        static IDS: AtomicU64 = AtomicU64::new(1);
+        c.insert(s.0, Capture { id: IDS.fetch_add(1, Ordering::Relaxed), tasks: Vec::new(), hooks: Vec::new() });
+        Ok(())
+    }
+
+    fn end_capture(&self, s: StreamHandle) -> Result<GraphHandle> {
+        const OP: &str = "HostDevice::end_capture";
+        let cap = self.captures.lock().map_err(|_| Error::internal(OP, "capture table poisoned"))?.remove(&s.0);
+        let cap = cap.ok_or_else(|| Error::invalid_usage(OP, format!("stream {:#x} is not being captured", s.0)))?;
+        let id = self.next_graph.fetch_add(1, Ordering::Relaxed);
+        let g = HostGraph { tasks: cap.tasks, hooks: cap.hooks, last: None };
+        self.graphs.lock().map_err(|_| Error::internal(OP, "graph table poisoned"))?.insert(id, g);
+        Ok(GraphHandle(id))
+    }
+
+    fn graph_launch(&self, g: GraphHandle, s: StreamHandle) -> Result<()> {
+        const OP: &str = "HostDevice::graph_launch";
+        let tasks = {
+            let mut m = self.graphs.lock().map_err(|_| Error::internal(OP, "graph table poisoned"))?;
+            let gr = m.get_mut(&g.0).ok_or_else(|| Error::invalid_arg(OP, format!("unknown graph {}", g.0)))?;
+            gr.last = Some(s.0);
+            gr.tasks.clone()
+        };
+        tasks.into_iter().try_for_each(|t| self.enqueue(OP, s, t))
+    }
+
+    fn graph_destroy(&self, g: GraphHandle) -> Result<()> {
+        const OP: &str = "HostDevice::graph_destroy";
+        let gr = self.graphs.lock().map_err(|_| Error::internal(OP, "graph table poisoned"))?.remove(&g.0);
+        let gr = gr.ok_or_else(|| Error::invalid_arg(OP, format!("unknown graph {}", g.0)))?;
+        let hook = join_hooks(gr.hooks);
+        // After the last launch, as CUDA releases a graph's user objects.
+        match gr.last.map(|s| self.stream(OP, StreamHandle(s))) {
+            Some(Ok(q)) if q.push(OP, Task::Release(hook.clone())).is_ok() => Ok(()),
+            _ => {
+                run_release(&hook);
+                Ok(())
+            }
+        }
     }
 
     fn memcpy_async(&self, s: StreamHandle, dst: DevPtr, src: DevPtr, len: usize) -> Result<()> {
         const OP: &str = "HostDevice::memcpy_async";
         Self::check(OP, dst, len)?;
         Self::check(OP, src, len)?;
-        self.stream(OP, s)?.push(OP, Task::Copy { dst: dst.0, src: src.0, len }).map(|_| ())
+        self.enqueue(OP, s, Task::Copy { dst: dst.0, src: src.0, len })
     }
 
     fn fill_pattern_async(&self, s: StreamHandle, dst: DevPtr, len: usize, seed: u64) -> Result<()> {
         const OP: &str = "HostDevice::fill_pattern_async";
         Self::check(OP, dst, len)?;
-        self.stream(OP, s)?.push(OP, Task::Fill { dst: dst.0, len, seed }).map(|_| ())
+        self.enqueue(OP, s, Task::Fill { dst: dst.0, len, seed })
     }
 
     fn reduce_async(&self, s: StreamHandle, dst: DevPtr, srcs: &[DevPtr], count: usize, dtype: DataType, op: RedOp) -> Result<()> {
@@ -620,7 +778,7 @@ impl Device for HostDevice {
             }
         }
         let srcs = srcs.iter().map(|p| p.0).collect();
-        self.stream(OP, s)?.push(OP, Task::Reduce { dst: dst.0, srcs, len, dtype, op }).map(|_| ())
+        self.enqueue(OP, s, Task::Reduce { dst: dst.0, srcs, len, dtype, op })
     }
 
     fn copy_engine_count(&self) -> usize {

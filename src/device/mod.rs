@@ -40,6 +40,11 @@ impl DevPtr {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct StreamHandle(pub u64);
 
+/// A captured graph with its executable graph (test support: `Device::end_capture`).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GraphHandle(pub u64);
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
     Cuda,
@@ -182,10 +187,61 @@ pub trait Device: Send + Sync + 'static {
     fn stream_query(&self, _s: StreamHandle) -> Result<bool> {
         Ok(false)
     }
-    /// Whether work enqueued on `s` is being recorded into a CUDA graph instead of run.
-    /// The host backend has no graph capture.
+    /// Whether work enqueued on `s` is being recorded into a graph instead of run (the
+    /// host backend emulates capture: `begin_capture`).
     fn stream_capturing(&self, _s: StreamHandle) -> Result<bool> {
         Ok(false)
+    }
+    /// Attach `on_release` to the graph that `s` is being captured into
+    /// (`cuStreamGetCaptureInfo`, then a user object the graph retains): it runs once, after
+    /// the graph and every executable graph made from it are destroyed and their launches
+    /// completed, on a thread of the driver's (CUDA) or the stream's (host backend); it must
+    /// make no device call. Fails when `s` is not capturing; `on_release` is then dropped
+    /// without running. The default refuses (a device without graph capture).
+    fn capture_retain(&self, s: StreamHandle, on_release: Box<dyn FnOnce() + Send>) -> Result<()> {
+        let _ = (s, on_release);
+        Err(crate::error::Error::invalid_usage("Device::capture_retain", format!("{} has no graph capture", self.name())))
+    }
+    /// The id of the capture sequence `s` is being captured in (unique in the process while
+    /// the capture lasts; `cuStreamGetCaptureInfo`), `InvalidUsage` when `s` is not
+    /// capturing. Work captured on one stream in one sequence is ordered in the graph.
+    fn capture_id(&self, s: StreamHandle) -> Result<u64> {
+        let _ = s;
+        Err(crate::error::Error::invalid_usage("Device::capture_id", format!("{} has no graph capture", self.name())))
+    }
+    /// Run `f` with the calling thread allowed the calls a global-mode capture forbids
+    /// (`cuThreadExchangeStreamCaptureMode` to relaxed, and back): memory for a captured
+    /// operation is allocated while the application captures, as NCCL does. A plain call
+    /// where nothing is captured.
+    fn relaxed_capture<'a>(&self, f: &mut (dyn FnMut() -> Result<()> + 'a)) -> Result<()> {
+        f()
+    }
+
+    // ---- graph capture, for tests: the application captures with the CUDA runtime -------
+    /// Start capturing `s` (global mode, as `torch.cuda.graph`): work enqueued on it is
+    /// recorded, not run.
+    #[doc(hidden)]
+    fn begin_capture(&self, s: StreamHandle) -> Result<()> {
+        let _ = s;
+        Err(crate::error::Error::invalid_usage("Device::begin_capture", format!("{} has no graph capture", self.name())))
+    }
+    /// End the capture of `s` and make an executable graph of it.
+    #[doc(hidden)]
+    fn end_capture(&self, s: StreamHandle) -> Result<GraphHandle> {
+        let _ = s;
+        Err(crate::error::Error::invalid_usage("Device::end_capture", format!("{} has no graph capture", self.name())))
+    }
+    /// Enqueue one replay of `g` on `s`.
+    #[doc(hidden)]
+    fn graph_launch(&self, g: GraphHandle, s: StreamHandle) -> Result<()> {
+        let _ = (g, s);
+        Err(crate::error::Error::invalid_usage("Device::graph_launch", format!("{} has no graph capture", self.name())))
+    }
+    /// Destroy `g` (the graph and its executable graph); launches already enqueued complete.
+    #[doc(hidden)]
+    fn graph_destroy(&self, g: GraphHandle) -> Result<()> {
+        let _ = g;
+        Err(crate::error::Error::invalid_usage("Device::graph_destroy", format!("{} has no graph capture", self.name())))
     }
     /// Enqueue a copy on a user stream (stream-ordered; a kernel-free DMA on CUDA).
     fn memcpy_async(&self, s: StreamHandle, dst: DevPtr, src: DevPtr, len: usize) -> Result<()>;

@@ -12,6 +12,7 @@
 //!
 //! - `proxy`: the proxy thread and the op state machine.
 //! - [`streams`]: the per-stream flag pairs and the handshake enqueued on the user's stream.
+//! - [`graphs`]: operations captured into CUDA graphs (templates, instances, orphans).
 //! - `watchdog`: reports a proxy thread that stopped making progress.
 use crate::device::{Allocation, DevPtr, Device, FlagSlab};
 use crate::error::{Error, Result};
@@ -26,6 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::{JoinHandle, Thread};
 use std::time::Duration;
 
+pub mod graphs;
 mod proxy;
 pub mod streams;
 mod watchdog;
@@ -179,6 +181,10 @@ pub struct EngineConfig {
 
 enum Cmd {
     Submit(Op),
+    /// A captured op (`graphs`): poll its start flag from now on.
+    Template(graphs::Template),
+    /// Its graph was destroyed: stop polling template `id`.
+    Forget(u32),
     /// Stop after pending ops finish (graceful) or fail them now.
     Shutdown { graceful: bool },
 }
@@ -209,6 +215,7 @@ impl Engine {
         let (ready_tx, ready_rx) = sync_channel(1);
         let sh = shared.clone();
         let (rank, nranks, timeout, trace) = (links.rank, links.peers.len(), cfg.timeout, cfg.trace_ops);
+        let dev_for_mode = dev.clone();
         // The transport is made on the proxy thread: its device resources (copy queues)
         // belong to the thread that binds the device.
         let connect = move || -> Result<Box<dyn Transport>> {
@@ -219,15 +226,36 @@ impl Engine {
             let is_far = (0..nranks).map(|p| far.reaches(p)).collect();
             Ok(Box::new(Route::new(near, Box::new(far), is_far)))
         };
+        let body = move || match connect() {
+            Ok(t) => {
+                let _ = ready_tx.send(Ok(()));
+                proxy::Proxy::new(rank, nranks, t, timeout, rx, sh).trace(trace).run();
+            }
+            Err(e) => {
+                let _ = ready_tx.send(Err(e));
+            }
+        };
+        let relaxed = dev_for_mode;
         let thread = std::thread::Builder::new()
             .name(format!("hoccl-proxy-r{rank}"))
-            .spawn(move || match connect() {
-                Ok(t) => {
-                    let _ = ready_tx.send(Ok(()));
-                    proxy::Proxy::new(rank, nranks, t, timeout, rx, sh).trace(trace).run();
+            .spawn(move || {
+                // The proxy never captures work: in relaxed capture mode its driver calls
+                // (copy queues, fence queries, imports) stay allowed while an application
+                // thread captures a graph in global mode (`torch.cuda.graph`'s default),
+                // which would otherwise refuse them and invalidate that capture.
+                let mut body = Some(body);
+                let mode = relaxed.relaxed_capture(&mut || {
+                    if let Some(b) = body.take() {
+                        b();
+                    }
+                    Ok(())
+                });
+                if let Err(e) = mode {
+                    log::warn!("hoccl: rank {rank}: the proxy's capture mode: {e}");
                 }
-                Err(e) => {
-                    let _ = ready_tx.send(Err(e));
+                // Run anyway if the mode could not be set.
+                if let Some(b) = body.take() {
+                    b();
                 }
             })
             .map_err(|e| Error::io(OP, "thread spawn", e))?;
@@ -251,6 +279,27 @@ impl Engine {
         // An atomic swap when the proxy is awake; one futex wake when it is parked.
         self.proxy.unpark();
         Ok(())
+    }
+
+    /// Register a captured op (`graphs`) whose stream side (the reset-based handshake on
+    /// `flags`' words `start` and `finish`, both zero at the call) is recorded in a graph: the proxy
+    /// runs one instance of it per replay it observes. The returned life's
+    /// `graph_released` must be called once the graph is destroyed.
+    pub fn register_template(
+        &self,
+        id: u32,
+        name: &'static str,
+        (flags, start, finish): (Arc<FlagSlab>, usize, usize),
+        sends: Vec<Transfer>,
+        recvs: Vec<Transfer>,
+    ) -> Result<Arc<graphs::TemplateLife>> {
+        let g = self.tx.lock().map_err(|_| Error::internal("Engine::register_template", "poisoned"))?;
+        let tx = g.as_ref().ok_or_else(|| Error::invalid_usage(name, "communicator was destroyed"))?;
+        let life = Arc::new(graphs::TemplateLife::new(id, name, flags, start, finish, (tx.clone(), self.proxy.clone())));
+        tx.send(Cmd::Template(graphs::Template { life: life.clone(), sends, recvs }))
+            .map_err(|_| Error::internal("Engine::register_template", "proxy thread is gone"))?;
+        self.proxy.unpark();
+        Ok(life)
     }
 
     /// Stop the proxy. Graceful: pending ops finish first (each bounded by the timeout);

@@ -37,6 +37,8 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod graphs;
+
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum SendPhase {
     WaitReady,
@@ -226,6 +228,8 @@ pub(super) struct Proxy {
     last_check: Instant,
     /// Ops whose timeline is logged (`Config::trace_ops`).
     trace: Option<(u64, u64)>,
+    /// Ops captured into graphs (`graphs.rs`).
+    templates: graphs::Templates,
     /// Reused buffers: these serve every op or every turn.
     counts: Vec<u32>,
     ready: Vec<(usize, Tag, RemoteBuffer)>,
@@ -253,6 +257,7 @@ impl Proxy {
             reported: false,
             last_check: Instant::now(),
             trace: None,
+            templates: graphs::Templates::default(),
             counts: vec![0; nranks],
             ready: Vec::new(),
             incoming: Vec::new(),
@@ -274,6 +279,7 @@ impl Proxy {
             self.shared.heartbeat.fetch_add(1, Ordering::Relaxed);
             let mut progressed = self.drain_commands();
             progressed |= self.poll_starts();
+            progressed |= self.poll_templates();
             progressed |= self.poll_signals();
             progressed |= self.progress_transport();
             self.periodic_checks();
@@ -290,13 +296,14 @@ impl Proxy {
                 std::hint::spin_loop();
             } else if last_active.elapsed() < YIELD_FOR {
                 std::thread::yield_now();
-            } else if self.ops.is_empty() && !self.transport.data_in_flight() && !self.transport.signals_queued() && self.stopping.is_none() {
+            } else if self.ops.is_empty() && self.templates.is_empty() && !self.transport.data_in_flight() && !self.transport.signals_queued() && self.stopping.is_none() {
                 // Nothing pending: a command unparks the thread.
                 std::thread::park_timeout(IDLE_PARK);
             } else {
                 std::thread::park_timeout(WAIT_SLEEP);
             }
         }
+        self.orphan_templates();
         self.transport.close();
     }
 
@@ -343,6 +350,8 @@ impl Proxy {
     fn command(&mut self, cmd: Cmd) {
         match cmd {
             Cmd::Submit(op) => self.submit(op),
+            Cmd::Template(t) => self.add_template(t),
+            Cmd::Forget(id) => self.forget_template(id),
             Cmd::Shutdown { graceful } => {
                 if !graceful {
                     self.shared.aborted.store(true, Ordering::Release);
@@ -498,7 +507,7 @@ impl Proxy {
             let from = m.from;
             if let Some(&seq) = self.index.get(&(from, m.pair_seq)) {
                 self.handle_signal(from, seq, m.signal);
-            } else if m.pair_seq > self.max_pair.get(&from).copied().unwrap_or(0) {
+            } else if self.is_early(from, m.pair_seq) {
                 self.early.entry((from, m.pair_seq)).or_default().push(m.signal);
             } else {
                 log::debug!("rank {}: late signal {:?} from {from} for finished op {}", self.rank, m.signal, m.pair_seq);

@@ -15,9 +15,10 @@ new_group (the even ranks, and a one-rank group per rank); a short DDP run (a sm
 fixed seed) whose per-step losses must match a gloo DDP run of the same model (the tolerance
 is printed: the models run the same kernels on the same GPU when gloo accepts CUDA tensors;
 otherwise gloo's model runs on the CPU and the tolerance is wider); then collectives captured
-in a CUDA graph: on each one-rank group (must work, replayed several times with fresh inputs)
-and on the whole group (either works, checked after replays, or is refused at capture: both
-are reported, only wrong data or a hang fails); destroy_process_group.
+in a CUDA graph (torch.cuda.graph) and replayed several times with fresh inputs: an
+all_reduce on each one-rank group and on the whole group, then all_reduce,
+all_gather_into_tensor and reduce_scatter_tensor on the whole group in one graph, with an
+eager all_reduce between replays, every replay compared with gloo; destroy_process_group.
 
 --expect-lib PATH: also require every libnccl.so* mapped into this process
 (/proc/self/maps) to be PATH (after resolving links), and print the mapped paths.
@@ -256,7 +257,8 @@ def check_ddp(c, steps):
 
 
 def capture_all_reduce(c, group, n, replays, name):
-    """Capture one all_reduce on `group` in a CUDA graph and replay it with fresh inputs.
+    """Capture one all_reduce on `group` in a CUDA graph and replay it with fresh inputs,
+    each replay checked against the sum over the group's ranks.
     Returns 'works', or 'refused: ...' when the capture itself failed."""
     x = torch.zeros(n, device=c.dev)
     stream = torch.cuda.Stream(device=c.dev)
@@ -284,6 +286,55 @@ def capture_all_reduce(c, group, n, replays, name):
     return "works"
 
 
+def check_graph_world(c, replays=5):
+    """all_reduce, all_gather_into_tensor and reduce_scatter_tensor on the whole group,
+    captured in one CUDA graph (torch.cuda.graph) and replayed with new inputs written into
+    the captured tensors before each replay, with an eager all_reduce between replays; every
+    replay's results compared with gloo on the same inputs."""
+    n, size = 6007, c.size
+    ar = torch.zeros(n, device=c.dev)
+    ag_in, ag_out = torch.zeros(n, device=c.dev), torch.zeros(n * size, device=c.dev)
+    rs_in, rs_out = torch.zeros(n * size, device=c.dev), torch.zeros(n, device=c.dev)
+    stream = torch.cuda.Stream(device=c.dev)
+    torch.cuda.synchronize(c.dev)
+    with torch.cuda.stream(stream):  # warm-up outside capture
+        dist.all_reduce(ar)
+        dist.all_gather_into_tensor(ag_out, ag_in)
+        dist.reduce_scatter_tensor(rs_out, rs_in)
+    stream.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=stream):
+        dist.all_reduce(ar)
+        dist.all_gather_into_tensor(ag_out, ag_in)
+        dist.reduce_scatter_tensor(rs_out, rs_in)
+    for k in range(replays):
+        x, y, z = data(c.rank, n, torch.float32, 90 + k), data(c.rank, n, torch.float32, 95 + k), \
+            data(c.rank, n * size, torch.float32, 100 + k)
+        ar.copy_(x.to(c.dev))
+        ag_in.copy_(y.to(c.dev))
+        rs_in.copy_(z.to(c.dev))
+        g.replay()
+        if k % 2 == 1:  # an eager call between replays, on the current stream
+            e = data(c.rank, 1001, torch.float32, 7).to(c.dev)
+            dist.all_reduce(e)
+        torch.cuda.synchronize(c.dev)
+        ref = x.clone()
+        dist.all_reduce(ref, group=c.gloo)
+        compare(f"CUDA graph all_reduce: replay {k}", ar, ref)
+        parts = [torch.empty_like(y) for _ in range(size)]
+        dist.all_gather(parts, y, group=c.gloo)
+        compare(f"CUDA graph all_gather_into_tensor: replay {k}", ag_out, torch.cat(parts))
+        ref = z.clone()
+        dist.all_reduce(ref, group=c.gloo)
+        compare(f"CUDA graph reduce_scatter_tensor: replay {k}", rs_out, ref[c.rank * n:(c.rank + 1) * n])
+        if k % 2 == 1:
+            ref = data(c.rank, 1001, torch.float32, 7)
+            dist.all_reduce(ref, group=c.gloo)
+            compare(f"eager all_reduce between replays {k}", e, ref)
+    del g
+    torch.cuda.synchronize(c.dev)
+
+
 def check_graphs(c):
     singles = [dist.new_group([r]) for r in range(c.size)]
     verdict = capture_all_reduce(c, singles[c.rank], 8192, 3, f"one-rank group [{c.rank}]")
@@ -292,6 +343,9 @@ def check_graphs(c):
     if c.size > 1:
         verdict = capture_all_reduce(c, c.world, 8192, 3, f"{c.size}-rank group")
         say(f"CUDA graph, {c.size}-rank group: {verdict}")
+        expect(verdict == "works", f"CUDA graph capture on the {c.size}-rank group: {verdict}")
+        check_graph_world(c)
+        say("CUDA graph, all_reduce + all_gather + reduce_scatter replayed against gloo: done")
 
 
 def main():

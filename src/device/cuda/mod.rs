@@ -37,6 +37,7 @@ mod kernel;
 mod memory;
 mod probe;
 mod queue;
+mod graph;
 mod reduce;
 mod stream;
 
@@ -281,6 +282,27 @@ impl Device for CudaDevice {
     }
     fn stream_capturing(&self, s: StreamHandle) -> Result<bool> {
         self.stream_is_capturing(s)
+    }
+    fn capture_id(&self, s: StreamHandle) -> Result<u64> {
+        self.graph_capture_id(s)
+    }
+    fn capture_retain(&self, s: StreamHandle, on_release: Box<dyn FnOnce() + Send>) -> Result<()> {
+        self.graph_capture_retain(s, on_release)
+    }
+    fn relaxed_capture<'a>(&self, f: &mut (dyn FnMut() -> Result<()> + 'a)) -> Result<()> {
+        self.graph_relaxed(f)
+    }
+    fn begin_capture(&self, s: StreamHandle) -> Result<()> {
+        self.graph_begin(s)
+    }
+    fn end_capture(&self, s: StreamHandle) -> Result<crate::device::GraphHandle> {
+        self.graph_end(s)
+    }
+    fn graph_launch(&self, g: crate::device::GraphHandle, s: StreamHandle) -> Result<()> {
+        self.graph_run(g, s)
+    }
+    fn graph_destroy(&self, g: crate::device::GraphHandle) -> Result<()> {
+        self.graph_free(g)
     }
     fn memcpy_async(&self, s: StreamHandle, dst: DevPtr, src: DevPtr, len: usize) -> Result<()> {
         self.stream_memcpy(s, dst, src, len)
