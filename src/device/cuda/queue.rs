@@ -6,10 +6,15 @@
 //! most one for the oldest still pending, and never blocks. The driver spreads streams over
 //! the GPU's copy engines itself (hardware channels are assigned round-robin), so one queue
 //! per engine (`copy_engine_count`) is the natural setting.
+//!
+//! `wait_geq` and `write_value` are the stream memory operations of `stream.rs` on the
+//! queue's stream (64-bit where the GPU has them, the same 32-bit fallback otherwise): the
+//! same-host transport's gated queues wait there for both streams' flags and write the
+//! receiver's landing flag behind the copies.
 use super::driver::{check, error_name};
 use super::Context;
 use crate::device::{CopyQueue, DevPtr};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -25,6 +30,8 @@ pub struct CudaCopyQueue {
     next_ticket: u64,
     /// The highest ticket known complete (0 before any).
     done: u64,
+    /// Whether the GPU has 64-bit stream memory operations (`stream.rs`).
+    mem_ops_64: bool,
 }
 
 // SAFETY: the stream and event handles may be used from any thread; the queue is owned by
@@ -32,7 +39,7 @@ pub struct CudaCopyQueue {
 unsafe impl Send for CudaCopyQueue {}
 
 impl CudaCopyQueue {
-    pub(super) fn new(ctx: Arc<Context>) -> Result<CudaCopyQueue> {
+    pub(super) fn new(ctx: Arc<Context>, mem_ops_64: bool) -> Result<CudaCopyQueue> {
         const OP: &str = "Device::create_copy_queue";
         let _g = ctx.enter(OP)?;
         let mut stream: sys::CUstream = std::ptr::null_mut();
@@ -40,7 +47,7 @@ impl CudaCopyQueue {
         // SAFETY: valid out-pointer; the context is current.
         check(OP, "cuStreamCreate", unsafe { sys::cuStreamCreate(&mut stream, flags) })?;
         drop(_g);
-        Ok(CudaCopyQueue { ctx, stream, pending: VecDeque::new(), free: Vec::new(), next_ticket: 1, done: 0 })
+        Ok(CudaCopyQueue { ctx, stream, pending: VecDeque::new(), free: Vec::new(), next_ticket: 1, done: 0, mem_ops_64 })
     }
 
     /// The queue's stream (for callers that need to order other work after its copies).
@@ -110,6 +117,47 @@ impl CopyQueue for CudaCopyQueue {
         }
         Ok(self.done)
     }
+
+    fn wait_geq(&mut self, flag: DevPtr, v: u64) -> Result<()> {
+        const OP: &str = "CopyQueue::wait_geq";
+        check_flag(OP, flag)?;
+        let _g = self.ctx.enter(OP)?;
+        let _gate = self.ctx.enqueue_gate(OP);
+        let geq = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
+        if self.mem_ops_64 {
+            // SAFETY: flag is an 8-byte-aligned device-visible address (checked above; the
+            // driver validates it); the stream is ours.
+            return check(OP, "cuStreamWaitValue64_v2", unsafe { sys::cuStreamWaitValue64_v2(self.stream, flag.0, v, geq) });
+        }
+        // SAFETY: as above, on the low half of the flag (the cyclic 32-bit rule of stream.rs).
+        check(OP, "cuStreamWaitValue32_v2", unsafe { sys::cuStreamWaitValue32_v2(self.stream, flag.0, v as u32, geq) })
+    }
+
+    fn write_value(&mut self, flag: DevPtr, v: u64) -> Result<()> {
+        const OP: &str = "CopyQueue::write_value";
+        check_flag(OP, flag)?;
+        let _g = self.ctx.enter(OP)?;
+        let _gate = self.ctx.enqueue_gate(OP);
+        // The default flag orders the write after the queue's earlier copies (a memory
+        // barrier precedes it), so a reader that sees the value sees their bytes.
+        let dflt = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
+        if self.mem_ops_64 {
+            // SAFETY: as in wait_geq.
+            return check(OP, "cuStreamWriteValue64_v2", unsafe { sys::cuStreamWriteValue64_v2(self.stream, flag.0, v, dflt) });
+        }
+        // Low word first, then high word (stream.rs says why a CPU reader is safe).
+        // SAFETY: as above, on the two 4-byte halves of the flag (little-endian).
+        check(OP, "cuStreamWriteValue32_v2", unsafe { sys::cuStreamWriteValue32_v2(self.stream, flag.0, v as u32, dflt) })?;
+        // SAFETY: as above.
+        check(OP, "cuStreamWriteValue32_v2", unsafe { sys::cuStreamWriteValue32_v2(self.stream, flag.0 + 4, (v >> 32) as u32, dflt) })
+    }
+}
+
+fn check_flag(op: &'static str, flag: DevPtr) -> Result<()> {
+    if flag.is_null() || flag.0 % 8 != 0 {
+        return Err(Error::invalid_arg(op, format!("flag address {:#x} is null or not 8-byte aligned", flag.0)));
+    }
+    Ok(())
 }
 
 impl Drop for CudaCopyQueue {
