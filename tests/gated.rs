@@ -1,0 +1,521 @@
+//! Device-gated writes between processes of one host (issue 37, item 1): the same-host
+//! transport's gated path, against the proxy's handshake (`HOCCL_GATED=0`) on the same bodies.
+//!
+//! Every case runs two ranks as separate processes (this test binary re-run with
+//! `HOCCL_GATED_CHILD` set, joined through the TCP unique-id bootstrap), since ranks of one
+//! process never take the gated path:
+//! - `ops_*`: every copy-engine collective and the reductions at sizes around the gated
+//!   limit (0, 1, odd, 8 MiB - 1, 8 MiB, 8 MiB + 1 bytes or elements' worth), ten ops in
+//!   flight at once over two streams, results against references computed on the host; an
+//!   op whose receiving stream the application holds back (the bytes must not land before
+//!   that stream reached the op: work before the op on that stream writes the same buffer);
+//!   an op with gated and larger flows between the same pair. The children's op timelines
+//!   (`HOCCL_TRACE_OPS`) show which path ran: gated copies queued with `HOCCL_GATED=1`,
+//!   none with `0`.
+//! - `peer_killed_*`: the receiver (its stream held, so the sender's gated copy waits for
+//!   its ready flag) or the sender (its stream held, so the receiver waits for its landed
+//!   flag) is SIGKILLed; the survivor must fail within `HOCCL_TIMEOUT_MS` + 1 s, its stream
+//!   released, abort and drop bounded, and exit 0.
+//!
+//! The `cuda_*` tests run the same bodies on GPU 0 (two processes on one GPU; ignored
+//! without one: `cargo test --test gated -- --ignored`).
+mod common;
+use common::*;
+use hoccl::bootstrap::tcp::UniqueId;
+use hoccl::device::{pattern_byte, DevPtr, Device, StreamHandle};
+use hoccl::{Communicator, Config, DataType, RedOp};
+use std::io::{BufRead, Write};
+use std::process::{Command, Stdio};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+const N: usize = 2;
+/// The gated limit (the chunk scheduler's single-copy limit).
+const LIMIT: usize = 8 << 20;
+const TMO_MS: u64 = 2000;
+
+fn unix_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+fn say(rank: usize, ev: &str, detail: &str) {
+    let mut o = std::io::stdout().lock();
+    let _ = writeln!(o, "GATED {rank} {ev} {} {detail}", unix_ms());
+    let _ = o.flush();
+}
+
+/// A child's report in one line of its output: event, unix ms, detail.
+fn event(l: &str) -> Option<(String, u64, String)> {
+    let f: Vec<&str> = l[l.find("GATED ")?..].splitn(5, ' ').collect();
+    Some((f.get(2)?.to_string(), f.get(3)?.parse().ok()?, f.get(4).unwrap_or(&"").to_string()))
+}
+
+// ------------------------------------------------------------------ data ----------------
+
+/// Byte `i` of rank `r`'s send data in case `case`.
+fn byte(r: usize, case: u64, i: usize) -> u8 {
+    pattern_byte(case * 16 + r as u64, i as u64)
+}
+
+/// Rank `r`'s send data in case `case`, `len` bytes: bytes, or small integral f32 values
+/// (sums of them are exact) for the reductions.
+fn data(r: usize, case: u64, len: usize, f32s: bool) -> Vec<u8> {
+    if !f32s {
+        return (0..len).map(|i| byte(r, case, i)).collect();
+    }
+    (0..len / 4).flat_map(|i| ((byte(r, case, i) % 16) as f32).to_le_bytes()).collect()
+}
+
+fn sum_f32(parts: &[Vec<u8>]) -> Vec<u8> {
+    let n = parts[0].len() / 4;
+    (0..n)
+        .flat_map(|i| {
+            let s: f32 = parts.iter().map(|p| f32::from_le_bytes(p[4 * i..4 * i + 4].try_into().unwrap())).sum();
+            s.to_le_bytes()
+        })
+        .collect()
+}
+
+/// Elements rank `from` sends rank `to` in AlltoAllv with base count `c` (both sides
+/// compute them).
+fn v_count(c: usize, from: usize, to: usize) -> usize {
+    c + from + 2 * to
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Op {
+    SendRecv,
+    AllGather,
+    AllToAll,
+    AllToAllV,
+    Broadcast,
+    Gather,
+    Scatter,
+    AllReduce,
+    ReduceScatter,
+    Reduce,
+}
+
+const OPS: [Op; 10] =
+    [Op::SendRecv, Op::AllGather, Op::AllToAll, Op::AllToAllV, Op::Broadcast, Op::Gather, Op::Scatter, Op::AllReduce, Op::ReduceScatter, Op::Reduce];
+
+/// One op in flight: its buffers and what its receive buffer must hold afterwards (None: the
+/// op writes nothing there on this rank).
+struct Pending {
+    what: String,
+    send: DevPtr,
+    recv: DevPtr,
+    expect: Option<Vec<u8>>,
+}
+
+/// Enqueue `op` on `s` with `c` elements per block (`u8`, or `f32` for reductions), data of
+/// case `case`; returns the buffers and the expected result.
+fn start(comm: &Communicator, dev: &Arc<dyn Device>, op: Op, c: usize, case: u64, s: StreamHandle) -> Pending {
+    let r = comm.rank();
+    let reduction = matches!(op, Op::AllReduce | Op::ReduceScatter | Op::Reduce);
+    let (dt, es) = if reduction { (DataType::F32, 4) } else { (DataType::U8, 1) };
+    let (root_b, root_g) = (1 % N, 0);
+    let counts = |rank: usize| -> (usize, usize) {
+        match op {
+            Op::SendRecv | Op::Broadcast | Op::AllReduce | Op::Reduce => (c, c),
+            Op::AllGather | Op::Gather => (c, N * c),
+            Op::AllToAll | Op::ReduceScatter => (N * c, if op == Op::AllToAll { N * c } else { c }),
+            Op::Scatter => (N * c, c),
+            Op::AllToAllV => ((0..N).map(|j| v_count(c, rank, j)).sum(), (0..N).map(|j| v_count(c, j, rank)).sum()),
+        }
+    };
+    let (sn, rn) = counts(r);
+    let send_of = |rank: usize| data(rank, case, counts(rank).0 * es, reduction);
+    let mine = send_of(r);
+    let send = dev.alloc((sn * es).max(1)).expect("alloc");
+    let recv = dev.alloc((rn * es).max(1)).expect("alloc");
+    dev.copy_from_host(send, &mine).expect("fill send");
+    // The receive buffer starts as poison, so a missing write shows.
+    let poison: Vec<u8> = (0..rn * es).map(|i| pattern_byte(0xdead, i as u64)).collect();
+    dev.copy_from_host(recv, &poison).expect("poison recv");
+    let block = |rank: usize, j: usize| send_of(rank)[j * c * es..(j + 1) * c * es].to_vec();
+    let expect = match op {
+        Op::SendRecv => Some(send_of((r + N - 1) % N)),
+        Op::AllGather => Some((0..N).flat_map(send_of).collect()),
+        Op::AllToAll => Some((0..N).flat_map(|j| block(j, r)).collect()),
+        Op::AllToAllV => Some(
+            (0..N)
+                .flat_map(|j| {
+                    let off: usize = (0..r).map(|t| v_count(c, j, t)).sum();
+                    send_of(j)[off..off + v_count(c, j, r)].to_vec()
+                })
+                .collect(),
+        ),
+        Op::Broadcast => Some(send_of(root_b)),
+        Op::Gather => (r == root_g).then(|| (0..N).flat_map(send_of).collect()),
+        Op::Scatter => Some(block(root_b, r)),
+        Op::AllReduce => Some(sum_f32(&(0..N).map(send_of).collect::<Vec<_>>())),
+        Op::ReduceScatter => Some(sum_f32(&(0..N).map(|j| block(j, r)).collect::<Vec<_>>())),
+        Op::Reduce => (r == root_g).then(|| sum_f32(&(0..N).map(send_of).collect::<Vec<_>>())),
+    };
+    let res = match op {
+        Op::SendRecv => comm.group(|g| {
+            g.send(send, c, dt, (r + 1) % N, s)?;
+            g.recv(recv, c, dt, (r + N - 1) % N, s)
+        }),
+        Op::AllGather => comm.all_gather(send, recv, c, dt, s),
+        Op::AllToAll => comm.all_to_all(send, recv, c, dt, s),
+        Op::AllToAllV => {
+            let sc: Vec<usize> = (0..N).map(|j| v_count(c, r, j)).collect();
+            let rc: Vec<usize> = (0..N).map(|j| v_count(c, j, r)).collect();
+            let disp = |v: &[usize]| v.iter().scan(0, |a, n| Some(std::mem::replace(a, *a + n))).collect::<Vec<_>>();
+            comm.all_to_allv(send, &sc, &disp(&sc), recv, &rc, &disp(&rc), dt, s)
+        }
+        Op::Broadcast => comm.broadcast(send, recv, c, dt, root_b, s),
+        Op::Gather => comm.gather(send, recv, c, dt, root_g, s),
+        Op::Scatter => comm.scatter(send, recv, c, dt, root_b, s),
+        Op::AllReduce => comm.all_reduce(send, recv, c, dt, RedOp::Sum, s),
+        Op::ReduceScatter => comm.reduce_scatter(send, recv, c, dt, RedOp::Sum, s),
+        Op::Reduce => comm.reduce(send, recv, c, dt, RedOp::Sum, root_g, s),
+    };
+    let what = format!("{op:?} count {c} ({} B per block)", c * es);
+    res.unwrap_or_else(|e| panic!("rank {r}: {what}: {e}"));
+    Pending { what, send, recv, expect }
+}
+
+/// Check and free one finished op.
+fn check(dev: &Arc<dyn Device>, r: usize, p: Pending) {
+    if let Some(want) = &p.expect {
+        let mut got = vec![0u8; want.len()];
+        dev.copy_to_host(&mut got, p.recv).expect("read recv");
+        let bad = got.iter().zip(want).filter(|(a, b)| a != b).count();
+        assert_eq!(bad, 0, "rank {r}: {}: {bad} of {} bytes wrong", p.what, want.len());
+    }
+    dev.free(p.send).expect("free");
+    dev.free(p.recv).expect("free");
+}
+
+// ------------------------------------------------------------------ children ------------
+
+fn child_backend() -> Backend {
+    match std::env::var("HOCCL_GATED_BACKEND").as_deref() {
+        Ok("cuda") => Backend::Cuda,
+        _ => Backend::Host,
+    }
+}
+
+/// A child rank: `HOCCL_GATED_CHILD` = `<hex id> <rank> <case> [victim]`.
+#[test]
+fn child_rank() {
+    let Ok(v) = std::env::var("HOCCL_GATED_CHILD") else { return };
+    let w: Vec<&str> = v.split_whitespace().collect();
+    let id = UniqueId::from_hex(w[0]).expect("id");
+    let rank: usize = w[1].parse().unwrap();
+    let dev = open_device(child_backend(), 0);
+    let cfg = Config::from_env().expect("HOCCL_* settings");
+    let comm = Communicator::from_unique_id_on(&id, N, rank, Some(dev.clone()), cfg).expect("communicator");
+    match w[2] {
+        "ops" => ops_body(&comm, &dev),
+        "death" => death_body(&comm, &dev, w[3].parse().unwrap()),
+        other => panic!("unknown case {other}"),
+    }
+}
+
+/// Ten ops in flight over two streams per size, then the held-back stream, then gated and
+/// large flows in one op.
+fn ops_body(comm: &Communicator, dev: &Arc<dyn Device>) {
+    let r = comm.rank();
+    let streams = [new_stream(dev), new_stream(dev)];
+    let mut case = 0u64;
+    for bytes in [0, 1, 1001, LIMIT - 1, LIMIT, LIMIT + 1] {
+        let mut pending = Vec::new();
+        for (i, op) in OPS.iter().enumerate() {
+            let reduction = matches!(op, Op::AllReduce | Op::ReduceScatter | Op::Reduce);
+            // Per block: `bytes` bytes, or as many f32 as fit (at least one when bytes > 0).
+            let c = if reduction { bytes.div_ceil(4) } else { bytes };
+            case += 1;
+            pending.push(start(comm, dev, *op, c, case, streams[i % 2]));
+        }
+        for s in streams {
+            sync(dev, s);
+        }
+        comm.wait_idle().expect("wait_idle");
+        for p in pending {
+            check(dev, r, p);
+        }
+        comm.bootstrap().barrier().expect("barrier");
+    }
+    held_back(comm, dev, streams[0]);
+    mixed(comm, dev, streams[1]);
+    say(r, "done", "");
+}
+
+/// Rank 1 holds its stream back (a flag the application raises) in front of work that
+/// writes the receive buffer and then the receive: the bytes must land after that work,
+/// and rank 0's stream must not pass the send before they land.
+fn held_back(comm: &Communicator, dev: &Arc<dyn Device>, s: StreamHandle) {
+    let r = comm.rank();
+    for len in [4096usize, 1 << 20] {
+        let peer = 1 - r;
+        let buf = dev.alloc(len).unwrap();
+        let want = data(0, 900 + len as u64, len, false);
+        let gate = dev.alloc_flags(1).expect("flag");
+        let early = dev.alloc(len).unwrap();
+        if r == 0 {
+            dev.copy_from_host(buf, &want).unwrap();
+            comm.send(buf, len, DataType::U8, peer, s).expect("send");
+        } else {
+            dev.copy_from_host(early, &vec![0x5a; len]).unwrap();
+            dev.wait_value_geq(s, gate.dev_addr(0), 1).unwrap();
+            dev.memcpy_async(s, buf, early, len).unwrap();
+            comm.recv(buf, len, DataType::U8, peer, s).expect("recv");
+        }
+        comm.bootstrap().barrier().unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        if r == 0 {
+            assert!(!dev.stream_query(s).unwrap(), "the send's stream passed the op before the receiver's stream reached it");
+        }
+        comm.bootstrap().barrier().unwrap();
+        if r == 1 {
+            gate.store(0, 1);
+        }
+        sync(dev, s);
+        comm.wait_idle().expect("wait_idle");
+        if r == 1 {
+            let mut got = vec![0u8; len];
+            dev.copy_to_host(&mut got, buf).unwrap();
+            let bad = got.iter().zip(&want).filter(|(a, b)| a != b).count();
+            assert_eq!(bad, 0, "held-back receive of {len} B: {bad} bytes wrong (landed before the stream reached the op?)");
+        }
+        comm.bootstrap().barrier().unwrap();
+        dev.free(buf).unwrap();
+        dev.free(early).unwrap();
+    }
+}
+
+/// One op with two flows each way between the pair: one gated, one above the limit.
+fn mixed(comm: &Communicator, dev: &Arc<dyn Device>, s: StreamHandle) {
+    let (r, peer) = (comm.rank(), 1 - comm.rank());
+    let lens = [4096usize, LIMIT + 4096];
+    let bufs: Vec<(DevPtr, DevPtr, Vec<u8>)> = lens
+        .iter()
+        .enumerate()
+        .map(|(k, &len)| {
+            let (sb, rb) = (dev.alloc(len).unwrap(), dev.alloc(len).unwrap());
+            dev.copy_from_host(sb, &data(r, 700 + k as u64, len, false)).unwrap();
+            (sb, rb, data(peer, 700 + k as u64, len, false))
+        })
+        .collect();
+    comm.group(|g| {
+        for (&len, (sb, rb, _)) in lens.iter().zip(&bufs) {
+            g.send(*sb, len, DataType::U8, peer, s)?;
+            g.recv(*rb, len, DataType::U8, peer, s)?;
+        }
+        Ok(())
+    })
+    .expect("mixed group");
+    sync(dev, s);
+    comm.wait_idle().expect("wait_idle");
+    for (&len, (sb, rb, want)) in lens.iter().zip(&bufs) {
+        let mut got = vec![0u8; len];
+        dev.copy_to_host(&mut got, *rb).unwrap();
+        assert!(got == *want, "rank {r}: mixed op, the {len}-byte flow landed wrong");
+        dev.free(*sb).unwrap();
+        dev.free(*rb).unwrap();
+    }
+}
+
+/// The victim holds its stream (for ever) in front of its side of a sendrecv with the
+/// other rank and waits for its SIGKILL; the survivor's op must fail.
+fn death_body(comm: &Communicator, dev: &Arc<dyn Device>, victim: usize) {
+    let r = comm.rank();
+    let s = new_stream(dev);
+    let len = 64 << 10;
+    let (sb, rb) = (dev.alloc(len).unwrap(), dev.alloc(len).unwrap());
+    let gate = dev.alloc_flags(1).expect("flag");
+    if r == victim {
+        dev.wait_value_geq(s, gate.dev_addr(0), 1).unwrap();
+    }
+    // Rank 0 sends, rank 1 receives: a held receiver leaves the sender's gated copy waiting
+    // for its ready flag, a held sender leaves the receiver waiting for its landed flag.
+    let res = if r == 0 { comm.send(sb, len, DataType::U8, 1, s) } else { comm.recv(rb, len, DataType::U8, 0, s) };
+    res.expect("enqueue");
+    if r == victim {
+        say(r, "point", "");
+        loop {
+            std::thread::sleep(Duration::from_secs(60));
+        }
+    }
+    sync(dev, s);
+    let err = comm.wait_idle().expect_err("the op must fail once its peer is gone");
+    say(r, "error", &format!("{:?}: {err}", err.code()));
+    let t = Instant::now();
+    comm.abort();
+    let t_abort = t.elapsed();
+    assert!(t_abort < Duration::from_millis(1500), "abort took {t_abort:?}");
+    sync(dev, s);
+    say(r, "done", &format!("abort {} ms", t_abort.as_millis()));
+    std::mem::forget(gate);
+}
+
+// ------------------------------------------------------------------ parent --------------
+
+/// Run the two children of `case` (`victim` killed once it reports its point); returns each
+/// child's stdout events and stderr, after checking that every child not killed exits 0
+/// within `limit`.
+fn run_children(backend: Backend, case: &str, gated: &str, victim: Option<usize>, limit: Duration) -> (Vec<Vec<(String, u64, String)>>, Vec<String>, Option<u64>) {
+    let id = Communicator::unique_id(&test_config()).expect("unique id");
+    let exe = std::env::current_exe().expect("test binary");
+    let (tx, rx) = mpsc::channel::<(usize, String)>();
+    let mut errs = Vec::new();
+    let mut kids: Vec<Option<std::process::Child>> = (0..N)
+        .map(|r| {
+            let mut k = Command::new(&exe)
+                .args(["--exact", "child_rank", "--nocapture", "--test-threads=1"])
+                .env("HOCCL_GATED_CHILD", format!("{} {r} {case} {}", id.to_hex(), victim.map_or(9, |v| v)))
+                .env("HOCCL_GATED_BACKEND", if backend == Backend::Cuda { "cuda" } else { "host" })
+                .env("HOCCL_GATED", gated)
+                .env("HOCCL_TIMEOUT_MS", TMO_MS.to_string())
+                .env("HOCCL_TRACE_OPS", "1-1000")
+                .env("HOCCL_LOG", "hoccl::engine::proxy=info")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn child rank");
+            let out = k.stdout.take().unwrap();
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for l in std::io::BufReader::new(out).lines().map_while(|l| l.ok()) {
+                    let _ = tx.send((r, l));
+                }
+            });
+            let mut err = k.stderr.take().unwrap();
+            errs.push(std::thread::spawn(move || {
+                let mut s = String::new();
+                let _ = std::io::Read::read_to_string(&mut err, &mut s);
+                s
+            }));
+            Some(k)
+        })
+        .collect();
+    drop(tx);
+    let t0 = Instant::now();
+    let mut lines: Vec<(usize, String)> = Vec::new();
+    let mut status = vec![None; N];
+    let mut kill_ms = None;
+    while (0..N).any(|r| Some(r) != victim && status[r].is_none()) && t0.elapsed() < limit {
+        if let Ok(l) = rx.recv_timeout(Duration::from_millis(10)) {
+            lines.push(l);
+        }
+        if let Some(v) = victim.filter(|_| kill_ms.is_none()) {
+            if lines.iter().any(|(r, l)| *r == v && event(l).is_some_and(|e| e.0 == "point")) {
+                // Let the survivor's op reach its wait first.
+                std::thread::sleep(Duration::from_millis(100));
+                let mut k = kids[v].take().unwrap();
+                k.kill().expect("SIGKILL the victim");
+                kill_ms = Some(unix_ms());
+                status[v] = Some(k.wait().expect("reap the victim"));
+            }
+        }
+        for r in 0..N {
+            if status[r].is_none() {
+                if let Some(k) = kids[r].as_mut() {
+                    status[r] = k.try_wait().expect("try_wait");
+                }
+            }
+        }
+    }
+    for k in kids.iter_mut().flatten() {
+        let _ = k.kill();
+        let _ = k.wait();
+    }
+    lines.extend(rx.try_iter());
+    let stderr: Vec<String> = errs.into_iter().map(|h| h.join().unwrap_or_default()).collect();
+    let dump = || {
+        let mut s = String::new();
+        for (r, l) in &lines {
+            s += &format!("[{r}] {l}\n");
+        }
+        for (r, e) in stderr.iter().enumerate() {
+            s += &format!("--- rank {r} stderr (last 4000 bytes):\n{}\n", &e[e.len().saturating_sub(4000)..]);
+        }
+        s
+    };
+    for r in (0..N).filter(|r| Some(*r) != victim) {
+        let st = status[r].unwrap_or_else(|| panic!("{case} HOCCL_GATED={gated}: rank {r} still running after {limit:?}\n{}", dump()));
+        assert!(st.success(), "{case} HOCCL_GATED={gated}: rank {r} exited with {st}\n{}", dump());
+        assert!(lines.iter().any(|(q, l)| *q == r && event(l).is_some_and(|e| e.0 == "done")), "rank {r} did not finish\n{}", dump());
+    }
+    let events = (0..N).map(|r| lines.iter().filter(|(q, _)| *q == r).filter_map(|(_, l)| event(l)).collect()).collect();
+    (events, stderr, kill_ms)
+}
+
+/// Op timelines that show gated copies queued (sender) and those that show none.
+fn traced(stderr: &[String]) -> (usize, usize) {
+    let lines: Vec<&str> = stderr.iter().flat_map(|e| e.lines()).filter(|l| l.contains("hoccl trace:")).collect();
+    // A step the op did not have reads "gated_queued -,"; one it had, a signed time.
+    let gated = lines.iter().filter(|l| l.split("gated_queued ").nth(1).is_some_and(|t| !t.starts_with("-,"))).count();
+    (gated, lines.len() - gated)
+}
+
+fn ops(backend: Backend, gated: &str) {
+    let (_, stderr, _) = run_children(backend, "ops", gated, None, Duration::from_secs(240));
+    let (g, plain) = traced(&stderr);
+    eprintln!("HOCCL_GATED={gated}: {g} op timelines with gated copies, {plain} without");
+    if gated == "0" {
+        assert_eq!(g, 0, "HOCCL_GATED=0 queued gated copies");
+        assert!(plain > 0, "no op timeline was logged");
+    } else {
+        assert!(g > 0, "HOCCL_GATED={gated}: no op queued gated copies");
+    }
+}
+
+fn peer_killed(backend: Backend, victim: usize) {
+    let (events, stderr, kill_ms) = run_children(backend, "death", "1", Some(victim), Duration::from_secs(60));
+    let survivor = 1 - victim;
+    let kill_ms = kill_ms.expect("the victim reached its point");
+    let (_, t, what) = events[survivor].iter().find(|e| e.0 == "error").cloned().unwrap_or_else(|| panic!("no error on rank {survivor}: {}", stderr[survivor]));
+    let after = t as i64 - kill_ms as i64;
+    eprintln!("peer killed: victim {victim}, rank {survivor} failed {after} ms after the kill: {what}");
+    assert!(after <= (TMO_MS + 1000) as i64, "rank {survivor} saw its error {after} ms after the kill: {what}");
+    assert!(what.starts_with("Remote") || what.starts_with("Timeout"), "{what}");
+}
+
+#[test]
+fn ops_gated() {
+    ops(Backend::Host, "1");
+}
+
+#[test]
+fn ops_handshake() {
+    ops(Backend::Host, "0");
+}
+
+#[test]
+fn peer_killed_receiver() {
+    peer_killed(Backend::Host, 1);
+}
+
+#[test]
+fn peer_killed_sender() {
+    peer_killed(Backend::Host, 0);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn cuda_ops_gated() {
+    ops(Backend::Cuda, "1");
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn cuda_ops_handshake() {
+    ops(Backend::Cuda, "0");
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn cuda_peer_killed_receiver() {
+    peer_killed(Backend::Cuda, 1);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn cuda_peer_killed_sender() {
+    peer_killed(Backend::Cuda, 0);
+}
