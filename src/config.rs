@@ -127,8 +127,9 @@ pub struct Config {
     pub gated: Option<bool>,
     /// `HOCCL_TRACE_OPS` = `A-B` (or `N`, meaning `1-N`): the proxy logs, at info level, the
     /// timeline of ops A..=B of each communicator (call order, from 1): when it saw the op
-    /// submitted, its stream reach it, its buffer-ready sent and received, its writes handed
-    /// to the transport and done, its data-landed received, and its stream released, in
+    /// submitted, its stream reach it, its buffer-ready sent and received, its gated
+    /// announcement received, copies queued and landing flag seen, its writes handed to the
+    /// transport and done, its data-landed received, and its stream released, in
     /// CLOCK_MONOTONIC nanoseconds (comparable between the processes of one host).
     pub trace_ops: Option<(u64, u64)>,
     /// `HOCCL_REDUCE_CTAS`: CTAs of a CopyReduce kernel launch (`CudaDevice::reduce_kernel_async`);
