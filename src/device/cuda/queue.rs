@@ -12,9 +12,10 @@
 //! same-host transport's gated queues wait there for both streams' flags and write the
 //! receiver's landing flag behind the copies.
 use super::driver::{check, error_name};
+use super::stream::{check_flag, enqueue_wait_geq, enqueue_write};
 use super::Context;
 use crate::device::{CopyQueue, DevPtr};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use cudarc::driver::sys;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -123,41 +124,18 @@ impl CopyQueue for CudaCopyQueue {
         check_flag(OP, flag)?;
         let _g = self.ctx.enter(OP)?;
         let _gate = self.ctx.enqueue_gate(OP);
-        let geq = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
-        if self.mem_ops_64 {
-            // SAFETY: flag is an 8-byte-aligned device-visible address (checked above; the
-            // driver validates it); the stream is ours.
-            return check(OP, "cuStreamWaitValue64_v2", unsafe { sys::cuStreamWaitValue64_v2(self.stream, flag.0, v, geq) });
-        }
-        // SAFETY: as above, on the low half of the flag (the cyclic 32-bit rule of stream.rs).
-        check(OP, "cuStreamWaitValue32_v2", unsafe { sys::cuStreamWaitValue32_v2(self.stream, flag.0, v as u32, geq) })
+        enqueue_wait_geq(OP, self.stream, flag, v, self.mem_ops_64)
     }
 
+    /// The default write flag puts a memory barrier before the write, so a reader that sees
+    /// the value sees the bytes of the queue's earlier copies.
     fn write_value(&mut self, flag: DevPtr, v: u64) -> Result<()> {
         const OP: &str = "CopyQueue::write_value";
         check_flag(OP, flag)?;
         let _g = self.ctx.enter(OP)?;
         let _gate = self.ctx.enqueue_gate(OP);
-        // The default flag orders the write after the queue's earlier copies (a memory
-        // barrier precedes it), so a reader that sees the value sees their bytes.
-        let dflt = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
-        if self.mem_ops_64 {
-            // SAFETY: as in wait_geq.
-            return check(OP, "cuStreamWriteValue64_v2", unsafe { sys::cuStreamWriteValue64_v2(self.stream, flag.0, v, dflt) });
-        }
-        // Low word first, then high word (stream.rs says why a CPU reader is safe).
-        // SAFETY: as above, on the two 4-byte halves of the flag (little-endian).
-        check(OP, "cuStreamWriteValue32_v2", unsafe { sys::cuStreamWriteValue32_v2(self.stream, flag.0, v as u32, dflt) })?;
-        // SAFETY: as above.
-        check(OP, "cuStreamWriteValue32_v2", unsafe { sys::cuStreamWriteValue32_v2(self.stream, flag.0 + 4, (v >> 32) as u32, dflt) })
+        enqueue_write(OP, self.stream, flag, v, self.mem_ops_64)
     }
-}
-
-fn check_flag(op: &'static str, flag: DevPtr) -> Result<()> {
-    if flag.is_null() || flag.0 % 8 != 0 {
-        return Err(Error::invalid_arg(op, format!("flag address {:#x} is null or not 8-byte aligned", flag.0)));
-    }
-    Ok(())
 }
 
 impl Drop for CudaCopyQueue {
