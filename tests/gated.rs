@@ -24,19 +24,16 @@ use common::*;
 use hoccl::bootstrap::tcp::UniqueId;
 use hoccl::device::{pattern_byte, DevPtr, Device, StreamHandle};
 use hoccl::{Communicator, Config, DataType, RedOp};
-use std::io::{BufRead, Write};
-use std::process::{Command, Stdio};
-use std::sync::{mpsc, Arc};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use common::children::{self, unix_ms};
+use common::ops::{Op, OPS};
+use std::io::Write;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 const N: usize = 2;
 /// The gated limit (the chunk scheduler's single-copy limit).
 const LIMIT: usize = 8 << 20;
 const TMO_MS: u64 = 2000;
-
-fn unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
 
 fn say(rank: usize, ev: &str, detail: &str) {
     let mut o = std::io::stdout().lock();
@@ -81,23 +78,6 @@ fn sum_f32(parts: &[Vec<u8>]) -> Vec<u8> {
 fn v_count(c: usize, from: usize, to: usize) -> usize {
     c + from + 2 * to
 }
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Op {
-    SendRecv,
-    AllGather,
-    AllToAll,
-    AllToAllV,
-    Broadcast,
-    Gather,
-    Scatter,
-    AllReduce,
-    ReduceScatter,
-    Reduce,
-}
-
-const OPS: [Op; 10] =
-    [Op::SendRecv, Op::AllGather, Op::AllToAll, Op::AllToAllV, Op::Broadcast, Op::Gather, Op::Scatter, Op::AllReduce, Op::ReduceScatter, Op::Reduce];
 
 /// One op in flight: its buffers and what its receive buffer must hold afterwards (None: the
 /// op writes nothing there on this rank).
@@ -356,93 +336,32 @@ fn death_body(comm: &Communicator, dev: &Arc<dyn Device>, victim: usize) {
 // ------------------------------------------------------------------ parent --------------
 
 /// Run the two children of `case` (`victim` killed once it reports its point); returns each
-/// child's stdout events and stderr, after checking that every child not killed exits 0
-/// within `limit`.
+/// child's events and stderr and when the victim was killed, after checking that every
+/// child not killed finished and exited 0 within `limit`.
 fn run_children(backend: Backend, case: &str, gated: &str, victim: Option<usize>, limit: Duration) -> (Vec<Vec<(String, u64, String)>>, Vec<String>, Option<u64>) {
     let id = Communicator::unique_id(&test_config()).expect("unique id");
-    let exe = std::env::current_exe().expect("test binary");
-    let (tx, rx) = mpsc::channel::<(usize, String)>();
-    let mut errs = Vec::new();
-    let mut kids: Vec<Option<std::process::Child>> = (0..N)
-        .map(|r| {
-            let mut k = Command::new(&exe)
-                .args(["--exact", "child_rank", "--nocapture", "--test-threads=1"])
-                .env("HOCCL_GATED_CHILD", format!("{} {r} {case} {}", id.to_hex(), victim.map_or(9, |v| v)))
-                .env("HOCCL_GATED_BACKEND", if backend == Backend::Cuda { "cuda" } else { "host" })
-                .env("HOCCL_GATED", gated)
-                .env("HOCCL_TIMEOUT_MS", TMO_MS.to_string())
-                .env("HOCCL_TRACE_OPS", "1-1000")
-                .env("HOCCL_LOG", "hoccl::engine::proxy=info")
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("spawn child rank");
-            let out = k.stdout.take().unwrap();
-            let tx = tx.clone();
-            std::thread::spawn(move || {
-                for l in std::io::BufReader::new(out).lines().map_while(|l| l.ok()) {
-                    let _ = tx.send((r, l));
-                }
-            });
-            let mut err = k.stderr.take().unwrap();
-            errs.push(std::thread::spawn(move || {
-                let mut s = String::new();
-                let _ = std::io::Read::read_to_string(&mut err, &mut s);
-                s
-            }));
-            Some(k)
-        })
-        .collect();
-    drop(tx);
-    let t0 = Instant::now();
-    let mut lines: Vec<(usize, String)> = Vec::new();
-    let mut status = vec![None; N];
-    let mut kill_ms = None;
-    while (0..N).any(|r| Some(r) != victim && status[r].is_none()) && t0.elapsed() < limit {
-        if let Ok(l) = rx.recv_timeout(Duration::from_millis(10)) {
-            lines.push(l);
-        }
-        if let Some(v) = victim.filter(|_| kill_ms.is_none()) {
-            if lines.iter().any(|(r, l)| *r == v && event(l).is_some_and(|e| e.0 == "point")) {
-                // Let the survivor's op reach its wait first.
-                std::thread::sleep(Duration::from_millis(100));
-                let mut k = kids[v].take().unwrap();
-                k.kill().expect("SIGKILL the victim");
-                kill_ms = Some(unix_ms());
-                status[v] = Some(k.wait().expect("reap the victim"));
-            }
-        }
-        for r in 0..N {
-            if status[r].is_none() {
-                if let Some(k) = kids[r].as_mut() {
-                    status[r] = k.try_wait().expect("try_wait");
-                }
-            }
-        }
-    }
-    for k in kids.iter_mut().flatten() {
-        let _ = k.kill();
-        let _ = k.wait();
-    }
-    lines.extend(rx.try_iter());
-    let stderr: Vec<String> = errs.into_iter().map(|h| h.join().unwrap_or_default()).collect();
-    let dump = || {
-        let mut s = String::new();
-        for (r, l) in &lines {
-            s += &format!("[{r}] {l}\n");
-        }
-        for (r, e) in stderr.iter().enumerate() {
-            s += &format!("--- rank {r} stderr (last 4000 bytes):\n{}\n", &e[e.len().saturating_sub(4000)..]);
-        }
-        s
+    let env = |r: usize| {
+        [
+            ("HOCCL_GATED_CHILD", format!("{} {r} {case} {}", id.to_hex(), victim.map_or(9, |v| v))),
+            ("HOCCL_GATED_BACKEND", if backend == Backend::Cuda { "cuda" } else { "host" }.to_string()),
+            ("HOCCL_GATED", gated.to_string()),
+            ("HOCCL_TIMEOUT_MS", TMO_MS.to_string()),
+            ("HOCCL_TRACE_OPS", "1-1000".to_string()),
+            ("HOCCL_LOG", "hoccl::engine::proxy=info".to_string()),
+        ]
+        .map(|(k, v)| (k.to_string(), v))
+        .to_vec()
     };
+    // Let the survivor's op reach its wait before the kill.
+    let kill = victim.map(|v| (v, Duration::from_millis(100)));
+    let run = children::run("child_rank", N, env, kill, |l| event(l).is_some_and(|e| e.0 == "point"), limit);
     for r in (0..N).filter(|r| Some(*r) != victim) {
-        let st = status[r].unwrap_or_else(|| panic!("{case} HOCCL_GATED={gated}: rank {r} still running after {limit:?}\n{}", dump()));
-        assert!(st.success(), "{case} HOCCL_GATED={gated}: rank {r} exited with {st}\n{}", dump());
-        assert!(lines.iter().any(|(q, l)| *q == r && event(l).is_some_and(|e| e.0 == "done")), "rank {r} did not finish\n{}", dump());
+        let st = run.status[r].unwrap_or_else(|| panic!("{case} HOCCL_GATED={gated}: rank {r} still running after {limit:?}\n{}", run.dump()));
+        assert!(st.success(), "{case} HOCCL_GATED={gated}: rank {r} exited with {st}\n{}", run.dump());
+        assert!(run.lines.iter().any(|(q, l)| *q == r && event(l).is_some_and(|e| e.0 == "done")), "rank {r} did not finish\n{}", run.dump());
     }
-    let events = (0..N).map(|r| lines.iter().filter(|(q, _)| *q == r).filter_map(|(_, l)| event(l)).collect()).collect();
-    (events, stderr, kill_ms)
+    let events = (0..N).map(|r| run.lines.iter().filter(|(q, _)| *q == r).filter_map(|(_, l)| event(l)).collect()).collect();
+    (events, run.stderr, run.kill_ms)
 }
 
 /// Op timelines that show gated copies queued (sender) and those that show none.
