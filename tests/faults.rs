@@ -16,13 +16,12 @@
 //!
 //! Every case prints its time to error (`eprintln`, `--nocapture` shows it).
 mod common;
-use common::children::{self, unix_ms};
+use common::children;
 use common::*;
 use common::ops::{Op, OPS};
 use hoccl::bootstrap::tcp::UniqueId;
 use hoccl::device::{pattern_byte, DevPtr, StreamHandle};
 use hoccl::{Communicator, Config, DataType, ErrorCode, RedOp};
-use std::io::Write;
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -119,18 +118,12 @@ fn bf16_data(n: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
-/// One line to the parent on stdout: `FAULTS <rank> <event> <unix ms> <detail>`.
 fn say(rank: usize, ev: &str, detail: &str) {
-    let mut o = std::io::stdout().lock();
-    let _ = writeln!(o, "FAULTS {rank} {ev} {} {detail}", unix_ms());
-    let _ = o.flush();
+    children::say("FAULTS", rank, ev, detail)
 }
 
-/// A child's report in one line of its output (the test harness may print before it on
-/// the same line): event, unix ms, detail.
 fn event(l: &str) -> Option<(String, u64, String)> {
-    let f: Vec<&str> = l[l.find("FAULTS ")?..].splitn(5, ' ').collect();
-    Some((f.get(2)?.to_string(), f.get(3)?.parse().ok()?, f.get(4).unwrap_or(&"").to_string()))
+    children::event("FAULTS", l)
 }
 
 /// The victim waits here for its SIGKILL.

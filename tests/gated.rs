@@ -24,9 +24,8 @@ use common::*;
 use hoccl::bootstrap::tcp::UniqueId;
 use hoccl::device::{pattern_byte, DevPtr, Device, StreamHandle};
 use hoccl::{Communicator, Config, DataType, RedOp};
-use common::children::{self, unix_ms};
+use common::children;
 use common::ops::{Op, OPS};
-use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -36,15 +35,11 @@ const LIMIT: usize = 8 << 20;
 const TMO_MS: u64 = 2000;
 
 fn say(rank: usize, ev: &str, detail: &str) {
-    let mut o = std::io::stdout().lock();
-    let _ = writeln!(o, "GATED {rank} {ev} {} {detail}", unix_ms());
-    let _ = o.flush();
+    children::say("GATED", rank, ev, detail)
 }
 
-/// A child's report in one line of its output: event, unix ms, detail.
 fn event(l: &str) -> Option<(String, u64, String)> {
-    let f: Vec<&str> = l[l.find("GATED ")?..].splitn(5, ' ').collect();
-    Some((f.get(2)?.to_string(), f.get(3)?.parse().ok()?, f.get(4).unwrap_or(&"").to_string()))
+    children::event("GATED", l)
 }
 
 // ------------------------------------------------------------------ data ----------------

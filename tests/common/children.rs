@@ -2,13 +2,27 @@
 //! NAME`) and the child's instructions in its environment. The parent collects every
 //! child's stdout lines as they come (the children report events there) and its stderr,
 //! may SIGKILL one child once it reports reaching a point, and waits for the others.
-use std::io::BufRead;
+use std::io::{BufRead, Write};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub fn unix_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A child's one line to the parent on stdout: `<tag> <rank> <event> <unix ms> <detail>`.
+pub fn say(tag: &str, rank: usize, ev: &str, detail: &str) {
+    let mut o = std::io::stdout().lock();
+    let _ = writeln!(o, "{tag} {rank} {ev} {} {detail}", unix_ms());
+    let _ = o.flush();
+}
+
+/// The report `say(tag, ..)` put in line `l` (the test harness may print before it on the
+/// same line): event, unix ms, detail.
+pub fn event(tag: &str, l: &str) -> Option<(String, u64, String)> {
+    let f: Vec<&str> = l[l.find(&format!("{tag} "))?..].splitn(5, ' ').collect();
+    Some((f.get(2)?.to_string(), f.get(3)?.parse().ok()?, f.get(4).unwrap_or(&"").to_string()))
 }
 
 /// What the parent saw of the children.
