@@ -17,6 +17,10 @@
 //!   flag) is SIGKILLed; the survivor must fail within `HOCCL_TIMEOUT_MS` + 1 s, its stream
 //!   released, abort and drop bounded, and exit 0.
 //!
+//! - `queue_*`: the device pieces alone: a copy queue's flag wait holds its copy back until
+//!   the CPU raises the flag in host memory registered by `map_host`, and its flag write
+//!   lands there after the copy.
+//!
 //! The `cuda_*` tests run the same bodies on GPU 0 (two processes on one GPU; ignored
 //! without one: `cargo test --test gated -- --ignored`).
 mod common;
@@ -388,6 +392,58 @@ fn peer_killed(backend: Backend, victim: usize) {
     eprintln!("peer killed: victim {victim}, rank {survivor} failed {after} ms after the kill: {what}");
     assert!(after <= (TMO_MS + 1000) as i64, "rank {survivor} saw its error {after} ms after the kill: {what}");
     assert!(what.starts_with("Remote") || what.starts_with("Timeout"), "{what}");
+}
+
+/// A copy queue waits for a flag in registered host memory before its copy and writes
+/// another there after it; unregistering afterwards succeeds, twice does not.
+fn queue_waits_and_writes(backend: Backend) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let dev = open_device(backend, 0);
+    // Host memory of this process, as a mailbox's flag area is: 64 words, 8-aligned.
+    let words: Box<[AtomicU64]> = (0..64).map(|_| AtomicU64::new(0)).collect();
+    let page = words.as_ptr() as *mut u8;
+    let flags = dev.map_host(page, 64 * 8).expect("map_host");
+    let (go, done) = (&words[0], &words[8]);
+    let len = 1 << 20;
+    let (src, dst) = (dev.alloc(len).unwrap(), dev.alloc(len).unwrap());
+    let want = data(0, 77, len, false);
+    dev.copy_from_host(src, &want).unwrap();
+    dev.copy_from_host(dst, &vec![0u8; len]).unwrap();
+    let mut q = dev.create_copy_queue().unwrap();
+    q.wait_geq(flags, 5).unwrap();
+    q.copy(dst, src, len).unwrap();
+    q.write_value(flags.add(64), 9).unwrap();
+    go.store(4, Ordering::Release);
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(done.load(Ordering::Acquire), 0, "the queue passed a wait for 5 on a flag holding 4");
+    let mut got = vec![0u8; len];
+    dev.copy_to_host(&mut got, dst).unwrap();
+    assert!(got.iter().all(|b| *b == 0), "the copy ran before its wait passed");
+    go.store(5, Ordering::Release);
+    let t0 = Instant::now();
+    while done.load(Ordering::Acquire) != 9 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the flag write never landed");
+        std::thread::yield_now();
+    }
+    dev.copy_to_host(&mut got, dst).unwrap();
+    assert!(got == want, "the copy's bytes are not all there when its flag write is");
+    drop(q);
+    dev.unmap_host(page).expect("unmap_host");
+    assert!(dev.unmap_host(page).is_err(), "a second unmap_host must fail");
+    assert!(dev.map_host(std::ptr::null_mut(), 8).is_err() && dev.map_host(page, 0).is_err(), "bad ranges are errors");
+    dev.free(src).unwrap();
+    dev.free(dst).unwrap();
+}
+
+#[test]
+fn queue_host() {
+    queue_waits_and_writes(Backend::Host);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn cuda_queue() {
+    queue_waits_and_writes(Backend::Cuda);
 }
 
 #[test]
