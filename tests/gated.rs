@@ -42,7 +42,7 @@ fn say(rank: usize, ev: &str, detail: &str) {
     children::say("GATED", rank, ev, detail)
 }
 
-fn event(l: &str) -> Option<(String, u64, String)> {
+fn event(l: &str) -> Option<Event> {
     children::event("GATED", l)
 }
 
@@ -334,10 +334,13 @@ fn death_body(comm: &Communicator, dev: &Arc<dyn Device>, victim: usize) {
 
 // ------------------------------------------------------------------ parent --------------
 
+/// A child's report: event, unix ms, detail.
+type Event = (String, u64, String);
+
 /// Run the two children of `case` (`victim` killed once it reports its point); returns each
 /// child's events and stderr and when the victim was killed, after checking that every
 /// child not killed finished and exited 0 within `limit`.
-fn run_children(backend: Backend, case: &str, gated: &str, victim: Option<usize>, limit: Duration) -> (Vec<Vec<(String, u64, String)>>, Vec<String>, Option<u64>) {
+fn run_children(backend: Backend, case: &str, gated: &str, victim: Option<usize>, limit: Duration) -> (Vec<Vec<Event>>, Vec<String>, Option<u64>) {
     let id = Communicator::unique_id(&test_config()).expect("unique id");
     let env = |r: usize| {
         [
