@@ -115,6 +115,8 @@ struct Gated {
     queues: Vec<Option<GatedQueue>>,
     /// Emptied batches, reused.
     spare: Vec<Batch>,
+    /// Batches queued and not seen landed, over all queues (a turn with none reads nothing).
+    outstanding: usize,
 }
 
 /// How often at most a write in progress tells its receiver that chunks keep landing.
@@ -187,7 +189,7 @@ impl SameHost {
                     links.inbox.set_gated();
                     let n = global_of_local.len();
                     let queues = (0..links.peers.len()).map(|_| None).collect();
-                    Some(Gated { setting, flags_dev, prefix: (0..n).map(|_| ReadyPrefix::default()).collect(), expect: vec![VecDeque::new(); n], queues, spare: Vec::new() })
+                    Some(Gated { setting, flags_dev, prefix: (0..n).map(|_| ReadyPrefix::default()).collect(), expect: vec![VecDeque::new(); n], queues, spare: Vec::new(), outstanding: 0 })
                 }
                 Err(e) if setting == Some(true) => return Err(e),
                 Err(e) => {
@@ -220,7 +222,7 @@ impl SameHost {
     /// Sender side: report the gated batches seen landed (their flows done, their mappings
     /// unpinned); whether any was.
     fn reap_gated(&mut self, done: &mut Vec<FlowId>, advanced: &mut Vec<u64>) -> bool {
-        let Some(g) = self.gated.as_mut() else { return false };
+        let Some(g) = self.gated.as_mut().filter(|g| g.outstanding > 0) else { return false };
         let mut any = false;
         for (peer, q) in g.queues.iter_mut().enumerate() {
             let Some(q) = q.as_mut().filter(|q| !q.batches.is_empty()) else { continue };
@@ -228,6 +230,7 @@ impl SameHost {
             let landed = seg.landed(self.links.local_index).load(Ordering::Acquire);
             while q.batches.front().is_some_and(|b| b.pair_seq <= landed) {
                 let Some(mut b) = q.batches.pop_front() else { break };
+                g.outstanding -= 1;
                 any = true;
                 for m in b.mapped.drain(..) {
                     self.imports.release(&m);
@@ -584,6 +587,7 @@ impl Transport for SameHost {
         let r = enqueue();
         // Mappings acquired stay pinned with the batch, landed or not.
         q.batches.push_back(b);
+        g.outstanding += 1;
         q.last = pair_seq;
         if r.is_ok() {
             q.broken = false;
