@@ -397,7 +397,7 @@ impl Transport for SameHost {
 
     fn start_write(&mut self, id: FlowId, peer: usize, tag: Tag, src: DevPtr, remote: &RemoteBuffer, len: usize) -> Result<()> {
         if remote.wire.gated {
-            return Err(Error::invalid_usage("SameHost::start_write", format!("rank {peer} announced a gated receive that this rank does not send gated (HOCCL_GATED differs between the ranks?)")));
+            return Err(Error::invalid_usage("SameHost::start_write", format!("rank {peer} announced a gated receive that this rank sends through the handshake (the two ranks decided differently; mismatched calls?)")));
         }
         let (mapped, dst) = if len == 0 {
             (None, DevPtr(0))
@@ -550,7 +550,7 @@ impl Transport for SameHost {
     fn gated_write(&mut self, peer: usize, pair_seq: u64, start_flag: DevPtr, start_value: u64, writes: &[GatedWrite]) -> Result<()> {
         const OP: &str = "SameHost::gated_write";
         if let Some(w) = writes.iter().find(|w| !w.remote.wire.gated) {
-            return Err(Error::invalid_usage(OP, format!("rank {peer} announced receive {} of this op without the gated path that this rank takes (HOCCL_GATED differs between the ranks?)", w.id.idx)));
+            return Err(Error::invalid_usage(OP, format!("rank {peer} announced the receive of send {} through the handshake, which this rank sends gated (the two ranks decided differently; mismatched calls?)", w.id.idx)));
         }
         let me = self.links.local_index;
         let flags = self.gated.as_ref().and_then(|g| *g.flags_dev.get(peer)?);
@@ -560,32 +560,40 @@ impl Transport for SameHost {
         if g.queues[peer].is_none() {
             g.queues[peer] = Some(GatedQueue { queue: self.dev.create_copy_queue()?, last: 0, batches: VecDeque::new(), broken: false });
         }
-        let mut b = g.spare.pop().unwrap_or_default();
-        b.pair_seq = pair_seq;
         let q = g.queues[peer].as_mut().expect("made above");
         if q.broken || pair_seq <= q.last {
-            g.spare.push(b);
             return Err(Error::internal(OP, format!("gated batch {pair_seq} to rank {peer} after {} (broken: {})", q.last, q.broken)));
         }
+        let mut b = g.spare.pop().unwrap_or_default();
+        b.pair_seq = pair_seq;
+        // Map every destination before anything is queued: a failure here leaves the queue
+        // as it was.
+        for w in writes.iter().filter(|w| w.len > 0) {
+            match self.imports.acquire(self.dev.as_ref(), peer, &w.remote.wire) {
+                Ok(m) => b.mapped.push(m),
+                Err(e) => {
+                    for m in b.mapped.drain(..) {
+                        self.imports.release(&m);
+                    }
+                    g.spare.push(b);
+                    return Err(e);
+                }
+            }
+        }
+        b.flows.extend(writes.iter().map(|w| w.id));
         // Once the first wait is queued, a failure leaves a partial batch: the queue is
         // broken for good (and left in place at close).
         q.broken = true;
         let mut enqueue = || -> Result<()> {
             q.queue.wait_geq(start_flag, start_value)?;
             q.queue.wait_geq(ready, pair_seq)?;
-            for w in writes {
-                b.flows.push(w.id);
-                if w.len == 0 {
-                    continue;
-                }
-                let m = self.imports.acquire(self.dev.as_ref(), peer, &w.remote.wire)?;
-                b.mapped.push(m);
+            for (w, m) in writes.iter().filter(|w| w.len > 0).zip(&b.mapped) {
                 q.queue.copy(m.base.add(w.remote.wire.offset as usize), w.src, w.len)?;
             }
             q.queue.write_value(landed, pair_seq)
         };
         let r = enqueue();
-        // Mappings acquired stay pinned with the batch, landed or not.
+        // The mappings stay pinned with the batch, landed or not.
         q.batches.push_back(b);
         g.outstanding += 1;
         q.last = pair_seq;
