@@ -17,6 +17,8 @@
 //!   flag) is SIGKILLed; the survivor must fail within `HOCCL_TIMEOUT_MS` + 1 s, its stream
 //!   released, abort and drop bounded, and exit 0.
 //!
+//! - `length_mismatch*`: a gated send into a longer gated receive fails on both sides at
+//!   once (`InvalidUsage` at the sender, which queues nothing), no buffer changed.
 //! - `queue_*`: the device pieces alone: a copy queue's flag wait holds its copy back until
 //!   the CPU raises the flag in host memory registered by `map_host`, and its flag write
 //!   lands there after the copy.
@@ -191,6 +193,7 @@ fn child_rank() {
     match w[2] {
         "ops" => ops_body(&comm, &dev),
         "death" => death_body(&comm, &dev, w[3].parse().unwrap()),
+        "mismatch" => mismatch_body(&comm, &dev),
         other => panic!("unknown case {other}"),
     }
 }
@@ -332,6 +335,30 @@ fn death_body(comm: &Communicator, dev: &Arc<dyn Device>, victim: usize) {
     std::mem::forget(gate);
 }
 
+/// Rank 0 sends 4 KiB, rank 1 expects 8 KiB: both gated by length, so the sender finds the
+/// mismatch in the announcement and queues nothing; both fail, neither receive buffer
+/// changes.
+fn mismatch_body(comm: &Communicator, dev: &Arc<dyn Device>) {
+    let r = comm.rank();
+    let s = new_stream(dev);
+    let len = if r == 0 { 4096 } else { 8192 };
+    let buf = dev.alloc(len).unwrap();
+    let before = data(r, 500, len, false);
+    dev.copy_from_host(buf, &before).unwrap();
+    let t0 = Instant::now();
+    let res = if r == 0 { comm.send(buf, len, DataType::U8, 1, s) } else { comm.recv(buf, len, DataType::U8, 0, s) };
+    res.expect("enqueue");
+    sync(dev, s);
+    let err = comm.wait_idle().expect_err("mismatched lengths must fail");
+    let took = t0.elapsed();
+    let mut after = vec![0u8; len];
+    dev.copy_to_host(&mut after, buf).unwrap();
+    assert!(after == before, "rank {r}: the buffer changed");
+    say(r, "error", &format!("{:?} {} ms: {err}", err.code(), took.as_millis()));
+    comm.abort();
+    say(r, "done", "");
+}
+
 // ------------------------------------------------------------------ parent --------------
 
 /// A child's report: event, unix ms, detail.
@@ -447,6 +474,28 @@ fn queue_host() {
 #[ignore = "needs a GPU"]
 fn cuda_queue() {
     queue_waits_and_writes(Backend::Cuda);
+}
+
+fn length_mismatch(backend: Backend) {
+    let (events, _, _) = run_children(backend, "mismatch", "1", None, Duration::from_secs(60));
+    let err = |r: usize| events[r].iter().find(|e| e.0 == "error").map(|e| e.2.clone()).unwrap_or_else(|| panic!("rank {r} reported no error"));
+    let (e0, e1) = (err(0), err(1));
+    eprintln!("length mismatch: rank 0 {e0}; rank 1 {e1}");
+    assert!(e0.starts_with("InvalidUsage"), "the sender: {e0}");
+    assert!(e1.starts_with("InvalidUsage") || e1.starts_with("Remote"), "the receiver: {e1}");
+    let ms = |e: &str| e.split(' ').nth(1).and_then(|t| t.parse::<u64>().ok()).unwrap_or(u64::MAX);
+    assert!(ms(&e0) < TMO_MS && ms(&e1) < TMO_MS, "a mismatch must fail at once, not by the timeout: {e0}; {e1}");
+}
+
+#[test]
+fn length_mismatch_host() {
+    length_mismatch(Backend::Host);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn cuda_length_mismatch() {
+    length_mismatch(Backend::Cuda);
 }
 
 #[test]
