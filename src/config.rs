@@ -117,10 +117,19 @@ pub struct Config {
     /// devices are open on the GPU (several ranks in one process); `Some(true)`: always;
     /// `Some(false)`: never.
     pub serial_enqueue: Option<bool>,
+    /// `HOCCL_GATED` = auto | 1 | 0: device-gated writes between ranks of this host in
+    /// different processes (docs/design.md, "Copy-engine path"): a transfer of at most one
+    /// copy is queued on the device when both ops are submitted and runs once both streams
+    /// reached the op, with no CPU hop in between. `None` (auto, the default) and
+    /// `Some(true)`: on where both processes could map their peers' flags for the device
+    /// (with `1`, a device that cannot fails communicator creation); `Some(false)`: every
+    /// transfer goes through the proxy's handshake.
+    pub gated: Option<bool>,
     /// `HOCCL_TRACE_OPS` = `A-B` (or `N`, meaning `1-N`): the proxy logs, at info level, the
     /// timeline of ops A..=B of each communicator (call order, from 1): when it saw the op
-    /// submitted, its stream reach it, its buffer-ready sent and received, its writes handed
-    /// to the transport and done, its data-landed received, and its stream released, in
+    /// submitted, its stream reach it, its buffer-ready sent and received, its gated
+    /// announcement received, copies queued and landing flag seen, its writes handed to the
+    /// transport and done, its data-landed received, and its stream released, in
     /// CLOCK_MONOTONIC nanoseconds (comparable between the processes of one host).
     pub trace_ops: Option<(u64, u64)>,
     /// `HOCCL_REDUCE_CTAS`: CTAs of a CopyReduce kernel launch (`CudaDevice::reduce_kernel_async`);
@@ -159,6 +168,7 @@ impl Default for Config {
             codec_tickets: false,
             max_waiting_streams: None,
             serial_enqueue: None,
+            gated: None,
             trace_ops: None,
             reduce_ctas: None,
             reduce_scratch: 64 << 20,
@@ -304,6 +314,14 @@ impl Config {
                 _ => return Err(Error::invalid_arg(OP, format!("HOCCL_SERIAL_ENQUEUE={v}: want auto|1|0"))),
             };
         }
+        if let Some(v) = get("HOCCL_GATED") {
+            self.gated = match v.trim() {
+                "auto" => None,
+                "1" => Some(true),
+                "0" => Some(false),
+                _ => return Err(Error::invalid_arg(OP, format!("HOCCL_GATED={v}: want auto|1|0"))),
+            };
+        }
         if let Some(v) = get("HOCCL_REDUCE_CTAS") {
             match parse_num("HOCCL_REDUCE_CTAS", &v)? {
                 0 => return Err(Error::invalid_arg(OP, "HOCCL_REDUCE_CTAS=0: want at least one CTA")),
@@ -430,6 +448,9 @@ mod tests {
         assert_eq!(serial("0"), Some(false));
         assert_eq!(serial("1"), Some(true));
         assert_eq!(serial("auto"), None);
+        assert_eq!(Config::default().gated, None);
+        let gated = |v: &str| Config::default().with_env(env(&[("HOCCL_GATED", v)])).unwrap().gated;
+        assert_eq!((gated("0"), gated("1"), gated("auto")), (Some(false), Some(true), None));
         assert_eq!(Config::default().reduce_ctas, None);
         let ctas = |v: &str| Config::default().with_env(env(&[("HOCCL_REDUCE_CTAS", v)])).unwrap().reduce_ctas;
         assert_eq!(ctas("66"), Some(66));
@@ -450,6 +471,7 @@ mod tests {
             ("HOCCL_CODEC_TICKETS", "yes"),
             ("HOCCL_MAX_WAITING_STREAMS", "-1"),
             ("HOCCL_SERIAL_ENQUEUE", "on"),
+            ("HOCCL_GATED", "yes"),
             ("HOCCL_REDUCE_CTAS", "0"),
             ("HOCCL_REDUCE_CTAS", "many"),
             ("HOCCL_REDUCE_SCRATCH", "1K"),

@@ -16,13 +16,12 @@
 //!
 //! Every case prints its time to error (`eprintln`, `--nocapture` shows it).
 mod common;
+use common::children;
 use common::*;
 use common::ops::{Op, OPS};
 use hoccl::bootstrap::tcp::UniqueId;
 use hoccl::device::{pattern_byte, DevPtr, StreamHandle};
 use hoccl::{Communicator, Config, DataType, ErrorCode, RedOp};
-use std::io::{BufRead, Write};
-use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -32,10 +31,6 @@ const TMO_MS: u64 = 2000;
 const SMALL: usize = 40_000;
 /// Per block while the kill lands during the transfer: 2 MiB of bf16.
 const LARGE: usize = 1 << 20;
-
-fn unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Point {
@@ -123,18 +118,12 @@ fn bf16_data(n: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
-/// One line to the parent on stdout: `FAULTS <rank> <event> <unix ms> <detail>`.
 fn say(rank: usize, ev: &str, detail: &str) {
-    let mut o = std::io::stdout().lock();
-    let _ = writeln!(o, "FAULTS {rank} {ev} {} {detail}", unix_ms());
-    let _ = o.flush();
+    children::say("FAULTS", rank, ev, detail)
 }
 
-/// A child's report in one line of its output (the test harness may print before it on
-/// the same line): event, unix ms, detail.
 fn event(l: &str) -> Option<(String, u64, String)> {
-    let f: Vec<&str> = l[l.find("FAULTS ")?..].splitn(5, ' ').collect();
-    Some((f.get(2)?.to_string(), f.get(3)?.parse().ok()?, f.get(4).unwrap_or(&"").to_string()))
+    children::event("FAULTS", l)
 }
 
 /// The victim waits here for its SIGKILL.
@@ -265,79 +254,21 @@ fn peer_death(op: Op, engine: &str, point: Point, seed: u64) -> Vec<Seen> {
     };
     let what = format!("{op:?} engine {engine} kill {point:?} victim {victim} root {root} delay {delay_ms} ms (seed {seed:#x})");
     let id = Communicator::unique_id(&test_config()).expect("unique id");
-    let exe = std::env::current_exe().expect("test binary");
-    let (tx, rx) = mpsc::channel::<(usize, String)>();
-    let mut errs = Vec::new();
-    let mut kids: Vec<Option<Child>> = (0..N)
-        .map(|r| {
-            let mut k = Command::new(&exe)
-                .args(["--exact", "child_rank", "--nocapture", "--test-threads=1"])
-                .env("HOCCL_FAULTS_CHILD", format!("{} {r} {op:?} {point:?} {victim} {root}", id.to_hex()))
-                .env("HOCCL_TIMEOUT_MS", TMO_MS.to_string())
-                .env("HOCCL_ENGINE", engine)
-                .env("HOCCL_BACKEND", "host")
-                .env("HOCCL_CHUNK_BYTES", "65536")
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("spawn child rank");
-            let out = k.stdout.take().unwrap();
-            let tx = tx.clone();
-            std::thread::spawn(move || {
-                for l in std::io::BufReader::new(out).lines().map_while(|l| l.ok()) {
-                    let _ = tx.send((r, l));
-                }
-            });
-            let mut err = k.stderr.take().unwrap();
-            errs.push(std::thread::spawn(move || {
-                let mut s = String::new();
-                let _ = std::io::Read::read_to_string(&mut err, &mut s);
-                s
-            }));
-            Some(k)
-        })
-        .collect();
-    drop(tx);
-    let start = Instant::now();
-    let mut lines: Vec<(usize, String)> = Vec::new();
-    let mut kill_ms: Option<u64> = None;
-    let mut status = vec![None; N];
-    let limit = Duration::from_secs(45);
-    while (0..N).any(|r| r != victim && status[r].is_none()) && start.elapsed() < limit {
-        if let Ok(l) = rx.recv_timeout(Duration::from_millis(10)) {
-            lines.push(l);
-        }
-        if kill_ms.is_none() && lines.iter().any(|(r, l)| *r == victim && event(l).is_some_and(|e| e.0 == "point")) {
-            std::thread::sleep(Duration::from_millis(delay_ms));
-            let mut k = kids[victim].take().unwrap();
-            k.kill().expect("SIGKILL the victim");
-            kill_ms = Some(unix_ms());
-            status[victim] = Some(k.wait().expect("reap the victim"));
-        }
-        for r in 0..N {
-            if status[r].is_none() {
-                if let Some(k) = kids[r].as_mut() {
-                    status[r] = k.try_wait().expect("try_wait");
-                }
-            }
-        }
-    }
-    for k in kids.iter_mut().flatten() {
-        let _ = k.kill();
-        let _ = k.wait();
-    }
-    lines.extend(rx.try_iter());
-    let stderr: Vec<String> = errs.into_iter().map(|h| h.join().unwrap_or_default()).collect();
-    let dump = || {
-        let mut s = String::new();
-        for (r, l) in &lines {
-            s += &format!("[{r}] {l}\n");
-        }
-        for (r, e) in stderr.iter().enumerate() {
-            s += &format!("--- rank {r} stderr (last 3000 bytes):\n{}\n", &e[e.len().saturating_sub(3000)..]);
-        }
-        s
+    let env = |r: usize| {
+        [
+            ("HOCCL_FAULTS_CHILD", format!("{} {r} {op:?} {point:?} {victim} {root}", id.to_hex())),
+            ("HOCCL_TIMEOUT_MS", TMO_MS.to_string()),
+            ("HOCCL_ENGINE", engine.to_string()),
+            ("HOCCL_BACKEND", "host".to_string()),
+            ("HOCCL_CHUNK_BYTES", "65536".to_string()),
+        ]
+        .map(|(k, v)| (k.to_string(), v))
+        .to_vec()
     };
+    let limit = Duration::from_secs(45);
+    let run = children::run("child_rank", N, env, Some((victim, Duration::from_millis(delay_ms))), |l| event(l).is_some_and(|e| e.0 == "point"), limit);
+    let (lines, status, kill_ms) = (&run.lines, &run.status, run.kill_ms);
+    let dump = || run.dump();
     let kill_ms = kill_ms.unwrap_or_else(|| panic!("{what}: the victim never reached its kill point\n{}", dump()));
     let mut seen = Vec::new();
     for r in (0..N).filter(|&r| r != victim) {

@@ -8,7 +8,10 @@
 //! to an earlier file's, so that one file holds the one-rank run and the MPS runs):
 //! - `op` = an operation (`sendrecv`, `allgather`, ...): `time_us` end to end per op,
 //!   `algbw_gbs` = bytes / time, `nccl_time_us` NCCL's time (null where NCCL did not run),
-//!   `first_op_us`, `iters`, `wrong`;
+//!   `first_op_us`, `iters`, `wrong`, `path` (how hoccl moved the bytes between ranks:
+//!   `self` for one rank, copies on the stream; `gated` where `HOCCL_GATED` is not 0 and
+//!   every flow to a peer is one copy, at most 8 MiB: the same-host gated path between
+//!   processes; `handshake` otherwise, the proxies' ready/landed exchange);
 //! - `op` = `d2d_copy`: `memcpy_async` of `bytes` on the bench stream (every rank at once);
 //! - `op` = `handshake`: `time_us` the mean round trip of the stream handshake probe,
 //!   `p50_us`, `p99_us`, `min_us`, `rounds`; `bytes` 0;
@@ -18,7 +21,7 @@
 //! and on every record `ranks` (processes), `bytes`, `mps` (the run was marked `--mps`).
 use crate::ctx::{Ctx, Res};
 use crate::launch::LaunchStat;
-use crate::ops::{Bufs, ALL_OPS};
+use crate::ops::{Bufs, OpKind, ALL_OPS};
 use crate::report::{human, Json, JsonExt, Point};
 use crate::timing::time_adaptive;
 use hoccl::device::FlagSlab;
@@ -102,7 +105,8 @@ pub fn from_points(ctx: &Ctx, pts: &[Point]) -> Vec<Rec> {
             let mut r = Rec::new(ctx, p.op.name(), p.bytes as u64, p.time_us)
                 .with("first_op_us", Json::num(p.first_us))
                 .with("iters", Json::Int(p.iters as i128))
-                .with("wrong", wrong(p.wrong));
+                .with("wrong", wrong(p.wrong))
+                .with("path", Json::str(path(ctx, p.op, p.bytes)));
             if let Some(q) = nccl {
                 r.nccl_time_us = Some(q.time_us);
                 r = r.with("nccl_wrong", wrong(q.wrong));
@@ -110,6 +114,25 @@ pub fn from_points(ctx: &Ctx, pts: &[Point]) -> Vec<Rec> {
             r
         })
         .collect()
+}
+
+/// The gated path's limit: the chunk scheduler's single-copy flow.
+const GATED_MAX: usize = 8 << 20;
+
+/// How hoccl moves `bytes` of `op` between this run's ranks (one process each, one host):
+/// the largest flow to one peer is the whole buffer for sendrecv and broadcast, a block
+/// (`bytes / ranks`) for the others. As configured: `auto` falls back to the handshake only
+/// where a device cannot register its peers' flags (logged); the `HOCCL_TRACE_OPS`
+/// timelines show the steps an op took.
+fn path(ctx: &Ctx, op: OpKind, bytes: usize) -> &'static str {
+    let flow = if matches!(op, OpKind::SendRecv | OpKind::Broadcast) { bytes } else { bytes / ctx.n.max(1) };
+    if ctx.n == 1 {
+        "self"
+    } else if ctx.comm.config().gated != Some(false) && flow <= GATED_MAX {
+        "gated"
+    } else {
+        "handshake"
+    }
 }
 
 /// Launch-cost statistics as one record per operation (hoccl's mean, NCCL's beside it).
@@ -267,7 +290,7 @@ pub fn table(ctx: &Ctx, recs: &[Rec]) -> String {
         ctx.gpus,
         if ctx.opts.mps { "yes" } else { "no" }
     );
-    let _ = writeln!(s, "# {:<10} {:>6} {:>10} {:>8} {:>10} {:>6} {:>9} {:>8} {:>5}", "op", "size", "hoccl(us)", "GB/s", "nccl(us)", "h/n", "d2d(us)", "GB/s", "%d2d");
+    let _ = writeln!(s, "# {:<10} {:>6} {:>10} {:>8} {:>10} {:>6} {:>9} {:>8} {:>5} {}", "op", "size", "hoccl(us)", "GB/s", "nccl(us)", "h/n", "d2d(us)", "GB/s", "%d2d", "path");
     for op in ALL_OPS {
         for r in recs.iter().filter(|r| r.op == op.name()) {
             // The blocked ops round sizes down to whole blocks: the copy of the size asked.
@@ -276,7 +299,7 @@ pub fn table(ctx: &Ctx, recs: &[Rec]) -> String {
             let pct = copy.and_then(|d| Some(100.0 * r.algbw_gbs? / d.algbw_gbs?));
             let _ = writeln!(
                 s,
-                "  {:<10} {:>6} {:>10.2} {:>8.1} {:>10} {:>6} {:>9} {:>8} {:>5}",
+                "  {:<10} {:>6} {:>10.2} {:>8.1} {:>10} {:>6} {:>9} {:>8} {:>5} {}",
                 r.op,
                 human(r.bytes as usize),
                 r.time_us,
@@ -285,7 +308,11 @@ pub fn table(ctx: &Ctx, recs: &[Rec]) -> String {
                 opt(ratio, 2),
                 opt(copy.map(|d| d.time_us), 2),
                 opt(copy.and_then(|d| d.algbw_gbs), 1),
-                opt(pct, 0)
+                opt(pct, 0),
+                match r.get("path") {
+                    Some(Json::Str(p)) => p.as_str(),
+                    _ => "-",
+                }
             );
         }
     }
@@ -429,7 +456,8 @@ pub fn file_meta() -> Json {
             Json::str(
                 "op = an operation (time_us end to end, algbw_gbs = bytes/time, nccl_time_us NCCL default on the same buffers and stream or null); \
                  d2d_copy = memcpy_async of bytes on the same stream; handshake = mean round trip of cuStreamWriteValue64 start flag -> host thread -> finish flag -> cuStreamWaitValue64 (p50_us, p99_us, min_us, bytes 0); \
-                 launch_cost = mean host time of one call of `call`, enqueue only (nccl_time_us: NCCL's); ranks = processes, mps = run under MPS",
+                 launch_cost = mean host time of one call of `call`, enqueue only (nccl_time_us: NCCL's); ranks = processes, mps = run under MPS; \
+                 path (op records) = self (one rank), gated (HOCCL_GATED not 0 and every flow to a peer one copy of at most 8 MiB: the same-host gated path) or handshake, as configured",
             ),
         ),
     ])

@@ -168,7 +168,7 @@ impl Communicator {
             dev.clone(),
             links,
             net,
-            EngineConfig { chunk_bytes: config.chunk_bytes, copy_queues: config.copy_queues, timeout: config.timeout, trace_ops: config.trace_ops },
+            EngineConfig { chunk_bytes: config.chunk_bytes, copy_queues: config.copy_queues, timeout: config.timeout, trace_ops: config.trace_ops, gated: config.gated },
         )?;
         bootstrap.barrier().map_err(|e| e.with_op(OP))?;
         log::info!("rank {rank}/{size}: communicator {comm_id:016x} on {} ({})", dev.name(), dev.pci_bus_id());

@@ -34,6 +34,8 @@ enum RegionKind {
     Own { id: u64 },
     Imported,
     Flags,
+    /// Host memory of this process registered by `map_host` (flags another process shares).
+    HostMapped,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -381,6 +383,16 @@ impl CopyQueue for HostCopyQueue {
         }
         Ok(self.completed)
     }
+    fn wait_geq(&mut self, flag: DevPtr, v: u64) -> Result<()> {
+        const OP: &str = "HostCopyQueue::wait_geq";
+        HostDevice::check_flag(OP, flag)?;
+        self.q.push(OP, Task::Wait { addr: flag.0, v }).map(|_| ())
+    }
+    fn write_value(&mut self, flag: DevPtr, v: u64) -> Result<()> {
+        const OP: &str = "HostCopyQueue::write_value";
+        HostDevice::check_flag(OP, flag)?;
+        self.q.push(OP, Task::Write { addr: flag.0, v }).map(|_| ())
+    }
 }
 
 impl Drop for HostCopyQueue {
@@ -615,6 +627,36 @@ impl Device for HostDevice {
         }
         // SAFETY: `words` are n zeroed aligned atomics, kept alive by `Keep`; host == dev here.
         Ok(unsafe { FlagSlab::from_raw(p, DevPtr(p as u64), n, Box::new(Keep(words))) })
+    }
+
+    /// Host memory is what the queues reach already: the range only joins the registry, so
+    /// queue waits and writes there pass its checks.
+    fn map_host(&self, ptr: *mut u8, len: usize) -> Result<DevPtr> {
+        const OP: &str = "HostDevice::map_host";
+        if ptr.is_null() || ptr as usize % 8 != 0 || len == 0 {
+            return Err(Error::invalid_arg(OP, format!("{ptr:p}+{len}: want a non-null, 8-byte aligned, non-empty range")));
+        }
+        let mut reg = lock_registry(OP)?;
+        let p = ptr as u64;
+        let end = p.checked_add(len as u64).ok_or_else(|| Error::invalid_arg(OP, "address range overflows"))?;
+        let before = reg.regions.range(..end).next_back().map(|(b, r)| b + r.len.max(1) as u64);
+        if before.is_some_and(|e| e > p) {
+            return Err(Error::invalid_arg(OP, format!("{ptr:p}+{len} overlaps memory the host backend knows already")));
+        }
+        reg.regions.insert(p, Region { len, map_len: 0, kind: RegionKind::HostMapped });
+        Ok(DevPtr(p))
+    }
+
+    fn unmap_host(&self, ptr: *mut u8) -> Result<()> {
+        const OP: &str = "HostDevice::unmap_host";
+        let mut reg = lock_registry(OP)?;
+        match reg.regions.get(&(ptr as u64)) {
+            Some(Region { kind: RegionKind::HostMapped, .. }) => {
+                reg.regions.remove(&(ptr as u64));
+                Ok(())
+            }
+            _ => Err(Error::invalid_arg(OP, format!("{ptr:p} is not a range map_host registered"))),
+        }
     }
 
     fn copy_to_host(&self, dst: &mut [u8], src: DevPtr) -> Result<()> {

@@ -131,6 +131,23 @@ pub trait CopyQueue: Send {
     fn fence(&mut self) -> Result<u64>;
     /// The highest ticket whose fence (and so every copy before it) has completed.
     fn completed(&mut self) -> Result<u64>;
+    /// Enqueue: hold the queue until the 64-bit flag at `flag` is >= `v` (the comparison
+    /// and the 32-bit fallback of [`Device::wait_value_geq`]). `flag` is host memory mapped
+    /// for the device ([`Device::alloc_flags`], [`Device::map_host`]). A queue that may
+    /// still wait must not be synchronized or destroyed: nothing may be queued behind a wait
+    /// that never passes except what may run whenever it passes. The default refuses (a
+    /// queue that cannot wait on the device).
+    fn wait_geq(&mut self, flag: DevPtr, v: u64) -> Result<()> {
+        let _ = (flag, v);
+        Err(crate::error::Error::invalid_usage("CopyQueue::wait_geq", "this copy queue has no stream memory operations"))
+    }
+    /// Enqueue: write `v` to the 64-bit flag at `flag` once everything before it on the
+    /// queue has completed (the copies' bytes are visible before the value is). The default
+    /// refuses, as `wait_geq`'s.
+    fn write_value(&mut self, flag: DevPtr, v: u64) -> Result<()> {
+        let _ = (flag, v);
+        Err(crate::error::Error::invalid_usage("CopyQueue::write_value", "this copy queue has no stream memory operations"))
+    }
 }
 
 /// A device backend. Implementations are cheap to share (`Arc<dyn Device>`).
@@ -168,6 +185,20 @@ pub trait Device: Send + Sync + 'static {
     fn free_host(&self, p: DevPtr) -> Result<()> {
         let _ = p;
         Err(crate::error::Error::invalid_usage("Device::free_host", format!("{} has no host staging memory", self.name())))
+    }
+    /// Make `len` bytes of this process's host memory at `ptr` (8-byte aligned; shared
+    /// memory that another process maps too, say) reachable by this device's stream and
+    /// queue memory operations; returns the address the device sees them at. CUDA:
+    /// `cuMemHostRegister` (`DEVICEMAP | PORTABLE`) and `cuMemHostGetDevicePointer`; the
+    /// host backend registers the range as flags. Undone by `unmap_host` with the same
+    /// `ptr`, which must come after every queued wait or write on it has run.
+    fn map_host(&self, ptr: *mut u8, len: usize) -> Result<DevPtr> {
+        let _ = (ptr, len);
+        Err(crate::error::Error::invalid_usage("Device::map_host", format!("{} cannot map host memory for the device", self.name())))
+    }
+    fn unmap_host(&self, ptr: *mut u8) -> Result<()> {
+        let _ = ptr;
+        Err(crate::error::Error::invalid_usage("Device::unmap_host", format!("{} cannot map host memory for the device", self.name())))
     }
     /// Synchronous copies between host memory and device memory (tests, setup).
     fn copy_to_host(&self, dst: &mut [u8], src: DevPtr) -> Result<()>;

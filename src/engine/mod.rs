@@ -177,6 +177,8 @@ pub struct EngineConfig {
     pub timeout: Duration,
     /// Ops (call order, inclusive) whose timeline the proxy logs (`Config::trace_ops`).
     pub trace_ops: Option<(u64, u64)>,
+    /// The same-host transport's gated path (`Config::gated`).
+    pub gated: Option<bool>,
 }
 
 enum Cmd {
@@ -220,7 +222,7 @@ impl Engine {
         // belong to the thread that binds the device.
         let connect = move || -> Result<Box<dyn Transport>> {
             dev.bind_thread()?;
-            let near = Box::new(SameHost::connect(dev.clone(), links, cfg.copy_queues, cfg.chunk_bytes)?);
+            let near = Box::new(SameHost::connect(dev.clone(), links, cfg.copy_queues, cfg.chunk_bytes, cfg.gated)?);
             let Some(net) = net else { return Ok(near) };
             let far = Socket::connect(dev, net)?;
             let is_far = (0..nranks).map(|p| far.reaches(p)).collect();

@@ -11,6 +11,13 @@
 //! Any failure writes `finish` too (the stream never hangs), tells the peers, and parks the
 //! error in `Shared` for `async_error()`.
 //!
+//! **Gated transfers** (the transport's [`Transport::gated`]; same-host peers in another
+//! process, one-copy flows) skip steps 2–3 on the CPU's critical path: the receiver
+//! announces the buffer when the op is submitted and tells the transport when its stream
+//! reached the op; the sender hands all of an op's gated transfers to a peer to the
+//! transport as soon as it holds their announcements, before its own stream reached the
+//! op (the device waits for both streams). Their completion arrives as for the others.
+//!
 //! **Cost proportional to active work.** Ops wait in one queue per stream, in stream order;
 //! a turn reads only the start flag of each stream's first op (a stream reaches its ops in
 //! order). A started op is touched only when something concerns it: a signal for it (found
@@ -30,7 +37,7 @@
 //! where the engine starts.
 use super::{Cmd, Fill, Op, Shared, Transfer};
 use crate::error::{Error, Result};
-use crate::transport::{FlowId, Incoming, Region, RemoteBuffer, Signal, Tag, Transport};
+use crate::transport::{FlowId, GatedWrite, Incoming, Region, RemoteBuffer, Signal, Tag, Transport};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, TryRecvError};
@@ -52,12 +59,16 @@ struct SendState {
     /// Where the receiver said the data goes ("ready").
     remote: Option<RemoteBuffer>,
     phase: SendPhase,
+    /// Moved by the transport's gated path (`Copying` then means queued on the device).
+    gated: bool,
 }
 
 struct RecvState {
     x: Transfer,
     k: u32,
     landed: bool,
+    /// Announced at submission (the transport's gated path).
+    gated: bool,
 }
 
 struct OpState {
@@ -73,9 +84,9 @@ struct OpState {
 impl OpState {
     /// `counts`: one zeroed counter per rank (left zeroed), numbering each peer's transfers.
     fn new(op: Op, counts: &mut [u32]) -> Self {
-        let sends: Vec<SendState> = op.sends.iter().map(|x| SendState { x: *x, k: next_k(counts, x.peer), remote: None, phase: SendPhase::WaitReady }).collect();
+        let sends: Vec<SendState> = op.sends.iter().map(|x| SendState { x: *x, k: next_k(counts, x.peer), remote: None, phase: SendPhase::WaitReady, gated: false }).collect();
         op.sends.iter().for_each(|x| counts[x.peer] = 0);
-        let recvs: Vec<RecvState> = op.recvs.iter().map(|x| RecvState { x: *x, k: next_k(counts, x.peer), landed: false }).collect();
+        let recvs: Vec<RecvState> = op.recvs.iter().map(|x| RecvState { x: *x, k: next_k(counts, x.peer), landed: false, gated: false }).collect();
         op.recvs.iter().for_each(|x| counts[x.peer] = 0);
         OpState { op, trace: None, started: false, last_progress: Instant::now(), sends, recvs }
     }
@@ -89,9 +100,10 @@ impl OpState {
         self.sends.iter().map(|s| s.x.peer).chain(self.recvs.iter().map(|r| r.x.peer))
     }
 
-    /// Whether the op still needs a message from `peer` (its buffer-ready or data-landed).
+    /// Whether the op still needs a message or flag from `peer` (its buffer-ready or
+    /// data-landed; a queued gated copy waits for the peer's ready flag).
     fn waits_on(&self, peer: usize) -> bool {
-        self.sends.iter().any(|s| s.x.peer == peer && s.phase == SendPhase::WaitReady)
+        self.sends.iter().any(|s| s.x.peer == peer && (s.phase == SendPhase::WaitReady || s.gated && s.phase == SendPhase::Copying))
             || self.recvs.iter().any(|r| r.x.peer == peer && !r.landed)
     }
 
@@ -103,8 +115,9 @@ impl OpState {
     /// transfer's phase.
     fn describe(&self) -> String {
         let (start, finish) = (self.op.flags.load(self.op.start_flag), self.op.flags.load(self.op.finish_flag));
-        let sends: Vec<String> = self.sends.iter().map(|s| format!("{}:{:?}", s.x.peer, s.phase)).collect();
-        let recvs: Vec<String> = self.recvs.iter().map(|r| format!("{}:{}", r.x.peer, if r.landed { "landed" } else { "waiting" })).collect();
+        let g = |gated: bool| if gated { "(gated)" } else { "" };
+        let sends: Vec<String> = self.sends.iter().map(|s| format!("{}:{:?}{}", s.x.peer, s.phase, g(s.gated))).collect();
+        let recvs: Vec<String> = self.recvs.iter().map(|r| format!("{}:{}{}", r.x.peer, if r.landed { "landed" } else { "waiting" }, g(r.gated))).collect();
         format!(
             "op {} {}: stream seq {} (stream flags start {start} finish {finish}), {}, idle {:.1?}, sends [{}], recvs [{}]",
             self.op.seq,
@@ -123,7 +136,7 @@ impl OpState {
     fn mark(&mut self, step: Step) {
         if let Some(t) = self.trace.as_mut() {
             let i = step as usize;
-            if t[i] == 0 || matches!(step, Step::SendsDone | Step::LandedIn) {
+            if t[i] == 0 || matches!(step, Step::SendsDone | Step::LandedIn | Step::LandedSeen) {
                 t[i] = monotonic_ns();
             }
         }
@@ -138,6 +151,9 @@ impl OpState {
             return format!("rank {}'s receive buffer (buffer-ready)", s.x.peer);
         }
         if let Some(s) = self.sends.iter().find(|s| s.phase == SendPhase::Copying) {
+            if s.gated {
+                return format!("gated copies to rank {} (queued behind this stream's start and rank {}'s ready flag)", s.x.peer, s.x.peer);
+            }
             return format!("copies to rank {} to complete", s.x.peer);
         }
         match self.recvs.iter().find(|r| !r.landed) {
@@ -154,16 +170,36 @@ enum Step {
     StreamReached,
     ReadySent,
     ReadyIn,
+    /// A gated transfer's announcement received (sender).
+    AnnounceIn,
+    /// The gated copies queued on the device (sender).
+    Queued,
     WriteHanded,
     Issued,
     SendsDone,
+    /// A gated transfer's landing flag seen (either side).
+    LandedSeen,
     LandedIn,
     Released,
 }
-const STEPS: usize = 9;
+const STEPS: usize = 12;
 /// `copies_issued`: the return of the first transport turn after the writes were handed
-/// (that turn issues their first chunks).
-const STEP_NAMES: [&str; STEPS] = ["submitted", "stream_reached", "ready_sent", "ready_in", "writes_handed", "copies_issued", "sends_done", "landed_in", "released"];
+/// (that turn issues their first chunks). `ready_sent` of a gated receive is its
+/// announcement at submission, before the stream reached the op (a negative time).
+const STEP_NAMES: [&str; STEPS] = [
+    "submitted",
+    "stream_reached",
+    "ready_sent",
+    "ready_in",
+    "announce_in",
+    "gated_queued",
+    "writes_handed",
+    "copies_issued",
+    "sends_done",
+    "landed_seen",
+    "landed_in",
+    "released",
+];
 
 /// CLOCK_MONOTONIC in nanoseconds: one clock for every process of the host, so the
 /// timelines of two ranks line up.
@@ -233,6 +269,7 @@ pub(super) struct Proxy {
     /// Reused buffers: these serve every op or every turn.
     counts: Vec<u32>,
     ready: Vec<(usize, Tag, RemoteBuffer)>,
+    gated: Vec<GatedWrite>,
     incoming: Vec<Incoming>,
     done: Vec<FlowId>,
     advanced: Vec<u64>,
@@ -260,6 +297,7 @@ impl Proxy {
             templates: graphs::Templates::default(),
             counts: vec![0; nranks],
             ready: Vec::new(),
+            gated: Vec::new(),
             incoming: Vec::new(),
             done: Vec::new(),
             advanced: Vec::new(),
@@ -370,6 +408,13 @@ impl Proxy {
             *m = (*m).max(ps);
         }
         let mut st = OpState::new(op, &mut self.counts);
+        let me = self.rank;
+        for s in st.sends.iter_mut().filter(|s| s.x.peer != me && s.x.fill == Fill::Exact) {
+            s.gated = self.transport.gated(s.x.peer, s.x.len);
+        }
+        for r in st.recvs.iter_mut().filter(|r| r.x.peer != me && r.x.fill == Fill::Exact) {
+            r.gated = self.transport.gated(r.x.peer, r.x.len);
+        }
         if self.trace.is_some_and(|(a, b)| (a..=b).contains(&seq)) {
             st.trace = Some(Box::new([0; STEPS]));
             st.mark(Step::Submitted);
@@ -392,6 +437,10 @@ impl Proxy {
             self.fail_op(seq, e);
             return;
         }
+        if let Err(e) = self.announce(seq) {
+            self.fail_op(seq, e);
+            return;
+        }
         if self.early.is_empty() {
             return;
         }
@@ -401,6 +450,48 @@ impl Proxy {
                 self.handle_signal(peer, seq, signal);
             }
         }
+    }
+
+    /// Announce op `seq`'s gated receives to their senders (at submission: the sender
+    /// queues its copies before either stream reached the op).
+    fn announce(&mut self, seq: u64) -> Result<()> {
+        let Some(st) = self.ops.get_mut(&seq) else { return Ok(()) };
+        let mut any = false;
+        for r in st.recvs.iter().filter(|r| r.gated) {
+            let remote = self.transport.expose(r.x.peer, Region { seq, ptr: r.x.ptr, len: r.x.len, alloc: r.x.alloc })?;
+            self.transport.announce(r.x.peer, Tag { pair_seq: pair_seq(&st.op, r.x.peer), k: r.k }, remote)?;
+            any = true;
+        }
+        if any {
+            st.mark(Step::ReadySent);
+        }
+        Ok(())
+    }
+
+    /// Hand op `seq`'s gated sends to `peer` to the transport once every one of them has
+    /// its announcement (they go as one batch, in pair order per peer: announcements and
+    /// ops both arrive in call order).
+    fn start_gated(&mut self, seq: u64, peer: usize) -> Result<()> {
+        let Some(st) = self.ops.get_mut(&seq) else { return Ok(()) };
+        let mine = || st.sends.iter().filter(|s| s.gated && s.x.peer == peer);
+        if mine().any(|s| s.remote.is_none() || s.phase != SendPhase::WaitReady) {
+            return Ok(());
+        }
+        let mut writes = std::mem::take(&mut self.gated);
+        writes.clear();
+        for (idx, s) in st.sends.iter().enumerate().filter(|(_, s)| s.gated && s.x.peer == peer) {
+            let Some(remote) = s.remote else { continue };
+            writes.push(GatedWrite { id: FlowId { seq, idx }, src: s.x.ptr, remote, len: s.x.len });
+        }
+        let start = st.op.flags.dev_addr(st.op.start_flag);
+        let r = self.transport.gated_write(peer, pair_seq(&st.op, peer), start, st.op.stream_seq, &writes);
+        self.gated = writes;
+        r?;
+        for s in st.sends.iter_mut().filter(|s| s.gated && s.x.peer == peer) {
+            s.phase = SendPhase::Copying;
+        }
+        st.mark(Step::Queued);
+        Ok(())
     }
 
     // ---------------------------------------------------------------- starts -------------
@@ -442,7 +533,7 @@ impl Proxy {
         let mut ready = std::mem::take(&mut self.ready);
         ready.clear();
         let mut exposed = Ok(());
-        for r in st.recvs.iter().filter(|r| r.x.peer != me) {
+        for r in st.recvs.iter().filter(|r| r.x.peer != me && !r.gated) {
             match self.transport.expose(r.x.peer, Region { seq, ptr: r.x.ptr, len: r.x.len, alloc: r.x.alloc }) {
                 Ok(remote) => ready.push((r.x.peer, Tag { pair_seq: pair_seq(&st.op, r.x.peer), k: r.k }, remote)),
                 Err(e) => {
@@ -461,6 +552,13 @@ impl Proxy {
         }
         self.ready = ready;
         exposed?;
+        // Gated receives were announced at submission: their senders' copies may run now.
+        for i in 0..st.recvs.len() {
+            let (peer, gated) = (st.recvs[i].x.peer, st.recvs[i].gated);
+            if gated && !st.recvs[..i].iter().any(|r| r.gated && r.x.peer == peer) {
+                self.transport.reached(peer, pair_seq(&st.op, peer));
+            }
+        }
         let n = self.ops.get(&seq).map_or(0, |st| st.sends.len());
         for idx in 0..n {
             self.start_write(seq, idx)?;
@@ -473,7 +571,7 @@ impl Proxy {
     fn start_write(&mut self, seq: u64, idx: usize) -> Result<()> {
         let Some(st) = self.ops.get_mut(&seq) else { return Ok(()) };
         let s = &mut st.sends[idx];
-        let (SendPhase::WaitReady, Some(remote), true) = (s.phase, s.remote, st.started) else { return Ok(()) };
+        let (SendPhase::WaitReady, Some(remote), true, false) = (s.phase, s.remote, st.started, s.gated) else { return Ok(()) };
         let tag = Tag { pair_seq: pair_seq(&st.op, s.x.peer), k: s.k };
         let len = match s.x.fill {
             Fill::Word(i) => {
@@ -536,15 +634,24 @@ impl Proxy {
                     return self.fail_op(seq, e);
                 }
                 s.remote = Some(remote);
-                st.mark(Step::ReadyIn);
-                // Before its start the write waits: work before the call may still run.
-                if let Err(e) = self.start_write(seq, idx) {
+                let r = if s.gated {
+                    st.mark(Step::AnnounceIn);
+                    self.start_gated(seq, from)
+                } else {
+                    st.mark(Step::ReadyIn);
+                    // Before its start the write waits: work before the call may still run.
+                    self.start_write(seq, idx)
+                };
+                if let Err(e) = r {
                     self.fail_op(seq, e);
                 }
             }
             Signal::Landed { k, len } => match st.recvs.iter_mut().find(|r| r.x.peer == from && r.k == k) {
                 Some(r) if r.x.len == len as usize || (r.x.fill == Fill::UpTo && len as usize <= r.x.len) => {
                     r.landed = true;
+                    if r.gated {
+                        st.mark(Step::LandedSeen);
+                    }
                     st.mark(Step::LandedIn);
                     self.finish_if_complete(seq);
                 }
@@ -594,6 +701,9 @@ impl Proxy {
             let Some(st) = self.ops.get_mut(&id.seq) else { continue };
             st.last_progress = Instant::now();
             st.sends[id.idx].phase = SendPhase::Done;
+            if st.sends[id.idx].gated {
+                st.mark(Step::LandedSeen);
+            }
             st.mark(Step::SendsDone);
             self.finish_if_complete(id.seq);
         }

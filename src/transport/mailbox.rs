@@ -5,6 +5,13 @@
 //! receiver's segment; only the receiver reads it. Messages are fixed 128-byte records.
 //! A full ring is never waited on: the sender keeps the message and retries (so two proxies
 //! can never deadlock on each other's full rings).
+//!
+//! After the rings, page-aligned, the segment holds the **flag area** of the gated path
+//! (`same_host`): per local sender `l`, `ready[l]` and `landed[l]`, 64-bit words a cache
+//! line apart. `ready[l]` is written by the owner's proxy (the receiver), `landed[l]` by
+//! sender `l`'s gated copy queue; both only grow. Every process registers its peers' flag
+//! areas for its device ([`crate::device::Device::map_host`]) and says so in its header
+//! ([`Segment::set_gated`]), so two ranks decide alike whether they use it.
 use crate::error::{Error, Result};
 use std::ffi::CString;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,6 +33,9 @@ pub enum MsgKind {
     /// `same_host::PROGRESS_EVERY` per transfer; it keeps the receiver's op from timing out).
     Progress = 4,
 }
+
+/// `Msg::code` of a `Ready` record announcing a gated transfer (`same_host`).
+pub const READY_GATED: u32 = 1;
 
 /// One control record. `repr(C)`, exactly 128 bytes, plain data.
 #[repr(C)]
@@ -94,14 +104,32 @@ struct SegHeader {
     nrings: AtomicU64,
     /// Set to 1 by the owner when it aborts or is destroyed.
     closed: AtomicU64,
+    /// Set to 1 by the owner once its device reaches every peer's flag area (before the
+    /// communicator's creation returns on any rank: a barrier follows the engine's start).
+    gated: AtomicU64,
 }
 
 fn ring_bytes() -> usize {
     std::mem::size_of::<RingHeader>() + RING_SLOTS * 128
 }
 
+const PAGE: usize = 4096;
+/// Bytes between one sender's `ready` and `landed` words, and between two senders' pairs.
+const FLAG_STRIDE: usize = 64;
+
+/// Where the flag area starts: after the rings, on a page boundary (registration pins
+/// whole pages; the rings' pages stay out of it).
+fn flags_offset(nrings: usize) -> usize {
+    (std::mem::size_of::<SegHeader>() + nrings * ring_bytes()).div_ceil(PAGE) * PAGE
+}
+
+/// The flag area's length: two words per sender, a cache line each, in whole pages.
+fn flags_bytes(nrings: usize) -> usize {
+    (nrings * 2 * FLAG_STRIDE).div_ceil(PAGE).max(1) * PAGE
+}
+
 fn seg_bytes(nrings: usize) -> usize {
-    std::mem::size_of::<SegHeader>() + nrings * ring_bytes()
+    flags_offset(nrings) + flags_bytes(nrings)
 }
 
 /// A mapped segment (own or a peer's).
@@ -220,6 +248,58 @@ impl Segment {
         Some(m)
     }
 
+    /// The flag area: its address in this mapping and its length (page-aligned both).
+    pub fn flag_area(&self) -> (*mut u8, usize) {
+        let n = self.nrings();
+        // SAFETY: flags_offset(n) + flags_bytes(n) == len (seg_bytes), inside the mapping.
+        (unsafe { self.base.add(flags_offset(n)) }, flags_bytes(n))
+    }
+
+    /// Offset of sender `l`'s `ready` word in the flag area.
+    pub fn ready_offset(l: usize) -> usize {
+        l * 2 * FLAG_STRIDE
+    }
+
+    /// Offset of sender `l`'s `landed` word in the flag area.
+    pub fn landed_offset(l: usize) -> usize {
+        l * 2 * FLAG_STRIDE + FLAG_STRIDE
+    }
+
+    fn flag(&self, offset: usize) -> &AtomicU64 {
+        let (area, len) = self.flag_area();
+        assert!(offset + 8 <= len, "flag offset {offset} out of {len}");
+        // SAFETY: inside the flag area (asserted), 8-aligned (FLAG_STRIDE multiples of a
+        // page-aligned base), zero-initialised by ftruncate; accessed only atomically here
+        // and by device stream operations of 8 bytes.
+        unsafe { &*(area.add(offset) as *const AtomicU64) }
+    }
+
+    /// Sender `l`'s `ready` word (the highest pair number the owner is ready for).
+    pub fn ready(&self, l: usize) -> &AtomicU64 {
+        assert!(l < self.nrings(), "sender {l} out of {}", self.nrings());
+        self.flag(Self::ready_offset(l))
+    }
+
+    /// Sender `l`'s `landed` word (the highest pair number whose gated copies landed).
+    pub fn landed(&self, l: usize) -> &AtomicU64 {
+        assert!(l < self.nrings(), "sender {l} out of {}", self.nrings());
+        self.flag(Self::landed_offset(l))
+    }
+
+    fn nrings(&self) -> usize {
+        self.header().nrings.load(Ordering::Relaxed) as usize
+    }
+
+    /// Say that this rank's device reaches every peer's flag area.
+    pub fn set_gated(&self) {
+        self.header().gated.store(1, Ordering::Release);
+    }
+
+    /// Whether the owner's device reaches every peer's flag area.
+    pub fn gated(&self) -> bool {
+        self.header().gated.load(Ordering::Acquire) != 0
+    }
+
     pub fn owner_pid(&self) -> u32 {
         self.header().pid.load(Ordering::Relaxed) as u32
     }
@@ -275,5 +355,28 @@ mod tests {
         assert!(own.try_pop(1).is_none());
         assert!(peer.try_push(1, &Msg::new(MsgKind::Fail, 9, 0)));
         assert_eq!(own.try_pop(1).unwrap().kind(), Some(MsgKind::Fail));
+    }
+
+    /// The flag area lies on its own pages past the rings, its words a cache line apart,
+    /// shared by both mappings and zero at first.
+    #[test]
+    fn flag_area_is_shared_and_apart() {
+        let name = format!("/hoccl.{}.ctl.test{}.0", std::process::id(), line!());
+        let own = Segment::create(&name, 3).unwrap();
+        let peer = Segment::open(&name, 3).unwrap();
+        let (area, len) = own.flag_area();
+        assert_eq!((area as usize % PAGE, len % PAGE), (0, 0));
+        assert!(area as usize >= own.base as usize + std::mem::size_of::<SegHeader>() + 3 * ring_bytes());
+        assert_eq!(area as usize + len, own.base as usize + own.len);
+        let offsets: Vec<usize> = (0..3).flat_map(|l| [Segment::ready_offset(l), Segment::landed_offset(l)]).collect();
+        assert!(offsets.windows(2).all(|w| w[1] - w[0] >= 64), "{offsets:?}");
+        assert_eq!((own.ready(2).load(Ordering::Relaxed), own.landed(2).load(Ordering::Relaxed)), (0, 0));
+        peer.landed(1).store(7, Ordering::Release);
+        own.ready(1).store(5, Ordering::Release);
+        assert_eq!((own.landed(1).load(Ordering::Acquire), peer.ready(1).load(Ordering::Acquire)), (7, 5));
+        assert_eq!(own.landed(0).load(Ordering::Acquire), 0);
+        assert!(!peer.gated());
+        own.set_gated();
+        assert!(peer.gated());
     }
 }

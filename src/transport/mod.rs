@@ -86,13 +86,26 @@ pub struct Wire {
     pub pid: u32,
     /// An export handle (or a remote key) for the allocation; zero when none is needed.
     pub handle: [u8; 64],
+    /// Announced for a gated transfer ([`Transport::announce`]): the sender must take it
+    /// with [`Transport::gated_write`], never with `start_write`.
+    pub gated: bool,
 }
 
 impl Wire {
     /// Nothing described yet, sent by process `pid`.
     pub fn empty(pid: u32) -> Wire {
-        Wire { alloc_id: 0, alloc_len: 0, base: 0, offset: 0, pid, handle: [0; 64] }
+        Wire { alloc_id: 0, alloc_len: 0, base: 0, offset: 0, pid, handle: [0; 64], gated: false }
     }
+}
+
+/// One transfer of a gated batch ([`Transport::gated_write`]): flow `id` moves `len` bytes
+/// from `src` to the receiver's buffer `remote`.
+#[derive(Clone, Copy, Debug)]
+pub struct GatedWrite {
+    pub id: FlowId,
+    pub src: DevPtr,
+    pub remote: RemoteBuffer,
+    pub len: usize,
 }
 
 /// A control signal from a peer, as [`Transport::poll_signals`] delivers it.
@@ -134,6 +147,16 @@ pub struct Incoming {
 /// `Landed` from the receiver's own `poll_signals`, as if the sender had signalled it, and
 /// tell the sender, whose `progress` then reports the flow.
 /// Signals to one peer arrive in the order they were posted.
+///
+/// **Gated transfers.** A transport may move some transfers without a proxy turn on the
+/// critical path ([`gated`](Transport::gated) says which; both ranks answer alike). The
+/// receiver's engine [`announce`](Transport::announce)s such a buffer when the op is
+/// submitted and reports [`reached`](Transport::reached) when its stream reaches the op; the
+/// sender's engine hands the op's gated transfers to that peer in one
+/// [`gated_write`](Transport::gated_write) as soon as it has them all, started or not (the
+/// transport orders the bytes after both streams reached the op). Completion is reported as
+/// for other transfers: the flows from the sender's `progress`, `Landed` from the receiver's
+/// `poll_signals`.
 pub trait Transport: Send {
     /// Make this rank's receive buffer `region` writable by `peer`; returns what the peer's
     /// `start_write` needs. May register or export the allocation (cached).
@@ -184,4 +207,33 @@ pub trait Transport: Send {
     /// Close mappings and tell the peers this rank is gone (the proxy's exit; called once,
     /// after `data_in_flight` turned false or the exit was forced).
     fn close(&mut self);
+
+    /// Whether a transfer of `len` bytes with `peer` is gated. Both ranks of a pair answer
+    /// alike for the same `len` (a length mismatch is caught at the sender, as always).
+    fn gated(&mut self, peer: usize, len: usize) -> bool {
+        let _ = (peer, len);
+        false
+    }
+
+    /// Receiver, at the op's submission: announce the buffer `remote` (from `expose`) of
+    /// gated transfer `tag` from `peer`; the transport reports `Landed` for it.
+    fn announce(&mut self, peer: usize, tag: Tag, remote: RemoteBuffer) -> Result<()> {
+        let _ = (tag, remote);
+        Err(Error::internal("Transport::announce", format!("no gated transfers with rank {peer} here")))
+    }
+
+    /// Receiver: the stream reached op `pair_seq` (with `peer`), which has gated receives
+    /// from it: their bytes may land from now on.
+    fn reached(&mut self, peer: usize, pair_seq: u64) {
+        let _ = (peer, pair_seq);
+    }
+
+    /// Sender: queue every gated transfer of op `pair_seq` to `peer`, to run once this
+    /// rank's stream wrote `start_value` to the flag at `start_flag` (device address) and the
+    /// receiver reached the op. May be called before the stream reached the op; calls for
+    /// one peer come in pair order. Each flow is reported done by `progress`.
+    fn gated_write(&mut self, peer: usize, pair_seq: u64, start_flag: DevPtr, start_value: u64, writes: &[GatedWrite]) -> Result<()> {
+        let _ = (pair_seq, start_flag, start_value, writes);
+        Err(Error::internal("Transport::gated_write", format!("no gated transfers with rank {peer} here")))
+    }
 }

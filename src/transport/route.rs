@@ -6,7 +6,7 @@
 use crate::device::DevPtr;
 use crate::error::{Error, Result};
 use std::collections::VecDeque;
-use crate::transport::{FlowId, Incoming, Region, RemoteBuffer, Tag, Transport};
+use crate::transport::{FlowId, GatedWrite, Incoming, Region, RemoteBuffer, Tag, Transport};
 
 pub struct Route {
     near: Box<dyn Transport>,
@@ -97,5 +97,21 @@ impl Transport for Route {
     fn close(&mut self) {
         self.near.close();
         self.far.close();
+    }
+
+    fn gated(&mut self, peer: usize, len: usize) -> bool {
+        self.to(peer).gated(peer, len)
+    }
+
+    fn announce(&mut self, peer: usize, tag: Tag, remote: RemoteBuffer) -> Result<()> {
+        self.to(peer).announce(peer, tag, remote)
+    }
+
+    fn reached(&mut self, peer: usize, pair_seq: u64) {
+        self.to(peer).reached(peer, pair_seq)
+    }
+
+    fn gated_write(&mut self, peer: usize, pair_seq: u64, start_flag: DevPtr, start_value: u64, writes: &[GatedWrite]) -> Result<()> {
+        self.to(peer).gated_write(peer, pair_seq, start_flag, start_value, writes)
     }
 }

@@ -9,15 +9,115 @@
 //!
 //! Signals are pushed into the peer's ring when they are produced; only a full ring leaves
 //! them in the outbox for a later call.
-use crate::device::{DevPtr, Device};
+//!
+//! **Gated transfers** (peers of this host in another process, flows of one copy): the
+//! receiver announces its buffer when the op is submitted and raises `ready[sender]` in its
+//! mailbox's flag area when its stream reached the op ([`ReadyPrefix`]); the sender queues,
+//! on a copy queue of its own per receiver, a wait for its own stream's start flag, a wait
+//! for `ready`, the copies, and a write of `landed[sender]` in the receiver's flag area.
+//! Both proxies see completion by reading `landed`. No CPU hop lies between the two streams
+//! reaching the op and the bytes landing.
+use crate::device::{CopyQueue, DevPtr, Device};
 use crate::error::{Error, Result};
-use crate::transport::chunk_scheduler::ChunkScheduler;
+use crate::transport::chunk_scheduler::{ChunkScheduler, MIN_CHUNK};
 use crate::transport::ipc::{ExportCache, ImportCache, Mapped};
-use crate::transport::mailbox::{pid_alive, Msg, MsgKind, Segment};
-use crate::transport::{FlowId, Incoming, Region, RemoteBuffer, Signal, Tag, Transport, Wire};
+use crate::transport::mailbox::{pid_alive, Msg, MsgKind, Segment, READY_GATED};
+use crate::transport::{FlowId, GatedWrite, Incoming, Region, RemoteBuffer, Signal, Tag, Transport, Wire};
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// The longest gated transfer: the chunk scheduler's single-copy limit, so a gated
+/// transfer is one copy, as it would be on the proxy's queues.
+pub const GATED_MAX: usize = MIN_CHUNK;
+
+/// Whether a transfer of `len` bytes with a peer goes the gated way, from what both ranks
+/// of the pair know alike: the setting (`HOCCL_GATED`, None = auto), whether the peer lives
+/// in this host but another process, whether both devices reach each other's flag areas
+/// (each says so in its mailbox header), and the length.
+pub fn gated_eligible(setting: Option<bool>, other_process_here: bool, both_mapped: bool, len: usize) -> bool {
+    setting != Some(false) && other_process_here && both_mapped && len <= GATED_MAX
+}
+
+/// The receiver's rule for `ready[l]`: the highest pair number p such that every op with a
+/// gated receive from sender `l` whose pair number is at most p has been reached by its
+/// stream. Ops of different streams may be reached in any order; the rule keeps `ready`
+/// from covering an op whose stream has not reached it, at the price of serialising a
+/// pair's gated ops in call order (NCCL serialises a communicator's ops in call order too).
+#[derive(Default, Debug)]
+pub struct ReadyPrefix {
+    /// Announced ops by pair number (increasing), and whether their stream reached them.
+    pending: VecDeque<(u64, bool)>,
+    ready: u64,
+}
+
+impl ReadyPrefix {
+    /// An op with pair number `p` has gated receives from this sender (once per op; a
+    /// repeat is ignored).
+    pub fn expect(&mut self, p: u64) {
+        if p <= self.ready || self.pending.iter().any(|&(q, _)| q == p) {
+            return;
+        }
+        let at = self.pending.iter().rposition(|&(q, _)| q < p).map_or(0, |i| i + 1);
+        self.pending.insert(at, (p, false));
+    }
+
+    /// The stream reached op `p`; the new value of `ready` when it grew.
+    pub fn reached(&mut self, p: u64) -> Option<u64> {
+        let e = self.pending.iter_mut().find(|(q, _)| *q == p)?;
+        e.1 = true;
+        let before = self.ready;
+        while let Some(&(q, true)) = self.pending.front() {
+            self.ready = q;
+            self.pending.pop_front();
+        }
+        (self.ready > before).then_some(self.ready)
+    }
+
+    pub fn ready(&self) -> u64 {
+        self.ready
+    }
+}
+
+/// The gated writes to one receiver: its own queue (FIFO, so `landed` only grows), what
+/// was queued, and what has not been seen landed.
+struct GatedQueue {
+    queue: Box<dyn CopyQueue>,
+    /// The pair number of the last batch queued (the last `landed` value it writes).
+    last: u64,
+    batches: VecDeque<Batch>,
+    /// An enqueue failed midway: the queue's contents are not a whole batch.
+    broken: bool,
+}
+
+/// One op's gated writes to one receiver.
+#[derive(Default)]
+struct Batch {
+    pair_seq: u64,
+    flows: Vec<FlowId>,
+    /// Pinned until the batch is seen landed: the copies write through them.
+    mapped: Vec<Mapped>,
+    cancelled: bool,
+}
+
+/// The gated path's state (`SameHost::gated` is None when it is off).
+struct Gated {
+    setting: Option<bool>,
+    /// By global rank: the device address of that peer's flag area (peers of this host in
+    /// another process).
+    flags_dev: Vec<Option<DevPtr>>,
+    /// By sender's local index: the ready rule and the receives not landed yet
+    /// (pair number, k, length), in pair order.
+    prefix: Vec<ReadyPrefix>,
+    expect: Vec<VecDeque<(u64, u32, u64)>>,
+    /// By global rank: the queue of gated writes to that receiver (made at first use).
+    queues: Vec<Option<GatedQueue>>,
+    /// Emptied batches, reused.
+    spare: Vec<Batch>,
+    /// Batches queued and not seen landed, over all queues (a turn with none reads nothing).
+    outstanding: usize,
+}
 
 /// How often at most a write in progress tells its receiver that chunks keep landing.
 pub const PROGRESS_EVERY: Duration = Duration::from_millis(10);
@@ -62,12 +162,17 @@ pub struct SameHost {
     /// Reused by `progress` (it runs on every turn of the proxy loop).
     finished: Vec<FlowId>,
     advanced: Vec<FlowId>,
+    /// The gated path (None when `HOCCL_GATED=0`).
+    gated: Option<Gated>,
 }
 
 impl SameHost {
     /// Make `copy_queues` copy queues on `dev` (from the proxy thread, bound to the device)
-    /// and take over the mailboxes.
-    pub fn connect(dev: Arc<dyn Device>, links: Links, copy_queues: usize, chunk_bytes: usize) -> Result<SameHost> {
+    /// and take over the mailboxes. Unless `gated` (`HOCCL_GATED`) is `Some(false)`, map
+    /// every peer's flag area of this host in another process for the device and say so in
+    /// this rank's mailbox header; with `Some(true)` a failure to map is an error, with auto
+    /// the gated path is left off (and the peers see that).
+    pub fn connect(dev: Arc<dyn Device>, links: Links, copy_queues: usize, chunk_bytes: usize, gated: Option<bool>) -> Result<SameHost> {
         let queues = (0..copy_queues).map(|_| dev.create_copy_queue()).collect::<Result<Vec<_>>>()?;
         let mut global_of_local = vec![usize::MAX; links.local_of.iter().flatten().count()];
         for (g, l) in links.local_of.iter().enumerate() {
@@ -76,7 +181,23 @@ impl SameHost {
             }
         }
         let pid = std::process::id();
-        let in_process = links.peers.iter().map(|p| p.as_ref().is_some_and(|seg| seg.owner_pid() == pid)).collect();
+        let in_process: Vec<bool> = links.peers.iter().map(|p| p.as_ref().is_some_and(|seg| seg.owner_pid() == pid)).collect();
+        let gated = match gated {
+            Some(false) => None,
+            setting => match map_flag_areas(dev.as_ref(), &links, &in_process) {
+                Ok(flags_dev) => {
+                    links.inbox.set_gated();
+                    let n = global_of_local.len();
+                    let queues = (0..links.peers.len()).map(|_| None).collect();
+                    Some(Gated { setting, flags_dev, prefix: (0..n).map(|_| ReadyPrefix::default()).collect(), expect: vec![VecDeque::new(); n], queues, spare: Vec::new(), outstanding: 0 })
+                }
+                Err(e) if setting == Some(true) => return Err(e),
+                Err(e) => {
+                    log::info!("hoccl: rank {}: gated transfers off (HOCCL_GATED=auto): {e}", links.rank);
+                    None
+                }
+            },
+        };
         Ok(SameHost {
             dev,
             links,
@@ -89,7 +210,83 @@ impl SameHost {
             outbox: VecDeque::new(),
             finished: Vec::new(),
             advanced: Vec::new(),
+            gated,
         })
+    }
+
+    /// The peer segment of global rank `peer` and this rank's index in it.
+    fn peer_seg(&self, peer: usize) -> Option<&Segment> {
+        self.links.peers.get(peer).and_then(|s| s.as_ref())
+    }
+
+    /// Sender side: report the gated batches seen landed (their flows done, their mappings
+    /// unpinned); whether any was.
+    fn reap_gated(&mut self, done: &mut Vec<FlowId>, advanced: &mut Vec<u64>) -> bool {
+        let Some(g) = self.gated.as_mut().filter(|g| g.outstanding > 0) else { return false };
+        let mut any = false;
+        for (peer, q) in g.queues.iter_mut().enumerate() {
+            let Some(q) = q.as_mut().filter(|q| !q.batches.is_empty()) else { continue };
+            let Some(seg) = self.links.peers.get(peer).and_then(|s| s.as_ref()) else { continue };
+            let landed = seg.landed(self.links.local_index).load(Ordering::Acquire);
+            while q.batches.front().is_some_and(|b| b.pair_seq <= landed) {
+                let Some(mut b) = q.batches.pop_front() else { break };
+                g.outstanding -= 1;
+                any = true;
+                for m in b.mapped.drain(..) {
+                    self.imports.release(&m);
+                }
+                if !b.cancelled {
+                    for id in b.flows.drain(..) {
+                        if advanced.last() != Some(&id.seq) {
+                            advanced.push(id.seq);
+                        }
+                        done.push(id);
+                    }
+                }
+                b.flows.clear();
+                b.cancelled = false;
+                g.spare.push(b);
+            }
+        }
+        any
+    }
+
+    /// Whether a gated queue holds work not seen landed (or a partial batch): it may wait
+    /// for ever, so it may be neither destroyed nor synchronized.
+    fn gated_pending(&self) -> bool {
+        self.gated.as_ref().is_some_and(|g| g.queues.iter().flatten().any(|q| q.broken || !q.batches.is_empty()))
+    }
+
+    /// Tear the gated path down: destroy its queues and unregister the peers' flag areas
+    /// when every batch landed; otherwise leave queues, registrations, peer mailboxes and
+    /// buffer mappings in place for good (a wait may still pass later and run copies that
+    /// read and write them). Returns whether it left them.
+    fn close_gated(&mut self) -> bool {
+        let stuck = self.gated_pending();
+        let Some(mut g) = self.gated.take() else { return false };
+        if stuck {
+            let n = g.queues.iter().flatten().filter(|q| q.broken || !q.batches.is_empty()).count();
+            log::warn!(
+                "hoccl: rank {}: {n} gated copy queue(s) still wait after a failure: they, the peers' flag areas and the buffer mappings they use stay in place until the process exits",
+                self.links.rank
+            );
+            for q in g.queues.drain(..).flatten() {
+                std::mem::forget(q);
+            }
+            for seg in self.links.peers.iter_mut().filter_map(Option::take) {
+                std::mem::forget(seg);
+            }
+            return true;
+        }
+        g.queues.clear();
+        for (peer, d) in g.flags_dev.iter().enumerate() {
+            if let (Some(_), Some(seg)) = (d, self.peer_seg(peer)) {
+                if let Err(e) = self.dev.unmap_host(seg.flag_area().0) {
+                    log::warn!("hoccl: rank {}: unregistering rank {peer}'s flag area: {e}", self.links.rank);
+                }
+            }
+        }
+        false
     }
 
     /// Send `m` to rank `to` now; queue it only behind earlier queued signals or when the
@@ -132,7 +329,7 @@ fn signal_of(m: &Msg) -> Option<Signal> {
             k: m.k,
             remote: RemoteBuffer {
                 len: m.len,
-                wire: Wire { alloc_id: m.alloc_id, alloc_len: m.alloc_len, base: m.base, offset: m.offset, pid: m.pid, handle: m.handle },
+                wire: Wire { alloc_id: m.alloc_id, alloc_len: m.alloc_len, base: m.base, offset: m.offset, pid: m.pid, handle: m.handle, gated: m.code == READY_GATED },
             },
         },
         MsgKind::Landed => Signal::Landed { k: m.k, len: m.len },
@@ -184,10 +381,24 @@ impl Transport for SameHost {
                 }
             }
         }
+        // Gated receives: one load of `landed[l]` per sender with receives outstanding.
+        if let Some(g) = self.gated.as_mut() {
+            for (l, expect) in g.expect.iter_mut().enumerate().filter(|(_, e)| !e.is_empty()) {
+                let landed = self.links.inbox.landed(l).load(Ordering::Acquire);
+                while let Some(&(p, k, len)) = expect.front().filter(|e| e.0 <= landed) {
+                    expect.pop_front();
+                    out.push(Incoming { from: self.global_of_local[l], pair_seq: p, signal: Signal::Landed { k, len } });
+                    any = true;
+                }
+            }
+        }
         any
     }
 
     fn start_write(&mut self, id: FlowId, peer: usize, tag: Tag, src: DevPtr, remote: &RemoteBuffer, len: usize) -> Result<()> {
+        if remote.wire.gated {
+            return Err(Error::invalid_usage("SameHost::start_write", format!("rank {peer} announced a gated receive that this rank sends through the handshake (the two ranks decided differently; mismatched calls?)")));
+        }
         let (mapped, dst) = if len == 0 {
             (None, DevPtr(0))
         } else {
@@ -200,14 +411,15 @@ impl Transport for SameHost {
     }
 
     fn progress(&mut self, done: &mut Vec<FlowId>, advanced: &mut Vec<u64>) -> std::result::Result<bool, (u64, Error)> {
+        let reaped = self.reap_gated(done, advanced);
         if self.sched.is_idle() {
-            return Ok(self.flush());
+            return Ok(self.flush() | reaped);
         }
         let (mut finished, mut moved) = (std::mem::take(&mut self.finished), std::mem::take(&mut self.advanced));
         finished.clear();
         moved.clear();
         let polled = self.sched.poll(&mut finished, &mut moved);
-        let mut progressed = matches!(polled, Ok(true));
+        let mut progressed = matches!(polled, Ok(true)) | reaped;
         let mut now = None;
         for id in moved.drain(..) {
             if advanced.last() != Some(&id.seq) {
@@ -251,6 +463,12 @@ impl Transport for SameHost {
                 f.cancelled = true;
             }
         }
+        // A queued gated batch cannot be taken back: it is only never reported.
+        for q in self.gated.iter_mut().flat_map(|g| g.queues.iter_mut().flatten()) {
+            for b in q.batches.iter_mut().filter(|b| b.flows.iter().any(|id| id.seq == seq)) {
+                b.cancelled = true;
+            }
+        }
     }
 
     fn peer_health(&self, peer: usize) -> Option<String> {
@@ -262,8 +480,10 @@ impl Transport for SameHost {
         seg.is_closed().then(|| "its communicator was aborted or destroyed".to_string())
     }
 
+    /// Gated batches count while their op may still complete; a cancelled one is not
+    /// waited for (it may wait for ever: `close` leaves it in place).
     fn data_in_flight(&self) -> bool {
-        !self.sched.is_idle()
+        !self.sched.is_idle() || self.gated.as_ref().is_some_and(|g| g.queues.iter().flatten().any(|q| q.batches.iter().any(|b| !b.cancelled)))
     }
 
     fn signals_queued(&self) -> bool {
@@ -271,15 +491,141 @@ impl Transport for SameHost {
     }
 
     fn describe(&self) -> String {
-        format!("{}; {} signals queued out", self.sched.describe(), self.outbox.len())
+        let gated = match &self.gated {
+            None => "gated off".to_string(),
+            Some(g) => {
+                let qs: Vec<String> = g.queues.iter().enumerate().filter_map(|(p, q)| Some((p, q.as_ref()?))).map(|(p, q)| {
+                    let landed = self.peer_seg(p).map_or(0, |s| s.landed(self.links.local_index).load(Ordering::Acquire));
+                    format!("to {p}: queued {} landed {landed} batches {}{}", q.last, q.batches.len(), if q.broken { " broken" } else { "" })
+                }).collect();
+                let rs: Vec<String> = g.prefix.iter().enumerate().filter(|(l, r)| r.ready() > 0 || !g.expect[*l].is_empty()).map(|(l, r)| {
+                    format!("from {}: ready {} landed {} expected {}", self.global_of_local[l], r.ready(), self.links.inbox.landed(l).load(Ordering::Acquire), g.expect[l].len())
+                }).collect();
+                format!("gated [{}] [{}]", qs.join(", "), rs.join(", "))
+            }
+        };
+        format!("{}; {} signals queued out; {gated}", self.sched.describe(), self.outbox.len())
     }
 
     fn close(&mut self) {
         // Last signals (failures at an abort) go out if the rings have room.
         self.flush();
-        self.imports.clear(self.dev.as_ref());
+        if !self.close_gated() {
+            self.imports.clear(self.dev.as_ref());
+        }
         self.links.inbox.mark_closed();
     }
+
+    fn gated(&mut self, peer: usize, len: usize) -> bool {
+        let Some(g) = self.gated.as_ref() else { return false };
+        let other_process_here = g.flags_dev.get(peer).is_some_and(Option::is_some);
+        let both = other_process_here && self.peer_seg(peer).is_some_and(Segment::gated);
+        gated_eligible(g.setting, other_process_here, both, len)
+    }
+
+    fn announce(&mut self, peer: usize, tag: Tag, remote: RemoteBuffer) -> Result<()> {
+        let l = self.links.local_of.get(peer).copied().flatten();
+        let (Some(g), Some(l)) = (self.gated.as_mut(), l) else {
+            return Err(Error::internal("SameHost::announce", format!("rank {peer} is not reached by gated transfers")));
+        };
+        g.prefix[l].expect(tag.pair_seq);
+        g.expect[l].push_back((tag.pair_seq, tag.k, remote.len));
+        let mut m = Msg::new(MsgKind::Ready, tag.pair_seq, tag.k);
+        let w = remote.wire;
+        m.len = remote.len;
+        m.code = READY_GATED;
+        (m.alloc_id, m.alloc_len, m.base, m.offset, m.pid, m.handle) = (w.alloc_id, w.alloc_len, w.base, w.offset, w.pid, w.handle);
+        self.post(peer, m);
+        Ok(())
+    }
+
+    fn reached(&mut self, peer: usize, pair_seq: u64) {
+        let l = self.links.local_of.get(peer).copied().flatten();
+        let (Some(g), Some(l)) = (self.gated.as_mut(), l) else { return };
+        if let Some(v) = g.prefix[l].reached(pair_seq) {
+            self.links.inbox.ready(l).store(v, Ordering::Release);
+        }
+    }
+
+    fn gated_write(&mut self, peer: usize, pair_seq: u64, start_flag: DevPtr, start_value: u64, writes: &[GatedWrite]) -> Result<()> {
+        const OP: &str = "SameHost::gated_write";
+        if let Some(w) = writes.iter().find(|w| !w.remote.wire.gated) {
+            return Err(Error::invalid_usage(OP, format!("rank {peer} announced the receive of send {} through the handshake, which this rank sends gated (the two ranks decided differently; mismatched calls?)", w.id.idx)));
+        }
+        let me = self.links.local_index;
+        let flags = self.gated.as_ref().and_then(|g| *g.flags_dev.get(peer)?);
+        let Some(flags) = flags else { return Err(Error::internal(OP, format!("rank {peer} is not reached by gated transfers"))) };
+        let (ready, landed) = (flags.add(Segment::ready_offset(me)), flags.add(Segment::landed_offset(me)));
+        let Some(g) = self.gated.as_mut() else { return Err(Error::internal(OP, "gated path off")) };
+        if g.queues[peer].is_none() {
+            g.queues[peer] = Some(GatedQueue { queue: self.dev.create_copy_queue()?, last: 0, batches: VecDeque::new(), broken: false });
+        }
+        let q = g.queues[peer].as_mut().expect("made above");
+        if q.broken || pair_seq <= q.last {
+            return Err(Error::internal(OP, format!("gated batch {pair_seq} to rank {peer} after {} (broken: {})", q.last, q.broken)));
+        }
+        let mut b = g.spare.pop().unwrap_or_default();
+        b.pair_seq = pair_seq;
+        // Map every destination before anything is queued: a failure here leaves the queue
+        // as it was.
+        for w in writes.iter().filter(|w| w.len > 0) {
+            match self.imports.acquire(self.dev.as_ref(), peer, &w.remote.wire) {
+                Ok(m) => b.mapped.push(m),
+                Err(e) => {
+                    for m in b.mapped.drain(..) {
+                        self.imports.release(&m);
+                    }
+                    g.spare.push(b);
+                    return Err(e);
+                }
+            }
+        }
+        b.flows.extend(writes.iter().map(|w| w.id));
+        // Once the first wait is queued, a failure leaves a partial batch: the queue is
+        // broken for good (and left in place at close).
+        q.broken = true;
+        let mut enqueue = || -> Result<()> {
+            q.queue.wait_geq(start_flag, start_value)?;
+            q.queue.wait_geq(ready, pair_seq)?;
+            for (w, m) in writes.iter().filter(|w| w.len > 0).zip(&b.mapped) {
+                q.queue.copy(m.base.add(w.remote.wire.offset as usize), w.src, w.len)?;
+            }
+            q.queue.write_value(landed, pair_seq)
+        };
+        let r = enqueue();
+        // The mappings stay pinned with the batch, landed or not.
+        q.batches.push_back(b);
+        g.outstanding += 1;
+        q.last = pair_seq;
+        if r.is_ok() {
+            q.broken = false;
+        }
+        r
+    }
+}
+
+/// Register the flag area of every peer of this host in another process for `dev`; by
+/// global rank, its device address. On a failure, what was registered is undone.
+fn map_flag_areas(dev: &dyn Device, links: &Links, in_process: &[bool]) -> Result<Vec<Option<DevPtr>>> {
+    let mut out: Vec<Option<DevPtr>> = vec![None; links.peers.len()];
+    for (peer, seg) in links.peers.iter().enumerate() {
+        let Some(seg) = seg.as_ref().filter(|_| !in_process[peer] && peer != links.rank) else { continue };
+        let (area, len) = seg.flag_area();
+        match dev.map_host(area, len) {
+            Ok(d) => out[peer] = Some(d),
+            Err(e) => {
+                for (p, d) in out.iter().enumerate() {
+                    if let (Some(_), Some(s)) = (d, links.peers[p].as_ref()) {
+                        if let Err(u) = dev.unmap_host(s.flag_area().0) {
+                            log::warn!("hoccl: unregistering rank {p}'s flag area: {u}");
+                        }
+                    }
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -298,8 +644,8 @@ mod tests {
         let local_of = vec![Some(0), Some(1)];
         let l0 = Links { rank: 0, inbox: in0, peers: vec![None, Some(Segment::open(&name(1), 2).unwrap())], local_index: 0, local_of: local_of.clone() };
         let l1 = Links { rank: 1, inbox: in1, peers: vec![Some(Segment::open(&name(0), 2).unwrap()), None], local_index: 1, local_of };
-        let t0 = SameHost::connect(dev.clone(), l0, 2, 4096).unwrap();
-        let t1 = SameHost::connect(dev.clone(), l1, 2, 4096).unwrap();
+        let t0 = SameHost::connect(dev.clone(), l0, 2, 4096, None).unwrap();
+        let t1 = SameHost::connect(dev.clone(), l1, 2, 4096, None).unwrap();
         (dev, t0, t1)
     }
 
@@ -319,6 +665,50 @@ mod tests {
         let mut v = Vec::new();
         t.poll_signals(&mut v);
         v
+    }
+
+    /// `ready` covers only a prefix of reached ops: an op reached out of call order waits
+    /// for the earlier ones; repeats and ops already covered change nothing.
+    #[test]
+    fn ready_is_the_reached_prefix() {
+        let mut r = ReadyPrefix::default();
+        for p in [2, 3, 5, 3] {
+            r.expect(p);
+        }
+        assert_eq!(r.reached(3), None, "op 2 not reached: ready stays");
+        assert_eq!(r.ready(), 0);
+        assert_eq!(r.reached(2), Some(3), "2 and 3 reached: ready covers both");
+        assert_eq!(r.reached(4), None, "4 has no gated receive from this sender");
+        r.expect(7);
+        r.expect(6);
+        assert_eq!(r.reached(7), None);
+        assert_eq!(r.reached(5), Some(5));
+        assert_eq!(r.reached(6), Some(7));
+        r.expect(7);
+        assert_eq!((r.reached(7), r.ready()), (None, 7), "an op already covered is not expected again");
+        r.expect(8);
+        assert_eq!(r.reached(8), Some(8));
+    }
+
+    /// Gated: never with `HOCCL_GATED=0`, never within one process or without both flag
+    /// areas mapped, and only up to one copy.
+    #[test]
+    fn eligibility() {
+        for setting in [None, Some(true)] {
+            assert!(gated_eligible(setting, true, true, 0));
+            assert!(gated_eligible(setting, true, true, GATED_MAX));
+            assert!(!gated_eligible(setting, true, true, GATED_MAX + 1));
+            assert!(!gated_eligible(setting, false, true, 4096));
+            assert!(!gated_eligible(setting, true, false, 4096));
+        }
+        assert!(!gated_eligible(Some(false), true, true, 4096));
+        assert_eq!(GATED_MAX, crate::transport::chunk_scheduler::MIN_CHUNK);
+        assert_eq!(crate::transport::chunk_scheduler::chunk_size(GATED_MAX, 3, 16 << 20), GATED_MAX, "a gated flow is one copy");
+        // Ranks of one process never take it (the unit pair is one process).
+        let (_dev, mut t0, mut t1) = pair(0x7e57_0002);
+        assert!(!t0.gated(1, 4096) && !t1.gated(0, 4096));
+        t0.close();
+        t1.close();
     }
 
     /// Ready from the receiver, a chunked write, Landed from the sender's transport; an

@@ -101,6 +101,7 @@ pub fn allocated(c: &Communicator) {
     }
 }
 
+pub mod children;
 #[path = "logs.rs"]
 pub mod logs;
 pub mod wrap;

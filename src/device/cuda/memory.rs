@@ -275,6 +275,38 @@ impl CudaDevice {
         check(OP, "cuMemFreeHost", unsafe { sys::cuMemFreeHost(p.0 as *mut c_void) })
     }
 
+    /// Register `len` bytes of host memory at `ptr` (a shared-memory mapping another process
+    /// writes too) for this device: `cuMemHostRegister` with `DEVICEMAP | PORTABLE`, so
+    /// every context reaches it, and the device address of `ptr`.
+    pub(super) fn mem_map_host(&self, ptr: *mut u8, len: usize) -> Result<DevPtr> {
+        const OP: &str = "Device::map_host";
+        if ptr.is_null() || ptr as usize % 8 != 0 || len == 0 {
+            return Err(Error::invalid_arg(OP, format!("{ptr:p}+{len}: want a non-null, 8-byte aligned, non-empty range")));
+        }
+        let _g = self.enter(OP)?;
+        let flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE;
+        // SAFETY: the caller's `len` bytes at `ptr` are mapped and stay so until
+        // `unmap_host`; the driver pins them.
+        check(OP, "cuMemHostRegister_v2", unsafe { sys::cuMemHostRegister_v2(ptr as *mut c_void, len, flags) })?;
+        let mut dev: sys::CUdeviceptr = 0;
+        // SAFETY: ptr was registered with DEVICEMAP just above; valid out-pointer.
+        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, ptr as *mut c_void, 0) };
+        if let Err(e) = check(OP, "cuMemHostGetDevicePointer_v2", r) {
+            // SAFETY: registered above, unregistered once; nothing was queued on it.
+            unsafe { sys::cuMemHostUnregister(ptr as *mut c_void) };
+            return Err(e);
+        }
+        Ok(DevPtr(dev))
+    }
+
+    pub(super) fn mem_unmap_host(&self, ptr: *mut u8) -> Result<()> {
+        const OP: &str = "Device::unmap_host";
+        let _g = self.enter(OP)?;
+        // SAFETY: the driver rejects a pointer that is not registered; the caller unregisters
+        // only after every stream operation on the range has run.
+        check(OP, "cuMemHostUnregister", unsafe { sys::cuMemHostUnregister(ptr as *mut c_void) })
+    }
+
     pub(super) fn mem_copy_to_host(&self, dst: &mut [u8], src: DevPtr) -> Result<()> {
         const OP: &str = "Device::copy_to_host";
         if dst.is_empty() {

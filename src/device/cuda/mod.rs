@@ -255,6 +255,12 @@ impl Device for CudaDevice {
     fn free_host(&self, p: DevPtr) -> Result<()> {
         self.mem_free_host(p)
     }
+    fn map_host(&self, ptr: *mut u8, len: usize) -> Result<DevPtr> {
+        self.mem_map_host(ptr, len)
+    }
+    fn unmap_host(&self, ptr: *mut u8) -> Result<()> {
+        self.mem_unmap_host(ptr)
+    }
     fn copy_to_host(&self, dst: &mut [u8], src: DevPtr) -> Result<()> {
         self.mem_copy_to_host(dst, src)
     }
@@ -319,7 +325,7 @@ impl Device for CudaDevice {
         self.info.async_engines
     }
     fn create_copy_queue(&self) -> Result<Box<dyn CopyQueue>> {
-        Ok(Box::new(CudaCopyQueue::new(self.ctx.clone())?))
+        Ok(Box::new(CudaCopyQueue::new(self.ctx.clone(), self.info.stream_mem_ops_64)?))
     }
 
     fn as_cuda(&self) -> Option<&CudaDevice> {

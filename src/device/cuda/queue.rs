@@ -6,7 +6,13 @@
 //! most one for the oldest still pending, and never blocks. The driver spreads streams over
 //! the GPU's copy engines itself (hardware channels are assigned round-robin), so one queue
 //! per engine (`copy_engine_count`) is the natural setting.
+//!
+//! `wait_geq` and `write_value` are the stream memory operations of `stream.rs` on the
+//! queue's stream (64-bit where the GPU has them, the same 32-bit fallback otherwise): the
+//! same-host transport's gated queues wait there for both streams' flags and write the
+//! receiver's landing flag behind the copies.
 use super::driver::{check, error_name};
+use super::stream::{check_flag, enqueue_wait_geq, enqueue_write};
 use super::Context;
 use crate::device::{CopyQueue, DevPtr};
 use crate::error::Result;
@@ -25,6 +31,8 @@ pub struct CudaCopyQueue {
     next_ticket: u64,
     /// The highest ticket known complete (0 before any).
     done: u64,
+    /// Whether the GPU has 64-bit stream memory operations (`stream.rs`).
+    mem_ops_64: bool,
 }
 
 // SAFETY: the stream and event handles may be used from any thread; the queue is owned by
@@ -32,7 +40,7 @@ pub struct CudaCopyQueue {
 unsafe impl Send for CudaCopyQueue {}
 
 impl CudaCopyQueue {
-    pub(super) fn new(ctx: Arc<Context>) -> Result<CudaCopyQueue> {
+    pub(super) fn new(ctx: Arc<Context>, mem_ops_64: bool) -> Result<CudaCopyQueue> {
         const OP: &str = "Device::create_copy_queue";
         let _g = ctx.enter(OP)?;
         let mut stream: sys::CUstream = std::ptr::null_mut();
@@ -40,7 +48,7 @@ impl CudaCopyQueue {
         // SAFETY: valid out-pointer; the context is current.
         check(OP, "cuStreamCreate", unsafe { sys::cuStreamCreate(&mut stream, flags) })?;
         drop(_g);
-        Ok(CudaCopyQueue { ctx, stream, pending: VecDeque::new(), free: Vec::new(), next_ticket: 1, done: 0 })
+        Ok(CudaCopyQueue { ctx, stream, pending: VecDeque::new(), free: Vec::new(), next_ticket: 1, done: 0, mem_ops_64 })
     }
 
     /// The queue's stream (for callers that need to order other work after its copies).
@@ -109,6 +117,24 @@ impl CopyQueue for CudaCopyQueue {
             self.done = t;
         }
         Ok(self.done)
+    }
+
+    fn wait_geq(&mut self, flag: DevPtr, v: u64) -> Result<()> {
+        const OP: &str = "CopyQueue::wait_geq";
+        check_flag(OP, flag)?;
+        let _g = self.ctx.enter(OP)?;
+        let _gate = self.ctx.enqueue_gate(OP);
+        enqueue_wait_geq(OP, self.stream, flag, v, self.mem_ops_64)
+    }
+
+    /// The default write flag puts a memory barrier before the write, so a reader that sees
+    /// the value sees the bytes of the queue's earlier copies.
+    fn write_value(&mut self, flag: DevPtr, v: u64) -> Result<()> {
+        const OP: &str = "CopyQueue::write_value";
+        check_flag(OP, flag)?;
+        let _g = self.ctx.enter(OP)?;
+        let _gate = self.ctx.enqueue_gate(OP);
+        enqueue_write(OP, self.stream, flag, v, self.mem_ops_64)
     }
 }
 

@@ -83,19 +83,7 @@ impl CudaDevice {
         check_flag(OP, flag)?;
         let _g = self.enter(OP)?;
         let _gate = self.ctx.enqueue_gate(OP);
-        let st = cu_stream(s);
-        if self.info.stream_mem_ops_64 {
-            // SAFETY: flag is an 8-byte-aligned device-visible address (checked above; the
-            // driver validates it); the stream handle is validated by the driver.
-            return check(OP, "cuStreamWriteValue64_v2", unsafe { sys::cuStreamWriteValue64_v2(st, flag.0, v, WRITE_DEFAULT) });
-        }
-        // Low word first, then high word: see the module comment for why this order.
-        // SAFETY: as above, on the two 4-byte halves of the flag (little-endian).
-        check(OP, "cuStreamWriteValue32_v2", unsafe { sys::cuStreamWriteValue32_v2(st, flag.0, v as u32, WRITE_DEFAULT) })?;
-        // SAFETY: as above.
-        check(OP, "cuStreamWriteValue32_v2", unsafe {
-            sys::cuStreamWriteValue32_v2(st, flag.0 + 4, (v >> 32) as u32, WRITE_DEFAULT)
-        })
+        enqueue_write(OP, cu_stream(s), flag, v, self.info.stream_mem_ops_64)
     }
 
     pub(super) fn stream_wait_value_geq(&self, s: StreamHandle, flag: DevPtr, v: u64) -> Result<()> {
@@ -103,13 +91,7 @@ impl CudaDevice {
         check_flag(OP, flag)?;
         let _g = self.enter(OP)?;
         let _gate = self.ctx.enqueue_gate(OP);
-        let st = cu_stream(s);
-        if self.info.stream_mem_ops_64 {
-            // SAFETY: as in stream_write_value.
-            return check(OP, "cuStreamWaitValue64_v2", unsafe { sys::cuStreamWaitValue64_v2(st, flag.0, v, WAIT_GEQ) });
-        }
-        // SAFETY: as above, on the low half of the flag.
-        check(OP, "cuStreamWaitValue32_v2", unsafe { sys::cuStreamWaitValue32_v2(st, flag.0, v as u32, WAIT_GEQ) })
+        enqueue_wait_geq(OP, cu_stream(s), flag, v, self.info.stream_mem_ops_64)
     }
 
     pub(super) fn stream_memcpy(&self, s: StreamHandle, dst: DevPtr, src: DevPtr, len: usize) -> Result<()> {
@@ -125,7 +107,33 @@ impl CudaDevice {
     }
 }
 
-fn check_flag(op: &'static str, flag: DevPtr) -> Result<()> {
+/// Enqueue on `st` the write of `v` to `flag` (64-bit, or the two 32-bit halves: see the
+/// module comment). The caller has checked `flag`, holds the context and its enqueue gate.
+pub(super) fn enqueue_write(op: &'static str, st: sys::CUstream, flag: DevPtr, v: u64, mem_ops_64: bool) -> Result<()> {
+    if mem_ops_64 {
+        // SAFETY: flag is an 8-byte-aligned device-visible address (checked by the caller;
+        // the driver validates it); the stream handle is validated by the driver.
+        return check(op, "cuStreamWriteValue64_v2", unsafe { sys::cuStreamWriteValue64_v2(st, flag.0, v, WRITE_DEFAULT) });
+    }
+    // Low word first, then high word: see the module comment for why this order.
+    // SAFETY: as above, on the two 4-byte halves of the flag (little-endian).
+    check(op, "cuStreamWriteValue32_v2", unsafe { sys::cuStreamWriteValue32_v2(st, flag.0, v as u32, WRITE_DEFAULT) })?;
+    // SAFETY: as above.
+    check(op, "cuStreamWriteValue32_v2", unsafe { sys::cuStreamWriteValue32_v2(st, flag.0 + 4, (v >> 32) as u32, WRITE_DEFAULT) })
+}
+
+/// Enqueue on `st` a wait until `flag >= v` (64-bit, or the cyclic 32-bit comparison of the
+/// low halves). The caller has checked `flag`, holds the context and its enqueue gate.
+pub(super) fn enqueue_wait_geq(op: &'static str, st: sys::CUstream, flag: DevPtr, v: u64, mem_ops_64: bool) -> Result<()> {
+    if mem_ops_64 {
+        // SAFETY: as in enqueue_write.
+        return check(op, "cuStreamWaitValue64_v2", unsafe { sys::cuStreamWaitValue64_v2(st, flag.0, v, WAIT_GEQ) });
+    }
+    // SAFETY: as above, on the low half of the flag.
+    check(op, "cuStreamWaitValue32_v2", unsafe { sys::cuStreamWaitValue32_v2(st, flag.0, v as u32, WAIT_GEQ) })
+}
+
+pub(super) fn check_flag(op: &'static str, flag: DevPtr) -> Result<()> {
     if flag.is_null() || flag.0 % 8 != 0 {
         return Err(Error::invalid_arg(op, format!("flag address {:#x} is null or not 8-byte aligned", flag.0)));
     }
