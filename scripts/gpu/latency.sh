@@ -7,7 +7,8 @@
 #      (memcpy_async) of the same sizes; the launch cost                -> latency.json
 #   2. under MPS (nvidia-cuda-mps-control -d, stopped when the script exits, whatever
 #      happened): 2, 3 and 4 processes on the GPU, sendrecv 4K..1G, the handshake probe and
-#      the copies of every process at once, appended to the same file (mps: true)
+#      the copies of every process at once, appended to the same file (mps: true); the
+#      2-process rows again with HOCCL_GATED=0 (the handshake path for every size)
 #   3. under MPS, 2 processes, sendrecv 4K and 2M with HOCCL_TRACE_OPS: the proxies'
 #      per-step timelines of four ops in the middle of the timed loop   -> latency_timeline.log
 #   and every run's output                                              -> latency.log
@@ -75,6 +76,8 @@ if [ -n "$mps_np" ]; then
         [ "$np" -ge 3 ] && conn=(CUDA_DEVICE_MAX_CONNECTIONS=16)
         run 180 NCCL_NVLS_ENABLE=0 "${conn[@]}" -- -np "$np" "$BIN" --latency --mps --ops sendrecv --json "$json" --append
       done
+      # The same 2-process rows on the handshake path, beside the gated path's (records: path).
+      run 180 NCCL_NVLS_ENABLE=0 HOCCL_GATED=0 -- -np 2 "$BIN" --latency --mps --ops sendrecv --json "$json" --append
       tl="$results/latency_timeline.log"
       : > "$tl"
       for size in 4K 2M; do
