@@ -254,6 +254,9 @@ impl Device for CudaDevice {
     fn free_host(&self, p: DevPtr) -> Result<()> {
         self.mem_free_host(p)
     }
+    fn memory_in_use(&self) -> Result<crate::device::MemoryInUse> {
+        self.mem_in_use()
+    }
     fn copy_to_host(&self, dst: &mut [u8], src: DevPtr) -> Result<()> {
         self.mem_copy_to_host(dst, src)
     }
