@@ -5,6 +5,11 @@
 //! receiver's segment; only the receiver reads it. Messages are fixed 128-byte records.
 //! A full ring is never waited on: the sender keeps the message and retries (so two proxies
 //! can never deadlock on each other's full rings).
+//!
+//! The segment is owner-only (0600), named from the communicator's random id, and unlinked
+//! once every local rank has mapped it. Everything in it is written by other processes:
+//! rings are located from this mapping's own ring count, counters wrap, and records are
+//! checked before use (`same_host`).
 use crate::error::{Error, Result};
 use std::ffi::CString;
 use std::sync::atomic::{AtomicU64, Ordering};
