@@ -19,8 +19,12 @@ use std::time::Duration;
 const PAGE: usize = 4096;
 const HOST_COPY_ENGINES: usize = 3;
 
-fn round_page(len: usize) -> usize {
-    len.max(1).div_ceil(PAGE) * PAGE
+/// `len` rounded up to whole pages; a length no mapping can have is `InvalidArgument`.
+fn round_page(op: &'static str, len: usize) -> Result<usize> {
+    len.max(1)
+        .checked_next_multiple_of(PAGE)
+        .filter(|l| *l <= isize::MAX as usize)
+        .ok_or_else(|| Error::invalid_arg(op, format!("{len} bytes: larger than any mapping")))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -434,7 +438,7 @@ impl Device for HostDevice {
         crate::bootstrap::tcp::fill_random(&mut key).map_err(|e| e.with_op(OP))?;
         let key = u64::from_le_bytes(key);
         let name = shm_name(id, key);
-        let map_len = round_page(len);
+        let map_len = round_page(OP, len)?;
         let p = map_shm(OP, &name, map_len, true)? as u64;
         lock_registry(OP)?.regions.insert(p, Region { len: len.max(1), map_len, kind: RegionKind::Own { id, key } });
         self.owned.lock().map_err(|_| Error::internal(OP, "poisoned"))?.insert(p, (name, map_len));
@@ -506,7 +510,7 @@ impl Device for HostDevice {
         if len as u64 > exported {
             return Err(Error::invalid_arg(OP, format!("{len} bytes requested from an allocation of {exported}")));
         }
-        let map_len = round_page(len);
+        let map_len = round_page(OP, len)?;
         let p = map_shm(OP, name, map_len, false)? as u64;
         lock_registry(OP)?.regions.insert(p, Region { len: len.max(1), map_len, kind: RegionKind::Imported });
         Ok(DevPtr(p))
