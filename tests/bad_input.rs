@@ -803,7 +803,7 @@ impl Fuzz {
                 && bytes.is_some_and(|b| (!uses_send || self.holds(sp, b)) && (!uses_recv || self.holds(rp, b)))
                 // (In-place AlltoAll is refused only with more than one rank.)
                 // A one-rank op in place enqueues nothing, so its stream is never looked up;
-                // a reduction's does (it enqueues its reduce step).
+                // a reduction looks it up on one rank too.
                 && (stream != 0x7fff_0001 || bytes == Some(0) || (sp == rp && !op.reduces()));
             if !args_ok {
                 ErrorCode::InvalidArgument
