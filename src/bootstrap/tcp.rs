@@ -827,7 +827,8 @@ mod tests {
     /// arrived. The root stops listening once every rank joined.
     #[test]
     fn corrupt_frames_from_a_peer_are_errors() {
-        let corrupt: [(&str, Box<dyn Fn(&mut TcpStream)>); 3] = [
+        type Corrupt = (&'static str, Box<dyn Fn(&mut TcpStream)>);
+        let corrupt: [Corrupt; 3] = [
             ("malformed frame (kind 9)", Box::new(|s| write_frame(s, 9, 0, b"x").unwrap())),
             ("frame of", Box::new(|s| s.write_all(&[[KIND_USER, 0, 0, 0, 7].as_slice(), &(MAX_FRAME + 1).to_be_bytes()].concat()).unwrap())),
             ("closed its link", Box::new(|s| s.write_all(&[[KIND_USER, 0, 0, 0, 7].as_slice(), &(3u64 << 30).to_be_bytes(), b"abc"].concat()).unwrap())),
@@ -850,7 +851,7 @@ mod tests {
                 s.shutdown(Shutdown::Both).unwrap();
             }
             let t = Instant::now();
-            let e = b0.recv(1, 7).err().expect("a corrupt frame is no message");
+            let e = b0.recv(1, 7).expect_err("a corrupt frame is no message");
             assert_eq!(e.code(), crate::error::ErrorCode::Remote, "{why}: {e}");
             assert!(e.to_string().contains("rank 1") && e.to_string().contains(why), "{why}: {e}");
             assert!(t.elapsed() < Duration::from_secs(2), "{why}: took {:?}", t.elapsed());

@@ -439,7 +439,7 @@ mod tests {
         let region = Region { seq: 1, ptr: dst, len: len / 2, alloc: Some(dev.allocation(dst).unwrap()) };
         let good = t1.expose(0, region).unwrap();
         let past = RemoteBuffer { len: len as u64, wire: Wire { offset: 8, ..good.wire } };
-        let e = t0.start_write(FlowId { seq: 1, idx: 0 }, 1, Tag { pair_seq: 1, k: 0 }, src, &past, len).err().expect("past the allocation");
+        let e = t0.start_write(FlowId { seq: 1, idx: 0 }, 1, Tag { pair_seq: 1, k: 0 }, src, &past, len).expect_err("past the allocation");
         assert!(matches!(e, Error::Remote { peer: 1, .. }) && e.to_string().contains("exceeds the announced"), "{e}");
         // A good write maps the allocation; a record then claiming it is twice as large is
         // refused by the mapping cache.
@@ -447,7 +447,7 @@ mod tests {
         t0.start_write(id, 1, Tag { pair_seq: 2, k: 0 }, src, &good, len / 2).unwrap();
         assert_eq!(drive(&mut t0, |t, d| !d.is_empty() && !t.signals_queued()), vec![id]);
         let grown = RemoteBuffer { len: len as u64, wire: Wire { alloc_len: 2 * len as u64, offset: len as u64, ..good.wire } };
-        let e = t0.start_write(FlowId { seq: 3, idx: 0 }, 1, Tag { pair_seq: 3, k: 0 }, src, &grown, len).err().expect("grown allocation");
+        let e = t0.start_write(FlowId { seq: 3, idx: 0 }, 1, Tag { pair_seq: 3, k: 0 }, src, &grown, len).expect_err("grown allocation");
         assert!(matches!(e, Error::Remote { peer: 1, .. }) && e.to_string().contains("mapped as 4096"), "{e}");
         let mut back = vec![0u8; len];
         dev.copy_to_host(&mut back, dst).unwrap();

@@ -1529,7 +1529,7 @@ mod tests {
         raw.write_all(&hello(comm, 0, 0, &secret)).unwrap();
         let mut b = [0u8; HDR];
         raw.read_exact(&mut b).unwrap();
-        assert_eq!(parse_hello(&b).map(|(c, m, r, s)| (c, m, r, s)), Some((0, comm, 1, [7; 16])));
+        assert_eq!(parse_hello(&b), Some((0, comm, 1, [7; 16])));
         (dev, t.join().unwrap(), raw)
     }
 
@@ -1545,7 +1545,8 @@ mod tests {
             (h.a, h.token, h.offset, h.payload) = (a, token, offset, payload);
             h.encode().to_vec()
         };
-        let cases: [(&str, Box<dyn Fn(u64) -> Vec<u8>>); 5] = [
+        type Frames = (&'static str, Box<dyn Fn(u64) -> Vec<u8>>);
+        let cases: [Frames; 5] = [
             ("malformed frame header", Box::new(|_| vec![0xab; HDR])),
             ("corrupt frame", Box::new(move |t| data(len as u64 - 8, len as u64, 100, t))),
             ("corrupt frame", Box::new(move |t| data(u64::MAX - 4, len as u64, 16, t))),
