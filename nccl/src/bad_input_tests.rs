@@ -208,20 +208,14 @@ fn table_through_the_nccl_abi() {
 
 // ---------------------------------------------------------------- the fuzzer -------------
 
-/// splitmix64: the fuzzer's generator (fixed seed, so a failing run repeats).
-struct Rng(u64);
+// The fuzzer's generator: hoccl's seeded PRNG (a fixed seed, so a failing run repeats).
+use hoccl::plan::rng::Rng;
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
+trait Pick {
+    fn pick<T: Copy>(&mut self, v: &[T]) -> T;
+}
+
+impl Pick for Rng {
     fn pick<T: Copy>(&mut self, v: &[T]) -> T {
         v[self.below(v.len() as u64) as usize]
     }
@@ -261,7 +255,7 @@ fn fuzz_the_nccl_abi() {
     let seed = var("HOCCL_FUZZ_SEED").unwrap_or(41);
     eprintln!("NCCL ABI fuzz seed {seed} (HOCCL_FUZZ_SEED), {iters} calls (HOCCL_FUZZ_ITERS)");
     let t0 = std::time::Instant::now();
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut uid = UniqueId { internal: [0; 128] };
     assert_eq!(ncclGetUniqueId(&mut uid), NCCL_SUCCESS, "{}", last());
     let mut comm = null_mut();
