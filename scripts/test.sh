@@ -9,6 +9,9 @@
 #      a consumer project against the installed package). CMake's cargo step shares target/
 #      and the release profile with `cargo build --release` (scripts/demo.sh), so the
 #      release library compiles once across the two scripts.
+#   5. sanitize: the C and C++ checks of ctest/ built with AddressSanitizer and
+#      UndefinedBehaviorSanitizer (-DHOCCL_SANITIZE=address,undefined, build/sanitize: only
+#      those programs; the same release libraries) and run by `ctest -L sanitize`.
 # Prints each part's summary and exits non-zero if anything failed. Examples that are
 # expected but not written yet are reported as SKIPPED, never as passed. Tests that provoke
 # errors on purpose keep the library's log to themselves unless they fail (ctest shows a
@@ -19,7 +22,7 @@
 # An example is self-checking when its file has the line `//! hoccl-example: self-checking`;
 # each `//! hoccl-example-run: ARGS` line adds a run with those arguments. It passes when
 # every rank exits 0.
-#   HOCCL_TEST_PARTS    the parts to run (default "cargo examples cmake")
+#   HOCCL_TEST_PARTS    the parts to run (default "cargo examples cmake sanitize")
 #   HOCCL_TEST_NP       rank counts for the examples (default "2 4")
 #   HOCCL_TEST_TIMEOUT  seconds per mpirun (default 300)
 #   HOCCL_BUILD_DIR     CMake build dir (default build/cmake)
@@ -140,10 +143,27 @@ part_cmake() {
   fi
 }
 
-for part in ${HOCCL_TEST_PARTS:-cargo examples cmake}; do
+# ---------------------------------------------------------------- sanitizers -------------
+# Only the C/C++ check programs are instrumented and run (label `sanitize`), not the whole
+# suite again: about 100 s on 2 cores once the release libraries exist.
+part_sanitize() {
+  stage "C/C++ checks under AddressSanitizer and UndefinedBehaviorSanitizer"
+  local build=build/sanitize
+  if quiet sanitize-configure cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DHOCCL_SANITIZE=address,undefined -DHOCCL_BUILD_EXAMPLES=OFF \
+     && quiet sanitize-build cmake --build "$build" -j "$(nproc)" --target hoccl_sanitized; then
+    (cd "$build" && ctest -L sanitize --output-on-failure) 2>&1 | tee "$logs/ctest-sanitize.log"
+    [ "${PIPESTATUS[0]}" = 0 ] || failed+=("ctest -L sanitize")
+    summary+=("sanitizers: $(grep -E 'tests passed, [0-9]+ tests? failed out of' "$logs/ctest-sanitize.log" || echo 'no summary line')")
+  else
+    failed+=("sanitizer build")
+    summary+=("sanitizers: not run (build failed)")
+  fi
+}
+
+for part in ${HOCCL_TEST_PARTS:-cargo examples cmake sanitize}; do
   case "$part" in
-    cargo | examples | cmake) "part_$part" ;;
-    *) echo "test: unknown part '$part' in HOCCL_TEST_PARTS (cargo, examples, cmake)" >&2; exit 2 ;;
+    cargo | examples | cmake | sanitize) "part_$part" ;;
+    *) echo "test: unknown part '$part' in HOCCL_TEST_PARTS (cargo, examples, cmake, sanitize)" >&2; exit 2 ;;
   esac
 done
 

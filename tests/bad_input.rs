@@ -58,6 +58,11 @@ mod c {
 
     wrap! {
         hocclGetLastError() -> *const c_char;
+        hocclGetVersion(v: *mut c_int) -> c_int;
+        hocclGetErrorString(r: c_int) -> *const c_char;
+        hocclCommInitMpi(comm: *mut Comm, f: c_int) -> c_int;
+        hocclStreamDestroy(comm: Comm, s: Stream) -> c_int;
+        hocclAlltoAllv(sb: *const c_void, sc: *const usize, sd: *const usize, rb: *mut c_void, rc: *const usize, rd: *const usize, d: c_int, comm: Comm, s: Stream) -> c_int;
         hocclGetUniqueId(id: *mut UniqueId) -> c_int;
         hocclCommInitRank(comm: *mut Comm, nranks: c_int, id: UniqueId, rank: c_int) -> c_int;
         hocclCommDestroy(comm: Comm) -> c_int;
@@ -797,8 +802,9 @@ impl Fuzz {
                 && !op.p2p()
                 && bytes.is_some_and(|b| (!uses_send || self.holds(sp, b)) && (!uses_recv || self.holds(rp, b)))
                 // (In-place AlltoAll is refused only with more than one rank.)
-                // A one-rank op in place enqueues nothing, so its stream is never looked up.
-                && (stream != 0x7fff_0001 || bytes == Some(0) || sp == rp);
+                // A one-rank op in place enqueues nothing, so its stream is never looked up;
+                // a reduction looks it up on one rank too.
+                && (stream != 0x7fff_0001 || bytes == Some(0) || (sp == rp && !op.reduces()));
             if !args_ok {
                 ErrorCode::InvalidArgument
             } else if self.depth > 0 && self.group_stream.is_some_and(|g| g != stream) {
@@ -814,8 +820,131 @@ impl Fuzz {
         self.check(&format!("{} {a:?} on {h:?} ({sp:?}, {rp:?}, depth {})", op.c_name(), self.depth), rc, want);
     }
 
+    /// The entry points besides the collectives and the calls `step` makes itself, each with
+    /// random argument classes; the expected code as `hoccl.h` documents it.
+    fn other_entry_point(&mut self) {
+        let h = self.handle();
+        let comm = self.raw_handle(h);
+        let on_handle = |ok: ErrorCode| Fuzz::handle_code(h).unwrap_or(ok);
+        match self.rng.below(11) {
+            0 => {
+                let mut v = 0;
+                let null = self.rng.below(2) == 0;
+                let rc = c::hocclGetVersion(if null { null_mut() } else { &mut v });
+                self.check("hocclGetVersion", rc, if null { ErrorCode::InvalidArgument } else { ErrorCode::Success });
+                assert!(null || v > 0, "version {v}");
+            }
+            1 => {
+                let r = self.pick(&[0, 4, 12, 13, -1, c_int::MAX, c_int::MIN]);
+                let p = c::hocclGetErrorString(r);
+                self.calls += 1;
+                assert!(!p.is_null(), "hocclGetErrorString({r}) is NULL");
+                // SAFETY: a non-NULL result is a static NUL-terminated string.
+                assert!(!unsafe { std::ffi::CStr::from_ptr(p) }.to_bytes().is_empty(), "hocclGetErrorString({r}) is empty");
+            }
+            2 => {
+                let mut r = -1;
+                let null = h == Handle::Main && self.rng.below(3) == 0;
+                let rc = c::hocclCommUserRank(comm, if null { null_mut() } else { &mut r });
+                self.check(&format!("hocclCommUserRank on {h:?}, out NULL {null}"), rc, if null { ErrorCode::InvalidArgument } else { on_handle(ErrorCode::Success) });
+                assert!(rc != OK || r == 0);
+            }
+            3 if self.depth == 0 => {
+                // Arguments that fail before any rendezvous (a valid set would wait for peers).
+                let mut out = null_mut();
+                let (nranks, rank, zero_id) = match self.rng.below(4) {
+                    0 => (self.pick(&[0, -1, c_int::MIN]), 0, false),
+                    1 => (2, self.pick(&[-1, 2, c_int::MAX]), false),
+                    2 => (1, 0, true),
+                    _ => (1, 0, false),
+                };
+                let null = !zero_id && nranks == 1;
+                let mut id = UniqueId { internal: [0; 128] };
+                if !zero_id {
+                    for b in id.internal.iter_mut() {
+                        *b = self.rng.below(256) as u8;
+                    }
+                }
+                let rc = c::hocclCommInitRank(if null { null_mut() } else { &mut out }, nranks, id, rank);
+                self.check(&format!("hocclCommInitRank({nranks}, rank {rank}, zero id {zero_id}, out NULL {null})"), rc, ErrorCode::InvalidArgument);
+                assert!(out.is_null(), "a refused init returned a handle");
+            }
+            4 => {
+                let rc = c::hocclGetUniqueId(null_mut());
+                self.check("hocclGetUniqueId(NULL)", rc, ErrorCode::InvalidArgument);
+            }
+            5 => {
+                let f = self.pick(&[0, 1, -1, c_int::MAX]);
+                let rc = c::hocclCommInitMpi(null_mut(), f);
+                self.check(&format!("hocclCommInitMpi(NULL, {f})"), rc, ErrorCode::InvalidArgument);
+            }
+            6 if self.depth == 0 => {
+                // A stream created and destroyed, or a create with a NULL out-pointer.
+                let null = h == Handle::Main && self.rng.below(3) == 0;
+                let mut st = null_mut();
+                let rc = c::hocclStreamCreate(comm, if null { null_mut() } else { &mut st });
+                self.check(&format!("hocclStreamCreate on {h:?}, out NULL {null}"), rc, if null { ErrorCode::InvalidArgument } else { on_handle(ErrorCode::Success) });
+                if rc == OK {
+                    let rc = c::hocclStreamDestroy(comm, st);
+                    self.check("hocclStreamDestroy(new stream)", rc, ErrorCode::Success);
+                }
+            }
+            7 if self.depth == 0 && h != Handle::Main => {
+                let rc = c::hocclStreamDestroy(comm, self.stream);
+                self.check(&format!("hocclStreamDestroy on {h:?}"), rc, on_handle(ErrorCode::Success));
+            }
+            8 if self.depth == 0 => {
+                let s = self.pick(&[self.stream, null_mut()]);
+                let rc = c::hocclStreamSynchronize(comm, s);
+                self.check(&format!("hocclStreamSynchronize on {h:?}"), rc, on_handle(ErrorCode::Success));
+            }
+            9 if self.depth == 0 => {
+                // Copies between the host and a device pointer of any class; the host side is
+                // always valid for the size, or NULL.
+                let to_device = self.rng.below(2) == 0;
+                let dp = self.ptr();
+                let bytes = self.pick(&[0usize, 1, 64, 1024, 4096, 4097]);
+                let host_null = self.rng.below(6) == 0;
+                let mut host = vec![0u8; 4097];
+                let hp = if host_null { null_mut() } else { host.as_mut_ptr() as *mut c_void };
+                if matches!(dp, Ptr::Live(_)) {
+                    self.sync();
+                }
+                let rc = if to_device { c::hocclMemcpyToDevice(comm, self.raw(dp), hp, bytes) } else { c::hocclMemcpyToHost(comm, hp, self.raw(dp), bytes) };
+                let want = on_handle(if bytes > 0 && (host_null || !self.holds(dp, bytes)) { ErrorCode::InvalidArgument } else { ErrorCode::Success });
+                self.check(&format!("hocclMemcpyTo{} on {h:?} ({dp:?}, host NULL {host_null}, {bytes} bytes)", if to_device { "Device" } else { "Host" }), rc, want);
+            }
+            _ => {
+                // AlltoAllv on one rank: counts and displacements NULL or one entry each.
+                let (sp, rp) = (self.ptr(), self.ptr());
+                let n = self.pick(&[0usize, 1, 16, 4096, usize::MAX / 2]);
+                let disp = self.pick(&[0usize, 0, 4, usize::MAX / 4]);
+                let dtype = self.pick(&DTYPES);
+                let arrays = [[n], [disp], [n], [disp]];
+                let null = self.rng.below(4) == 0;
+                let arr = |i: usize| if null && i == 2 { std::ptr::null() } else { arrays[i].as_ptr() };
+                let rc = c::hocclAlltoAllv(self.raw(sp), arr(0), arr(1), self.raw(rp), arr(2), arr(3), dtype, comm, self.stream);
+                let es = DataType::from_raw("fuzz", dtype).ok().map(|d| d.size());
+                // Byte sizes past isize::MAX overflow; an empty block's displacement counts too.
+                let bytes = |x: Option<usize>| x.and_then(|x| es.and_then(|es| x.checked_mul(es))).filter(|b| *b <= isize::MAX as usize);
+                let end = bytes(n.checked_add(disp));
+                // Send and receive ranges may not overlap (in place is refused even on one rank).
+                let ok = !null
+                    && bytes(Some(disp)).is_some()
+                    && (n == 0 || end.is_some_and(|b| self.holds(sp, b) && self.holds(rp, b) && sp != rp));
+                let grouped = self.depth > 0 && self.group_stream.is_some_and(|g| g != self.stream as u64);
+                let want = on_handle(if !ok { ErrorCode::InvalidArgument } else if grouped { ErrorCode::InvalidUsage } else { ErrorCode::Success });
+                if rc == OK && self.depth > 0 {
+                    self.group_stream.get_or_insert(self.stream as u64);
+                }
+                self.check(&format!("hocclAlltoAllv(n {n}, disp {disp}, dtype {dtype}, NULL array {null}) on {h:?} ({sp:?}, {rp:?})"), rc, want);
+            }
+        }
+    }
+
     fn step(&mut self) {
-        match self.rng.below(20) {
+        match self.rng.below(26) {
+            20..=25 => self.other_entry_point(),
             0..=11 => self.collective(),
             12 => {
                 let rc = c::hocclGroupStart();
@@ -907,14 +1036,19 @@ impl Fuzz {
 
 /// Random sequences of C API calls on a one-rank communicator, each checked against the
 /// code its argument classes call for (`Fuzz::collective` states the rules), then a good
-/// AllReduce and a clean destroy. Fixed seeds and `HOCCL_FUZZ_CALLS` calls each (3000 in
-/// CI; set it higher, with `HOCCL_FUZZ_SEED` for another seed, for a longer run).
+/// AllReduce and a clean destroy. Every entry point of `hoccl.h` is called (`step`,
+/// `other_entry_point`), hocclCommInitMpi only with a NULL out-pointer (the test runs without
+/// MPI). A fixed seed and `HOCCL_FUZZ_ITERS` calls (20,000 in CI, 0.1 s; set it higher, with
+/// `HOCCL_FUZZ_SEED` for another seed, for a longer run).
 #[test]
 fn fuzz_the_c_api() {
     let _g = serial();
     logs::capture();
-    let calls: usize = std::env::var("HOCCL_FUZZ_CALLS").ok().and_then(|v| v.parse().ok()).unwrap_or(3000);
-    let seed: u64 = std::env::var("HOCCL_FUZZ_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(41);
+    let var = |k: &str| std::env::var(k).ok().and_then(|v| v.parse().ok());
+    let calls: usize = var("HOCCL_FUZZ_ITERS").or_else(|| var("HOCCL_FUZZ_CALLS")).unwrap_or(20_000);
+    let seed: u64 = var("HOCCL_FUZZ_SEED").map(|v| v as u64).unwrap_or(41);
+    // Printed first, so that a run that dies can be repeated.
+    eprintln!("fuzz seed {seed} (HOCCL_FUZZ_SEED), {calls} calls (HOCCL_FUZZ_ITERS)");
     let t = Instant::now();
     let comm = solo();
     let mut stream = null_mut();

@@ -149,7 +149,8 @@ fn child_rank() {
     assert_eq!(cfg.timeout, Duration::from_millis(TMO_MS));
     let tmo = cfg.timeout;
     let c = if point == Point::During { LARGE } else { SMALL };
-    let dev = open_device(Backend::Host, rank);
+    let backend = if std::env::var("HOCCL_BACKEND").is_ok_and(|b| b == "cuda") { Backend::Cuda } else { Backend::Host };
+    let dev = open_device(backend, rank);
     if victim && point == Point::Create {
         say(rank, "point", "");
     }
@@ -242,7 +243,7 @@ struct Seen {
 
 /// Runs one peer-death case: three child ranks, `victim` killed `delay_ms` after it reports
 /// reaching `point`. Returns what each survivor reported; panics on any violated bound.
-fn peer_death(op: Op, engine: &str, point: Point, seed: u64) -> Vec<Seen> {
+fn peer_death(b: Backend, op: Op, engine: &str, point: Point, seed: u64) -> Vec<Seen> {
     let mut rng = Rng(seed);
     let victim = rng.below(N as u64) as usize;
     let root = rng.below(N as u64) as usize;
@@ -252,14 +253,14 @@ fn peer_death(op: Op, engine: &str, point: Point, seed: u64) -> Vec<Seen> {
         Point::During => rng.below(40),
         _ => rng.below(150),
     };
-    let what = format!("{op:?} engine {engine} kill {point:?} victim {victim} root {root} delay {delay_ms} ms (seed {seed:#x})");
+    let what = format!("{op:?} on {b:?} engine {engine} kill {point:?} victim {victim} root {root} delay {delay_ms} ms (seed {seed:#x})");
     let id = Communicator::unique_id(&test_config()).expect("unique id");
     let env = |r: usize| {
         [
             ("HOCCL_FAULTS_CHILD", format!("{} {r} {op:?} {point:?} {victim} {root}", id.to_hex())),
             ("HOCCL_TIMEOUT_MS", TMO_MS.to_string()),
             ("HOCCL_ENGINE", engine.to_string()),
-            ("HOCCL_BACKEND", "host".to_string()),
+            ("HOCCL_BACKEND", if b == Backend::Cuda { "cuda" } else { "host" }.to_string()),
             ("HOCCL_CHUNK_BYTES", "65536".to_string()),
         ]
         .map(|(k, v)| (k.to_string(), v))
@@ -308,7 +309,7 @@ const ENGINES: [&str; 2] = ["ce", "compressed"];
 
 /// `op` with one victim: in CI one kill point (before, during or after the data moves) and
 /// one engine drawn from the seed; with `HOCCL_STRESS=full` every point with both engines.
-fn death(op: Op) {
+fn death(b: Backend, op: Op) {
     logs::capture();
     let s = seed() ^ (op as u64).wrapping_mul(0x9E37_79B9);
     let mut rng = Rng(s);
@@ -318,13 +319,24 @@ fn death(op: Op) {
         vec![(ENGINES[rng.below(2) as usize], POINTS[1 + rng.below(3) as usize])]
     };
     for (i, (e, p)) in cases.into_iter().enumerate() {
-        peer_death(op, e, p, s.wrapping_add(i as u64));
+        peer_death(b, op, e, p, s.wrapping_add(i as u64));
     }
 }
 
+/// Each test on the host backend, and the same body with CUDA ranks as an ignored test
+/// (`cuda::*`, run with `--ignored` on a GPU machine).
 macro_rules! death_tests {
     ($($name:ident: $op:expr),* $(,)?) => {
-        $( #[test] fn $name() { death($op) } )*
+        $( #[test] fn $name() { death(Backend::Host, $op) } )*
+        mod cuda {
+            use super::*;
+            $( #[test] #[ignore = "needs a GPU: run with --ignored"] fn $name() { death(Backend::Cuda, $op) } )*
+            #[test]
+            #[ignore = "needs a GPU: run with --ignored"]
+            fn death_during_creation() {
+                creation(Backend::Cuda)
+            }
+        }
     };
 }
 
@@ -345,6 +357,10 @@ death_tests! {
 /// the survivors' creation or their first op fails.
 #[test]
 fn death_during_creation() {
+    creation(Backend::Host)
+}
+
+fn creation(b: Backend) {
     logs::capture();
     let s = seed() ^ 0xC4EA7E;
     let mut rng = Rng(s);
@@ -352,7 +368,7 @@ fn death_during_creation() {
     for i in 0..n {
         let op = OPS[rng.below(OPS.len() as u64) as usize];
         let e = ENGINES[rng.below(2) as usize];
-        peer_death(op, e, Point::Create, s.wrapping_add(i));
+        peer_death(b, op, e, Point::Create, s.wrapping_add(i));
     }
 }
 

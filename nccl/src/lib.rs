@@ -192,6 +192,8 @@ nccl_api! {
         const OP: &str = "ncclGetUniqueId";
         call(OP, || {
             logging();
+            // Checked before the rendezvous starts: its root thread would listen forever.
+            put(OP, "uniqueId", uniqueId, ncclUniqueId { internal: [0; 128] })?;
             let cfg = hoccl::Config::from_env().map_err(|e| e.with_op(OP))?;
             put(OP, "uniqueId", uniqueId, Communicator::unique_id(&cfg).map_err(|e| e.with_op(OP))?)
         })

@@ -324,8 +324,13 @@ fn read_frame_max(s: &mut impl Read, max: u64) -> std::io::Result<(u8, u32, Vec<
     if len > max {
         return Err(std::io::Error::new(ErrorKind::InvalidData, format!("frame of {len} bytes")));
     }
-    let mut data = vec![0u8; len as usize];
-    s.read_exact(&mut data)?;
+    // Memory grows with the bytes that arrive, not with the length a peer claims: a header
+    // announcing gigabytes and then closing costs nothing.
+    let mut data = Vec::with_capacity(len.min(1 << 20) as usize);
+    (&mut *s).take(len).read_to_end(&mut data)?;
+    if data.len() as u64 != len {
+        return Err(std::io::Error::new(ErrorKind::UnexpectedEof, format!("frame cut short: {} of {len} bytes", data.len())));
+    }
     Ok((h[0], tag, data))
 }
 
@@ -715,6 +720,9 @@ fn parse_table(b: &[u8], nranks: usize) -> Option<Vec<SocketAddr>> {
 fn reader_loop(mut s: TcpStream, peer: usize, sh: Arc<Shared>) {
     let why = loop {
         match read_frame(&mut s) {
+            // A kind no rank sends: the link carries something else than hoccl's frames
+            // (corrupt or hostile), so nothing more from it is trusted.
+            Ok((kind, _, _)) if kind != KIND_USER && kind != KIND_GATHER => break format!("malformed frame (kind {kind})"),
             Ok((kind, tag, data)) => {
                 let Ok(mut m) = sh.mail.lock() else { return };
                 m.boxes.entry((kind, peer, tag)).or_default().push_back(data);
@@ -795,6 +803,59 @@ mod tests {
         assert!(!ifname_matches("^lo,docker", "lo"));
         assert!(ifname_matches("^lo,docker", "enp3s0"));
         assert!(!ifname_matches("^=eth0", "eth0"));
+    }
+
+    /// A rank written out by hand: joins the root of `id` as rank 1 of 2 and greets rank 0
+    /// (secret and rank), as `init` does; returns its link to rank 0.
+    fn hand_made_rank1(id: &UniqueId) -> TcpStream {
+        let mut rs = TcpStream::connect(id.root_addr().unwrap()).unwrap();
+        let own = TcpListener::bind("127.0.0.1:0").unwrap();
+        write_frame(&mut rs, 0, 0, &hello(&id.secret(), 1, 2, Duration::from_secs(10), own.local_addr().unwrap())).unwrap();
+        let (_, _, reply) = read_frame(&mut rs).unwrap();
+        assert_eq!(reply.first(), Some(&REPLY_OK));
+        let table = parse_table(&reply, 2).unwrap();
+        let mut s = TcpStream::connect(table[0]).unwrap();
+        let mut greet = id.secret().to_vec();
+        greet.extend_from_slice(&1u32.to_be_bytes());
+        write_frame(&mut s, 0, 0, &greet).unwrap();
+        s
+    }
+
+    /// Frames a peer sends after the rendezvous are checked before use: an unknown kind, a
+    /// length past the limit and a frame cut short each end the link with a `Remote` error
+    /// that says why, and a frame claiming more bytes than it carries allocates only what
+    /// arrived. The root stops listening once every rank joined.
+    #[test]
+    fn corrupt_frames_from_a_peer_are_errors() {
+        type Corrupt = (&'static str, Box<dyn Fn(&mut TcpStream)>);
+        let corrupt: [Corrupt; 3] = [
+            ("malformed frame (kind 9)", Box::new(|s| write_frame(s, 9, 0, b"x").unwrap())),
+            ("frame of", Box::new(|s| s.write_all(&[[KIND_USER, 0, 0, 0, 7].as_slice(), &(MAX_FRAME + 1).to_be_bytes()].concat()).unwrap())),
+            ("closed its link", Box::new(|s| s.write_all(&[[KIND_USER, 0, 0, 0, 7].as_slice(), &(3u64 << 30).to_be_bytes(), b"abc"].concat()).unwrap())),
+        ];
+        for (why, send) in corrupt {
+            let id = UniqueId::with_ifname(Some("=lo")).unwrap();
+            let root = id.root_addr().unwrap();
+            let r0 = std::thread::spawn(move || TcpBootstrap::init(&id, 2, 0, Duration::from_secs(10)));
+            let mut s = hand_made_rank1(&id);
+            let b0 = r0.join().unwrap().expect("rank 0 forms with the hand-made rank 1");
+            // The root served its one rendezvous: nobody can join any more.
+            let t = Instant::now();
+            while TcpStream::connect(root).is_ok() {
+                assert!(t.elapsed() < Duration::from_secs(5), "the root still listens after the rendezvous");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            send(&mut s);
+            if why == "closed its link" {
+                // Cut short: the reader waits for the bytes until the link ends.
+                s.shutdown(Shutdown::Both).unwrap();
+            }
+            let t = Instant::now();
+            let e = b0.recv(1, 7).expect_err("a corrupt frame is no message");
+            assert_eq!(e.code(), crate::error::ErrorCode::Remote, "{why}: {e}");
+            assert!(e.to_string().contains("rank 1") && e.to_string().contains(why), "{why}: {e}");
+            assert!(t.elapsed() < Duration::from_secs(2), "{why}: took {:?}", t.elapsed());
+        }
     }
 
     #[test]

@@ -37,12 +37,12 @@ pub fn build_topology(b: &dyn Bootstrap, cfg: &Config) -> Result<Topology> {
     Ok(topo)
 }
 
-/// A communicator id every rank agrees on (rank 0's pick).
+/// A communicator id every rank agrees on (rank 0's pick): random, since it names the
+/// ranks' mailboxes in `/dev/shm`, which no other process should be able to guess.
 pub fn agree_comm_id(b: &dyn Bootstrap) -> Result<u64> {
-    use std::time::{SystemTime, UNIX_EPOCH};
-    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let t = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
-    let mine = t ^ ((std::process::id() as u64) << 40) ^ COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let mut r = [0u8; 8];
+    crate::bootstrap::tcp::fill_random(&mut r).map_err(|e| e.with_op("Communicator::new"))?;
+    let mine = u64::from_le_bytes(r);
     let all = b.all_gather(&mine.to_le_bytes()).map_err(|e| e.with_op("Communicator::new"))?;
     let first = all.first().filter(|r| r.len() == 8).ok_or_else(|| Error::internal("Communicator::new", "bad id record"))?;
     let mut a = [0u8; 8];
@@ -72,6 +72,9 @@ pub fn connect_mailboxes(b: &dyn Bootstrap, topo: &Topology, comm_id: u64, local
         }
     }
     b.barrier().map_err(|e| e.with_op(OP))?;
+    // Every local rank has mapped every mailbox it needs: the names can go.
+    let mut inbox = inbox;
+    inbox.unlink();
     Ok(Links { rank, inbox, peers, local_index, local_of })
 }
 

@@ -25,13 +25,18 @@ use std::time::Duration;
 const PAGE: usize = 4096;
 const HOST_COPY_ENGINES: usize = 3;
 
-fn round_page(len: usize) -> usize {
-    len.max(1).div_ceil(PAGE) * PAGE
+/// `len` rounded up to whole pages; a length no mapping can have is `InvalidArgument`.
+fn round_page(op: &'static str, len: usize) -> Result<usize> {
+    len.max(1)
+        .checked_next_multiple_of(PAGE)
+        .filter(|l| *l <= isize::MAX as usize)
+        .ok_or_else(|| Error::invalid_arg(op, format!("{len} bytes: larger than any mapping")))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum RegionKind {
-    Own { id: u64 },
+    /// `key`: the random part of the allocation's shm name.
+    Own { id: u64, key: u64 },
     Imported,
     Flags,
     /// Host memory of this process registered by `map_host` (flags another process shares).
@@ -88,9 +93,14 @@ fn lock_registry(op: &'static str) -> Result<std::sync::MutexGuard<'static, Regi
 
 static NEXT_ALLOC_ID: AtomicU64 = AtomicU64::new(1);
 
-fn shm_name(id: u64) -> String {
-    format!("/hoccl.{}.{}", std::process::id(), id)
+/// `/hoccl.<pid>.<key>.<id>`: the random `key` makes the name unguessable for other
+/// processes (the object is owner-only as well); pid first, for `sweep_stale_objects`.
+fn shm_name(id: u64, key: u64) -> String {
+    format!("/hoccl.{}.{key:016x}.{id}", std::process::id())
 }
+
+/// The longest name an `ExportHandle` carries (bytes 0..48, NUL-padded).
+const HANDLE_NAME_MAX: usize = 47;
 
 /// Map `name` (creating it with `len` bytes if `create`).
 fn map_shm(op: &'static str, name: &str, map_len: usize, create: bool) -> Result<*mut u8> {
@@ -524,10 +534,13 @@ impl Device for HostDevice {
     fn alloc(&self, len: usize) -> Result<DevPtr> {
         const OP: &str = "HostDevice::alloc";
         let id = NEXT_ALLOC_ID.fetch_add(1, Ordering::Relaxed);
-        let name = shm_name(id);
-        let map_len = round_page(len);
+        let mut key = [0u8; 8];
+        crate::bootstrap::tcp::fill_random(&mut key).map_err(|e| e.with_op(OP))?;
+        let key = u64::from_le_bytes(key);
+        let name = shm_name(id, key);
+        let map_len = round_page(OP, len)?;
         let p = map_shm(OP, &name, map_len, true)? as u64;
-        lock_registry(OP)?.regions.insert(p, Region { len: len.max(1), map_len, kind: RegionKind::Own { id } });
+        lock_registry(OP)?.regions.insert(p, Region { len: len.max(1), map_len, kind: RegionKind::Own { id, key } });
         self.owned.lock().map_err(|_| Error::internal(OP, "poisoned"))?.insert(p, (name, map_len));
         Ok(DevPtr(p))
     }
@@ -561,7 +574,7 @@ impl Device for HostDevice {
         const OP: &str = "HostDevice::allocation";
         let reg = lock_registry(OP)?;
         match reg.find(p.0) {
-            Some((base, Region { len, kind: RegionKind::Own { id }, .. })) => Ok(Allocation { base: DevPtr(base), len, id }),
+            Some((base, Region { len, kind: RegionKind::Own { id, .. }, .. })) => Ok(Allocation { base: DevPtr(base), len, id }),
             _ => Err(Error::invalid_arg(OP, format!("{:#x} is not device memory of the host backend", p.0))),
         }
     }
@@ -569,7 +582,15 @@ impl Device for HostDevice {
     /// Handle layout: the shm name, NUL-padded, in bytes 0..48; the exact allocation length
     /// (u64, little-endian) in bytes 48..56, so an importer asking for more is refused.
     fn export(&self, a: &Allocation) -> Result<ExportHandle> {
-        let name = shm_name(a.id);
+        const OP: &str = "HostDevice::export";
+        let key = match lock_registry(OP)?.regions.get(&a.base.0) {
+            Some(Region { kind: RegionKind::Own { id, key }, .. }) if *id == a.id => *key,
+            _ => return Err(Error::invalid_arg(OP, format!("{:#x} is not a live allocation (freed and reused since?)", a.base.0))),
+        };
+        let name = shm_name(a.id, key);
+        if name.len() > HANDLE_NAME_MAX {
+            return Err(Error::internal(OP, format!("shm name {name} does not fit a handle")));
+        }
         let mut h = [0u8; 64];
         h[..name.len()].copy_from_slice(name.as_bytes());
         h[48..56].copy_from_slice(&(a.len as u64).to_le_bytes());
@@ -589,7 +610,7 @@ impl Device for HostDevice {
         if len as u64 > exported {
             return Err(Error::invalid_arg(OP, format!("{len} bytes requested from an allocation of {exported}")));
         }
-        let map_len = round_page(len);
+        let map_len = round_page(OP, len)?;
         let p = map_shm(OP, name, map_len, false)? as u64;
         lock_registry(OP)?.regions.insert(p, Region { len: len.max(1), map_len, kind: RegionKind::Imported });
         Ok(DevPtr(p))
@@ -831,4 +852,27 @@ impl Device for HostDevice {
         let q = HostQueue::spawn("hoccl-host-ce".into())?;
         Ok(Box::new(HostCopyQueue { q, fences: Default::default(), next_ticket: 0, completed: 0 }))
     }
+
+    fn memory_in_use(&self) -> Result<MemoryInUse> {
+        registry_memory_in_use()
+    }
+}
+
+// ------------------------------------------------------------------ memory accounting ---
+
+/// The registry's totals: process-wide, since every host device of a process shares it.
+fn registry_memory_in_use() -> Result<MemoryInUse> {
+    let reg = lock_registry("HostDevice::memory_in_use")?;
+    let mut m = MemoryInUse::default();
+    for r in reg.regions.values() {
+        match r.kind {
+            RegionKind::Own { .. } => m.device_bytes += r.len as u64,
+            RegionKind::Imported => {
+                m.imports += 1;
+                m.import_bytes += r.len as u64;
+            }
+            RegionKind::Flags | RegionKind::HostMapped => m.pinned_host_bytes += r.len as u64,
+        }
+    }
+    Ok(m)
 }

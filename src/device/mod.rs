@@ -301,6 +301,34 @@ pub trait Device: Send + Sync + 'static {
     fn as_cuda(&self) -> Option<&cuda::CudaDevice> {
         None
     }
+
+    // ---- memory accounting (leak checks) ------------------------------------------------
+    /// The memory this backend holds now ([`MemoryInUse`]): leak checks read it after a
+    /// warm-up and again after their create/destroy cycles. The default refuses (a device
+    /// that cannot say).
+    fn memory_in_use(&self) -> Result<MemoryInUse> {
+        Err(crate::error::Error::invalid_usage("Device::memory_in_use", format!("{} does not report its memory", self.name())))
+    }
+}
+
+/// What [`Device::memory_in_use`] reports. Flag slabs handed to the process-wide pool of
+/// stream flag pairs stay allocated on purpose (docs/design.md, "Pairs outlive
+/// communicators"): they count here, and a leak check compares after a warm-up that filled
+/// the pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryInUse {
+    /// Device memory in use. CUDA: `total - free` of `cuMemGetInfo` for this GPU, so every
+    /// context's and process's use on it (comparable only while nothing else allocates).
+    /// Host backend: bytes of this process's shared-memory allocations (`alloc`,
+    /// `alloc_host`).
+    pub device_bytes: u64,
+    /// Pinned host memory hoccl holds in this process. CUDA: `alloc_host` and `alloc_flags`
+    /// (`cuMemHostAlloc`) and the ranges `map_host` registered. Host backend: flag slabs and
+    /// `map_host` ranges (its `alloc_host` is shared memory, counted in `device_bytes`).
+    pub pinned_host_bytes: u64,
+    /// Peer allocations mapped into this process (open IPC imports), and their bytes.
+    pub imports: u64,
+    pub import_bytes: u64,
 }
 
 /// Byte `i` of the verifiable test pattern for `seed` (a function of seed and index only,

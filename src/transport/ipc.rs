@@ -39,6 +39,15 @@ impl ImportCache {
         self.clock += 1;
         let key = (peer, m.alloc_id);
         if let Some(e) = self.entries.get_mut(&key) {
+            // The mapping was made for the length announced first; a later announcement of
+            // the same allocation may not claim more.
+            if m.alloc_len > e.len as u64 {
+                return Err(crate::error::Error::Remote {
+                    op: "same-host transport",
+                    peer,
+                    what: format!("allocation {} announced as {} bytes, mapped as {}", m.alloc_id, m.alloc_len, e.len),
+                });
+            }
             e.refs += 1;
             e.last_use = self.clock;
             return Ok(Mapped { key, base: e.base });

@@ -12,6 +12,11 @@
 //! sender `l`'s gated copy queue; both only grow. Every process registers its peers' flag
 //! areas for its device ([`crate::device::Device::map_host`]) and says so in its header
 //! ([`Segment::set_gated`]), so two ranks decide alike whether they use it.
+//!
+//! The segment is owner-only (0600), named from the communicator's random id, and unlinked
+//! once every local rank has mapped it. Everything in it is written by other processes:
+//! rings are located from this mapping's own ring count, counters wrap, and records are
+//! checked before use (`same_host`).
 use crate::error::{Error, Result};
 use std::ffi::CString;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -136,7 +141,11 @@ fn seg_bytes(nrings: usize) -> usize {
 pub struct Segment {
     base: *mut u8,
     len: usize,
+    /// The ring count this mapping was sized for. Rings are located from it, never from the
+    /// header's copy, which a peer can overwrite.
+    nrings: usize,
     name: String,
+    /// Whether dropping this unlinks the name (the owner's mapping, until `unlink`).
     owner: bool,
 }
 
@@ -152,7 +161,7 @@ impl Segment {
 
     /// Create this rank's segment with `nrings` rings (one per local sender).
     pub fn create(name: &str, nrings: usize) -> Result<Segment> {
-        let seg = Self::map(name, seg_bytes(nrings), true)?;
+        let seg = Self::map(name, nrings, true)?;
         let h = seg.header();
         h.pid.store(std::process::id() as u64, Ordering::Relaxed);
         h.nrings.store(nrings as u64, Ordering::Relaxed);
@@ -162,7 +171,7 @@ impl Segment {
 
     /// Open a peer's segment by name, checking that it is one.
     pub fn open(name: &str, nrings: usize) -> Result<Segment> {
-        let seg = Self::map(name, seg_bytes(nrings), false)?;
+        let seg = Self::map(name, nrings, false)?;
         let h = seg.header();
         if h.magic.load(Ordering::Acquire) != MAGIC || h.nrings.load(Ordering::Relaxed) != nrings as u64 {
             return Err(Error::internal("mailbox::open", format!("{name} is not a hoccl mailbox of {nrings} rings")));
@@ -170,8 +179,9 @@ impl Segment {
         Ok(seg)
     }
 
-    fn map(name: &str, len: usize, create: bool) -> Result<Segment> {
+    fn map(name: &str, nrings: usize, create: bool) -> Result<Segment> {
         const OP: &str = "mailbox::map";
+        let len = seg_bytes(nrings);
         let c = CString::new(name).map_err(|_| Error::invalid_arg(OP, "name has a NUL"))?;
         let flags = if create { libc::O_CREAT | libc::O_EXCL | libc::O_RDWR } else { libc::O_RDWR };
         // SAFETY: valid C string.
@@ -201,7 +211,7 @@ impl Segment {
             }
             return Err(e);
         }
-        Ok(Segment { base: p as *mut u8, len, name: name.to_string(), owner: create })
+        Ok(Segment { base: p as *mut u8, len, nrings, name: name.to_string(), owner: create })
     }
 
     fn header(&self) -> &SegHeader {
@@ -211,8 +221,8 @@ impl Segment {
     }
 
     fn ring(&self, i: usize) -> (&RingHeader, *mut Msg) {
-        let nrings = self.header().nrings.load(Ordering::Relaxed) as usize;
-        assert!(i < nrings, "ring {i} out of {nrings}");
+        // `i` is a local index the caller derived from the topology, never from a record.
+        assert!(i < self.nrings, "ring {i} out of {}", self.nrings);
         let off = std::mem::size_of::<SegHeader>() + i * ring_bytes();
         // SAFETY: off + ring_bytes() <= len by construction of seg_bytes; 64-aligned.
         unsafe {
@@ -226,12 +236,14 @@ impl Segment {
         let (h, slots) = self.ring(i);
         let head = h.head.0.load(Ordering::Relaxed);
         let tail = h.tail.0.load(Ordering::Acquire);
-        if head - tail >= RING_SLOTS as u64 {
+        // Wrapping: counters a peer corrupted (tail past head) read as a full ring, so the
+        // message waits and the op times out, instead of an overflow.
+        if head.wrapping_sub(tail) >= RING_SLOTS as u64 {
             return false;
         }
         // SAFETY: slot index < RING_SLOTS; the consumer does not read it until head moves.
         unsafe { std::ptr::write_volatile(slots.add(head as usize % RING_SLOTS), *m) };
-        h.head.0.store(head + 1, Ordering::Release);
+        h.head.0.store(head.wrapping_add(1), Ordering::Release);
         true
     }
 
@@ -244,7 +256,7 @@ impl Segment {
         }
         // SAFETY: the producer published this slot with the Release store of head.
         let m = unsafe { std::ptr::read_volatile(slots.add(tail as usize % RING_SLOTS)) };
-        h.tail.0.store(tail + 1, Ordering::Release);
+        h.tail.0.store(tail.wrapping_add(1), Ordering::Release);
         Some(m)
     }
 
@@ -287,7 +299,7 @@ impl Segment {
     }
 
     fn nrings(&self) -> usize {
-        self.header().nrings.load(Ordering::Relaxed) as usize
+        self.nrings
     }
 
     /// Say that this rank's device reaches every peer's flag area.
@@ -298,6 +310,15 @@ impl Segment {
     /// Whether the owner's device reaches every peer's flag area.
     pub fn gated(&self) -> bool {
         self.header().gated.load(Ordering::Acquire) != 0
+    }
+
+    /// Remove the segment's name once every rank has mapped it (the mappings stay): no
+    /// process can open it afterwards, and nothing is left in `/dev/shm` if this process
+    /// dies. Only the owner's call unlinks; a peer's mapping has nothing to remove.
+    pub fn unlink(&mut self) {
+        if std::mem::take(&mut self.owner) {
+            unlink_name(&self.name);
+        }
     }
 
     pub fn owner_pid(&self) -> u32 {
@@ -316,11 +337,15 @@ impl Drop for Segment {
         // SAFETY: our own mapping of `len` bytes.
         unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
         if self.owner {
-            if let Ok(c) = CString::new(self.name.as_str()) {
-                // SAFETY: valid C string; a missing name is harmless.
-                unsafe { libc::shm_unlink(c.as_ptr()) };
-            }
+            unlink_name(&self.name);
         }
+    }
+}
+
+fn unlink_name(name: &str) {
+    if let Ok(c) = CString::new(name) {
+        // SAFETY: valid C string; a missing name is harmless.
+        unsafe { libc::shm_unlink(c.as_ptr()) };
     }
 }
 
@@ -378,5 +403,51 @@ mod tests {
         assert!(!peer.gated());
         own.set_gated();
         assert!(peer.gated());
+    }
+
+    /// The segment is created owner-only, and once unlinked no process can open it while
+    /// the mappings made before keep working.
+    #[test]
+    fn owner_only_and_unlinked_after_mapping() {
+        use std::os::unix::fs::PermissionsExt;
+        let name = format!("/hoccl.{}.ctl.test{}.0", std::process::id(), line!());
+        let mut own = Segment::create(&name, 1).unwrap();
+        let mode = std::fs::metadata(format!("/dev/shm{name}")).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "mailbox mode {mode:o}");
+        let peer = Segment::open(&name, 1).unwrap();
+        own.unlink();
+        assert!(!std::path::Path::new(&format!("/dev/shm{name}")).exists(), "the name outlived the mapping");
+        assert!(Segment::open(&name, 1).is_err(), "an unlinked mailbox opened");
+        assert!(peer.try_push(0, &Msg::new(MsgKind::Landed, 1, 0)));
+        assert_eq!(own.try_pop(0).map(|m| m.seq), Some(1));
+    }
+
+    /// A peer that overwrites the shared header or ring counters gets neither an
+    /// out-of-bounds access nor a panic here: rings are located from this mapping's own
+    /// ring count, slots by index modulo the ring size, and corrupt counters read as a full
+    /// ring (the sender holds its message) or as records the receiver then validates.
+    #[test]
+    fn corrupt_counters_stay_in_bounds() {
+        let name = format!("/hoccl.{}.ctl.test{}.0", std::process::id(), line!());
+        let own = Segment::create(&name, 2).unwrap();
+        let peer = Segment::open(&name, 2).unwrap();
+        own.header().nrings.store(u64::MAX, Ordering::Relaxed);
+        assert!(peer.try_push(1, &Msg::new(MsgKind::Ready, 5, 0)));
+        assert_eq!(own.try_pop(1).map(|m| m.seq), Some(5));
+        own.header().nrings.store(0, Ordering::Relaxed);
+        assert!(own.try_pop(1).is_none());
+        let (h, _) = own.ring(1);
+        // Tail past head: full for the sender, no underflow.
+        h.tail.0.store(h.head.0.load(Ordering::Relaxed) + 1000, Ordering::Relaxed);
+        assert!(!peer.try_push(1, &Msg::new(MsgKind::Ready, 6, 0)));
+        // Head far ahead of tail, near the counter's end: every read stays in the ring.
+        h.head.0.store(u64::MAX, Ordering::Relaxed);
+        h.tail.0.store(u64::MAX - 3, Ordering::Relaxed);
+        for _ in 0..3 {
+            assert!(own.try_pop(1).is_some());
+        }
+        assert!(own.try_pop(1).is_none());
+        h.head.0.store(1, Ordering::Relaxed);
+        assert!(own.try_pop(1).is_some(), "the counters wrap");
     }
 }

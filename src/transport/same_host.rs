@@ -164,6 +164,9 @@ pub struct SameHost {
     advanced: Vec<FlowId>,
     /// The gated path (None when `HOCCL_GATED=0`).
     gated: Option<Gated>,
+    /// By global rank: why a record from that rank was refused (`peer_health` reports it,
+    /// so the ops that wait on the rank fail).
+    malformed: Vec<Option<String>>,
 }
 
 impl SameHost {
@@ -211,6 +214,7 @@ impl SameHost {
             finished: Vec::new(),
             advanced: Vec::new(),
             gated,
+            malformed: Vec::new(),
         })
     }
 
@@ -322,9 +326,14 @@ impl SameHost {
     }
 }
 
-/// The signal a mailbox record carries (None for an unknown kind).
-fn signal_of(m: &Msg) -> Option<Signal> {
-    Some(match m.kind()? {
+/// The signal a mailbox record carries, or why the record is malformed. A record comes from
+/// shared memory another process writes: nothing in it is used before this check.
+fn signal_of(m: &Msg) -> std::result::Result<Signal, String> {
+    let kind = m.kind().ok_or_else(|| format!("unknown record kind {}", m.kind))?;
+    if kind == MsgKind::Ready {
+        check_announced(m.offset, m.len, m.alloc_len).map_err(|e| format!("Ready for op {}: {e}", m.seq))?;
+    }
+    Ok(match kind {
         MsgKind::Ready => Signal::Ready {
             k: m.k,
             remote: RemoteBuffer {
@@ -336,6 +345,15 @@ fn signal_of(m: &Msg) -> Option<Signal> {
         MsgKind::Fail => Signal::Failed { code: m.code },
         MsgKind::Progress => Signal::Progress { k: m.k },
     })
+}
+
+/// A receive region `[offset, offset + len)` must lie inside the allocation its owner
+/// announced (`alloc_len` bytes): writes go to the mapping of that allocation.
+fn check_announced(offset: u64, len: u64, alloc_len: u64) -> std::result::Result<(), String> {
+    match offset.checked_add(len) {
+        Some(end) if len == 0 || end <= alloc_len => Ok(()),
+        _ => Err(format!("region of {len} bytes at offset {offset} exceeds the announced {alloc_len}-byte allocation")),
+    }
 }
 
 impl Transport for SameHost {
@@ -376,8 +394,14 @@ impl Transport for SameHost {
                 let from = self.global_of_local[l];
                 any = true;
                 match signal_of(&m) {
-                    Some(signal) => out.push(Incoming { from, pair_seq: m.seq, signal }),
-                    None => log::error!("rank {}: unknown message kind {} from {from}", self.links.rank, m.kind),
+                    Ok(signal) => out.push(Incoming { from, pair_seq: m.seq, signal }),
+                    Err(why) => {
+                        log::error!("rank {}: refused a mailbox record from rank {from}: {why}", self.links.rank);
+                        if self.malformed.len() <= from {
+                            self.malformed.resize(from + 1, None);
+                        }
+                        self.malformed[from].get_or_insert(format!("it sent a malformed mailbox record ({why})"));
+                    }
                 }
             }
         }
@@ -399,6 +423,8 @@ impl Transport for SameHost {
         if remote.wire.gated {
             return Err(Error::invalid_usage("SameHost::start_write", format!("rank {peer} announced a gated receive that this rank sends through the handshake (the two ranks decided differently; mismatched calls?)")));
         }
+        const OP: &str = "same-host transport";
+        check_announced(remote.wire.offset, len as u64, remote.wire.alloc_len).map_err(|what| Error::Remote { op: OP, peer, what })?;
         let (mapped, dst) = if len == 0 {
             (None, DevPtr(0))
         } else {
@@ -472,6 +498,9 @@ impl Transport for SameHost {
     }
 
     fn peer_health(&self, peer: usize) -> Option<String> {
+        if let Some(why) = self.malformed.get(peer).and_then(Option::clone) {
+            return Some(why);
+        }
         let seg = self.links.peers.get(peer)?.as_ref()?;
         if !pid_alive(seg.owner_pid()) {
             return Some(format!("process {} exited", seg.owner_pid()));
@@ -566,6 +595,9 @@ impl Transport for SameHost {
         }
         let mut b = g.spare.pop().unwrap_or_default();
         b.pair_seq = pair_seq;
+        for w in writes {
+            check_announced(w.remote.wire.offset, w.len as u64, w.remote.wire.alloc_len).map_err(|what| Error::Remote { op: OP, peer, what })?;
+        }
         // Map every destination before anything is queued: a failure here leaves the queue
         // as it was.
         for w in writes.iter().filter(|w| w.len > 0) {
@@ -758,6 +790,63 @@ mod tests {
         t1.close();
         assert!(t0.peer_health(1).is_some_and(|why| why.contains("aborted or destroyed")));
         t0.close();
+        dev.free(src).unwrap();
+        dev.free(dst).unwrap();
+    }
+
+    /// Records a corrupt or hostile peer writes into a mailbox are checked before use: an
+    /// unknown kind and a `Ready` whose region does not lie inside the allocation it
+    /// announces are refused, and the rank is reported unhealthy, so the ops that wait on it
+    /// fail `Remote`. Writes are bounds-checked too: toward a region past its announced
+    /// allocation, or into a mapped allocation that a later record claims is larger, they
+    /// are refused before any byte moves.
+    #[test]
+    fn malformed_records_are_refused() {
+        let ready = |offset: u64, len: u64, alloc_len: u64| {
+            let mut m = Msg::new(MsgKind::Ready, 1, 0);
+            (m.offset, m.len, m.alloc_len) = (offset, len, alloc_len);
+            m
+        };
+        let mut unknown = Msg::new(MsgKind::Landed, 1, 0);
+        unknown.kind = 77;
+        let cases = [
+            (unknown, "unknown record kind 77"),
+            (ready(1, 4096, 4096), "4096 bytes at offset 1 exceeds the announced 4096-byte allocation"),
+            (ready(u64::MAX - 10, 100, 4096), "exceeds the announced"),
+        ];
+        for (i, (m, why)) in cases.into_iter().enumerate() {
+            let (_dev, mut t0, mut t1) = pair(0x7e57_0100 + i as u64);
+            // Rank 1 writes the record straight into its ring of rank 0's mailbox.
+            assert!(t1.links.peers[0].as_ref().unwrap().try_push(1, &m));
+            assert!(signals(&mut t0).is_empty(), "{why}: a malformed record was delivered");
+            let health = t0.peer_health(1).unwrap_or_default();
+            assert!(health.contains("malformed mailbox record") && health.contains(why), "{why}: {health:?}");
+            t0.close();
+            t1.close();
+        }
+
+        let (dev, mut t0, mut t1) = pair(0x7e57_0200);
+        let len = 4096usize;
+        let (src, dst) = (dev.alloc(len).unwrap(), dev.alloc(len).unwrap());
+        dev.copy_from_host(src, &vec![0xab; len]).unwrap();
+        let region = Region { seq: 1, ptr: dst, len: len / 2, alloc: Some(dev.allocation(dst).unwrap()) };
+        let good = t1.expose(0, region).unwrap();
+        let past = RemoteBuffer { len: len as u64, wire: Wire { offset: 8, ..good.wire } };
+        let e = t0.start_write(FlowId { seq: 1, idx: 0 }, 1, Tag { pair_seq: 1, k: 0 }, src, &past, len).expect_err("past the allocation");
+        assert!(matches!(e, Error::Remote { peer: 1, .. }) && e.to_string().contains("exceeds the announced"), "{e}");
+        // A good write maps the allocation; a record then claiming it is twice as large is
+        // refused by the mapping cache.
+        let id = FlowId { seq: 2, idx: 0 };
+        t0.start_write(id, 1, Tag { pair_seq: 2, k: 0 }, src, &good, len / 2).unwrap();
+        assert_eq!(drive(&mut t0, |t, d| !d.is_empty() && !t.signals_queued()), vec![id]);
+        let grown = RemoteBuffer { len: len as u64, wire: Wire { alloc_len: 2 * len as u64, offset: len as u64, ..good.wire } };
+        let e = t0.start_write(FlowId { seq: 3, idx: 0 }, 1, Tag { pair_seq: 3, k: 0 }, src, &grown, len).expect_err("grown allocation");
+        assert!(matches!(e, Error::Remote { peer: 1, .. }) && e.to_string().contains("mapped as 4096"), "{e}");
+        let mut back = vec![0u8; len];
+        dev.copy_to_host(&mut back, dst).unwrap();
+        assert!(back[..len / 2].iter().all(|b| *b == 0xab) && back[len / 2..].iter().all(|b| *b == 0), "bytes outside the good write changed");
+        t0.close();
+        t1.close();
         dev.free(src).unwrap();
         dev.free(dst).unwrap();
     }

@@ -1,12 +1,13 @@
 //! Device memory, IPC export/import, host-mapped flags and synchronous host copies.
-use super::driver::{check, cuda_error, error_name};
+use super::driver::{check, cuda_error, error_name, has_symbols};
 use super::{lock, Context, CudaDevice, Import};
-use crate::device::{Allocation, DevPtr, ExportHandle, FlagSlab};
+use crate::device::{Allocation, DevPtr, ExportHandle, FlagSlab, MemoryInUse};
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use cudarc::driver::sys::CUpointer_attribute as PA;
 use std::collections::HashMap;
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// An allocation this process exported, by handle bytes. `cuIpcOpenMemHandle` refuses a
@@ -67,6 +68,7 @@ fn device_memory(op: &'static str, p: DevPtr, ordinal: usize) -> Result<u64> {
 /// The owner of a flag slab's pinned memory: frees it when the slab drops.
 struct PinnedFlags {
     host: *mut c_void,
+    bytes: usize,
     ctx: Arc<Context>,
 }
 
@@ -83,6 +85,8 @@ impl Drop for PinnedFlags {
         let r = unsafe { sys::cuMemFreeHost(self.host) };
         if r != sys::CUresult::CUDA_SUCCESS {
             log::warn!("hoccl: cuMemFreeHost of a flag slab failed: {}", error_name(r));
+        } else {
+            account_pinned_free(self.bytes);
         }
     }
 }
@@ -193,6 +197,7 @@ impl CudaDevice {
             return Err(Error::invalid_arg(OP, format!("{len} bytes requested from a {size}-byte allocation")));
         }
         lock(&self.imports).entry(p).or_insert(Import { count: 0, local: false }).count += 1;
+        note_import_open(p, size);
         Ok(DevPtr(p))
     }
 
@@ -213,7 +218,9 @@ impl CudaDevice {
         }
         let _g = self.enter(OP)?;
         // SAFETY: base was returned by cuIpcOpenMemHandle and is closed once per open.
-        check(OP, "cuIpcCloseMemHandle", unsafe { sys::cuIpcCloseMemHandle(base.0) })
+        check(OP, "cuIpcCloseMemHandle", unsafe { sys::cuIpcCloseMemHandle(base.0) })?;
+        note_import_close(base.0);
+        Ok(())
     }
 
     /// Close every mapping still open (device drop).
@@ -224,6 +231,8 @@ impl CudaDevice {
                 let r = unsafe { sys::cuIpcCloseMemHandle(base) };
                 if r != sys::CUresult::CUDA_SUCCESS {
                     log::warn!("hoccl: cuIpcCloseMemHandle({base:#x}) on drop failed: {}", error_name(r));
+                } else {
+                    note_import_close(base);
                 }
             }
         }
@@ -237,7 +246,8 @@ impl CudaDevice {
         let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
         // SAFETY: valid out-pointer; the context is current.
         check(OP, "cuMemHostAlloc", unsafe { sys::cuMemHostAlloc(&mut host, bytes, flags) })?;
-        let owner = PinnedFlags { host, ctx: self.ctx.clone() };
+        account_pinned_alloc(bytes);
+        let owner = PinnedFlags { host, bytes, ctx: self.ctx.clone() };
         // SAFETY: host points to `bytes` writable bytes just allocated (page aligned).
         unsafe { std::ptr::write_bytes(host as *mut u8, 0, bytes) };
         let mut dev: sys::CUdeviceptr = 0;
@@ -261,6 +271,7 @@ impl CudaDevice {
         let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
         // SAFETY: valid out-pointer; the context is current.
         check(OP, "cuMemHostAlloc", unsafe { sys::cuMemHostAlloc(&mut host, len, flags) })?;
+        note_host_alloc(host as u64, len);
         Ok(DevPtr(host as u64))
     }
 
@@ -272,7 +283,9 @@ impl CudaDevice {
         let _g = self.enter(OP)?;
         // SAFETY: the driver rejects a pointer cuMemHostAlloc did not return; the caller
         // frees each once, after the copies that use it have completed.
-        check(OP, "cuMemFreeHost", unsafe { sys::cuMemFreeHost(p.0 as *mut c_void) })
+        check(OP, "cuMemFreeHost", unsafe { sys::cuMemFreeHost(p.0 as *mut c_void) })?;
+        note_host_free(p.0);
+        Ok(())
     }
 
     /// Register `len` bytes of host memory at `ptr` (a shared-memory mapping another process
@@ -296,6 +309,7 @@ impl CudaDevice {
             unsafe { sys::cuMemHostUnregister(ptr as *mut c_void) };
             return Err(e);
         }
+        note_host_registration(ptr as u64, len);
         Ok(DevPtr(dev))
     }
 
@@ -304,7 +318,9 @@ impl CudaDevice {
         let _g = self.enter(OP)?;
         // SAFETY: the driver rejects a pointer that is not registered; the caller unregisters
         // only after every stream operation on the range has run.
-        check(OP, "cuMemHostUnregister", unsafe { sys::cuMemHostUnregister(ptr as *mut c_void) })
+        check(OP, "cuMemHostUnregister", unsafe { sys::cuMemHostUnregister(ptr as *mut c_void) })?;
+        forget_host_registration(ptr as u64);
+        Ok(())
     }
 
     pub(super) fn mem_copy_to_host(&self, dst: &mut [u8], src: DevPtr) -> Result<()> {
@@ -333,5 +349,97 @@ impl CudaDevice {
         let legacy = 1usize as sys::CUstream; // CU_STREAM_LEGACY
         // SAFETY: CU_STREAM_LEGACY is a valid stream handle in any current context.
         check(OP, "cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(legacy) })
+    }
+}
+
+// ---------------------------------------------------------------- memory accounting ------
+// Process-wide counts for `Device::memory_in_use`: the driver reports device memory
+// (`cuMemGetInfo`) but not which pinned host memory or IPC mappings are hoccl's, so those
+// are counted where hoccl makes and frees them.
+
+/// Bytes of pinned host memory hoccl holds (`alloc_host`, `alloc_flags`, `map_host`).
+static PINNED_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// `alloc_host` allocations by address, with their lengths (`free_host` gets only the address).
+fn host_allocs() -> &'static Mutex<HashMap<u64, usize>> {
+    static HOST: OnceLock<Mutex<HashMap<u64, usize>>> = OnceLock::new();
+    HOST.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Open IPC imports by base address here: how many opens, and the mapping's size.
+fn open_imports() -> &'static Mutex<HashMap<u64, (u64, u64)>> {
+    static OPEN: OnceLock<Mutex<HashMap<u64, (u64, u64)>>> = OnceLock::new();
+    OPEN.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+fn account_pinned_alloc(bytes: usize) {
+    PINNED_BYTES.fetch_add(bytes as u64, Ordering::Relaxed);
+}
+
+fn account_pinned_free(bytes: usize) {
+    // Saturating: a count can never go below zero, whatever order frees are seen in.
+    let _ = PINNED_BYTES.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| Some(v.saturating_sub(bytes as u64)));
+}
+
+/// Ranges `map_host` registered (pinned by the driver), by address, with their lengths.
+fn host_registrations() -> &'static Mutex<HashMap<u64, usize>> {
+    static REG: OnceLock<Mutex<HashMap<u64, usize>>> = OnceLock::new();
+    REG.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+fn note_host_registration(p: u64, len: usize) {
+    account_pinned_alloc(len);
+    lock(host_registrations()).insert(p, len);
+}
+
+fn forget_host_registration(p: u64) {
+    if let Some(len) = lock(host_registrations()).remove(&p) {
+        account_pinned_free(len);
+    }
+}
+
+fn note_host_alloc(p: u64, len: usize) {
+    account_pinned_alloc(len);
+    lock(host_allocs()).insert(p, len);
+}
+
+fn note_host_free(p: u64) {
+    if let Some(len) = lock(host_allocs()).remove(&p) {
+        account_pinned_free(len);
+    }
+}
+
+fn note_import_open(base: u64, size: usize) {
+    lock(open_imports()).entry(base).or_insert((0, size as u64)).0 += 1;
+}
+
+fn note_import_close(base: u64) {
+    let mut open = lock(open_imports());
+    if let Some(e) = open.get_mut(&base) {
+        e.0 -= 1;
+        if e.0 == 0 {
+            open.remove(&base);
+        }
+    }
+}
+
+impl CudaDevice {
+    /// `cuMemGetInfo` on this GPU, with the process-wide counts above.
+    pub(super) fn mem_in_use(&self) -> Result<MemoryInUse> {
+        const OP: &str = "Device::memory_in_use";
+        if !has_symbols(&["cuMemGetInfo_v2"]) {
+            return Err(Error::invalid_usage(OP, "the driver has no cuMemGetInfo_v2"));
+        }
+        let _g = self.enter(OP)?;
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: valid out-pointers; this device's context is current.
+        check(OP, "cuMemGetInfo_v2", unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) })?;
+        let (imports, import_bytes) = lock(open_imports()).values().fold((0, 0), |(n, b), (c, s)| (n + c, b + c * s));
+        Ok(MemoryInUse {
+            device_bytes: total.saturating_sub(free) as u64,
+            pinned_host_bytes: PINNED_BYTES.load(Ordering::Relaxed),
+            imports,
+            import_bytes,
+        })
     }
 }

@@ -261,6 +261,9 @@ impl Device for CudaDevice {
     fn unmap_host(&self, ptr: *mut u8) -> Result<()> {
         self.mem_unmap_host(ptr)
     }
+    fn memory_in_use(&self) -> Result<crate::device::MemoryInUse> {
+        self.mem_in_use()
+    }
     fn copy_to_host(&self, dst: &mut [u8], src: DevPtr) -> Result<()> {
         self.mem_copy_to_host(dst, src)
     }

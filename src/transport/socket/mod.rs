@@ -1515,6 +1515,71 @@ mod tests {
         assert_eq!(free.grant(1 << 30), 1 << 30);
     }
 
+    /// Rank 1's transport, connected to a rank 0 written out by hand (the handshake done
+    /// here): the raw connection lets a test send any bytes as rank 0.
+    fn with_raw_rank0(comm: u64) -> (Arc<dyn Device>, Socket, TcpStream) {
+        let (listener, secret) = listen(true, None).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let peers = vec![Some(Remote { addr: SocketAddr::from(([127, 0, 0, 1], 1)), secret: [7; 16], max_chunk: CHUNK }), None];
+        let links = NetLinks { rank: 1, comm_id: comm, listener, peers, secret, qps: 1, gbps: 0.0, staging: None, timeout: Duration::from_secs(10) };
+        let dev: Arc<dyn Device> = Arc::new(HostDevice::new().unwrap());
+        let d = dev.clone();
+        let t = std::thread::spawn(move || Socket::connect(d, links).unwrap());
+        let mut raw = TcpStream::connect(addr).unwrap();
+        raw.write_all(&hello(comm, 0, 0, &secret)).unwrap();
+        let mut b = [0u8; HDR];
+        raw.read_exact(&mut b).unwrap();
+        assert_eq!(parse_hello(&b), Some((0, comm, 1, [7; 16])));
+        (dev, t.join().unwrap(), raw)
+    }
+
+    /// Frames from a peer are checked before use: a header that is not hoccl's, a data
+    /// frame that would write past its receive buffer (or claims a larger transfer than the
+    /// buffer) and a trailer that is neither "intact" nor "cancelled" each make the peer
+    /// gone with the reason, never a write outside the buffer or a landed transfer.
+    #[test]
+    fn corrupt_frames_are_refused() {
+        let len = 4096usize;
+        let data = |offset: u64, a: u64, payload: u64, token: u64| {
+            let mut h = Header::new(Kind::Data, 1, 0);
+            (h.a, h.token, h.offset, h.payload) = (a, token, offset, payload);
+            h.encode().to_vec()
+        };
+        type Frames = (&'static str, Box<dyn Fn(u64) -> Vec<u8>>);
+        let cases: [Frames; 5] = [
+            ("malformed frame header", Box::new(|_| vec![0xab; HDR])),
+            ("corrupt frame", Box::new(move |t| data(len as u64 - 8, len as u64, 100, t))),
+            ("corrupt frame", Box::new(move |t| data(u64::MAX - 4, len as u64, 16, t))),
+            ("corrupt frame", Box::new(move |t| data(0, 2 * len as u64, 16, t))),
+            ("malformed frame trailer", Box::new(move |t| [data(0, len as u64, 16, t), vec![0x5a; 16], 0xdead_u64.to_le_bytes().to_vec()].concat())),
+        ];
+        for (i, (why, bytes)) in cases.into_iter().enumerate() {
+            let (dev, mut t1, mut raw) = with_raw_rank0(0x50c0_0100 + i as u64);
+            let dst = dev.alloc(len).unwrap();
+            let region = Region { seq: 1, ptr: dst, len, alloc: Some(dev.allocation(dst).unwrap()) };
+            let remote = t1.expose(0, region).unwrap();
+            t1.post_ready(0, Tag { pair_seq: 1, k: 0 }, remote);
+            raw.write_all(&bytes(remote.wire.alloc_id)).unwrap();
+            let (mut sig, mut done, mut adv) = (Vec::new(), Vec::new(), Vec::new());
+            let t0 = Instant::now();
+            while t1.peer_health(0).is_none() {
+                t1.poll_signals(&mut sig);
+                let _ = t1.progress(&mut done, &mut adv);
+                assert!(t0.elapsed() < Duration::from_secs(10), "{why}: the peer is still healthy: {}", t1.describe());
+            }
+            let health = t1.peer_health(0).unwrap();
+            assert!(health.contains(why), "case {i}: {health:?}");
+            assert!(!sig.iter().any(|m| matches!(m.signal, Signal::Landed { .. })), "case {i}: a corrupt transfer landed");
+            let mut back = vec![0u8; len];
+            dev.copy_to_host(&mut back, dst).unwrap();
+            if i < 4 {
+                assert!(back.iter().all(|b| *b == 0), "case {i}: the buffer changed");
+            }
+            t1.close();
+            dev.free(dst).unwrap();
+        }
+    }
+
     /// A connection that does not present this rank's secret is refused and the setup
     /// goes on; one that never comes makes the setup time out naming the rank.
     #[test]
