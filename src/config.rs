@@ -120,10 +120,10 @@ pub struct Config {
     /// `HOCCL_GATED` = auto | 1 | 0: device-gated writes between ranks of this host in
     /// different processes (docs/design.md, "Copy-engine path"): a transfer of at most one
     /// copy is queued on the device when both ops are submitted and runs once both streams
-    /// reached the op, with no CPU hop in between. `None` (auto, the default) and
-    /// `Some(true)`: on where both processes could map their peers' flags for the device
-    /// (with `1`, a device that cannot fails communicator creation); `Some(false)`: every
-    /// transfer goes through the proxy's handshake.
+    /// reached the op, with no CPU hop in between. `None` (auto) and `Some(true)`: on where
+    /// both processes could map their peers' flags for the device (with `1`, a device that
+    /// cannot fails communicator creation); `Some(false)` (the default, until the path has
+    /// passed on a GPU): every transfer goes through the proxy's handshake.
     pub gated: Option<bool>,
     /// `HOCCL_TRACE_OPS` = `A-B` (or `N`, meaning `1-N`): the proxy logs, at info level, the
     /// timeline of ops A..=B of each communicator (call order, from 1): when it saw the op
@@ -168,7 +168,7 @@ impl Default for Config {
             codec_tickets: false,
             max_waiting_streams: None,
             serial_enqueue: None,
-            gated: None,
+            gated: Some(false),
             trace_ops: None,
             reduce_ctas: None,
             reduce_scratch: 64 << 20,
@@ -448,7 +448,7 @@ mod tests {
         assert_eq!(serial("0"), Some(false));
         assert_eq!(serial("1"), Some(true));
         assert_eq!(serial("auto"), None);
-        assert_eq!(Config::default().gated, None);
+        assert_eq!(Config::default().gated, Some(false));
         let gated = |v: &str| Config::default().with_env(env(&[("HOCCL_GATED", v)])).unwrap().gated;
         assert_eq!((gated("0"), gated("1"), gated("auto")), (Some(false), Some(true), None));
         assert_eq!(Config::default().reduce_ctas, None);

@@ -249,8 +249,12 @@ pub trait Device: Send + Sync + 'static {
     }
 
     // ---- graph capture, for tests: the application captures with the CUDA runtime -------
-    /// Start capturing `s` (global mode, as `torch.cuda.graph`): work enqueued on it is
-    /// recorded, not run.
+    /// Start capturing `s` (thread-local mode): work enqueued on it is recorded, not run.
+    /// Not global mode (`torch.cuda.graph`'s): the tests drive several ranks from threads of
+    /// one process, and in global mode another rank's thread making an unsafe call (a
+    /// synchronous copy, an allocation) while one captures invalidates that capture
+    /// (`CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` at the end, seen on the H200). Global mode is
+    /// what `tests/nccl/torch_check.py` exercises, one rank per process.
     #[doc(hidden)]
     fn begin_capture(&self, s: StreamHandle) -> Result<()> {
         let _ = s;

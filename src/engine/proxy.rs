@@ -270,6 +270,9 @@ pub(super) struct Proxy {
     counts: Vec<u32>,
     ready: Vec<(usize, Tag, RemoteBuffer)>,
     gated: Vec<GatedWrite>,
+    /// Gated batches held back while their receiver's queue is full (op, peer), in the order
+    /// they became ready to queue; a peer's batches leave in that order.
+    gated_held: VecDeque<(u64, usize)>,
     incoming: Vec<Incoming>,
     done: Vec<FlowId>,
     advanced: Vec<u64>,
@@ -298,6 +301,7 @@ impl Proxy {
             counts: vec![0; nranks],
             ready: Vec::new(),
             gated: Vec::new(),
+            gated_held: VecDeque::new(),
             incoming: Vec::new(),
             done: Vec::new(),
             advanced: Vec::new(),
@@ -320,6 +324,7 @@ impl Proxy {
             progressed |= self.poll_templates();
             progressed |= self.poll_signals();
             progressed |= self.progress_transport();
+            progressed |= self.release_held_gated();
             self.periodic_checks();
             if self.should_exit() {
                 break;
@@ -472,11 +477,49 @@ impl Proxy {
     /// its announcement (they go as one batch, in pair order per peer: announcements and
     /// ops both arrive in call order).
     fn start_gated(&mut self, seq: u64, peer: usize) -> Result<()> {
-        let Some(st) = self.ops.get_mut(&seq) else { return Ok(()) };
-        let mine = || st.sends.iter().filter(|s| s.gated && s.x.peer == peer);
-        if mine().any(|s| s.remote.is_none() || s.phase != SendPhase::WaitReady) {
+        let Some(st) = self.ops.get(&seq) else { return Ok(()) };
+        if st.sends.iter().filter(|s| s.gated && s.x.peer == peer).any(|s| s.remote.is_none() || s.phase != SendPhase::WaitReady) {
             return Ok(());
         }
+        if self.gated_held.iter().any(|&(_, p)| p == peer) || !self.transport.gated_room(peer) {
+            self.gated_held.push_back((seq, peer));
+            return Ok(());
+        }
+        self.queue_gated(seq, peer)
+    }
+
+    /// Queue the batches held back for a full queue, each peer's in order, while there is
+    /// room; whether any left.
+    fn release_held_gated(&mut self) -> bool {
+        if self.gated_held.is_empty() {
+            return false;
+        }
+        let mut moved = false;
+        let mut blocked: Vec<usize> = Vec::new();
+        let mut i = 0;
+        while i < self.gated_held.len() {
+            let (seq, peer) = self.gated_held[i];
+            if !self.ops.contains_key(&seq) {
+                // Failed meanwhile: nothing to queue.
+                self.gated_held.remove(i);
+                continue;
+            }
+            if blocked.contains(&peer) || !self.transport.gated_room(peer) {
+                blocked.push(peer);
+                i += 1;
+                continue;
+            }
+            self.gated_held.remove(i);
+            moved = true;
+            if let Err(e) = self.queue_gated(seq, peer) {
+                self.fail_op(seq, e);
+            }
+        }
+        moved
+    }
+
+    fn queue_gated(&mut self, seq: u64, peer: usize) -> Result<()> {
+        let Some(st) = self.ops.get_mut(&seq) else { return Ok(()) };
         let mut writes = std::mem::take(&mut self.gated);
         writes.clear();
         for (idx, s) in st.sends.iter().enumerate().filter(|(_, s)| s.gated && s.x.peer == peer) {

@@ -228,6 +228,16 @@ pub trait Transport: Send {
         let _ = (peer, pair_seq);
     }
 
+    /// Sender: whether `peer`'s gated queue takes another batch now. Batches wait on the
+    /// device for flags only the proxies raise, so a queue holding too many of them fills
+    /// its command buffer, and the driver then blocks the call that enqueues the next one
+    /// (the proxy, which would raise those flags). The proxy holds a batch back until the
+    /// queue has room.
+    fn gated_room(&mut self, peer: usize) -> bool {
+        let _ = peer;
+        true
+    }
+
     /// Sender: queue every gated transfer of op `pair_seq` to `peer`, to run once this
     /// rank's stream wrote `start_value` to the flag at `start_flag` (device address) and the
     /// receiver reached the op. May be called before the stream reached the op; calls for

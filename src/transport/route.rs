@@ -111,6 +111,10 @@ impl Transport for Route {
         self.to(peer).reached(peer, pair_seq)
     }
 
+    fn gated_room(&mut self, peer: usize) -> bool {
+        self.to(peer).gated_room(peer)
+    }
+
     fn gated_write(&mut self, peer: usize, pair_seq: u64, start_flag: DevPtr, start_value: u64, writes: &[GatedWrite]) -> Result<()> {
         self.to(peer).gated_write(peer, pair_seq, start_flag, start_value, writes)
     }

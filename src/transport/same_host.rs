@@ -32,6 +32,12 @@ use std::time::{Duration, Instant};
 /// transfer is one copy, as it would be on the proxy's queues.
 pub const GATED_MAX: usize = MIN_CHUNK;
 
+/// Batches a gated queue holds at most (queued and not seen landed). Each is two waits, its
+/// copies and a flag write; on the H200 a queue given 511 batches behind a wait blocked its
+/// enqueuing call for good (the command buffer was full), so the proxy holds later batches
+/// back ([`Transport::gated_room`]).
+pub const GATED_QUEUE_BATCHES: usize = 32;
+
 /// Whether a transfer of `len` bytes with a peer goes the gated way, from what both ranks
 /// of the pair know alike: the setting (`HOCCL_GATED`, None = auto), whether the peer lives
 /// in this host but another process, whether both devices reach each other's flag areas
@@ -489,10 +495,28 @@ impl Transport for SameHost {
                 f.cancelled = true;
             }
         }
-        // A queued gated batch cannot be taken back: it is only never reported.
-        for q in self.gated.iter_mut().flat_map(|g| g.queues.iter_mut().flatten()) {
+        // A queued gated batch cannot be taken back: it is never reported, and its queue is
+        // let run to the end. The receiver of a failed op may never raise `ready` for it (it
+        // failed there too, or the process died), and a queue that waits for ever keeps its
+        // context from being torn down: the process could not exit. So this rank raises the
+        // receiver's `ready[me]` itself (its own mapping of the receiver's flag area); the
+        // queue's other wait, for this rank's stream to reach the op, passes once the stream
+        // runs on (the failure released it). The copies then write into the receiver's buffer
+        // of the failed op, whose contents are undefined; a dead receiver's allocation stays
+        // alive while this process maps it.
+        let me = self.links.local_index;
+        let Some(g) = self.gated.as_mut() else { return };
+        for (peer, q) in g.queues.iter_mut().enumerate() {
+            let Some(q) = q.as_mut() else { continue };
+            let mut hit = false;
             for b in q.batches.iter_mut().filter(|b| b.flows.iter().any(|id| id.seq == seq)) {
                 b.cancelled = true;
+                hit = true;
+            }
+            if hit {
+                if let Some(seg) = self.links.peers.get(peer).and_then(|s| s.as_ref()) {
+                    seg.ready(me).store(u64::MAX, Ordering::Release);
+                }
             }
         }
     }
@@ -574,6 +598,11 @@ impl Transport for SameHost {
         if let Some(v) = g.prefix[l].reached(pair_seq) {
             self.links.inbox.ready(l).store(v, Ordering::Release);
         }
+    }
+
+    fn gated_room(&mut self, peer: usize) -> bool {
+        let queued = self.gated.as_ref().and_then(|g| g.queues.get(peer)?.as_ref()).map_or(0, |q| q.batches.len());
+        queued < GATED_QUEUE_BATCHES
     }
 
     fn gated_write(&mut self, peer: usize, pair_seq: u64, start_flag: DevPtr, start_value: u64, writes: &[GatedWrite]) -> Result<()> {

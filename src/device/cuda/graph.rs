@@ -130,7 +130,7 @@ impl CudaDevice {
         const OP: &str = "Device::begin_capture";
         require(OP)?;
         let _g = self.enter(OP)?;
-        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
+        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
         // SAFETY: the driver validates the stream.
         check(OP, "cuStreamBeginCapture_v2", unsafe { sys::cuStreamBeginCapture_v2(cu_stream(s), mode) })
     }
