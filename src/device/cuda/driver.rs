@@ -144,6 +144,28 @@ pub fn current_ordinal() -> Result<Option<usize>> {
 /// Hardware work queues per context that hoccl asks for (`CUDA_DEVICE_MAX_CONNECTIONS`).
 pub const WANT_CONNECTIONS: u32 = 32;
 
+/// What hoccl asks for when the process is an MPS client: the MPS server gives every
+/// client context the queues it asks for out of one pool, and on an H200 a fourth client
+/// asking for 32 cannot create its context, while four asking for 16 run every op
+/// (docs/design.md, "Several processes on one GPU").
+pub const WANT_CONNECTIONS_MPS: u32 = 16;
+
+/// Whether an MPS control daemon serves this process: its pipe directory
+/// (`CUDA_MPS_PIPE_DIRECTORY`, default `/tmp/nvidia-mps`) holds its `control` pipe.
+fn mps_daemon_present() -> bool {
+    let dir = std::env::var_os("CUDA_MPS_PIPE_DIRECTORY").unwrap_or_else(|| "/tmp/nvidia-mps".into());
+    std::path::Path::new(&dir).join("control").exists()
+}
+
+/// The queue count to ask for: `WANT_CONNECTIONS`, or `WANT_CONNECTIONS_MPS` under MPS.
+fn wanted_connections(mps: bool) -> u32 {
+    if mps {
+        WANT_CONNECTIONS_MPS
+    } else {
+        WANT_CONNECTIONS
+    }
+}
+
 /// The hardware work queues a context of this process has (or will have):
 /// `CUDA_DEVICE_MAX_CONNECTIONS` as the driver reads it (hoccl sets 32 when unset before CUDA
 /// starts), or the driver's default of 8.
@@ -154,9 +176,10 @@ pub fn hardware_queues() -> usize {
 /// Streams are spread over a context's hardware work queues (8 by default). A stream
 /// blocked in `cuStreamWaitValue` (a user stream waiting for a collective to finish) blocks
 /// every stream that shares its queue, so a copy-engine queue sharing it could never run
-/// and the collective would never finish. Ask for the maximum (32) before the driver makes
-/// a context, unless the application chose a value itself. Too late once a context exists
-/// in the process: then the application's own setting stands (see the README).
+/// and the collective would never finish. Ask for the maximum (32; 16 under MPS, whose
+/// clients share one pool) before the driver makes a context, unless the application chose
+/// a value itself. Too late once a context exists in the process: then the application's
+/// own setting stands (see the README).
 fn widen_hardware_queues() {
     const VAR: &str = "CUDA_DEVICE_MAX_CONNECTIONS";
     match std::env::var(VAR) {
@@ -167,7 +190,11 @@ fn widen_hardware_queues() {
         }
         Err(_) => {
             // Called once, before cuInit, from the first CUDA use of the process.
-            std::env::set_var(VAR, WANT_CONNECTIONS.to_string());
+            let mps = mps_daemon_present();
+            if mps {
+                log::info!("hoccl: an MPS daemon serves this process: {VAR}={WANT_CONNECTIONS_MPS}");
+            }
+            std::env::set_var(VAR, wanted_connections(mps).to_string());
         }
     }
 }
@@ -254,6 +281,12 @@ impl Drop for CtxGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fewer_queues_under_mps() {
+        assert_eq!(wanted_connections(false), 32);
+        assert_eq!(wanted_connections(true), 16);
+    }
 
     #[test]
     fn error_mapping_names_call_and_code() {
