@@ -58,6 +58,26 @@ struct Buf {
     }
 };
 
+// A stream of `len` bytes at dst.p (a buffer of `cap` usable bytes filled with 0xEE before)
+// to `path`, after checking its length and that nothing past its end was written: a
+// block's last 16-byte unit must not spill into its successor's bytes (written first on
+// the GPU, possibly) or past the stream's end.
+static int write_stream(const Buf& dst, uint64_t len, uint64_t cap, const char* path) {
+    if (len == 0 || len > cap) {
+        std::fprintf(stderr, "bad out_len %llu\n", (unsigned long long)len);
+        return 1;
+    }
+    for (const uint8_t* q = dst.p + len; q < dst.mem.data() + dst.mem.size(); ++q) {
+        if (*q != 0xEE) {
+            std::fprintf(stderr, "byte %lld past the stream's end (%llu bytes) written\n", (long long)(q - dst.p),
+                         (unsigned long long)len);
+            return 1;
+        }
+    }
+    write_file(path, dst.p, len);
+    return 0;
+}
+
 static int compress(const std::string& dt, uint32_t B, uint32_t tiers, const char* in, const char* out, size_t mis) {
     const std::vector<uint8_t> data = read_file(in);
     const int size = size_of(dt);
@@ -97,21 +117,7 @@ static int compress(const std::string& dt, uint32_t B, uint32_t tiers, const cha
 #undef BFX_CALL
     };
     if (nblocks > 0) emu::launch((unsigned)nblocks, bfx::ET, body, !tickets);
-    if (out_len == 0 || out_len > cap) {
-        std::fprintf(stderr, "bad out_len %llu\n", (unsigned long long)out_len);
-        return 1;
-    }
-    // nothing past the stream: a block's last 16-byte unit must not spill into its successor's
-    // bytes (written first on the GPU, possibly) or past the stream's end
-    for (const uint8_t* q = dst.p + out_len; q < dst.mem.data() + dst.mem.size(); ++q) {
-        if (*q != 0xEE) {
-            std::fprintf(stderr, "byte %lld past the stream's end (%llu bytes) written\n", (long long)(q - dst.p),
-                         (unsigned long long)out_len);
-            return 1;
-        }
-    }
-    write_file(out, dst.p, out_len);
-    return 0;
+    return write_stream(dst, out_len, cap, out);
 }
 
 static int decompress(const std::string& dt, uint64_t n, const char* in, const char* out, unsigned ctas, size_t mis,
@@ -216,22 +222,7 @@ struct OutStream {
             hoccl_bfx_compress_begin(buf.p, n, B, (uint32_t)nblocks, magic_of(dt), scratch.data(), nblocks + 1, &len);
         });
     }
-    // The stream to `path`, after checking that nothing past its end was written.
-    int write(const char* path) {
-        if (len == 0 || len > cap) {
-            std::fprintf(stderr, "bad out_len %llu\n", (unsigned long long)len);
-            return 1;
-        }
-        for (const uint8_t* q = buf.p + len; q < buf.mem.data() + buf.mem.size(); ++q) {
-            if (*q != 0xEE) {
-                std::fprintf(stderr, "byte %lld past the stream's end (%llu bytes) written\n", (long long)(q - buf.p),
-                             (unsigned long long)len);
-                return 1;
-            }
-        }
-        write_file(path, buf.p, len);
-        return 0;
-    }
+    int write(const char* path) const { return write_stream(buf, len, cap, path); }
 };
 
 static uint32_t dst_flags(const uint8_t* p) {

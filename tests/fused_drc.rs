@@ -9,13 +9,12 @@
 //! The same bodies run twice: under the CPU emulator (`cuda/bfx_emu.hpp`, the kernel file
 //! compiled as C++ by the system compiler, `CXX`), in CI; and on a GPU through the public
 //! API (ignored by default: `--ignored`, as scripts/gpu/core.sh and sanitize.sh run it).
-#[path = "common/rng.rs"]
-mod rng;
+mod codec_common;
+use codec_common::Rng;
 use hoccl::compress::{self, fused, Dtype, Params};
 use hoccl::device::{DevPtr, Device};
 use hoccl::reduce::RedOp;
 use hoccl::types::DataType;
-use rng::Rng;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -98,25 +97,11 @@ fn normal(dt: Dtype, rng: &mut Rng, n: usize, sigma: f64, specials: bool) -> Vec
         let special = specials && rng.below(64) == 0;
         match dt {
             Dtype::F32 => out.extend_from_slice(&(if special { rng.next() as u32 } else { x.to_bits() }).to_le_bytes()),
-            Dtype::Bf16 => out.extend_from_slice(&(if special { rng.next() as u16 } else { (x.to_bits() >> 16) as u16 }).to_le_bytes()),
-            Dtype::F16 => out.extend_from_slice(&(if special { rng.next() as u16 } else { half(x) }).to_le_bytes()),
+            Dtype::Bf16 => out.extend_from_slice(&(if special { rng.next() as u16 } else { codec_common::bf16_of(x) }).to_le_bytes()),
+            Dtype::F16 => out.extend_from_slice(&(if special { rng.next() as u16 } else { codec_common::f16_of(x) }).to_le_bytes()),
         }
     }
     out
-}
-
-/// f32 -> f16 by truncation (any f16 pattern will do as data).
-fn half(x: f32) -> u16 {
-    let b = x.to_bits();
-    let sign = ((b >> 16) & 0x8000) as u16;
-    let e = ((b >> 23) & 0xff) as i32 - 127 + 15;
-    if e <= 0 {
-        sign
-    } else if e >= 31 {
-        sign | 0x7c00
-    } else {
-        sign | ((e as u16) << 10) | ((b >> 13) & 0x3ff) as u16
-    }
 }
 
 /// Inputs of `m + 1` kinds by k % 3: narrow normal with specials, wide normal, random bytes
@@ -178,17 +163,8 @@ fn alignments_in_place_tiers_and_eight_streams(d: &dyn Drc, n: usize) {
 
 /// The real bf16 fixtures (tests/data), reduced against one another.
 fn real_fixtures(d: &dyn Drc, max_len: usize) {
-    let dir = std::env::var_os("HOCCL_TEST_DATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data"));
-    let mut fx: Vec<Vec<u8>> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e} (set HOCCL_TEST_DATA)", dir.display()))
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "bf16"))
-        .map(|p| std::fs::read(p).unwrap())
-        .collect();
-    fx.sort();
-    assert!(fx.len() >= 4, "bf16 fixtures missing in {}", dir.display());
+    let fx: Vec<Vec<u8>> = codec_common::fixtures().into_iter().filter(|f| f.2 == Dtype::Bf16).map(|f| f.3).collect();
+    assert!(fx.len() >= 4, "bf16 fixtures missing");
     let len = fx.iter().map(|x| x.len()).min().unwrap().min(max_len) & !1;
     let p = Params::default();
     let streams: Vec<Vec<u8>> = fx[..3].iter().map(|x| compress::compress(Dtype::Bf16, &x[..len], &p).unwrap()).collect();
@@ -241,23 +217,8 @@ fn corrupt_inputs_reported(d: &dyn Drc) {
 
 fn emulator() -> &'static PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-        let bin = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bfx_emu_drc");
-        let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
-        // -ffp-contract=off: the reduction steps round each operation (reduce.cuh).
-        let out = Command::new(&cxx)
-            .args(["-std=c++17", "-O2", "-ffp-contract=off", "-Wall", "-Wno-unknown-pragmas", "-Wno-unused-function"])
-            .arg("-I")
-            .arg(root.join("cuda"))
-            .arg("-o")
-            .arg(&bin)
-            .arg(root.join("cuda/bfx_emu_main.cpp"))
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run the C++ compiler `{cxx}`: {e}"));
-        assert!(out.status.success(), "building the emulator failed:\n{}", String::from_utf8_lossy(&out.stderr));
-        bin
-    })
+    // -ffp-contract=off: the reduction steps round each operation (reduce.cuh).
+    BIN.get_or_init(|| codec_common::build_emulator("bfx_emu_drc", &["-ffp-contract=off"]))
 }
 
 fn tmp(tag: &str) -> PathBuf {

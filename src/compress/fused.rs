@@ -128,27 +128,10 @@ pub fn decompress_reduce_with_async(
     if acc == Accumulator::Dst && dst == local && local_pos > 0 {
         return Err(Error::invalid_arg(OP, "the accumulator in dst cannot run in place unless the local input comes first"));
     }
-    if inputs.is_empty() || inputs.len() > MAX_FUSED_INPUTS {
-        return Err(Error::invalid_arg(OP, format!("{} compressed inputs: want 1..={MAX_FUSED_INPUTS}", inputs.len())));
+    if inputs.is_empty() {
+        return Err(Error::invalid_arg(OP, format!("no compressed inputs: want 1..={MAX_FUSED_INPUTS}")));
     }
-    if local_pos > inputs.len() {
-        return Err(Error::invalid_arg(OP, format!("local position {local_pos} past the {} inputs", inputs.len() + 1)));
-    }
-    if !supports(dtype) {
-        return Err(Error::invalid_arg(OP, format!("no fused kernel for {}", dtype.name())));
-    }
-    let size = dtype.size() as u64;
-    n.checked_mul(size as usize).ok_or_else(|| Error::invalid_arg(OP, format!("{n} values overflow")))?;
-    for (what, p, align) in [("local", local, size), ("dst", dst, size), ("status", status, 4)] {
-        if p.is_null() || p.0 % align != 0 {
-            return Err(Error::invalid_arg(OP, format!("{what} pointer {:#x} is null or not {align}-byte aligned", p.0)));
-        }
-    }
-    for (p, _) in inputs {
-        if p.is_null() || p.0 % 4 != 0 {
-            return Err(Error::invalid_arg(OP, format!("input pointer {:#x} is null or not 4-byte aligned", p.0)));
-        }
-    }
+    check_args(OP, dtype, inputs, (local, local_pos), dst, n, status)?;
     let cuda = dev.as_cuda().ok_or_else(|| Error::invalid_arg(OP, "the fused kernels need a CUDA device"))?;
     gpu::launch(cuda, stream, "hoccl_bfx_decompress_begin", 1, Args::new().u64(status.0)).map_err(|e| e.with_op(OP))?;
     if n == 0 {
@@ -194,6 +177,35 @@ pub fn decompress_reduce_with_async(
     // writes `n` values at dst and the status word: device memory the caller provides. With
     // `pdl`, the kernel executes griddepcontrol.wait before any memory access (pdl_enter).
     unsafe { cuda.launch(stream, &name, (ctas, 1, 1), (threads, 1, 1), smem, &mut args, pdl) }.map_err(|e| e.with_op(OP))
+}
+
+/// The arguments both launchers share: at most [`MAX_FUSED_INPUTS`] streams, 4-byte aligned;
+/// the local input's position among them; local and dst aligned to the value size; `n`
+/// values within the address space; `status` 4-byte aligned, not null when there are
+/// streams.
+fn check_args(op: &'static str, dtype: Dtype, inputs: &[(DevPtr, usize)], (local, local_pos): (DevPtr, usize), dst: DevPtr, n: usize, status: DevPtr) -> Result<()> {
+    if inputs.len() > MAX_FUSED_INPUTS {
+        return Err(Error::invalid_arg(op, format!("{} compressed inputs: want at most {MAX_FUSED_INPUTS}", inputs.len())));
+    }
+    if local_pos > inputs.len() {
+        return Err(Error::invalid_arg(op, format!("local position {local_pos} past the {} inputs", inputs.len() + 1)));
+    }
+    if !supports(dtype) {
+        return Err(Error::invalid_arg(op, format!("no fused kernel for {}", dtype.name())));
+    }
+    let size = dtype.size() as u64;
+    n.checked_mul(size as usize).ok_or_else(|| Error::invalid_arg(op, format!("{n} values overflow")))?;
+    for (what, p, align, required) in [("local", local, size, true), ("dst", dst, size, true), ("status", status, 4, !inputs.is_empty())] {
+        if (required && p.is_null()) || p.0 % align != 0 {
+            return Err(Error::invalid_arg(op, format!("{what} pointer {:#x} is null or not {align}-byte aligned", p.0)));
+        }
+    }
+    for (p, _) in inputs {
+        if p.is_null() || p.0 % 4 != 0 {
+            return Err(Error::invalid_arg(op, format!("input pointer {:#x} is null or not 4-byte aligned", p.0)));
+        }
+    }
+    Ok(())
 }
 
 /// Mirror of `bfx::DrcArgs` (bfx_fused.cu), the drc kernels' one parameter.
@@ -300,31 +312,12 @@ pub fn decompress_reduce_compress_async(
 ) -> Result<()> {
     const OP: &str = "decompress_reduce_compress_async";
     let b = o.check(OP, dtype)?;
-    if inputs.len() > MAX_FUSED_INPUTS {
-        return Err(Error::invalid_arg(OP, format!("{} compressed inputs: want at most {MAX_FUSED_INPUTS}", inputs.len())));
-    }
-    if local_pos > inputs.len() {
-        return Err(Error::invalid_arg(OP, format!("local position {local_pos} past the {} inputs", inputs.len() + 1)));
-    }
     if inputs.is_empty() && dst != local {
         return Err(Error::invalid_arg(OP, "without compressed inputs dst must be the local input"));
     }
-    if !supports(dtype) {
-        return Err(Error::invalid_arg(OP, format!("no fused kernel for {}", dtype.name())));
-    }
+    check_args(OP, dtype, inputs, (local, local_pos), dst, n, status)?;
     if first % b as usize != 0 || first.checked_add(n).is_none_or(|end| end > o.total) {
         return Err(Error::invalid_arg(OP, format!("values {first}..+{n} are not a block-aligned range of the {} of the output", o.total)));
-    }
-    let size = dtype.size() as u64;
-    for (what, p, align, required) in [("local", local, size, true), ("dst", dst, size, true), ("status", status, 4, !inputs.is_empty())] {
-        if (required && p.is_null()) || p.0 % align != 0 {
-            return Err(Error::invalid_arg(OP, format!("{what} pointer {:#x} is null or not {align}-byte aligned", p.0)));
-        }
-    }
-    for (p, _) in inputs {
-        if p.is_null() || p.0 % 4 != 0 {
-            return Err(Error::invalid_arg(OP, format!("input pointer {:#x} is null or not 4-byte aligned", p.0)));
-        }
     }
     let need = drc_workspace_len(dtype, inputs.len(), n, &o.params)?;
     if workspace.1 < need || workspace.0.is_null() || workspace.0 .0 % 8 != 0 {
