@@ -348,3 +348,56 @@ impl Plan {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::BackendChoice;
+
+    fn send(dev: &dyn Device, peer: usize, ptr: DevPtr, len: usize) -> Transfer {
+        Transfer { peer, ptr, len, alloc: Some(dev.allocation(ptr).unwrap()), fill: Fill::Exact }
+    }
+
+    /// A registered precompressed source is sent as it is (its buffer, the bound, its own
+    /// length word) when it is the op's one compressed source on its stream, and dropped
+    /// otherwise (the source then compressed as usual).
+    #[test]
+    fn a_precompressed_source_is_sent_without_compressing() {
+        let dev = crate::device::open(BackendChoice::Host, 0).unwrap();
+        let d = dev.as_ref();
+        let s = d.create_stream().unwrap();
+        let len = 2 * MIN_BYTES;
+        let shard = d.alloc(len).unwrap();
+        let other = d.alloc(len).unwrap();
+        d.copy_from_host(shard, &vec![0x3cu8; len]).unwrap();
+        d.copy_from_host(other, &vec![0x3cu8; len]).unwrap();
+        let from = [0usize; 3];
+        let cap = compress::max_compressed_len(Dtype::Bf16, len / 2, &Params::default()).unwrap();
+        let mut st = CodecState::default();
+        let (buf, alloc, words) = st.gather_buffer(d, s, cap).unwrap();
+        let pre = |stream| Precompressed { stream, dtype: Dtype::Bf16, src: (shard, len), buf, cap, alloc, words: words.clone() };
+        // The shard to both peers: sent from the registered stream.
+        st.precompressed(Some(pre(s)));
+        let mut sends = vec![send(d, 1, shard, len), send(d, 2, shard, len)];
+        let plan = st.prepare(d, s, DataType::BF16, 0, &from, &mut sends, &mut []).unwrap().unwrap();
+        for x in &sends {
+            assert_eq!((x.ptr, x.len, x.alloc, x.fill), (buf, cap, Some(alloc), Fill::Word(0)), "peer {}", x.peer);
+        }
+        assert!(plan.len_words.as_ref().is_some_and(|w| Arc::ptr_eq(w, &words)), "the length word is the registered one");
+        assert!(st.pre.is_none(), "used once");
+        // Another stream, or another source beside it: compressed as usual, registration dropped.
+        let t = d.create_stream().unwrap();
+        for (stream, mut sends) in [(t, vec![send(d, 1, shard, len)]), (s, vec![send(d, 1, shard, len), send(d, 2, other, len)])] {
+            st.precompressed(Some(pre(s)));
+            let plan = st.prepare(d, stream, DataType::BF16, 0, &from, &mut sends, &mut []).unwrap().unwrap();
+            assert!(sends.iter().all(|x| x.ptr != buf && matches!(x.fill, Fill::Word(_))), "compressed into the staging");
+            assert!(plan.len_words.as_ref().is_some_and(|w| !Arc::ptr_eq(w, &words)));
+            assert!(st.pre.is_none());
+            d.synchronize(stream).unwrap();
+        }
+        st.release(d, true);
+        for p in [shard, other] {
+            d.free(p).unwrap();
+        }
+    }
+}
