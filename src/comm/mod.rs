@@ -17,6 +17,7 @@ mod capture;
 mod collectives;
 pub(crate) mod compressed;
 mod enqueue;
+mod internode;
 mod op;
 mod reduction;
 mod setup;
@@ -55,6 +56,8 @@ struct State {
     codec: compressed::CodecState,
     /// The reductions' scratch, once allocated (`reduction.rs`).
     scratch: Option<reduction::Scratch>,
+    /// The staged inter-node path's plans and forwarding staging (`internode.rs`).
+    staged: internode::Staged,
     /// Ops captured into graphs: template ids, flag pairs, released resources (`capture.rs`).
     capture: capture::CaptureState,
     destroyed: bool,
@@ -193,6 +196,7 @@ impl Communicator {
                 group: Group::default(),
                 codec: compressed::CodecState::default(),
                 scratch: None,
+                staged: internode::Staged::default(),
                 capture: capture::CaptureState::default(),
                 destroyed: false,
             }),
@@ -535,6 +539,7 @@ impl Drop for Communicator {
             st.streams.release(self.dev.as_ref(), clean);
             st.codec.release(self.dev.as_ref(), clean);
             self.release_scratch(&mut st, self.config.timeout);
+            self.release_forward_staging(&mut st, self.config.timeout);
             self.release_captured(&mut st);
         }
     }
