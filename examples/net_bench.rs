@@ -28,10 +28,14 @@
 //!   transfer per destination rank), its staging copies those of the socket transport:
 //!   none on the host backend (it sends from and receives into the user buffers), through
 //!   pinned host memory at the topology's host-link rate on CUDA. This is what the runtime
-//!   executes: direct sends, without forwarding peers or the planner's stages.
+//!   executes with `HOCCL_FORWARDING=0`.
 //! - `sim_planned`: the planner's staged plan (`plan::build` with the topology's
-//!   forwarding peers, AllGather fanned out on arrival), which the runtime does not
-//!   execute yet.
+//!   forwarding peers, AllGather fanned out on arrival), which the runtime executes by
+//!   default (`HOCCL_FORWARDING=1`; its pieces cut to the forwarding slots when a rank
+//!   forwards through another).
+//!
+//! Each record says which path ran (`path`: `staged` or `direct`); `meas/sim` is the
+//! measured time over the prediction for that path.
 //!
 //! With `HOCCL_ENGINE=compressed` the prediction moves the bytes the codec makes of the
 //! send data (its ratio measured on the host codec), codec time not modeled.
@@ -340,6 +344,7 @@ struct Record {
     time_us: f64,
     sim_direct_us: Option<f64>,
     sim_planned_us: Option<f64>,
+    /// Measured over the prediction of the path that ran.
     ratio: Option<f64>,
     checked: bool,
     /// Kernels hoccl launched during the timed iterations, all ranks.
@@ -421,7 +426,14 @@ fn measure(ctx: &Ctx, op: Op, bytes: usize, model: &SimSetup) -> Res<Record> {
     }
     let (direct, planned) = model.predict(op, &sh, es)?;
     let proxy_cpu_s_per_gb = (sent_gb > 0.0).then(|| cpu / sent_gb);
-    Ok(Record { op, bytes, time_us, sim_direct_us: direct, sim_planned_us: planned, ratio: direct.map(|d| time_us / d), checked, launches, proxy_cpu_s_per_gb })
+    let ran = if staged_path(ctx) { planned } else { direct };
+    Ok(Record { op, bytes, time_us, sim_direct_us: direct, sim_planned_us: planned, ratio: ran.map(|d| time_us / d), checked, launches, proxy_cpu_s_per_gb })
+}
+
+/// Whether the movement collectives run the planner's stages (docs/design.md, "Inter-node
+/// path"): across nodes unless `HOCCL_FORWARDING=0`.
+fn staged_path(ctx: &Ctx) -> bool {
+    ctx.comm.config().forwarding && ctx.comm.topology().nnodes() > 1
 }
 
 /// What the simulator is given.
@@ -582,11 +594,13 @@ fn run(o: Opts, argv: &[String]) -> Res<()> {
         EngineChoice::Compressed => "compressed",
     };
     let command = format!(
-        "HOCCL_VIRTUAL_NODES={} HOCCL_NET_GBPS={} HOCCL_ENGINE={engine} mpirun -np {n} net_bench {}",
+        "HOCCL_VIRTUAL_NODES={} HOCCL_NET_GBPS={} HOCCL_ENGINE={engine} HOCCL_FORWARDING={} mpirun -np {n} net_bench {}",
         cfg.virtual_nodes,
         cfg.net_gbps,
+        u8::from(cfg.forwarding),
         argv.join(" ")
     );
+    let ran_path = if staged_path(&ctx) { "staged" } else { "direct" };
     let mut text = String::new();
     let _ = writeln!(text, "# {command}");
     let _ = writeln!(
@@ -599,17 +613,18 @@ fn run(o: Opts, argv: &[String]) -> Res<()> {
     );
     let _ = writeln!(
         text,
-        "# sim: copy {:.1} GB/s ({}), {} copy queue(s), incast loss {}, bytes x {:.3} (codec ratio); the runtime executes direct sends (sim_direct)",
+        "# sim: copy {:.1} GB/s ({}), {} copy queue(s), incast loss {}, bytes x {:.3} (codec ratio); the runtime executes the {ran_path} path ({})",
         sim.copy_gbps,
         sim.copy_from,
         sim.cluster.as_ref().map_or(0, |c| c.ce_per_gpu),
         ctx.o.incast,
-        sim.scale
+        sim.scale,
+        if ran_path == "staged" { "sim_planned" } else { "sim_direct" }
     );
     let _ = writeln!(
         text,
         "{:<15} {:>10} {:>12} {:>12} {:>12} {:>10} {:>10} {:>8} {:>8} {:>12}",
-        "op", "bytes", "time_us", "sim_direct", "sim_planned", "meas/dir", "plan/dir", "check", "kernels", "proxy_cpu_s/GB"
+        "op", "bytes", "time_us", "sim_direct", "sim_planned", "meas/sim", "plan/dir", "check", "kernels", "proxy_cpu_s/GB"
     );
     if ctx.rank == 0 {
         print!("{text}");
@@ -648,7 +663,7 @@ fn run(o: Opts, argv: &[String]) -> Res<()> {
                 .iter()
                 .map(|r| {
                     format!(
-                        "{{\"op\":\"{}\",\"engine\":\"{engine}\",\"dtype\":\"{}\",\"nodes\":{nodes},\"ranks\":{},\"ranks_per_node\":{per_node},\"bytes\":{},\"gbps_limit\":{},\"time_us\":{:.3},\"sim_direct_us\":{},\"sim_planned_us\":{},\"measured_over_direct\":{},\"zipf\":{},\"seed\":{},\"iters\":{},\"checked\":{},\"kernel_launches\":{},\"proxy_cpu_s_per_gb\":{}}}",
+                        "{{\"op\":\"{}\",\"engine\":\"{engine}\",\"dtype\":\"{}\",\"nodes\":{nodes},\"ranks\":{},\"ranks_per_node\":{per_node},\"bytes\":{},\"gbps_limit\":{},\"time_us\":{:.3},\"sim_direct_us\":{},\"sim_planned_us\":{},\"path\":\"{ran_path}\",\"measured_over_sim\":{},\"zipf\":{},\"seed\":{},\"iters\":{},\"checked\":{},\"kernel_launches\":{},\"proxy_cpu_s_per_gb\":{}}}",
                         r.op.name(),
                         ctx.o.dtype.name(),
                         ctx.n,
@@ -668,7 +683,7 @@ fn run(o: Opts, argv: &[String]) -> Res<()> {
                 })
                 .collect();
             let json = format!(
-                "{{\"command\":{},\"executed\":\"direct\",\"copy_gbps\":{:.3},\"copy_from\":\"{}\",\"incast\":{},\"codec_ratio\":{:.4},\"records\":[\n{}\n]}}\n",
+                "{{\"command\":{},\"executed\":\"{ran_path}\",\"copy_gbps\":{:.3},\"copy_from\":\"{}\",\"incast\":{},\"codec_ratio\":{:.4},\"records\":[\n{}\n]}}\n",
                 Json::Str(command.clone()),
                 sim.copy_gbps,
                 sim.copy_from,
