@@ -100,6 +100,12 @@ pub struct Config {
     /// suffixes; at least 64 KiB), allocated once per communicator by the first staged op
     /// that forwards: four slots (two to send, two to receive) bound a stage's NIC piece.
     pub forward_staging_bytes: usize,
+    /// The staged path takes a call only when its largest flow between nodes has at least
+    /// this many bytes (no variable; default: the socket transport's chunk, below which the
+    /// direct path sends each flow as one frame and stages would only add op handshakes).
+    /// Tests set 0 to stage every call.
+    #[doc(hidden)]
+    pub staged_min_flow_bytes: usize,
     /// `HOCCL_DEVICE`: GPU ordinal for this rank (default: local rank modulo GPU count).
     pub device: Option<usize>,
     /// `HOCCL_TIMEOUT_MS`: an operation making no progress for this long fails.
@@ -173,6 +179,7 @@ impl Default for Config {
             forwarding_peers: Vec::new(),
             forwarding: true,
             forward_staging_bytes: 16 << 20,
+            staged_min_flow_bytes: crate::transport::socket::CHUNK,
             device: None,
             timeout: Duration::from_secs(120),
             log: None,

@@ -3,7 +3,8 @@
 //! uneven, with and without forwarding peers (`HOCCL_FORWARDING_PEERS`), through slots
 //! small enough that large flows take many steps, against references computed from the
 //! inputs; the direct path (`HOCCL_FORWARDING=0`) on the same draws; a rank that forwards
-//! through its peer never talks to another node; two streams sharing the staging. The same
+//! through its peer receives nothing straight from another node; small calls stay direct;
+//! two streams sharing the staging. The same
 //! bodies run on CUDA with `--ignored`.
 mod common;
 use common::*;
@@ -130,7 +131,8 @@ fn every_op_with(b: Backend, nodes: usize, ranks: usize, cfg: Config, seed: u64)
 
 fn fwd_config(peers: &[usize]) -> Config {
     // 16 KiB slots: a large flow takes many steps through them.
-    Config { forwarding_peers: peers.to_vec(), forward_staging_bytes: 64 << 10, engine: EngineChoice::CopyEngine, ..test_config() }
+    // Every call staged, however small.
+    Config { forwarding_peers: peers.to_vec(), forward_staging_bytes: 64 << 10, staged_min_flow_bytes: 0, engine: EngineChoice::CopyEngine, ..test_config() }
 }
 
 /// 2 and 4 nodes, 2–8 ranks, even and uneven, identity forwarding (virtual nodes carry no
@@ -162,14 +164,15 @@ fn direct(b: Backend) {
 
 /// Ops rank 0 enqueued with each rank of the other node during one Gather to rank 0 on 2
 /// nodes × 3 ranks, local ranks 0 and 1 forwarding through each other (`1,0,2`).
-fn ops_to_other_node(b: Backend, forwarding: bool) -> Vec<u64> {
+/// `min`: the staged path's floor on the largest flow; `cnt`: i32 elements per rank.
+fn ops_to_other_node(b: Backend, forwarding: bool, min: usize, cnt: usize) -> Vec<u64> {
     let out = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let o = out.clone();
-    let cfg = Config { virtual_nodes: 2, forwarding, ..fwd_config(&[1, 0, 2]) };
+    let cfg = Config { virtual_nodes: 2, forwarding, staged_min_flow_bytes: min, ..fwd_config(&[1, 0, 2]) };
     run_ranks(b, 6, cfg, move |c| {
         let mut rng = Rng(5);
         let s = new_stream(c.device());
-        let check = start(c, Op::Gather, DataType::I32, 1, &mut rng, Some((30_000, 0)), s);
+        let check = start(c, Op::Gather, DataType::I32, 1, &mut rng, Some((cnt, 0)), s);
         sync(c.device(), s);
         check();
         c.wait_idle().unwrap();
@@ -184,8 +187,17 @@ fn ops_to_other_node(b: Backend, forwarding: bool) -> Vec<u64> {
 /// Rank 0 receives from the other node only through its forwarder (rank 1); the direct
 /// path receives from every remote rank.
 fn forwarder_carries_the_traffic(b: Backend) {
-    assert_eq!(ops_to_other_node(b, true), vec![0, 0, 0], "staged: rank 0 receives through rank 1");
-    assert!(ops_to_other_node(b, false).iter().all(|x| *x > 0), "direct: rank 0 receives from every remote rank");
+    assert_eq!(ops_to_other_node(b, true, 0, 30_000), vec![0, 0, 0], "staged: rank 0 receives through rank 1");
+    assert!(ops_to_other_node(b, false, 0, 30_000).iter().all(|x| *x > 0), "direct: rank 0 receives from every remote rank");
+}
+
+/// With the default floor (one socket chunk), a Gather of 120 KB blocks goes direct and one
+/// of 800 KB blocks is staged.
+fn small_calls_stay_direct(b: Backend) {
+    let floor = Config::default().staged_min_flow_bytes;
+    assert_eq!(floor, 512 << 10);
+    assert!(ops_to_other_node(b, true, floor, 30_000).iter().all(|x| *x > 0), "120 KB flows: direct");
+    assert_eq!(ops_to_other_node(b, true, floor, 200_000), vec![0, 0, 0], "800 KB flows: staged");
 }
 
 /// Two streams of one rank: two staged ops enqueued back to back on different streams share
@@ -209,4 +221,4 @@ fn two_streams(b: Backend) {
     });
 }
 
-backend_tests!(staged_identity, staged_forwarding, staged_compressed, direct, forwarder_carries_the_traffic, two_streams);
+backend_tests!(staged_identity, staged_forwarding, staged_compressed, direct, forwarder_carries_the_traffic, small_calls_stay_direct, two_streams);

@@ -5,7 +5,9 @@
 //! turns the stages into ops, and this rank enqueues its part of each op on the caller's
 //! stream, one engine op after the other. Every rank derives the same plan from the same
 //! inputs, and both ends of a transfer list it in the same op and the same order, so the
-//! engine's pair matching pairs them. Plans are cached per (op, sizes, element size).
+//! engine's pair matching pairs them. Plans are cached per (op, sizes, element size). A
+//! call whose largest flow between nodes is below `Config::staged_min_flow_bytes` (one
+//! socket chunk) takes the direct path: its flows cross as single frames either way.
 //!
 //! The cluster: the topology's nodes, each padded to the largest node's rank count (a
 //! missing rank is a GPU with no flows), one NIC per rank, each rank's forwarding peer
@@ -273,6 +275,18 @@ impl Communicator {
         };
         let (flows, key) = self.flows(&lay, op, counts)?;
         let es = key.es;
+        // Small calls stay direct: every rank sees the same flows, so all decide alike.
+        let g = lay.rank.len();
+        let mut largest = 0u64;
+        flows.for_each_flow(g, |u, v, b| {
+            if lay.cluster.node_of(u) != lay.cluster.node_of(v) {
+                largest = largest.max(b);
+            }
+        });
+        if (largest as usize).saturating_mul(es) < self.config.staged_min_flow_bytes {
+            drop(st);
+            return self.submit(name, op.stream, op.dtype, sends, recvs);
+        }
         let mine = self.plan_for(&mut st, &lay, name, flows, key)?;
         let n = self.size;
         let mut send_of: Vec<Option<Transfer>> = vec![None; n];
