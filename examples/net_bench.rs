@@ -34,8 +34,9 @@
 //!   default (`HOCCL_FORWARDING=1`; its pieces cut to the forwarding slots when a rank
 //!   forwards through another).
 //!
-//! Each record says which path ran (`path`: `staged` or `direct`); `meas/sim` is the
-//! measured time over the prediction for that path.
+//! Each record says which path ran (`path`: `staged`, `direct`, or `reduction` for the
+//! reductions' own plans); `meas/sim` is the measured time over the prediction for that
+//! path (staged: `sim_planned`, else `sim_direct`).
 //!
 //! With `HOCCL_ENGINE=compressed` the prediction moves the bytes the codec makes of the
 //! send data (its ratio measured on the host codec), codec time not modeled.
@@ -346,6 +347,8 @@ struct Record {
     sim_planned_us: Option<f64>,
     /// Measured over the prediction of the path that ran.
     ratio: Option<f64>,
+    /// `staged`, `direct` or `reduction`.
+    path: &'static str,
     checked: bool,
     /// Kernels hoccl launched during the timed iterations, all ranks.
     launches: u64,
@@ -426,14 +429,24 @@ fn measure(ctx: &Ctx, op: Op, bytes: usize, model: &SimSetup) -> Res<Record> {
     }
     let (direct, planned) = model.predict(op, &sh, es)?;
     let proxy_cpu_s_per_gb = (sent_gb > 0.0).then(|| cpu / sent_gb);
-    let ran = if staged_path(ctx) { planned } else { direct };
-    Ok(Record { op, bytes, time_us, sim_direct_us: direct, sim_planned_us: planned, ratio: ran.map(|d| time_us / d), checked, launches, proxy_cpu_s_per_gb })
+    let path = path_of(ctx, op, &sh, es);
+    let ran = if path == "staged" { planned } else { direct };
+    Ok(Record { op, bytes, time_us, sim_direct_us: direct, sim_planned_us: planned, path, ratio: ran.map(|d| time_us / d), checked, launches, proxy_cpu_s_per_gb })
 }
 
-/// Whether the movement collectives run the planner's stages (docs/design.md, "Inter-node
-/// path"): across nodes unless `HOCCL_FORWARDING=0`.
-fn staged_path(ctx: &Ctx) -> bool {
-    ctx.comm.config().forwarding && ctx.comm.topology().nnodes() > 1
+/// The path a call ran (docs/design.md, "Staged plan"): the planner's stages across nodes
+/// unless `HOCCL_FORWARDING=0` or its largest flow between nodes is below the floor; the
+/// reductions have their own plans.
+fn path_of(ctx: &Ctx, op: Op, sh: &Shape, es: usize) -> &'static str {
+    let (cfg, topo) = (ctx.comm.config(), ctx.comm.topology());
+    let largest = (0..ctx.n).flat_map(|u| (0..ctx.n).map(move |v| (u, v))).filter(|&(u, v)| !topo.same_node(u, v)).map(|(u, v)| sh.c(u, v) * es).max().unwrap_or(0);
+    if op.reduces() {
+        "reduction"
+    } else if cfg.forwarding && topo.nnodes() > 1 && largest >= cfg.staged_min_flow_bytes {
+        "staged"
+    } else {
+        "direct"
+    }
 }
 
 /// What the simulator is given.
@@ -600,7 +613,6 @@ fn run(o: Opts, argv: &[String]) -> Res<()> {
         u8::from(cfg.forwarding),
         argv.join(" ")
     );
-    let ran_path = if staged_path(&ctx) { "staged" } else { "direct" };
     let mut text = String::new();
     let _ = writeln!(text, "# {command}");
     let _ = writeln!(
@@ -613,13 +625,18 @@ fn run(o: Opts, argv: &[String]) -> Res<()> {
     );
     let _ = writeln!(
         text,
-        "# sim: copy {:.1} GB/s ({}), {} copy queue(s), incast loss {}, bytes x {:.3} (codec ratio); the runtime executes the {ran_path} path ({})",
+        "# sim: copy {:.1} GB/s ({}), {} copy queue(s), incast loss {}, bytes x {:.3} (codec ratio); HOCCL_FORWARDING={}: {}",
         sim.copy_gbps,
         sim.copy_from,
         sim.cluster.as_ref().map_or(0, |c| c.ce_per_gpu),
         ctx.o.incast,
         sim.scale,
-        if ran_path == "staged" { "sim_planned" } else { "sim_direct" }
+        u8::from(cfg.forwarding),
+        if cfg.forwarding {
+            format!("calls with a flow of {} bytes or more between nodes run the staged path (meas/sim: over sim_planned), the others direct", cfg.staged_min_flow_bytes)
+        } else {
+            "every call runs the direct path (meas/sim: over sim_direct)".to_string()
+        }
     );
     let _ = writeln!(
         text,
@@ -663,7 +680,7 @@ fn run(o: Opts, argv: &[String]) -> Res<()> {
                 .iter()
                 .map(|r| {
                     format!(
-                        "{{\"op\":\"{}\",\"engine\":\"{engine}\",\"dtype\":\"{}\",\"nodes\":{nodes},\"ranks\":{},\"ranks_per_node\":{per_node},\"bytes\":{},\"gbps_limit\":{},\"time_us\":{:.3},\"sim_direct_us\":{},\"sim_planned_us\":{},\"path\":\"{ran_path}\",\"measured_over_sim\":{},\"zipf\":{},\"seed\":{},\"iters\":{},\"checked\":{},\"kernel_launches\":{},\"proxy_cpu_s_per_gb\":{}}}",
+                        "{{\"op\":\"{}\",\"engine\":\"{engine}\",\"dtype\":\"{}\",\"nodes\":{nodes},\"ranks\":{},\"ranks_per_node\":{per_node},\"bytes\":{},\"gbps_limit\":{},\"time_us\":{:.3},\"sim_direct_us\":{},\"sim_planned_us\":{},\"path\":\"{}\",\"measured_over_sim\":{},\"zipf\":{},\"seed\":{},\"iters\":{},\"checked\":{},\"kernel_launches\":{},\"proxy_cpu_s_per_gb\":{}}}",
                         r.op.name(),
                         ctx.o.dtype.name(),
                         ctx.n,
@@ -672,6 +689,7 @@ fn run(o: Opts, argv: &[String]) -> Res<()> {
                         r.time_us,
                         json_opt(r.sim_direct_us),
                         json_opt(r.sim_planned_us),
+                        r.path,
                         json_opt(r.ratio),
                         if r.op == Op::AlltoAllvZipf { ctx.o.zipf.to_string() } else { "null".into() },
                         ctx.o.seed,
@@ -683,8 +701,10 @@ fn run(o: Opts, argv: &[String]) -> Res<()> {
                 })
                 .collect();
             let json = format!(
-                "{{\"command\":{},\"executed\":\"{ran_path}\",\"copy_gbps\":{:.3},\"copy_from\":\"{}\",\"incast\":{},\"codec_ratio\":{:.4},\"records\":[\n{}\n]}}\n",
+                "{{\"command\":{},\"forwarding\":{},\"staged_min_flow_bytes\":{},\"copy_gbps\":{:.3},\"copy_from\":\"{}\",\"incast\":{},\"codec_ratio\":{:.4},\"records\":[\n{}\n]}}\n",
                 Json::Str(command.clone()),
+                cfg.forwarding,
+                cfg.staged_min_flow_bytes,
                 sim.copy_gbps,
                 sim.copy_from,
                 ctx.o.incast,

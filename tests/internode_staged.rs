@@ -7,6 +7,7 @@
 //! two streams sharing the staging. The same
 //! bodies run on CUDA with `--ignored`.
 mod common;
+use common::ops::{Op, OPS};
 use common::*;
 
 use hoccl::comm::Communicator;
@@ -23,17 +24,10 @@ fn data(it: u64, r: usize, len: usize) -> Vec<u8> {
     (0..len).map(|i| byte(it, r, i)).collect()
 }
 
-#[derive(Clone, Copy, Debug)]
-enum Op {
-    AllGather,
-    AllToAll,
-    AllToAllV,
-    Broadcast,
-    Gather,
-    Scatter,
+/// The collectives the staged path takes.
+fn staged_ops() -> impl Iterator<Item = Op> + Clone {
+    OPS.into_iter().filter(|o| matches!(o, Op::AllGather | Op::AllToAll | Op::AllToAllV | Op::Broadcast | Op::Gather | Op::Scatter))
 }
-
-const OPS: [Op; 6] = [Op::AllGather, Op::AllToAll, Op::AllToAllV, Op::Broadcast, Op::Gather, Op::Scatter];
 
 /// Element counts: 0, 1, small, and large enough to take many slots of 16 KiB.
 fn count(rng: &mut Rng) -> usize {
@@ -79,6 +73,7 @@ fn start(c: &Communicator, op: Op, dt: DataType, it: u64, rng: &mut Rng, fixed: 
             let sd = displs(pair[r].clone());
             ((sd[n - 1] + pair[r][n - 1] + 2) * es, (rd[n - 1] + pair[n - 1][r] + 2) * es, want)
         }
+        Op::SendRecv | Op::AllReduce | Op::ReduceScatter | Op::Reduce => panic!("{op:?} is not a staged collective"),
     };
     let send = Buf::new(&dev, slen, off(&mut mine), 1);
     let recv = Buf::new(&dev, rlen, off(&mut mine), 2);
@@ -95,6 +90,7 @@ fn start(c: &Communicator, op: Op, dt: DataType, it: u64, rng: &mut Rng, fixed: 
             let displs = |v: &[usize]| v.iter().scan(0, |a, x| { let d = *a; *a += x + 2; Some(d) }).collect::<Vec<_>>();
             c.all_to_allv(send.ptr, &sc, &displs(&sc), recv.ptr, &rc, &displs(&rc), dt, s)
         }
+        Op::SendRecv | Op::AllReduce | Op::ReduceScatter | Op::Reduce => unreachable!("refused above"),
     }
     .unwrap_or_else(|e| panic!("{what}: {e}"));
     move || {
@@ -117,11 +113,11 @@ fn every_op_with(b: Backend, nodes: usize, ranks: usize, cfg: Config, seed: u64)
         assert_eq!(c.topology().nnodes(), nodes);
         let (dev, s) = (c.device().clone(), new_stream(c.device()));
         let mut rng = Rng(seed);
-        for (i, op) in OPS.iter().chain(OPS.iter()).enumerate() {
+        for (i, op) in staged_ops().chain(staged_ops()).enumerate() {
             quiesce(c);
             let it = seed * 100 + i as u64;
             let dt = if c.config().engine == EngineChoice::Compressed || it % 2 == 1 { DataType::BF16 } else { DataType::I32 };
-            let check = start(c, *op, dt, it, &mut rng, None, s);
+            let check = start(c, op, dt, it, &mut rng, None, s);
             sync(&dev, s);
             check();
         }

@@ -31,7 +31,7 @@ use crate::plan::exec::{self, At, Move};
 use crate::plan::{self, Collective as Flows, PlanOptions};
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The planner's interleave unit, in bytes (converted to elements per call).
 const PLAN_CHUNK: usize = 4 << 20;
@@ -387,18 +387,8 @@ impl Communicator {
     fn forward_staging(&self, st: &mut State, name: &'static str) -> Result<(Region, usize)> {
         if st.staged.staging.is_none() {
             let slot = slot_bytes(self.config.forward_staging_bytes);
-            let len = 4 * slot;
-            let base = self.dev.alloc(len).map_err(|e| e.with_op(name))?;
-            let made = self.dev.allocation(base).and_then(|a| Ok((a, self.dev.alloc_flags(1)?)));
-            let (alloc, flag) = match made {
-                Ok(x) => x,
-                Err(e) => {
-                    let _ = self.dev.free(base);
-                    return Err(e.with_op(name));
-                }
-            };
-            let region = Region { op: "staged collective", what: "forwarding staging", ptr: base, len, alloc: Some(alloc) };
-            log::debug!("rank {}: forwarding staging of {len} bytes (4 slots of {slot})", self.rank);
+            let (base, region, flag) = self.alloc_guarded(name, "staged collective", "forwarding staging", 4 * slot)?;
+            log::debug!("rank {}: forwarding staging of {} bytes (4 slots of {slot})", self.rank, 4 * slot);
             st.staged.staging = Some(Staging { base, region, slot, flag, uses: 0, last: None });
         }
         let sg = st.staged.staging.as_ref().ok_or_else(|| Error::internal(name, "staging vanished"))?;
@@ -409,28 +399,13 @@ impl Communicator {
     /// stream, make `s` wait until it is done.
     fn wait_for_staging(&self, st: &mut State, s: StreamHandle) -> Result<()> {
         let Some(sg) = st.staged.staging.as_ref() else { return Ok(()) };
-        match sg.last {
-            Some(t) if t != s => self.dev.wait_value_geq(s, sg.flag.dev_addr(0), sg.uses),
-            _ => Ok(()),
-        }
+        self.wait_for_last_use(s, sg.last, &sg.flag, sg.uses)
     }
 
-    /// At teardown: once every staged op that used the staging is done (its flag, polled
-    /// on the host), free it; after `bound` without that, it stays allocated with a warning.
+    /// At teardown: free the staging once every staged op that used it is done.
     pub(super) fn release_forward_staging(&self, st: &mut State, bound: Duration) {
         let Some(sg) = st.staged.staging.take() else { return };
-        let t0 = Instant::now();
-        while sg.flag.load(0) < sg.uses {
-            if t0.elapsed() > bound {
-                log::warn!("hoccl: rank {}: a staged op had not run {bound:?} after destroy; its forwarding staging ({} bytes) stays allocated", self.rank, sg.region.len);
-                std::mem::forget(sg.flag);
-                return;
-            }
-            std::thread::sleep(Duration::from_micros(200));
-        }
-        if let Err(e) = self.dev.free(sg.base) {
-            log::warn!("hoccl: rank {}: freeing the forwarding staging: {e}", self.rank);
-        }
+        self.free_after_last_use(sg.base, sg.region.len, sg.flag, sg.uses, bound, "forwarding staging");
     }
 }
 

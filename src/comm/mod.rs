@@ -17,6 +17,7 @@ mod capture;
 mod collectives;
 pub(crate) mod compressed;
 mod enqueue;
+mod guard;
 mod internode;
 mod op;
 mod reduction;
