@@ -7,6 +7,18 @@ use crate::device::{DevPtr, FlagSlab, StreamHandle};
 use crate::error::Result;
 use std::time::{Duration, Instant};
 
+/// A guarded buffer: `region` cut into slots of `slot` bytes, and the flag its users raise.
+pub(super) struct Guarded {
+    pub(super) base: DevPtr,
+    pub(super) region: Region,
+    pub(super) slot: usize,
+    pub(super) flag: FlagSlab,
+    /// Uses so far; the flag reaches this when the last is done.
+    pub(super) uses: u64,
+    /// The stream of the last of them.
+    pub(super) last: Option<StreamHandle>,
+}
+
 impl Communicator {
     /// `len` bytes of device memory as a validated region (`op`, `what` name it in errors)
     /// and a one-word flag; nothing stays allocated on failure.

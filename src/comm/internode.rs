@@ -22,9 +22,10 @@
 //! into its peers' buffers; `exec` keeps each slot idle → filled → on the NIC → idle by the
 //! op it is used in. A staged op on another stream of this rank first waits for the flag the
 //! last staged op that used the staging raised, so two streams never share the slots.
+use super::guard::Guarded;
 use super::op::{Collective, OpDesc};
 use super::{Communicator, Region, State};
-use crate::device::{DevPtr, FlagSlab, StreamHandle};
+use crate::device::StreamHandle;
 use crate::engine::{Fill, Transfer};
 use crate::error::{Error, Result};
 use crate::plan::exec::{self, At, Move};
@@ -109,22 +110,13 @@ struct Mine {
     estimate_us: f64,
 }
 
-/// A forwarder's staging and the flag its staged ops raise.
-struct Staging {
-    base: DevPtr,
-    region: Region,
-    slot: usize,
-    flag: FlagSlab,
-    uses: u64,
-    last: Option<StreamHandle>,
-}
-
 /// Per-communicator state of the staged path (inside the communicator's lock).
 #[derive(Default)]
 pub(super) struct Staged {
     layout: Option<Arc<Layout>>,
     cache: HashMap<Key, Arc<Mine>>,
-    staging: Option<Staging>,
+    /// A forwarder's staging (four slots) and the flag its staged ops raise.
+    staging: Option<Guarded>,
 }
 
 /// The element counts every rank sends and expects in an AlltoAllv, from the exchange.
@@ -389,7 +381,7 @@ impl Communicator {
             let slot = slot_bytes(self.config.forward_staging_bytes);
             let (base, region, flag) = self.alloc_guarded(name, "staged collective", "forwarding staging", 4 * slot)?;
             log::debug!("rank {}: forwarding staging of {} bytes (4 slots of {slot})", self.rank, 4 * slot);
-            st.staged.staging = Some(Staging { base, region, slot, flag, uses: 0, last: None });
+            st.staged.staging = Some(Guarded { base, region, slot, flag, uses: 0, last: None });
         }
         let sg = st.staged.staging.as_ref().ok_or_else(|| Error::internal(name, "staging vanished"))?;
         Ok((sg.region, sg.slot))

@@ -37,7 +37,7 @@
 //! overlap with the next exchange whatever the streams.
 use super::op::{Collective, OpDesc};
 use super::{Communicator, Region, State};
-use crate::device::{DevPtr, FlagSlab, StreamHandle};
+use crate::device::{DevPtr, StreamHandle};
 use crate::error::{Error, Result};
 use crate::reduce::RedOp;
 use crate::types::DataType;
@@ -91,16 +91,7 @@ pub(super) struct Reduction {
 }
 
 /// The per-communicator scratch and the flag its reduce steps raise.
-pub(super) struct Scratch {
-    base: DevPtr,
-    region: Region,
-    slot: usize,
-    flag: FlagSlab,
-    /// Reduce steps that read the scratch so far; the flag reaches this when the last is done.
-    uses: u64,
-    /// The stream of the last of them.
-    last: Option<StreamHandle>,
-}
+pub(super) use super::guard::Guarded as Scratch;
 
 fn overlaps(a: DevPtr, alen: usize, b: DevPtr, blen: usize) -> bool {
     alen > 0 && blen > 0 && a.0 < b.0 + blen as u64 && b.0 < a.0 + alen as u64
