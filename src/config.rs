@@ -97,8 +97,9 @@ pub struct Config {
     /// peer at once (0, the direct path). docs/design.md, "Inter-node path".
     pub forwarding: bool,
     /// `HOCCL_FORWARD_STAGING`: bytes of device staging per forwarding rank (K/M/G
-    /// suffixes; at least 64 KiB), allocated once per communicator by the first staged op
-    /// that forwards: four slots (two to send, two to receive) bound a stage's NIC piece.
+    /// suffixes; at least 64 KiB), allocated once per communicator at creation on the ranks
+    /// that forward another rank's traffic: four slots (two to send, two to receive) bound a
+    /// step's NIC piece.
     pub forward_staging_bytes: usize,
     /// The staged path takes a call only when its largest flow between nodes has at least
     /// this many bytes (no variable; default: the socket transport's chunk, below which the

@@ -17,8 +17,8 @@
 //! index, which a smaller node may lack).
 //!
 //! A forwarding rank receives its peers' pieces into its staging (device memory,
-//! `Config::forward_staging_bytes`, four slots, allocated once per communicator by the
-//! first op that forwards through it) and a receiving forwarder drains its receive slots
+//! `Config::forward_staging_bytes`, four slots, allocated once per communicator at
+//! creation) and a receiving forwarder drains its receive slots
 //! into its peers' buffers; `exec` keeps each slot idle → filled → on the NIC → idle by the
 //! op it is used in. A staged op on another stream of this rank first waits for the flag the
 //! last staged op that used the staging raised, so two streams never share the slots.
@@ -252,19 +252,37 @@ impl Communicator {
         Ok(mine)
     }
 
+    /// The layout, computed once.
+    fn layout(&self, st: &mut State) -> Arc<Layout> {
+        st.staged.layout.get_or_insert_with(|| Arc::new(Layout::of(self))).clone()
+    }
+
+    /// Allocate the forwarding staging now if this rank forwards another rank's traffic
+    /// and the staged path is on. Creation calls it, so the staging never comes into being
+    /// while another rank's collective is pending (ranks that are threads of one process on
+    /// one GPU would stall each other, docs/design.md, "Several ranks in one process on one
+    /// GPU").
+    pub(super) fn reserve_forward_staging(&self) -> Result<()> {
+        const OP: &str = "Communicator::new";
+        if !self.config.forwarding || self.size < 2 || self.topo.nnodes() < 2 {
+            return Ok(());
+        }
+        let mut st = self.lock(OP)?;
+        let lay = self.layout(&mut st);
+        let k = lay.cluster.gpus_per_node;
+        let mine = lay.gpu[self.rank] as usize % k;
+        if lay.cluster.forwarding_peer.iter().enumerate().any(|(l, f)| l != *f && *f == mine) {
+            self.forward_staging(&mut st, OP)?;
+        }
+        Ok(())
+    }
+
     /// Run a validated movement collective as the planner's stages (see the module's
     /// contract). `sends` and `recvs` are the call's byte ranges by peer, as the direct
     /// path would submit them; `counts` the AlltoAllv exchange.
     pub(super) fn run_staged(&self, name: &'static str, op: &OpDesc, counts: Option<&Counts>, sends: Vec<Transfer>, recvs: Vec<Transfer>) -> Result<()> {
         let mut st = self.lock(name)?;
-        let lay = match &st.staged.layout {
-            Some(l) => l.clone(),
-            None => {
-                let l = Arc::new(Layout::of(self));
-                st.staged.layout = Some(l.clone());
-                l
-            }
-        };
+        let lay = self.layout(&mut st);
         let (flows, key) = self.flows(&lay, op, counts)?;
         let es = key.es;
         // Small calls stay direct: every rank sees the same flows, so all decide alike.

@@ -176,7 +176,7 @@ impl Communicator {
         )?;
         bootstrap.barrier().map_err(|e| e.with_op(OP))?;
         log::info!("rank {rank}/{size}: communicator {comm_id:016x} on {} ({})", dev.name(), dev.pci_bus_id());
-        Ok(Communicator {
+        let comm = Communicator {
             rank,
             size,
             dev,
@@ -201,7 +201,9 @@ impl Communicator {
                 capture: capture::CaptureState::default(),
                 destroyed: false,
             }),
-        })
+        };
+        comm.reserve_forward_staging()?;
+        Ok(comm)
     }
 
     pub fn rank(&self) -> usize {
