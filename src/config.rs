@@ -104,9 +104,12 @@ pub struct Config {
     /// The staged path takes a call only when its largest flow between nodes has at least
     /// this many bytes (no variable; default: the socket transport's chunk, below which the
     /// direct path sends each flow as one frame and stages would only add op handshakes).
-    /// Tests set 0 to stage every call.
     #[doc(hidden)]
     pub staged_min_flow_bytes: usize,
+    /// Stage every call the staged path can take, whatever its size and the simulator's
+    /// prediction (no variable; for tests of the staged path).
+    #[doc(hidden)]
+    pub stage_every_call: bool,
     /// `HOCCL_DEVICE`: GPU ordinal for this rank (default: local rank modulo GPU count).
     pub device: Option<usize>,
     /// `HOCCL_TIMEOUT_MS`: an operation making no progress for this long fails.
@@ -181,6 +184,7 @@ impl Default for Config {
             forwarding: true,
             forward_staging_bytes: 16 << 20,
             staged_min_flow_bytes: crate::transport::socket::CHUNK,
+            stage_every_call: false,
             device: None,
             timeout: Duration::from_secs(120),
             log: None,

@@ -3,8 +3,8 @@
 //! uneven, with and without forwarding peers (`HOCCL_FORWARDING_PEERS`), through slots
 //! small enough that large flows take many steps, against references computed from the
 //! inputs; the direct path (`HOCCL_FORWARDING=0`) on the same draws; a rank that forwards
-//! through its peer receives nothing straight from another node; small calls stay direct;
-//! two streams sharing the staging. The same
+//! through its peer receives nothing straight from another node; the default choice of
+//! path (size floor, predicted gain); two streams sharing the staging. The same
 //! bodies run on CUDA with `--ignored`.
 mod common;
 use common::ops::{Op, OPS};
@@ -127,8 +127,8 @@ fn every_op_with(b: Backend, nodes: usize, ranks: usize, cfg: Config, seed: u64)
 
 fn fwd_config(peers: &[usize]) -> Config {
     // 16 KiB slots: a large flow takes many steps through them.
-    // Every call staged, however small.
-    Config { forwarding_peers: peers.to_vec(), forward_staging_bytes: 64 << 10, staged_min_flow_bytes: 0, engine: EngineChoice::CopyEngine, ..test_config() }
+    // Every call staged, however small and whatever the prediction.
+    Config { forwarding_peers: peers.to_vec(), forward_staging_bytes: 64 << 10, stage_every_call: true, engine: EngineChoice::CopyEngine, ..test_config() }
 }
 
 /// 2 and 4 nodes, 2–8 ranks, even and uneven, identity forwarding (virtual nodes carry no
@@ -160,11 +160,11 @@ fn direct(b: Backend) {
 
 /// Ops rank 0 enqueued with each rank of the other node during one Gather to rank 0 on 2
 /// nodes × 3 ranks, local ranks 0 and 1 forwarding through each other (`1,0,2`).
-/// `min`: the staged path's floor on the largest flow; `cnt`: i32 elements per rank.
-fn ops_to_other_node(b: Backend, forwarding: bool, min: usize, cnt: usize) -> Vec<u64> {
+/// `cnt`: i32 elements per rank.
+fn ops_to_other_node(b: Backend, forwarding: bool, cnt: usize) -> Vec<u64> {
     let out = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let o = out.clone();
-    let cfg = Config { virtual_nodes: 2, forwarding, staged_min_flow_bytes: min, ..fwd_config(&[1, 0, 2]) };
+    let cfg = Config { virtual_nodes: 2, forwarding, ..fwd_config(&[1, 0, 2]) };
     run_ranks(b, 6, cfg, move |c| {
         let mut rng = Rng(5);
         let s = new_stream(c.device());
@@ -183,17 +183,37 @@ fn ops_to_other_node(b: Backend, forwarding: bool, min: usize, cnt: usize) -> Ve
 /// Rank 0 receives from the other node only through its forwarder (rank 1); the direct
 /// path receives from every remote rank.
 fn forwarder_carries_the_traffic(b: Backend) {
-    assert_eq!(ops_to_other_node(b, true, 0, 30_000), vec![0, 0, 0], "staged: rank 0 receives through rank 1");
-    assert!(ops_to_other_node(b, false, 0, 30_000).iter().all(|x| *x > 0), "direct: rank 0 receives from every remote rank");
+    assert_eq!(ops_to_other_node(b, true, 30_000), vec![0, 0, 0], "staged: rank 0 receives through rank 1");
+    assert!(ops_to_other_node(b, false, 30_000).iter().all(|x| *x > 0), "direct: rank 0 receives from every remote rank");
 }
 
-/// With the default floor (one socket chunk), a Gather of 120 KB blocks goes direct and one
-/// of 800 KB blocks is staged.
-fn small_calls_stay_direct(b: Backend) {
-    let floor = Config::default().staged_min_flow_bytes;
-    assert_eq!(floor, 512 << 10);
-    assert!(ops_to_other_node(b, true, floor, 30_000).iter().all(|x| *x > 0), "120 KB flows: direct");
-    assert_eq!(ops_to_other_node(b, true, floor, 200_000), vec![0, 0, 0], "800 KB flows: staged");
+/// Calls of one `op` with `cnt` i32 elements on `nodes` virtual nodes of `ranks` ranks
+/// under the default choice of path that ran staged, as rank 0 counts them.
+fn staged_under_default(b: Backend, nodes: usize, ranks: usize, op: Op, cnt: usize) -> u64 {
+    let out = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX));
+    let o = out.clone();
+    let cfg = Config { virtual_nodes: nodes, engine: EngineChoice::CopyEngine, ..test_config() };
+    run_ranks(b, ranks, cfg, move |c| {
+        let s = new_stream(c.device());
+        let check = start(c, op, DataType::I32, 3, &mut Rng(9), Some((cnt, 0)), s);
+        sync(c.device(), s);
+        check();
+        c.wait_idle().unwrap();
+        if c.rank() == 0 {
+            o.store(c.staged_calls().unwrap(), std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    out.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The default choice: below one socket chunk per flow, direct; an AllGather over nodes of
+/// two ranks, which the plan fans out on arrival (predicted about 0.6 of direct), staged; a
+/// uniform AlltoAll with one rank per node, the same bytes either way, direct.
+fn default_choice(b: Backend) {
+    assert_eq!(Config::default().staged_min_flow_bytes, 512 << 10);
+    assert_eq!(staged_under_default(b, 2, 4, Op::AllGather, 30_000), 0, "120 KB blocks: direct");
+    assert_eq!(staged_under_default(b, 2, 4, Op::AllGather, 200_000), 1, "800 KB blocks, fan-out: staged");
+    assert_eq!(staged_under_default(b, 4, 4, Op::AllToAll, 200_000), 0, "uniform, one rank per node: direct");
 }
 
 /// Two streams of one rank: two staged ops enqueued back to back on different streams share
@@ -217,4 +237,4 @@ fn two_streams(b: Backend) {
     });
 }
 
-backend_tests!(staged_identity, staged_forwarding, staged_compressed, direct, forwarder_carries_the_traffic, small_calls_stay_direct, two_streams);
+backend_tests!(staged_identity, staged_forwarding, staged_compressed, direct, forwarder_carries_the_traffic, default_choice, two_streams);

@@ -6,8 +6,10 @@
 //! stream, one engine op after the other. Every rank derives the same plan from the same
 //! inputs, and both ends of a transfer list it in the same op and the same order, so the
 //! engine's pair matching pairs them. Plans are cached per (op, sizes, element size). A
-//! call whose largest flow between nodes is below `Config::staged_min_flow_bytes` (one
-//! socket chunk) takes the direct path: its flows cross as single frames either way.
+//! call takes the direct path instead when its largest flow between nodes is below
+//! `Config::staged_min_flow_bytes` (one socket chunk: its flows cross as single frames
+//! either way), or when the simulator does not predict the plan faster than direct sends
+//! (every rank decides alike: the flows and the model are the same on every rank).
 //!
 //! The cluster: the topology's nodes, each padded to the largest node's rank count (a
 //! missing rank is a GPU with no flows), one NIC per rank, each rank's forwarding peer
@@ -30,6 +32,7 @@ use crate::engine::{Fill, Transfer};
 use crate::error::{Error, Result};
 use crate::plan::exec::{self, At, Move};
 use crate::plan::{self, Collective as Flows, PlanOptions};
+use crate::sim::{self, Incast, Model};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -107,7 +110,32 @@ struct Mine {
     slots: bool,
     stages: usize,
     steps: usize,
-    estimate_us: f64,
+    /// The simulator's completion of the plan and of the direct path's sends.
+    planned_us: f64,
+    direct_us: f64,
+}
+
+/// The staged path must be predicted at least this much faster than the direct one.
+const STAGED_GAIN: f64 = 0.98;
+
+/// The simulator's completion, in µs, of `plan` and of the same flows sent directly (every
+/// flow at once from each rank's own NIC, shared payloads once per destination rank, no
+/// staging copies: the socket transport reads and writes the user buffers; on CUDA both
+/// paths cross the transport's pinned host staging alike, which neither model counts).
+fn predict(cl: &plan::Cluster, flows: &Flows, plan: &plan::Plan, opt: &PlanOptions, qps: usize) -> Result<(f64, f64)> {
+    let g = cl.num_gpus();
+    let direct_flows = match flows {
+        Flows::AllGather { bytes } => Flows::AlltoAll { bytes: *bytes },
+        Flows::Broadcast { root, bytes } => Flows::AlltoAllv { sizes: (0..g * g).map(|i| if i / g == *root && i % g != *root { *bytes } else { 0 }).collect() },
+        f => f.clone(),
+    };
+    let mut identity = cl.clone().with_identity_forwarding();
+    identity.ce_bw = 1e18;
+    let direct = plan::build(&identity, &direct_flows, opt)?;
+    let model = Model { incast: Incast { loss: 0.0 }, qps_per_peer: qps.max(1), ..Model::default() };
+    let d = sim::exec::simulate_naive(&direct, &Model { ce_latency_s: 0.0, ..model })?;
+    let p = sim::exec::simulate_plan(plan, &model)?;
+    Ok((p.completion_s * 1e6, d.completion_s * 1e6))
 }
 
 /// Per-communicator state of the staged path (inside the communicator's lock).
@@ -117,6 +145,8 @@ pub(super) struct Staged {
     cache: HashMap<Key, Arc<Mine>>,
     /// A forwarder's staging (four slots) and the flag its staged ops raise.
     staging: Option<Guarded>,
+    /// Calls that ran staged.
+    calls: u64,
 }
 
 /// The element counts every rank sends and expects in an AlltoAllv, from the exchange.
@@ -236,20 +266,30 @@ impl Communicator {
             return Ok(m.clone());
         }
         let es = key.es;
-        let chunk = (PLAN_CHUNK / es).max(1) as u64;
-        let plan = plan::build(&lay.cluster, &flows, &PlanOptions { chunk_bytes: chunk }).map_err(|e| e.with_op(name))?;
+        // The plan counts elements: bandwidths per element keep its times in seconds.
+        let mut cl = lay.cluster.clone();
+        let per = es as f64;
+        (cl.nic_bw, cl.nvlink_bw, cl.ce_bw) = (cl.nic_bw / per, cl.nvlink_bw / per, cl.ce_bw / per);
+        let opt = PlanOptions { chunk_bytes: (PLAN_CHUNK / es).max(1) as u64 };
+        let plan = plan::build(&cl, &flows, &opt).map_err(|e| e.with_op(name))?;
+        let (planned_us, direct_us) = predict(&cl, &flows, &plan, &opt, self.config.qps_per_peer).map_err(|e| e.with_op(name))?;
         let slot = lay.forwards.then(|| (slot_bytes(self.config.forward_staging_bytes) / es).max(1) as u64);
         let steps = exec::lower(&plan, slot);
         let me = lay.gpu[self.rank];
         let ops: Vec<Vec<Move>> = steps.ops.iter().map(|op| op.iter().filter(|m| m.from == me || m.to == me).copied().collect()).collect();
         let slots = ops.iter().flatten().any(|m| (m.from == me && matches!(m.src, At::Slot { .. })) || (m.to == me && matches!(m.dst, At::Slot { .. })));
-        // The estimate's bandwidths are per byte and the plan counts elements.
-        let mine = Arc::new(Mine { ops, slots, stages: steps.stages, steps: steps.steps, estimate_us: plan.estimate_s() * es as f64 * 1e6 });
+        let mine = Arc::new(Mine { ops, slots, stages: steps.stages, steps: steps.steps, planned_us, direct_us });
         if st.staged.cache.len() >= CACHE_PLANS {
             st.staged.cache.clear();
         }
         st.staged.cache.insert(key, mine.clone());
         Ok(mine)
+    }
+
+    /// How many calls of this communicator ran the planner's stages (the others of the six
+    /// collectives sent directly): which path ran, for tests and diagnostics.
+    pub fn staged_calls(&self) -> Result<u64> {
+        Ok(self.lock("staged_calls")?.staged.calls)
     }
 
     /// The layout, computed once.
@@ -293,11 +333,20 @@ impl Communicator {
                 largest = largest.max(b);
             }
         });
-        if (largest as usize).saturating_mul(es) < self.config.staged_min_flow_bytes {
+        if !self.config.stage_every_call && (largest as usize).saturating_mul(es) < self.config.staged_min_flow_bytes {
             drop(st);
             return self.submit(name, op.stream, op.dtype, sends, recvs);
         }
         let mine = self.plan_for(&mut st, &lay, name, flows, key)?;
+        // Only where the simulator predicts a gain: a uniform exchange with every rank its
+        // own forwarder moves the same bytes either way, and its stages would only make the
+        // ranks wait for each other step by step.
+        if !self.config.stage_every_call && mine.planned_us >= STAGED_GAIN * mine.direct_us {
+            log::debug!("rank {}: {name} direct: predicted {:.1} µs staged, {:.1} µs direct", self.rank, mine.planned_us, mine.direct_us);
+            drop(st);
+            return self.submit(name, op.stream, op.dtype, sends, recvs);
+        }
+        st.staged.calls += 1;
         let n = self.size;
         let mut send_of: Vec<Option<Transfer>> = vec![None; n];
         let mut recv_of: Vec<Option<Transfer>> = vec![None; n];
@@ -318,13 +367,14 @@ impl Communicator {
         }
         let slots = if mine.slots { Some(self.forward_staging(&mut st, name)?) } else { None };
         log::debug!(
-            "rank {}: {name} staged: {} stages, {} steps, {} ops with this rank, forwarding {}, predicted {:.1} µs",
+            "rank {}: {name} staged: {} stages, {} steps, {} ops with this rank, forwarding {}, predicted {:.1} µs ({:.1} µs direct)",
             self.rank,
             mine.stages,
             mine.steps,
             mine.ops.iter().filter(|o| !o.is_empty()).count(),
             if lay.forwards { "on" } else { "identity" },
-            mine.estimate_us
+            mine.planned_us,
+            mine.direct_us
         );
         let s = op.stream;
         if slots.is_some() {
