@@ -386,6 +386,9 @@ fn measure(ctx: &Ctx, op: Op, bytes: usize, model: &SimSetup) -> Res<Record> {
     let (send, recv) = (alloc(&ctx.dev, send_len)?, alloc(&ctx.dev, recv_len)?);
     let host: Vec<u8> = (0..send_len).map(|i| source_byte(&ctx.o, me, i)).collect();
     ctx.dev.copy_from_host(send.0, &host).map_err(|e| format!("fill: {e}"))?;
+    // Whether the calls ran the planner's stages (docs/design.md, "Staged plan"): the
+    // runtime's own count, since it decides per call (size floor, predicted gain).
+    let staged0 = ctx.comm.staged_calls().map_err(|e| e.to_string())?;
     let mut times = Vec::with_capacity(ctx.o.iters);
     let (mut launches0, mut cpu0) = (0, 0.0);
     for it in 0..ctx.o.warmup + ctx.o.iters {
@@ -429,24 +432,10 @@ fn measure(ctx: &Ctx, op: Op, bytes: usize, model: &SimSetup) -> Res<Record> {
     }
     let (direct, planned) = model.predict(op, &sh, es)?;
     let proxy_cpu_s_per_gb = (sent_gb > 0.0).then(|| cpu / sent_gb);
-    let path = path_of(ctx, op, &sh, es);
+    let staged = ctx.comm.staged_calls().map_err(|e| e.to_string())? > staged0;
+    let path = if op.reduces() { "reduction" } else if staged { "staged" } else { "direct" };
     let ran = if path == "staged" { planned } else { direct };
     Ok(Record { op, bytes, time_us, sim_direct_us: direct, sim_planned_us: planned, path, ratio: ran.map(|d| time_us / d), checked, launches, proxy_cpu_s_per_gb })
-}
-
-/// The path a call ran (docs/design.md, "Staged plan"): the planner's stages across nodes
-/// unless `HOCCL_FORWARDING=0` or its largest flow between nodes is below the floor; the
-/// reductions have their own plans.
-fn path_of(ctx: &Ctx, op: Op, sh: &Shape, es: usize) -> &'static str {
-    let (cfg, topo) = (ctx.comm.config(), ctx.comm.topology());
-    let largest = (0..ctx.n).flat_map(|u| (0..ctx.n).map(move |v| (u, v))).filter(|&(u, v)| !topo.same_node(u, v)).map(|(u, v)| sh.c(u, v) * es).max().unwrap_or(0);
-    if op.reduces() {
-        "reduction"
-    } else if cfg.forwarding && topo.nnodes() > 1 && largest >= cfg.staged_min_flow_bytes {
-        "staged"
-    } else {
-        "direct"
-    }
 }
 
 /// What the simulator is given.
@@ -633,7 +622,7 @@ fn run(o: Opts, argv: &[String]) -> Res<()> {
         sim.scale,
         u8::from(cfg.forwarding),
         if cfg.forwarding {
-            format!("calls with a flow of {} bytes or more between nodes run the staged path (meas/sim: over sim_planned), the others direct", cfg.staged_min_flow_bytes)
+            format!("calls with a flow of {} bytes or more between nodes and a predicted gain run the staged path (meas/sim: over sim_planned), the others direct", cfg.staged_min_flow_bytes)
         } else {
             "every call runs the direct path (meas/sim: over sim_direct)".to_string()
         }
