@@ -595,8 +595,13 @@ fn run(o: Opts, argv: &[String]) -> Res<()> {
         EngineChoice::Sm => "sm",
         EngineChoice::Compressed => "compressed",
     };
+    let peers = if cfg.forwarding_peers.is_empty() {
+        String::new()
+    } else {
+        format!(" HOCCL_FORWARDING_PEERS={}", cfg.forwarding_peers.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(","))
+    };
     let command = format!(
-        "HOCCL_VIRTUAL_NODES={} HOCCL_NET_GBPS={} HOCCL_ENGINE={engine} HOCCL_FORWARDING={} mpirun -np {n} net_bench {}",
+        "HOCCL_VIRTUAL_NODES={} HOCCL_NET_GBPS={} HOCCL_ENGINE={engine} HOCCL_FORWARDING={}{peers} mpirun -np {n} net_bench {}",
         cfg.virtual_nodes,
         cfg.net_gbps,
         u8::from(cfg.forwarding),

@@ -93,8 +93,9 @@ pub struct Config {
     pub forwarding_peers: Vec<usize>,
     /// `HOCCL_FORWARDING` = 1 | 0: inter-node AllGather, AlltoAll(v), Broadcast, Gather and
     /// Scatter run the planner's stages, each rank's inter-node bytes through its forwarding
-    /// peer (1, the default), or every rank sends its own data straight to every remote
-    /// peer at once (0, the direct path). docs/design.md, "Inter-node path".
+    /// peer, where their flows are large enough and the simulator predicts a gain (1, the
+    /// default), or every rank sends its own data straight to every remote peer at once
+    /// (0, the direct path). docs/design.md, "Staged plan".
     pub forwarding: bool,
     /// `HOCCL_FORWARD_STAGING`: bytes of device staging per forwarding rank (K/M/G
     /// suffixes; at least 64 KiB), allocated once per communicator at creation on the ranks
