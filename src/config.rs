@@ -93,7 +93,7 @@ pub struct Config {
     pub forwarding_peers: Vec<usize>,
     /// `HOCCL_FORWARDING` = 1 | 0: inter-node AllGather, AlltoAll(v), Broadcast, Gather and
     /// Scatter run the planner's stages, each rank's inter-node bytes through its forwarding
-    /// peer, where their flows are large enough and the simulator predicts a gain (1, the
+    /// peer, where their flows are large enough and a gain is predicted (1, the
     /// default), or every rank sends its own data straight to every remote peer at once
     /// (0, the direct path). docs/design.md, "Staged plan".
     pub forwarding: bool,
@@ -107,8 +107,8 @@ pub struct Config {
     /// direct path sends each flow as one frame and stages would only add op handshakes).
     #[doc(hidden)]
     pub staged_min_flow_bytes: usize,
-    /// Stage every call the staged path can take, whatever its size and the simulator's
-    /// prediction (no variable; for tests of the staged path).
+    /// Stage every call the staged path can take, whatever its size and the predicted
+    /// gain (no variable; for tests of the staged path).
     #[doc(hidden)]
     pub stage_every_call: bool,
     /// `HOCCL_DEVICE`: GPU ordinal for this rank (default: local rank modulo GPU count).

@@ -207,7 +207,7 @@ fn staged_under_default(b: Backend, nodes: usize, ranks: usize, op: Op, cnt: usi
 }
 
 /// The default choice: below one socket chunk per flow, direct; an AllGather over nodes of
-/// two ranks, which the plan fans out on arrival (predicted about 0.6 of direct), staged; a
+/// two ranks, which the plan fans out on arrival (predicted 0.5 of direct), staged; a
 /// uniform AlltoAll with one rank per node, the same bytes either way, direct.
 fn default_choice(b: Backend) {
     assert_eq!(Config::default().staged_min_flow_bytes, 512 << 10);

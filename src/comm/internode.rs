@@ -8,8 +8,8 @@
 //! engine's pair matching pairs them. Plans are cached per (op, sizes, element size). A
 //! call takes the direct path instead when its largest flow between nodes is below
 //! `Config::staged_min_flow_bytes` (one socket chunk: its flows cross as single frames
-//! either way), or when the simulator does not predict the plan faster than direct sends
-//! (every rank decides alike: the flows and the model are the same on every rank).
+//! either way), or when the plan is not predicted faster than the direct sends (every rank
+//! decides alike: the flows and the model are the same on every rank).
 //!
 //! The cluster: the topology's nodes, each padded to the largest node's rank count (a
 //! missing rank is a GPU with no flows), one NIC per rank, each rank's forwarding peer
@@ -31,8 +31,7 @@ use crate::device::StreamHandle;
 use crate::engine::{Fill, Transfer};
 use crate::error::{Error, Result};
 use crate::plan::exec::{self, At, Move};
-use crate::plan::{self, Collective as Flows, PlanOptions};
-use crate::sim::{self, Incast, Model};
+use crate::plan::{self, Collective as Flows, Loads, PlanOptions, Traffic};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -110,7 +109,7 @@ struct Mine {
     slots: bool,
     stages: usize,
     steps: usize,
-    /// The simulator's completion of the plan and of the direct path's sends.
+    /// Predicted completion of the plan and of the direct path's sends ([`predict`]).
     planned_us: f64,
     direct_us: f64,
 }
@@ -118,11 +117,14 @@ struct Mine {
 /// The staged path must be predicted at least this much faster than the direct one.
 const STAGED_GAIN: f64 = 0.98;
 
-/// The simulator's completion, in µs, of `plan` and of the same flows sent directly (every
-/// flow at once from each rank's own NIC, shared payloads once per destination rank, no
-/// staging copies: the socket transport reads and writes the user buffers; on CUDA both
-/// paths cross the transport's pinned host staging alike, which neither model counts).
-fn predict(cl: &plan::Cluster, flows: &Flows, plan: &plan::Plan, opt: &PlanOptions, qps: usize) -> Result<(f64, f64)> {
+/// The predicted completion, in µs, of `plan` (the planner's objective: the sum over its
+/// stages of the slowest domain) and of the same flows sent directly, at their best (the
+/// busiest NIC port's bytes at full rate: every flow at once from each rank's own NIC,
+/// perfectly shared, a shared payload once per destination rank, no staging copies, since
+/// the socket transport reads and writes the user buffers; on CUDA both paths cross the
+/// transport's pinned host staging alike). Both take time linear in the flows, unlike the
+/// simulator (`sim`), which takes seconds on clusters of 64 GPUs.
+fn predict(cl: &plan::Cluster, flows: &Flows, plan: &plan::Plan) -> (f64, f64) {
     let g = cl.num_gpus();
     let direct_flows = match flows {
         Flows::AllGather { bytes } => Flows::AlltoAll { bytes: *bytes },
@@ -131,11 +133,8 @@ fn predict(cl: &plan::Cluster, flows: &Flows, plan: &plan::Plan, opt: &PlanOptio
     };
     let mut identity = cl.clone().with_identity_forwarding();
     identity.ce_bw = 1e18;
-    let direct = plan::build(&identity, &direct_flows, opt)?;
-    let model = Model { incast: Incast { loss: 0.0 }, qps_per_peer: qps.max(1), ..Model::default() };
-    let d = sim::exec::simulate_naive(&direct, &Model { ce_latency_s: 0.0, ..model })?;
-    let p = sim::exec::simulate_plan(plan, &model)?;
-    Ok((p.completion_s * 1e6, d.completion_s * 1e6))
+    let direct = Loads::of_traffic(&identity, &Traffic::build(&identity, &direct_flows)).bound(&identity).total();
+    (plan.estimate_s() * 1e6, direct * 1e6)
 }
 
 /// Per-communicator state of the staged path (inside the communicator's lock).
@@ -272,7 +271,7 @@ impl Communicator {
         (cl.nic_bw, cl.nvlink_bw, cl.ce_bw) = (cl.nic_bw / per, cl.nvlink_bw / per, cl.ce_bw / per);
         let opt = PlanOptions { chunk_bytes: (PLAN_CHUNK / es).max(1) as u64 };
         let plan = plan::build(&cl, &flows, &opt).map_err(|e| e.with_op(name))?;
-        let (planned_us, direct_us) = predict(&cl, &flows, &plan, &opt, self.config.qps_per_peer).map_err(|e| e.with_op(name))?;
+        let (planned_us, direct_us) = predict(&cl, &flows, &plan);
         let slot = lay.forwards.then(|| (slot_bytes(self.config.forward_staging_bytes) / es).max(1) as u64);
         let steps = exec::lower(&plan, slot);
         let me = lay.gpu[self.rank];
@@ -338,8 +337,8 @@ impl Communicator {
             return self.submit(name, op.stream, op.dtype, sends, recvs);
         }
         let mine = self.plan_for(&mut st, &lay, name, flows, key)?;
-        // Only where the simulator predicts a gain: a uniform exchange with every rank its
-        // own forwarder moves the same bytes either way, and its stages would only make the
+        // Only where a gain is predicted: a uniform exchange with every rank its own
+        // forwarder moves the same bytes either way, and its stages would only make the
         // ranks wait for each other step by step.
         if !self.config.stage_every_call && mine.planned_us >= STAGED_GAIN * mine.direct_us {
             log::debug!("rank {}: {name} direct: predicted {:.1} µs staged, {:.1} µs direct", self.rank, mine.planned_us, mine.direct_us);
