@@ -242,3 +242,27 @@ fn two_streams() {
 }
 
 backend_tests!(staged_identity, staged_forwarding, staged_compressed, direct, forwarder_carries_the_traffic, default_choice);
+
+/// AlltoAllv counts that disagree between two ranks fail every rank with the same error
+/// (the staged path all-gathers the counts before validating), and the communicator goes on.
+#[test]
+fn alltoallv_count_mismatch_fails_every_rank() {
+    let cfg = Config { virtual_nodes: 2, ..fwd_config(&[]) };
+    run_ranks(Backend::Host, 3, cfg, |c| {
+        let (r, dev) = (c.rank(), c.device().clone());
+        let s = new_stream(&dev);
+        let (send, recv) = (Buf::new(&dev, 64, 0, 1), Buf::new(&dev, 64, 0, 2));
+        // Rank 0 sends 5 elements to rank 2, which expects 4.
+        let sc: Vec<usize> = if r == 0 { vec![1, 1, 5] } else { vec![1, 1, 1] };
+        let rc: Vec<usize> = if r == 2 { vec![4, 1, 1] } else { vec![1, 1, 1] };
+        let displs = [0, 8, 16];
+        let e = c.all_to_allv(send.ptr, &sc, &displs, recv.ptr, &rc, &displs, DataType::I32, s).unwrap_err();
+        assert_eq!(e.code(), hoccl::ErrorCode::InvalidArgument, "rank {r}: {e}");
+        assert!(e.to_string().contains("rank 0 sends 5 elements to rank 2, which expects 4"), "rank {r}: {e}");
+        // The next call, with agreeing counts, runs.
+        let check = start(c, Op::AllToAllV, DataType::I32, 7, &mut Rng(3), None, s);
+        sync(&dev, s);
+        check();
+        c.wait_idle().unwrap();
+    });
+}
