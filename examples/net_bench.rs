@@ -28,10 +28,15 @@
 //!   transfer per destination rank), its staging copies those of the socket transport:
 //!   none on the host backend (it sends from and receives into the user buffers), through
 //!   pinned host memory at the topology's host-link rate on CUDA. This is what the runtime
-//!   executes: direct sends, without forwarding peers or the planner's stages.
+//!   executes with `HOCCL_FORWARDING=0`.
 //! - `sim_planned`: the planner's staged plan (`plan::build` with the topology's
-//!   forwarding peers, AllGather fanned out on arrival), which the runtime does not
-//!   execute yet.
+//!   forwarding peers, AllGather fanned out on arrival), which the runtime executes by
+//!   default (`HOCCL_FORWARDING=1`; its pieces cut to the forwarding slots when a rank
+//!   forwards through another).
+//!
+//! Each record says which path ran (`path`: `staged`, `direct`, or `reduction` for the
+//! reductions' own plans); `meas/sim` is the measured time over the prediction for that
+//! path (staged: `sim_planned`, else `sim_direct`).
 //!
 //! With `HOCCL_ENGINE=compressed` the prediction moves the bytes the codec makes of the
 //! send data (its ratio measured on the host codec), codec time not modeled.
@@ -340,7 +345,10 @@ struct Record {
     time_us: f64,
     sim_direct_us: Option<f64>,
     sim_planned_us: Option<f64>,
+    /// Measured over the prediction of the path that ran.
     ratio: Option<f64>,
+    /// `staged`, `direct` or `reduction`.
+    path: &'static str,
     checked: bool,
     /// Kernels hoccl launched during the timed iterations, all ranks.
     launches: u64,
@@ -378,6 +386,9 @@ fn measure(ctx: &Ctx, op: Op, bytes: usize, model: &SimSetup) -> Res<Record> {
     let (send, recv) = (alloc(&ctx.dev, send_len)?, alloc(&ctx.dev, recv_len)?);
     let host: Vec<u8> = (0..send_len).map(|i| source_byte(&ctx.o, me, i)).collect();
     ctx.dev.copy_from_host(send.0, &host).map_err(|e| format!("fill: {e}"))?;
+    // Whether the calls ran the planner's stages (docs/design.md, "Staged plan"): the
+    // runtime's own count, since it decides per call (size floor, predicted gain).
+    let staged0 = ctx.comm.staged_calls().map_err(|e| e.to_string())?;
     let mut times = Vec::with_capacity(ctx.o.iters);
     let (mut launches0, mut cpu0) = (0, 0.0);
     for it in 0..ctx.o.warmup + ctx.o.iters {
@@ -421,7 +432,10 @@ fn measure(ctx: &Ctx, op: Op, bytes: usize, model: &SimSetup) -> Res<Record> {
     }
     let (direct, planned) = model.predict(op, &sh, es)?;
     let proxy_cpu_s_per_gb = (sent_gb > 0.0).then(|| cpu / sent_gb);
-    Ok(Record { op, bytes, time_us, sim_direct_us: direct, sim_planned_us: planned, ratio: direct.map(|d| time_us / d), checked, launches, proxy_cpu_s_per_gb })
+    let staged = ctx.comm.staged_calls().map_err(|e| e.to_string())? > staged0;
+    let path = if op.reduces() { "reduction" } else if staged { "staged" } else { "direct" };
+    let ran = if path == "staged" { planned } else { direct };
+    Ok(Record { op, bytes, time_us, sim_direct_us: direct, sim_planned_us: planned, path, ratio: ran.map(|d| time_us / d), checked, launches, proxy_cpu_s_per_gb })
 }
 
 /// What the simulator is given.
@@ -581,10 +595,16 @@ fn run(o: Opts, argv: &[String]) -> Res<()> {
         EngineChoice::Sm => "sm",
         EngineChoice::Compressed => "compressed",
     };
+    let peers = if cfg.forwarding_peers.is_empty() {
+        String::new()
+    } else {
+        format!(" HOCCL_FORWARDING_PEERS={}", cfg.forwarding_peers.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(","))
+    };
     let command = format!(
-        "HOCCL_VIRTUAL_NODES={} HOCCL_NET_GBPS={} HOCCL_ENGINE={engine} mpirun -np {n} net_bench {}",
+        "HOCCL_VIRTUAL_NODES={} HOCCL_NET_GBPS={} HOCCL_ENGINE={engine} HOCCL_FORWARDING={}{peers} mpirun -np {n} net_bench {}",
         cfg.virtual_nodes,
         cfg.net_gbps,
+        u8::from(cfg.forwarding),
         argv.join(" ")
     );
     let mut text = String::new();
@@ -599,17 +619,23 @@ fn run(o: Opts, argv: &[String]) -> Res<()> {
     );
     let _ = writeln!(
         text,
-        "# sim: copy {:.1} GB/s ({}), {} copy queue(s), incast loss {}, bytes x {:.3} (codec ratio); the runtime executes direct sends (sim_direct)",
+        "# sim: copy {:.1} GB/s ({}), {} copy queue(s), incast loss {}, bytes x {:.3} (codec ratio); HOCCL_FORWARDING={}: {}",
         sim.copy_gbps,
         sim.copy_from,
         sim.cluster.as_ref().map_or(0, |c| c.ce_per_gpu),
         ctx.o.incast,
-        sim.scale
+        sim.scale,
+        u8::from(cfg.forwarding),
+        if cfg.forwarding {
+            format!("calls with a flow of {} bytes or more between nodes and a predicted gain run the staged path (meas/sim: over sim_planned), the others direct", cfg.staged_min_flow_bytes)
+        } else {
+            "every call runs the direct path (meas/sim: over sim_direct)".to_string()
+        }
     );
     let _ = writeln!(
         text,
         "{:<15} {:>10} {:>12} {:>12} {:>12} {:>10} {:>10} {:>8} {:>8} {:>12}",
-        "op", "bytes", "time_us", "sim_direct", "sim_planned", "meas/dir", "plan/dir", "check", "kernels", "proxy_cpu_s/GB"
+        "op", "bytes", "time_us", "sim_direct", "sim_planned", "meas/sim", "plan/dir", "check", "kernels", "proxy_cpu_s/GB"
     );
     if ctx.rank == 0 {
         print!("{text}");
@@ -648,7 +674,7 @@ fn run(o: Opts, argv: &[String]) -> Res<()> {
                 .iter()
                 .map(|r| {
                     format!(
-                        "{{\"op\":\"{}\",\"engine\":\"{engine}\",\"dtype\":\"{}\",\"nodes\":{nodes},\"ranks\":{},\"ranks_per_node\":{per_node},\"bytes\":{},\"gbps_limit\":{},\"time_us\":{:.3},\"sim_direct_us\":{},\"sim_planned_us\":{},\"measured_over_direct\":{},\"zipf\":{},\"seed\":{},\"iters\":{},\"checked\":{},\"kernel_launches\":{},\"proxy_cpu_s_per_gb\":{}}}",
+                        "{{\"op\":\"{}\",\"engine\":\"{engine}\",\"dtype\":\"{}\",\"nodes\":{nodes},\"ranks\":{},\"ranks_per_node\":{per_node},\"bytes\":{},\"gbps_limit\":{},\"time_us\":{:.3},\"sim_direct_us\":{},\"sim_planned_us\":{},\"path\":\"{}\",\"measured_over_sim\":{},\"zipf\":{},\"seed\":{},\"iters\":{},\"checked\":{},\"kernel_launches\":{},\"proxy_cpu_s_per_gb\":{}}}",
                         r.op.name(),
                         ctx.o.dtype.name(),
                         ctx.n,
@@ -657,6 +683,7 @@ fn run(o: Opts, argv: &[String]) -> Res<()> {
                         r.time_us,
                         json_opt(r.sim_direct_us),
                         json_opt(r.sim_planned_us),
+                        r.path,
                         json_opt(r.ratio),
                         if r.op == Op::AlltoAllvZipf { ctx.o.zipf.to_string() } else { "null".into() },
                         ctx.o.seed,
@@ -668,8 +695,10 @@ fn run(o: Opts, argv: &[String]) -> Res<()> {
                 })
                 .collect();
             let json = format!(
-                "{{\"command\":{},\"executed\":\"direct\",\"copy_gbps\":{:.3},\"copy_from\":\"{}\",\"incast\":{},\"codec_ratio\":{:.4},\"records\":[\n{}\n]}}\n",
+                "{{\"command\":{},\"forwarding\":{},\"staged_min_flow_bytes\":{},\"copy_gbps\":{:.3},\"copy_from\":\"{}\",\"incast\":{},\"codec_ratio\":{:.4},\"records\":[\n{}\n]}}\n",
                 Json::Str(command.clone()),
+                cfg.forwarding,
+                cfg.staged_min_flow_bytes,
                 sim.copy_gbps,
                 sim.copy_from,
                 ctx.o.incast,

@@ -4,7 +4,10 @@
 # limited by the transport's token bucket (HOCCL_NET_GBPS, GB/s per rank and direction), so
 # the NIC is the bottleneck as in a cluster. Host backend by default. The matrix:
 #   1. AllGather, AlltoAll, AlltoAllv uniform and Zipf (S=1.2, seed 7), pattern data, on
-#      2 virtual nodes x 2 ranks and 4 x 1 (4 ranks), 2 x 1 (2 ranks);
+#      2 virtual nodes x 2 ranks and 4 x 1 (4 ranks), 2 x 1 (2 ranks), each on the direct
+#      path (HOCCL_FORWARDING=0) and the staged one (the planner's stages, the default),
+#      and 2 x 2 staged with local ranks 0 and 1 forwarding through each other
+#      (HOCCL_FORWARDING_PEERS=1,0);
 #   2. AllGather and AlltoAll on real bf16 weights (tests/data), HOCCL_ENGINE=ce and
 #      HOCCL_ENGINE=compressed, 2 x 2;
 #   3. AlltoAll and AllGather without a limit, 2 x 1, 16M and 64M: what the transport moves
@@ -49,11 +52,12 @@ tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 status=0
 n=0
-run() { # run NODES NP ENGINE ARGS... (the limit: $limit, else $gbps)
+run() { # run NODES NP ENGINE ARGS... (the limit: $limit, else $gbps; the path: $fwd, else 1; $peers)
   local nodes=$1 np=$2 engine=$3
   shift 3
   n=$((n + 1))
   local cmd=(env HOCCL_VIRTUAL_NODES="$nodes" HOCCL_NET_GBPS="${limit:-$gbps}" HOCCL_ENGINE="$engine" HOCCL_BACKEND="$backend"
+    HOCCL_FORWARDING="${fwd:-1}" HOCCL_FORWARDING_PEERS="${peers:-}"
     "${HOCCL_MPIRUN[@]}" -np "$np" "$bin" --iters "$iters" "$@" --json "$tmp/$n.json")
   echo "\$ ${cmd[*]/$tmp\/$n.json/PART.json}" | tee -a "$tmp/table.txt"
   if ! timeout 600 "${cmd[@]}" 2>&1 | tee -a "$tmp/table.txt"; then
@@ -63,9 +67,12 @@ run() { # run NODES NP ENGINE ARGS... (the limit: $limit, else $gbps)
   echo | tee -a "$tmp/table.txt"
 }
 all=(--ops allgather,alltoall,alltoallv,zipf --sizes "$sizes")
-run 2 4 ce "${all[@]}"
-run 4 4 ce "${all[@]}"
-run 2 2 ce "${all[@]}"
+for f in 0 1; do
+  fwd=$f run 2 4 ce "${all[@]}"
+  fwd=$f run 4 4 ce "${all[@]}"
+  fwd=$f run 2 2 ce "${all[@]}"
+done
+peers=1,0 run 2 4 ce "${all[@]}"
 run 2 4 ce --ops allgather,alltoall --sizes "$sizes" --data "$data"
 run 2 4 compressed --ops allgather,alltoall --sizes "$sizes" --data "$data"
 limit=0 run 2 2 ce --ops alltoall,allgather --sizes 16M,64M

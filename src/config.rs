@@ -91,6 +91,26 @@ pub struct Config {
     /// `HOCCL_FORWARDING_PEERS`: comma list, entry i = forwarding peer of local GPU i.
     /// Empty means identity (stage locally).
     pub forwarding_peers: Vec<usize>,
+    /// `HOCCL_FORWARDING` = 1 | 0: inter-node AllGather, AlltoAll(v), Broadcast, Gather and
+    /// Scatter run the planner's stages, each rank's inter-node bytes through its forwarding
+    /// peer, where their flows are large enough and a gain is predicted (1, the
+    /// default), or every rank sends its own data straight to every remote peer at once
+    /// (0, the direct path). docs/design.md, "Staged plan".
+    pub forwarding: bool,
+    /// `HOCCL_FORWARD_STAGING`: bytes of device staging per forwarding rank (K/M/G
+    /// suffixes; at least 64 KiB), allocated once per communicator at creation on the ranks
+    /// that forward another rank's traffic: four slots (two to send, two to receive) bound a
+    /// step's NIC piece.
+    pub forward_staging_bytes: usize,
+    /// The staged path takes a call only when its largest flow between nodes has at least
+    /// this many bytes (no variable; default: the socket transport's chunk, below which the
+    /// direct path sends each flow as one frame and stages would only add op handshakes).
+    #[doc(hidden)]
+    pub staged_min_flow_bytes: usize,
+    /// Stage every call the staged path can take, whatever its size and the predicted
+    /// gain (no variable; for tests of the staged path).
+    #[doc(hidden)]
+    pub stage_every_call: bool,
     /// `HOCCL_DEVICE`: GPU ordinal for this rank (default: local rank modulo GPU count).
     pub device: Option<usize>,
     /// `HOCCL_TIMEOUT_MS`: an operation making no progress for this long fails.
@@ -162,6 +182,10 @@ impl Default for Config {
             net_stage_host_memory: false,
             virtual_nodes: 1,
             forwarding_peers: Vec::new(),
+            forwarding: true,
+            forward_staging_bytes: 16 << 20,
+            staged_min_flow_bytes: crate::transport::socket::CHUNK,
+            stage_every_call: false,
             device: None,
             timeout: Duration::from_secs(120),
             log: None,
@@ -283,6 +307,16 @@ impl Config {
                 .map(|s| parse_num("HOCCL_FORWARDING_PEERS", s))
                 .collect::<Result<_>>()?;
         }
+        if let Some(v) = get("HOCCL_FORWARDING") {
+            self.forwarding = match v.trim() {
+                "0" => false,
+                "1" => true,
+                _ => return Err(Error::invalid_arg(OP, format!("HOCCL_FORWARDING={v}: want 1|0"))),
+            };
+        }
+        if let Some(v) = get("HOCCL_FORWARD_STAGING") {
+            self.forward_staging_bytes = parse_bytes("HOCCL_FORWARD_STAGING", &v)?;
+        }
         if let Some(v) = get("HOCCL_DEVICE") {
             self.device = Some(parse_num("HOCCL_DEVICE", &v)?);
         }
@@ -375,6 +409,9 @@ impl Config {
         }
         if self.net_staging_bytes < 64 << 10 {
             return bad(format!("net_staging_bytes {} must be at least 64 KiB", self.net_staging_bytes));
+        }
+        if self.forward_staging_bytes < 64 << 10 {
+            return bad(format!("forward_staging_bytes {} must be at least 64 KiB", self.forward_staging_bytes));
         }
         if self.virtual_nodes == 0 {
             return bad("virtual_nodes must be >= 1".into());
@@ -480,6 +517,8 @@ mod tests {
             ("HOCCL_NET_GBPS", "fast"),
             ("HOCCL_NET_GBPS", "inf"),
             ("HOCCL_NET_STAGING", "4K"),
+            ("HOCCL_FORWARDING", "yes"),
+            ("HOCCL_FORWARD_STAGING", "16K"),
             ("HOCCL_QPS_PER_PEER", "0"),
             ("HOCCL_QPS_PER_PEER", "65"),
         ] {
@@ -509,6 +548,14 @@ mod tests {
         }
         let zero = Config { cost_model: CostModel { same_gpu_gbps: 0.0, ..CostModel::default() }, ..Config::default() };
         assert!(zero.validate().is_err());
+    }
+
+    #[test]
+    fn forwarding_settings() {
+        let d = Config::default();
+        assert_eq!((d.forwarding, d.forward_staging_bytes), (true, 16 << 20));
+        let c = Config::default().with_env(env(&[("HOCCL_FORWARDING", "0"), ("HOCCL_FORWARD_STAGING", "1M")])).unwrap();
+        assert_eq!((c.forwarding, c.forward_staging_bytes), (false, 1 << 20));
     }
 
     #[test]

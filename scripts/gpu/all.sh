@@ -18,7 +18,8 @@
 #   sanitize  the CUDA kernels' GPU tests under compute-sanitizer memcheck, racecheck and
 #          synccheck (scripts/gpu/sanitize.sh)
 #   internode  ranks on 2-4 virtual nodes of this host, the socket transport through
-#          pinned staging, threads and processes under MPS (scripts/gpu/internode.sh)
+#          pinned staging, threads and processes under MPS, the staged path's tests, and
+#          the direct-against-staged measurement (scripts/gpu/internode.sh)
 #   nccl   hoccl's libnccl.so.2 in place of NCCL: the ctest/nccl C programs on CUDA, the
 #          ctypes (vLLM-style) check, torch_check.py under torchrun with the library found
 #          through LD_LIBRARY_PATH and LD_PRELOAD, torch's nccl symbols (scripts/gpu/nccl.sh)

@@ -5,9 +5,16 @@
 # staging filled and drained by the copy queues.
 #   1. tests/internode's CUDA bodies (--ignored): thread ranks on 2-4 virtual nodes x 1-4
 #      ranks, every op under ce, compressed and auto
-#   2. with one GPU, under MPS (nvidia-cuda-mps-control -d, stopped when the script exits):
-#      the same test binary's process cases, 2 virtual nodes x 1 and x 2 ranks, every op,
+#   2. tests/internode_staged's CUDA bodies (--ignored): the planner's stages through the
+#      forwarding peers' device staging, 2 and 4 virtual nodes x 2-8 thread ranks, even and
+#      uneven, identity and paired forwarding, ce and compressed, and the direct path
+#   3. with one GPU, under MPS (nvidia-cuda-mps-control -d, stopped when the script exits):
+#      the internode binary's process cases, 2 virtual nodes x 1 and x 2 ranks, every op,
 #      ce and compressed (cuda_processes_every_op)
+#   4. the measurement, direct against staged (scripts/net-bench.sh with the CUDA backend,
+#      2-4 processes on this GPU with virtual nodes, NIC limited to NET_BENCH_GBPS, 1 by
+#      default, NET_BENCH_SIZES 4M,16M, within NET_BENCH_LIMIT seconds, 900):
+#      docs/results/<machine>/internode.json and internode.txt
 # One line per command -> internode-summary.txt; full logs in build/gpu-logs/internode/.
 set -u
 # shellcheck source=common.sh
@@ -32,6 +39,9 @@ check() {
   [ $rc = 0 ] || grep -E "^test .*FAILED|panicked at" "$log_dir/$name.log" | head -n 4 | tee -a "$summary"
 }
 check threads "$t" cuda:: --ignored --test-threads=1
+staged="$bin/tests/internode_staged"
+[ -x "$staged" ] || { echo "internode.sh: $staged not built" >&2; exit 2; }
+check staged "$staged" cuda:: --ignored --test-threads=1
 if [ "$ngpu" -le 1 ] && command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
   mps_dir=$(mktemp -d "${TMPDIR:-/tmp}/hoccl-mps.XXXXXX")
   export CUDA_MPS_PIPE_DIRECTORY="$mps_dir/pipe" CUDA_MPS_LOG_DIRECTORY="$mps_dir/log"
@@ -45,4 +55,7 @@ if [ "$ngpu" -le 1 ] && command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
   echo "# processes under MPS" | tee -a "$summary"
 fi
 check processes "$t" cuda_processes_every_op --exact --ignored --nocapture --test-threads=1
+# The measurement's eleven runs take longer than one test binary: a limit of their own.
+TEST_LIMIT="${NET_BENCH_LIMIT:-900}" check net-bench env NET_BENCH_BIN="$bin/net_bench" NET_BENCH_BACKEND=cuda \
+  NET_BENCH_MACHINE="$machine" NET_BENCH_GBPS="${NET_BENCH_GBPS:-1}" NET_BENCH_SIZES="${NET_BENCH_SIZES:-4M,16M}" bash scripts/net-bench.sh
 exit $status

@@ -38,6 +38,13 @@ impl Communicator {
                 self.config.engine
             );
         }
+        // Inter-node movement collectives run the planner's stages (`internode.rs`);
+        // AlltoAllv's plan needs every rank's counts, exchanged before validation.
+        let staged = self.stages(op)?;
+        let counts = match op.coll {
+            Collective::AllToAllV { send_counts, recv_counts, .. } if staged => Some(self.exchange_counts(send_counts, recv_counts)?),
+            _ => None,
+        };
         let (sends, recvs) = match op.coll {
             Collective::Send { peer } => self.point_to_point(name, op, peer, true)?,
             Collective::Recv { peer } => self.point_to_point(name, op, peer, false)?,
@@ -54,6 +61,9 @@ impl Communicator {
                 return self.submit_reduction(name, red);
             }
         };
+        if staged {
+            return self.run_staged(name, op, counts.as_ref(), sends, recvs);
+        }
         self.submit(name, op.stream, op.dtype, sends, recvs)
     }
 

@@ -17,6 +17,8 @@ mod capture;
 mod collectives;
 pub(crate) mod compressed;
 mod enqueue;
+mod guard;
+mod internode;
 mod op;
 mod reduction;
 mod setup;
@@ -55,6 +57,8 @@ struct State {
     codec: compressed::CodecState,
     /// The reductions' scratch, once allocated (`reduction.rs`).
     scratch: Option<reduction::Scratch>,
+    /// The staged inter-node path's plans and forwarding staging (`internode.rs`).
+    staged: internode::Staged,
     /// Ops captured into graphs: template ids, flag pairs, released resources (`capture.rs`).
     capture: capture::CaptureState,
     destroyed: bool,
@@ -172,7 +176,7 @@ impl Communicator {
         )?;
         bootstrap.barrier().map_err(|e| e.with_op(OP))?;
         log::info!("rank {rank}/{size}: communicator {comm_id:016x} on {} ({})", dev.name(), dev.pci_bus_id());
-        Ok(Communicator {
+        let comm = Communicator {
             rank,
             size,
             dev,
@@ -193,10 +197,13 @@ impl Communicator {
                 group: Group::default(),
                 codec: compressed::CodecState::default(),
                 scratch: None,
+                staged: internode::Staged::default(),
                 capture: capture::CaptureState::default(),
                 destroyed: false,
             }),
-        })
+        };
+        comm.reserve_forward_staging()?;
+        Ok(comm)
     }
 
     pub fn rank(&self) -> usize {
@@ -535,6 +542,7 @@ impl Drop for Communicator {
             st.streams.release(self.dev.as_ref(), clean);
             st.codec.release(self.dev.as_ref(), clean);
             self.release_scratch(&mut st, self.config.timeout);
+            self.release_forward_staging(&mut st, self.config.timeout);
             self.release_captured(&mut st);
         }
     }

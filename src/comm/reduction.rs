@@ -41,12 +41,12 @@
 //! overlap with the next exchange whatever the streams.
 use super::op::{Collective, OpDesc};
 use super::{Communicator, Region, State};
-use crate::device::{DevPtr, FlagSlab, StreamHandle};
+use crate::device::{DevPtr, StreamHandle};
 use crate::error::{Error, Result};
 use crate::reduce::RedOp;
 use crate::types::DataType;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// First element of AllReduce shard `r` of `count` elements over `n` ranks: `r * count / n`
 /// rounded down to a multiple of 256 bytes' worth of elements (shard `n` starts at `count`).
@@ -106,16 +106,7 @@ pub(super) struct Reduction {
 }
 
 /// The per-communicator scratch and the flag its reduce steps raise.
-pub(super) struct Scratch {
-    base: DevPtr,
-    region: Region,
-    slot: usize,
-    flag: FlagSlab,
-    /// Reduce steps that read the scratch so far; the flag reaches this when the last is done.
-    uses: u64,
-    /// The stream of the last of them.
-    last: Option<StreamHandle>,
-}
+pub(super) use super::guard::Guarded as Scratch;
 
 fn overlaps(a: DevPtr, alen: usize, b: DevPtr, blen: usize) -> bool {
     alen > 0 && blen > 0 && a.0 < b.0 + blen as u64 && b.0 < a.0 + alen as u64
@@ -255,16 +246,7 @@ impl Communicator {
         if st.scratch.is_none() {
             let slot = slot_bytes(self.config.reduce_scratch, self.size);
             let len = slot * self.size;
-            let base = self.dev.alloc(len).map_err(|e| e.with_op(name))?;
-            let made = self.dev.allocation(base).and_then(|a| Ok((a, self.dev.alloc_flags(1)?)));
-            let (alloc, flag) = match made {
-                Ok(x) => x,
-                Err(e) => {
-                    let _ = self.dev.free(base);
-                    return Err(e.with_op(name));
-                }
-            };
-            let region = Region { op: "reduction", what: "scratch", ptr: base, len, alloc: Some(alloc) };
+            let (base, region, flag) = self.alloc_guarded(name, "reduction", "scratch", len)?;
             log::debug!("rank {}: reduction scratch of {len} bytes ({} slots of {slot})", self.rank, self.size);
             st.scratch = Some(Scratch { base, region, slot, flag, uses: 0, last: None });
         }
@@ -846,10 +828,7 @@ impl Communicator {
     /// scratch was on another stream, make `s` wait until it is done.
     fn wait_for_scratch(&self, st: &mut State, s: StreamHandle) -> Result<()> {
         let Some(sc) = st.scratch.as_ref() else { return Ok(()) };
-        match sc.last {
-            Some(t) if t != s => self.dev.wait_value_geq(s, sc.flag.dev_addr(0), sc.uses),
-            _ => Ok(()),
-        }
+        self.wait_for_last_use(s, sc.last, &sc.flag, sc.uses)
     }
 
     /// At teardown: once every reduce step that read the scratch is done (its flag, polled
@@ -858,22 +837,7 @@ impl Communicator {
     /// says so.
     pub(super) fn release_scratch(&self, st: &mut State, bound: Duration) {
         let Some(sc) = st.scratch.take() else { return };
-        let t0 = Instant::now();
-        while sc.flag.load(0) < sc.uses {
-            if t0.elapsed() > bound {
-                log::warn!(
-                    "hoccl: rank {}: a reduce step had not run {bound:?} after destroy; its scratch ({} bytes) stays allocated",
-                    self.rank,
-                    sc.region.len
-                );
-                std::mem::forget(sc.flag);
-                return;
-            }
-            std::thread::sleep(Duration::from_micros(200));
-        }
-        if let Err(e) = self.dev.free(sc.base) {
-            log::warn!("hoccl: rank {}: freeing the reduction scratch: {e}", self.rank);
-        }
+        self.free_after_last_use(sc.base, sc.region.len, sc.flag, sc.uses, bound, "reduction scratch");
     }
 }
 

@@ -10,6 +10,7 @@
 
 pub mod cluster;
 pub mod collective;
+pub mod exec;
 pub mod json;
 pub mod png;
 pub mod queues;
