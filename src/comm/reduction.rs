@@ -41,7 +41,7 @@
 //! overlap with the next exchange whatever the streams.
 use super::op::{Collective, OpDesc};
 use super::{Communicator, Region, State};
-use crate::device::{DevPtr, StreamHandle};
+use crate::device::{DevPtr, FlagSlab, StreamHandle};
 use crate::error::{Error, Result};
 use crate::reduce::RedOp;
 use crate::types::DataType;
