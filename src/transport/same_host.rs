@@ -21,7 +21,7 @@ use crate::device::{CopyQueue, DevPtr, Device};
 use crate::error::{Error, Result};
 use crate::transport::chunk_scheduler::{ChunkScheduler, MIN_CHUNK};
 use crate::transport::ipc::{ExportCache, ImportCache, Mapped};
-use crate::transport::mailbox::{pid_alive, Msg, MsgKind, Segment, READY_GATED};
+use crate::transport::mailbox::{pid_alive, Msg, MsgKind, Segment, READY_GATED, READY_STAGED};
 use crate::transport::{FlowId, GatedWrite, Incoming, Region, RemoteBuffer, Signal, Tag, Transport, Wire};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
@@ -329,7 +329,7 @@ fn signal_of(m: &Msg) -> Option<Signal> {
             k: m.k,
             remote: RemoteBuffer {
                 len: m.len,
-                wire: Wire { alloc_id: m.alloc_id, alloc_len: m.alloc_len, base: m.base, offset: m.offset, pid: m.pid, handle: m.handle, gated: m.code == READY_GATED },
+                wire: Wire { alloc_id: m.alloc_id, alloc_len: m.alloc_len, base: m.base, offset: m.offset, pid: m.pid, handle: m.handle, gated: m.code == READY_GATED, staged: m.code.checked_sub(READY_STAGED).map_or(0, |d| d as u8 + 1).min(2) },
             },
         },
         MsgKind::Landed => Signal::Landed { k: m.k, len: m.len },
@@ -359,6 +359,9 @@ impl Transport for SameHost {
         let mut m = Msg::new(MsgKind::Ready, tag.pair_seq, tag.k);
         let w = remote.wire;
         m.len = remote.len;
+        if w.staged != 0 {
+            m.code = READY_STAGED + w.staged as u32 - 1;
+        }
         (m.alloc_id, m.alloc_len, m.base, m.offset, m.pid, m.handle) = (w.alloc_id, w.alloc_len, w.base, w.offset, w.pid, w.handle);
         self.post(peer, m);
     }
