@@ -287,6 +287,8 @@ pub(super) struct Proxy {
     /// released (`staged.rs`).
     staged_ops: Vec<u64>,
     released: Vec<crate::transport::staged::StagedWait>,
+    /// An op failed: pending staged ops fail too (`staged.rs`).
+    failed_any: bool,
 }
 
 impl Proxy {
@@ -317,6 +319,7 @@ impl Proxy {
             advanced: Vec::new(),
             staged_ops: Vec::new(),
             released: Vec::new(),
+            failed_any: false,
         }
     }
 
@@ -764,6 +767,7 @@ impl Proxy {
             self.transport.signal_failure(p, pair_seq(&st.op, p), e.code() as u32);
         }
         self.shared.set_error(e.clone());
+        self.failed_any = true;
         if !self.reported && !matches!(e, Error::Aborted { .. }) {
             self.reported = true;
             self.log_state(&e);

@@ -92,6 +92,17 @@ impl Proxy {
         if self.staged_ops.is_empty() {
             return false;
         }
+        if self.failed_any {
+            // A failure released staged words, which every later chunk of the direction
+            // then passes: no pending staged op can complete with its data.
+            let e = self.shared.error().unwrap_or(Error::Aborted { op: "staged transfer" });
+            let mut seqs = std::mem::take(&mut self.staged_ops);
+            seqs.sort_unstable();
+            for seq in seqs {
+                self.fail_op(seq, e.clone());
+            }
+            return true;
+        }
         let mut list = std::mem::take(&mut self.staged_ops);
         let mut any = false;
         let (mut failed, mut finished) = (Vec::new(), Vec::new());
