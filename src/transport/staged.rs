@@ -107,7 +107,7 @@ pub struct Staged {
     own_dev: DevPtr,
     /// By global rank.
     peers: Vec<Option<Peer>>,
-    /// An enqueue failed midway: the chunk counts no longer match the peers'.
+    /// An enqueue failed midway: the chunk counts may differ from the peers..
     broken: bool,
 }
 
