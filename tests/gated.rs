@@ -27,10 +27,8 @@
 //! without one: `cargo test --test gated -- --ignored`).
 mod common;
 use common::*;
-use hoccl::bootstrap::tcp::UniqueId;
-use hoccl::device::{DevPtr, Device, StreamHandle};
-use hoccl::{Communicator, Config, DataType};
-use common::children;
+use hoccl::device::Device;
+use hoccl::Communicator;
 use common::ops::{Op, OPS};
 use common::pair::*;
 use std::sync::Arc;
@@ -40,37 +38,16 @@ use std::time::{Duration, Instant};
 const LIMIT: usize = 8 << 20;
 const TMO_MS: u64 = 2000;
 
-fn say(rank: usize, ev: &str, detail: &str) {
-    children::say("GATED", rank, ev, detail)
-}
+const H: Harness = Harness { tag: "GATED", child_var: "HOCCL_GATED_CHILD", backend_var: "HOCCL_GATED_BACKEND", timeout_ms: TMO_MS };
 
-fn event(l: &str) -> Option<Event> {
-    children::event("GATED", l)
-}
-
-// ------------------------------------------------------------------ children ------------
-
-fn child_backend() -> Backend {
-    match std::env::var("HOCCL_GATED_BACKEND").as_deref() {
-        Ok("cuda") => Backend::Cuda,
-        _ => Backend::Host,
-    }
-}
-
-/// A child rank: `HOCCL_GATED_CHILD` = `<hex id> <rank> <case> [victim]`.
+/// A child rank: `HOCCL_GATED_CHILD` = `<hex id> <rank> <case> <victim>`.
 #[test]
 fn child_rank() {
-    let Ok(v) = std::env::var("HOCCL_GATED_CHILD") else { return };
-    let w: Vec<&str> = v.split_whitespace().collect();
-    let id = UniqueId::from_hex(w[0]).expect("id");
-    let rank: usize = w[1].parse().unwrap();
-    let dev = open_device(child_backend(), 0);
-    let cfg = Config::from_env().expect("HOCCL_* settings");
-    let comm = Communicator::from_unique_id_on(&id, N, rank, Some(dev.clone()), cfg).expect("communicator");
-    match w[2] {
+    let Some((comm, dev, case, victim)) = H.child() else { return };
+    match case.as_str() {
         "ops" => ops_body(&comm, &dev),
-        "death" => death_body(&comm, &dev, w[3].parse().unwrap()),
-        "mismatch" => mismatch_body(&comm, &dev),
+        "death" => death_body(&H, &comm, &dev, victim, 64 << 10),
+        "mismatch" => mismatch_body(&H, &comm, &dev, true),
         other => panic!("unknown case {other}"),
     }
 }
@@ -99,190 +76,26 @@ fn ops_body(comm: &Communicator, dev: &Arc<dyn Device>) {
         }
         comm.bootstrap().barrier().expect("barrier");
     }
-    held_back(comm, dev, streams[0]);
-    mixed(comm, dev, streams[1]);
-    say(r, "done", "");
-}
-
-/// Rank 1 holds its stream back (a flag the application raises) in front of work that
-/// writes the receive buffer and then the receive: the bytes must land after that work,
-/// and rank 0's stream must not pass the send before they land.
-fn held_back(comm: &Communicator, dev: &Arc<dyn Device>, s: StreamHandle) {
-    let r = comm.rank();
-    for len in [4096usize, 1 << 20] {
-        let peer = 1 - r;
-        let buf = dev.alloc(len).unwrap();
-        let want = data(0, 900 + len as u64, len, false);
-        let gate = dev.alloc_flags(1).expect("flag");
-        let early = dev.alloc(len).unwrap();
-        if r == 0 {
-            dev.copy_from_host(buf, &want).unwrap();
-            comm.send(buf, len, DataType::U8, peer, s).expect("send");
-        } else {
-            dev.copy_from_host(early, &vec![0x5a; len]).unwrap();
-            dev.wait_value_geq(s, gate.dev_addr(0), 1).unwrap();
-            dev.memcpy_async(s, buf, early, len).unwrap();
-            comm.recv(buf, len, DataType::U8, peer, s).expect("recv");
-        }
-        comm.bootstrap().barrier().unwrap();
-        std::thread::sleep(Duration::from_millis(200));
-        if r == 0 {
-            assert!(!dev.stream_query(s).unwrap(), "the send's stream passed the op before the receiver's stream reached it");
-        }
-        comm.bootstrap().barrier().unwrap();
-        if r == 1 {
-            gate.store(0, 1);
-        }
-        sync(dev, s);
-        comm.wait_idle().expect("wait_idle");
-        if r == 1 {
-            let mut got = vec![0u8; len];
-            dev.copy_to_host(&mut got, buf).unwrap();
-            let bad = got.iter().zip(&want).filter(|(a, b)| a != b).count();
-            assert_eq!(bad, 0, "held-back receive of {len} B: {bad} bytes wrong (landed before the stream reached the op?)");
-        }
-        comm.bootstrap().barrier().unwrap();
-        dev.free(buf).unwrap();
-        dev.free(early).unwrap();
-    }
-}
-
-/// One op with two flows each way between the pair: one gated, one above the limit.
-fn mixed(comm: &Communicator, dev: &Arc<dyn Device>, s: StreamHandle) {
-    let (r, peer) = (comm.rank(), 1 - comm.rank());
-    let lens = [4096usize, LIMIT + 4096];
-    let bufs: Vec<(DevPtr, DevPtr, Vec<u8>)> = lens
-        .iter()
-        .enumerate()
-        .map(|(k, &len)| {
-            let (sb, rb) = (dev.alloc(len).unwrap(), dev.alloc(len).unwrap());
-            dev.copy_from_host(sb, &data(r, 700 + k as u64, len, false)).unwrap();
-            (sb, rb, data(peer, 700 + k as u64, len, false))
-        })
-        .collect();
-    comm.group(|g| {
-        for (&len, (sb, rb, _)) in lens.iter().zip(&bufs) {
-            g.send(*sb, len, DataType::U8, peer, s)?;
-            g.recv(*rb, len, DataType::U8, peer, s)?;
-        }
-        Ok(())
-    })
-    .expect("mixed group");
-    sync(dev, s);
-    comm.wait_idle().expect("wait_idle");
-    for (&len, (sb, rb, want)) in lens.iter().zip(&bufs) {
-        let mut got = vec![0u8; len];
-        dev.copy_to_host(&mut got, *rb).unwrap();
-        assert!(got == *want, "rank {r}: mixed op, the {len}-byte flow landed wrong");
-        dev.free(*sb).unwrap();
-        dev.free(*rb).unwrap();
-    }
-}
-
-/// The victim holds its stream (for ever) in front of its side of a sendrecv with the
-/// other rank and waits for its SIGKILL; the survivor's op must fail.
-fn death_body(comm: &Communicator, dev: &Arc<dyn Device>, victim: usize) {
-    let r = comm.rank();
-    let s = new_stream(dev);
-    let len = 64 << 10;
-    let (sb, rb) = (dev.alloc(len).unwrap(), dev.alloc(len).unwrap());
-    let gate = dev.alloc_flags(1).expect("flag");
-    if r == victim {
-        dev.wait_value_geq(s, gate.dev_addr(0), 1).unwrap();
-    }
-    // Rank 0 sends, rank 1 receives: a held receiver leaves the sender's gated copy waiting
-    // for its ready flag, a held sender leaves the receiver waiting for its landed flag.
-    let res = if r == 0 { comm.send(sb, len, DataType::U8, 1, s) } else { comm.recv(rb, len, DataType::U8, 0, s) };
-    res.expect("enqueue");
-    if r == victim {
-        say(r, "point", "");
-        loop {
-            std::thread::sleep(Duration::from_secs(60));
-        }
-    }
-    sync(dev, s);
-    let err = comm.wait_idle().expect_err("the op must fail once its peer is gone");
-    say(r, "error", &format!("{:?}: {err}", err.code()));
-    let t = Instant::now();
-    comm.abort();
-    let t_abort = t.elapsed();
-    assert!(t_abort < Duration::from_millis(1500), "abort took {t_abort:?}");
-    sync(dev, s);
-    say(r, "done", &format!("abort {} ms", t_abort.as_millis()));
-    std::mem::forget(gate);
-}
-
-/// Rank 0 sends 4 KiB, rank 1 expects 8 KiB: both gated by length, so the sender finds the
-/// mismatch in the announcement and queues nothing; both fail, neither receive buffer
-/// changes.
-fn mismatch_body(comm: &Communicator, dev: &Arc<dyn Device>) {
-    let r = comm.rank();
-    let s = new_stream(dev);
-    let len = if r == 0 { 4096 } else { 8192 };
-    let buf = dev.alloc(len).unwrap();
-    let before = data(r, 500, len, false);
-    dev.copy_from_host(buf, &before).unwrap();
-    let t0 = Instant::now();
-    let res = if r == 0 { comm.send(buf, len, DataType::U8, 1, s) } else { comm.recv(buf, len, DataType::U8, 0, s) };
-    res.expect("enqueue");
-    sync(dev, s);
-    let err = comm.wait_idle().expect_err("mismatched lengths must fail");
-    let took = t0.elapsed();
-    let mut after = vec![0u8; len];
-    dev.copy_to_host(&mut after, buf).unwrap();
-    assert!(after == before, "rank {r}: the buffer changed");
-    say(r, "error", &format!("{:?} {} ms: {err}", err.code(), took.as_millis()));
-    comm.abort();
-    say(r, "done", "");
+    held_back(comm, dev, streams[0], &[4096, 1 << 20], |_| true);
+    mixed(comm, dev, streams[1], &[4096, LIMIT + 4096]);
+    H.say(r, "done", "");
 }
 
 // ------------------------------------------------------------------ parent --------------
 
-/// A child's report: event, unix ms, detail.
-type Event = (String, u64, String);
-
-/// Run the two children of `case` (`victim` killed once it reports its point); returns each
-/// child's events and stderr and when the victim was killed, after checking that every
-/// child not killed finished and exited 0 within `limit`.
+/// The children of `case` with `HOCCL_GATED=gated`.
 fn run_children(backend: Backend, case: &str, gated: &str, victim: Option<usize>, limit: Duration) -> (Vec<Vec<Event>>, Vec<String>, Option<u64>) {
-    let id = Communicator::unique_id(&test_config()).expect("unique id");
-    let env = |r: usize| {
-        [
-            ("HOCCL_GATED_CHILD", format!("{} {r} {case} {}", id.to_hex(), victim.map_or(9, |v| v))),
-            ("HOCCL_GATED_BACKEND", if backend == Backend::Cuda { "cuda" } else { "host" }.to_string()),
-            ("HOCCL_GATED", gated.to_string()),
-            // The gated path's own bodies: small transfers would go the staged way.
-            ("HOCCL_STAGED_BYTES", "0".to_string()),
-            ("HOCCL_TIMEOUT_MS", TMO_MS.to_string()),
-            ("HOCCL_TRACE_OPS", "1-1000".to_string()),
-            ("HOCCL_LOG", "hoccl::engine::proxy=info".to_string()),
-        ]
-        .map(|(k, v)| (k.to_string(), v))
-        .to_vec()
-    };
-    // Let the survivor's op reach its wait before the kill.
-    let kill = victim.map(|v| (v, Duration::from_millis(100)));
-    let run = children::run("child_rank", N, env, kill, |l| event(l).is_some_and(|e| e.0 == "point"), limit);
-    for r in (0..N).filter(|r| Some(*r) != victim) {
-        let st = run.status[r].unwrap_or_else(|| panic!("{case} HOCCL_GATED={gated}: rank {r} still running after {limit:?}\n{}", run.dump()));
-        assert!(st.success(), "{case} HOCCL_GATED={gated}: rank {r} exited with {st}\n{}", run.dump());
-        assert!(run.lines.iter().any(|(q, l)| *q == r && event(l).is_some_and(|e| e.0 == "done")), "rank {r} did not finish\n{}", run.dump());
-    }
-    let events = (0..N).map(|r| run.lines.iter().filter(|(q, _)| *q == r).filter_map(|(_, l)| event(l)).collect()).collect();
-    (events, run.stderr, run.kill_ms)
+    H.run_children(backend, case, &env(gated), victim, limit)
 }
 
-/// Op timelines that show gated copies queued (sender) and those that show none.
-fn traced(stderr: &[String]) -> (usize, usize) {
-    let lines: Vec<&str> = stderr.iter().flat_map(|e| e.lines()).filter(|l| l.contains("hoccl trace:")).collect();
-    // A step the op did not have reads "gated_queued -,"; one it had, a signed time.
-    let gated = lines.iter().filter(|l| l.split("gated_queued ").nth(1).is_some_and(|t| !t.starts_with("-,"))).count();
-    (gated, lines.len() - gated)
+/// The gated path's settings; the staged path is off: small transfers would go that way.
+fn env(gated: &str) -> Vec<(&'static str, String)> {
+    vec![("HOCCL_GATED", gated.to_string()), ("HOCCL_STAGED_BYTES", "0".to_string())]
 }
 
 fn ops(backend: Backend, gated: &str) {
     let (_, stderr, _) = run_children(backend, "ops", gated, None, Duration::from_secs(240));
-    let (g, plain) = traced(&stderr);
+    let (g, plain) = traced(&stderr, "gated_queued");
     eprintln!("HOCCL_GATED={gated}: {g} op timelines with gated copies, {plain} without");
     if gated == "0" {
         assert_eq!(g, 0, "HOCCL_GATED=0 queued gated copies");
@@ -293,14 +106,7 @@ fn ops(backend: Backend, gated: &str) {
 }
 
 fn peer_killed(backend: Backend, victim: usize) {
-    let (events, stderr, kill_ms) = run_children(backend, "death", "1", Some(victim), Duration::from_secs(60));
-    let survivor = 1 - victim;
-    let kill_ms = kill_ms.expect("the victim reached its point");
-    let (_, t, what) = events[survivor].iter().find(|e| e.0 == "error").cloned().unwrap_or_else(|| panic!("no error on rank {survivor}: {}", stderr[survivor]));
-    let after = t as i64 - kill_ms as i64;
-    eprintln!("peer killed: victim {victim}, rank {survivor} failed {after} ms after the kill: {what}");
-    assert!(after <= (TMO_MS + 1000) as i64, "rank {survivor} saw its error {after} ms after the kill: {what}");
-    assert!(what.starts_with("Remote") || what.starts_with("Timeout"), "{what}");
+    H.peer_killed(backend, &env("1"), victim);
 }
 
 /// A copy queue waits for a flag in registered host memory before its copy and writes
@@ -356,14 +162,7 @@ fn cuda_queue() {
 }
 
 fn length_mismatch(backend: Backend) {
-    let (events, _, _) = run_children(backend, "mismatch", "1", None, Duration::from_secs(60));
-    let err = |r: usize| events[r].iter().find(|e| e.0 == "error").map(|e| e.2.clone()).unwrap_or_else(|| panic!("rank {r} reported no error"));
-    let (e0, e1) = (err(0), err(1));
-    eprintln!("length mismatch: rank 0 {e0}; rank 1 {e1}");
-    assert!(e0.starts_with("InvalidUsage"), "the sender: {e0}");
-    assert!(e1.starts_with("InvalidUsage") || e1.starts_with("Remote"), "the receiver: {e1}");
-    let ms = |e: &str| e.split(' ').nth(1).and_then(|t| t.parse::<u64>().ok()).unwrap_or(u64::MAX);
-    assert!(ms(&e0) < TMO_MS && ms(&e1) < TMO_MS, "a mismatch must fail at once, not by the timeout: {e0}; {e1}");
+    H.length_mismatch(backend, &env("1"));
 }
 
 #[test]

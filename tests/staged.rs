@@ -28,14 +28,12 @@
 //! The `cuda_*` tests run the same bodies on GPU 0 (two processes on one GPU; ignored
 //! without one: `cargo test --test staged -- --ignored`).
 mod common;
-use common::children;
 use common::ops::{Op, OPS};
 use common::pair::*;
 use common::*;
-use hoccl::bootstrap::tcp::UniqueId;
 use hoccl::device::calls::{counted, DriverGate};
-use hoccl::device::{DevPtr, Device, StreamHandle};
-use hoccl::{Communicator, Config, DataType};
+use hoccl::device::Device;
+use hoccl::Communicator;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -44,38 +42,22 @@ const SLOTS: usize = 4;
 const LIMIT: usize = 512 << 10;
 const TMO_MS: u64 = 2000;
 
-fn say(rank: usize, ev: &str, detail: &str) {
-    children::say("STAGED", rank, ev, detail)
-}
-
-/// A child's report: event, unix ms, detail.
-type Event = (String, u64, String);
-
-fn event(l: &str) -> Option<Event> {
-    children::event("STAGED", l)
-}
+const H: Harness = Harness { tag: "STAGED", child_var: "HOCCL_STAGED_CHILD", backend_var: "HOCCL_STAGED_BACKEND", timeout_ms: TMO_MS };
 
 /// Whether the staged path is on in this child (the parent sets `HOCCL_STAGED_BYTES`).
 fn staged_on() -> bool {
     std::env::var("HOCCL_STAGED_BYTES").as_deref() != Ok("0")
 }
 
-/// A child rank: `HOCCL_STAGED_CHILD` = `<hex id> <rank> <case> [victim]`.
+/// A child rank: `HOCCL_STAGED_CHILD` = `<hex id> <rank> <case> <victim>`.
 #[test]
 fn child_rank() {
-    let Ok(v) = std::env::var("HOCCL_STAGED_CHILD") else { return };
-    let w: Vec<&str> = v.split_whitespace().collect();
-    let id = UniqueId::from_hex(w[0]).expect("id");
-    let rank: usize = w[1].parse().unwrap();
-    let backend = if std::env::var("HOCCL_STAGED_BACKEND").as_deref() == Ok("cuda") { Backend::Cuda } else { Backend::Host };
-    let dev = open_device(backend, 0);
-    let cfg = Config::from_env().expect("HOCCL_* settings");
-    let comm = Communicator::from_unique_id_on(&id, N, rank, Some(dev.clone()), cfg).expect("communicator");
-    match w[2] {
+    let Some((comm, dev, case, victim)) = H.child() else { return };
+    match case.as_str() {
         "ops" => ops_body(&comm, &dev),
         "gate" => gate_body(&comm, &dev),
-        "death" => death_body(&comm, &dev, w[3].parse().unwrap()),
-        "mismatch" => mismatch_body(&comm, &dev),
+        "death" => death_body(&H, &comm, &dev, victim, LIMIT),
+        "mismatch" => mismatch_body(&H, &comm, &dev, false),
         other => panic!("unknown case {other}"),
     }
 }
@@ -110,8 +92,10 @@ fn ops_body(comm: &Communicator, dev: &Arc<dyn Device>) {
     }
     streams.iter().for_each(|s| sync(dev, *s));
     comm.wait_idle().expect("wait_idle");
-    held_back(comm, dev, streams[0]);
-    mixed(comm, dev, streams[1]);
+    // Above the ring, the sender waits for the held receiver to drain.
+    held_back(comm, dev, streams[0], &[4096, LIMIT], |len| len > SLOTS * SLOT);
+    // Staged, gated (up to 8 MiB) and through the proxy (above).
+    mixed(comm, dev, streams[1], &[4096, LIMIT + 4096, (8 << 20) + 4096]);
     comm.bootstrap().barrier().expect("barrier");
     // The proxy's device calls over staged ops: none (warm: the streams' flags exist).
     let before = counted();
@@ -124,87 +108,11 @@ fn ops_body(comm: &Communicator, dev: &Arc<dyn Device>) {
     comm.wait_idle().expect("wait_idle");
     let calls = counted() - before;
     pending.into_iter().for_each(|p| check(dev, r, p));
-    say(r, "proxy_calls", &calls.to_string());
+    H.say(r, "proxy_calls", &calls.to_string());
     if staged_on() {
         assert_eq!(calls, 0, "rank {r}: the proxy made {calls} device calls for 50 staged sendrecvs");
     }
-    say(r, "done", "");
-}
-
-/// Rank 1 holds its stream back (a flag the application raises) in front of work that
-/// writes the receive buffer and then the receive: the bytes must land after that work,
-/// and rank 0's stream must not pass the send before they land.
-fn held_back(comm: &Communicator, dev: &Arc<dyn Device>, s: StreamHandle) {
-    let r = comm.rank();
-    for len in [4096usize, LIMIT] {
-        let buf = dev.alloc(len).unwrap();
-        let want = data(0, 900 + len as u64, len, false);
-        let gate = dev.alloc_flags(1).expect("flag");
-        let early = dev.alloc(len).unwrap();
-        if r == 0 {
-            dev.copy_from_host(buf, &want).unwrap();
-            comm.send(buf, len, DataType::U8, 1, s).expect("send");
-        } else {
-            dev.copy_from_host(early, &vec![0x5a; len]).unwrap();
-            dev.wait_value_geq(s, gate.dev_addr(0), 1).unwrap();
-            dev.memcpy_async(s, buf, early, len).unwrap();
-            comm.recv(buf, len, DataType::U8, 0, s).expect("recv");
-        }
-        comm.bootstrap().barrier().unwrap();
-        std::thread::sleep(Duration::from_millis(200));
-        if r == 0 && len > SLOTS * SLOT {
-            // More chunks than the ring holds: the sender waits for the held receiver.
-            assert!(!dev.stream_query(s).unwrap(), "the send's stream passed the op before the receiver drained the ring");
-        }
-        comm.bootstrap().barrier().unwrap();
-        if r == 1 {
-            gate.store(0, 1);
-        }
-        sync(dev, s);
-        comm.wait_idle().expect("wait_idle");
-        if r == 1 {
-            let mut got = vec![0u8; len];
-            dev.copy_to_host(&mut got, buf).unwrap();
-            let bad = got.iter().zip(&want).filter(|(a, b)| a != b).count();
-            assert_eq!(bad, 0, "held-back receive of {len} B: {bad} bytes wrong");
-        }
-        comm.bootstrap().barrier().unwrap();
-        dev.free(buf).unwrap();
-        dev.free(early).unwrap();
-    }
-}
-
-/// One op with three flows each way between the pair: staged, gated (up to 8 MiB) and
-/// through the proxy (above).
-fn mixed(comm: &Communicator, dev: &Arc<dyn Device>, s: StreamHandle) {
-    let (r, peer) = (comm.rank(), 1 - comm.rank());
-    let lens = [4096usize, LIMIT + 4096, (8 << 20) + 4096];
-    let bufs: Vec<(DevPtr, DevPtr, Vec<u8>)> = lens
-        .iter()
-        .enumerate()
-        .map(|(k, &len)| {
-            let (sb, rb) = (dev.alloc(len).unwrap(), dev.alloc(len).unwrap());
-            dev.copy_from_host(sb, &data(r, 700 + k as u64, len, false)).unwrap();
-            (sb, rb, data(peer, 700 + k as u64, len, false))
-        })
-        .collect();
-    comm.group(|g| {
-        for (&len, (sb, rb, _)) in lens.iter().zip(&bufs) {
-            g.send(*sb, len, DataType::U8, peer, s)?;
-            g.recv(*rb, len, DataType::U8, peer, s)?;
-        }
-        Ok(())
-    })
-    .expect("mixed group");
-    sync(dev, s);
-    comm.wait_idle().expect("wait_idle");
-    for (&len, (sb, rb, want)) in lens.iter().zip(&bufs) {
-        let mut got = vec![0u8; len];
-        dev.copy_to_host(&mut got, *rb).unwrap();
-        assert!(got == *want, "rank {r}: mixed op, the {len}-byte flow landed wrong");
-        dev.free(*sb).unwrap();
-        dev.free(*rb).unwrap();
-    }
+    H.say(r, "done", "");
 }
 
 /// A sendrecv, then the application thread holds the driver gate while it waits (1.5 s at
@@ -232,103 +140,27 @@ fn gate_body(comm: &Communicator, dev: &Arc<dyn Device>) {
             std::thread::sleep(Duration::from_millis(1));
         }
     };
-    say(r, "gated_wait", &format!("{} {}", completed, t0.elapsed().as_millis()));
+    H.say(r, "gated_wait", &format!("{} {}", completed, t0.elapsed().as_millis()));
     sync(dev, s);
     comm.wait_idle().expect("the op completes once the gate is dropped");
     check(dev, r, p);
-    say(r, "done", "");
-}
-
-/// The victim holds its stream (for ever) in front of its side of a transfer with the other
-/// rank and waits for its SIGKILL; the survivor's op must fail.
-fn death_body(comm: &Communicator, dev: &Arc<dyn Device>, victim: usize) {
-    let r = comm.rank();
-    let s = new_stream(dev);
-    let len = LIMIT;
-    let (sb, rb) = (dev.alloc(len).unwrap(), dev.alloc(len).unwrap());
-    let gate = dev.alloc_flags(1).expect("flag");
-    if r == victim {
-        dev.wait_value_geq(s, gate.dev_addr(0), 1).unwrap();
-    }
-    let res = if r == 0 { comm.send(sb, len, DataType::U8, 1, s) } else { comm.recv(rb, len, DataType::U8, 0, s) };
-    res.expect("enqueue");
-    if r == victim {
-        say(r, "point", "");
-        loop {
-            std::thread::sleep(Duration::from_secs(60));
-        }
-    }
-    sync(dev, s);
-    let err = comm.wait_idle().expect_err("the op must fail once its peer is gone");
-    say(r, "error", &format!("{:?}: {err}", err.code()));
-    let t = Instant::now();
-    comm.abort();
-    let t_abort = t.elapsed();
-    assert!(t_abort < Duration::from_millis(1500), "abort took {t_abort:?}");
-    sync(dev, s);
-    say(r, "done", &format!("abort {} ms", t_abort.as_millis()));
-    std::mem::forget(gate);
-}
-
-/// Rank 0 sends 4 KiB, rank 1 expects 8 KiB: both staged by length; the sender finds the
-/// mismatch in the announcement and both fail.
-fn mismatch_body(comm: &Communicator, dev: &Arc<dyn Device>) {
-    let r = comm.rank();
-    let s = new_stream(dev);
-    let len = if r == 0 { 4096 } else { 8192 };
-    let buf = dev.alloc(len).unwrap();
-    let t0 = Instant::now();
-    let res = if r == 0 { comm.send(buf, len, DataType::U8, 1, s) } else { comm.recv(buf, len, DataType::U8, 0, s) };
-    res.expect("enqueue");
-    sync(dev, s);
-    let err = comm.wait_idle().expect_err("mismatched lengths must fail");
-    say(r, "error", &format!("{:?} {} ms: {err}", err.code(), t0.elapsed().as_millis()));
-    comm.abort();
-    say(r, "done", "");
+    H.say(r, "done", "");
 }
 
 // ------------------------------------------------------------------ parent --------------
 
-/// Run the two children of `case` with the staged path on (`staged`) or off; returns each
-/// child's events and stderr and when the victim was killed, after checking that every
-/// child not killed finished and exited 0 within `limit`.
+/// The children of `case` with the staged path on (small rings, a 512 KiB limit) or off.
 fn run_children(backend: Backend, case: &str, staged: bool, victim: Option<usize>, limit: Duration) -> (Vec<Vec<Event>>, Vec<String>, Option<u64>) {
-    let id = Communicator::unique_id(&test_config()).expect("unique id");
-    let env = |r: usize| {
-        [
-            ("HOCCL_STAGED_CHILD", format!("{} {r} {case} {}", id.to_hex(), victim.map_or(9, |v| v))),
-            ("HOCCL_STAGED_BACKEND", if backend == Backend::Cuda { "cuda" } else { "host" }.to_string()),
-            ("HOCCL_STAGED_BYTES", if staged { LIMIT.to_string() } else { "0".to_string() }),
-            ("HOCCL_STAGED_RING", format!("{SLOTS}x{SLOT}")),
-            ("HOCCL_TIMEOUT_MS", TMO_MS.to_string()),
-            ("HOCCL_TRACE_OPS", "1-1000".to_string()),
-            ("HOCCL_LOG", "hoccl::engine::proxy=info".to_string()),
-        ]
-        .map(|(k, v)| (k.to_string(), v))
-        .to_vec()
-    };
-    let kill = victim.map(|v| (v, Duration::from_millis(100)));
-    let run = children::run("child_rank", N, env, kill, |l| event(l).is_some_and(|e| e.0 == "point"), limit);
-    let what = format!("{case} staged={staged}");
-    for r in (0..N).filter(|r| Some(*r) != victim) {
-        let st = run.status[r].unwrap_or_else(|| panic!("{what}: rank {r} still running after {limit:?}\n{}", run.dump()));
-        assert!(st.success(), "{what}: rank {r} exited with {st}\n{}", run.dump());
-        assert!(run.lines.iter().any(|(q, l)| *q == r && event(l).is_some_and(|e| e.0 == "done")), "{what}: rank {r} did not finish\n{}", run.dump());
-    }
-    let events = (0..N).map(|r| run.lines.iter().filter(|(q, _)| *q == r).filter_map(|(_, l)| event(l)).collect()).collect();
-    (events, run.stderr, run.kill_ms)
+    H.run_children(backend, case, &env(staged), victim, limit)
 }
 
-/// Op timelines that show staged transfers seen done, and those that show none.
-fn traced(stderr: &[String]) -> (usize, usize) {
-    let lines: Vec<&str> = stderr.iter().flat_map(|e| e.lines()).filter(|l| l.contains("hoccl trace:")).collect();
-    let staged = lines.iter().filter(|l| l.split("staged_seen ").nth(1).is_some_and(|t| !t.starts_with("-,"))).count();
-    (staged, lines.len() - staged)
+fn env(staged: bool) -> Vec<(&'static str, String)> {
+    vec![("HOCCL_STAGED_BYTES", if staged { LIMIT.to_string() } else { "0".to_string() }), ("HOCCL_STAGED_RING", format!("{SLOTS}x{SLOT}"))]
 }
 
 fn ops(backend: Backend, staged: bool) {
     let (events, stderr, _) = run_children(backend, "ops", staged, None, Duration::from_secs(300));
-    let (s, other) = traced(&stderr);
+    let (s, other) = traced(&stderr, "staged_seen");
     let calls: Vec<String> = events.iter().filter_map(|e| e.iter().find(|e| e.0 == "proxy_calls").map(|e| e.2.clone())).collect();
     eprintln!("staged={staged}: {s} op timelines with staged transfers, {other} without; proxy device calls over 50 sendrecvs: {calls:?}");
     assert!(other > 0, "no other op timeline was logged (the mixed op and larger sizes have one)");
@@ -351,25 +183,11 @@ fn driver_gate(backend: Backend, staged: bool) {
 }
 
 fn peer_killed(backend: Backend, victim: usize) {
-    let (events, stderr, kill_ms) = run_children(backend, "death", true, Some(victim), Duration::from_secs(60));
-    let survivor = 1 - victim;
-    let kill_ms = kill_ms.expect("the victim reached its point");
-    let (_, t, what) = events[survivor].iter().find(|e| e.0 == "error").cloned().unwrap_or_else(|| panic!("no error on rank {survivor}: {}", stderr[survivor]));
-    let after = t as i64 - kill_ms as i64;
-    eprintln!("peer killed: victim {victim}, rank {survivor} failed {after} ms after the kill: {what}");
-    assert!(after <= (TMO_MS + 1000) as i64, "rank {survivor} saw its error {after} ms after the kill: {what}");
-    assert!(what.starts_with("Remote") || what.starts_with("Timeout"), "{what}");
+    H.peer_killed(backend, &env(true), victim);
 }
 
 fn length_mismatch(backend: Backend) {
-    let (events, _, _) = run_children(backend, "mismatch", true, None, Duration::from_secs(60));
-    let err = |r: usize| events[r].iter().find(|e| e.0 == "error").map(|e| e.2.clone()).unwrap_or_else(|| panic!("rank {r} reported no error"));
-    let (e0, e1) = (err(0), err(1));
-    eprintln!("length mismatch: rank 0 {e0}; rank 1 {e1}");
-    assert!(e0.starts_with("InvalidUsage"), "the sender: {e0}");
-    assert!(e1.starts_with("InvalidUsage") || e1.starts_with("Remote"), "the receiver: {e1}");
-    let ms = |e: &str| e.split(' ').nth(1).and_then(|t| t.parse::<u64>().ok()).unwrap_or(u64::MAX);
-    assert!(ms(&e0) < TMO_MS && ms(&e1) < TMO_MS, "a mismatch must fail at once, not by the timeout: {e0}; {e1}");
+    H.length_mismatch(backend, &env(true));
 }
 
 #[test]

@@ -311,16 +311,21 @@ impl Staged {
     /// free slot, the copy into it and `write staged`. Returns one wait per send.
     pub fn enqueue_sends(&mut self, start_flag: DevPtr, start_value: u64, sends: &[Transfer], out: &mut Vec<StagedWait>) -> Result<()> {
         let (slots, slot, me) = (self.slots as u64, self.slot, self.me_local);
+        // Receivers whose queue already waits for this call's start.
+        let mut started: Vec<usize> = Vec::new();
         for (i, x) in sends.iter().enumerate() {
             let k = sends[..i].iter().filter(|y| y.peer == x.peer).count() as u32;
-            let first_to_peer = k == 0;
             let n = self.chunks(x.len);
+            let wait_start = n > 0 && !started.contains(&x.peer);
+            if wait_start {
+                started.push(x.peer);
+            }
             let peer = self.peer(x.peer)?;
             let (staged, drained) = (peer.area_dev.add(Segment::staged_offset(me)), peer.area_dev.add(Segment::drained_offset(me)));
             let Some(q) = peer.queue.as_mut() else { return Err(Error::internal("Staged::enqueue_sends", format!("no staged queue to rank {}", x.peer))) };
             let mut sent = peer.sent;
             let mut enqueue = || -> Result<()> {
-                if first_to_peer && n > 0 {
+                if wait_start {
                     q.wait_geq(start_flag, start_value)?;
                 }
                 for c in 0..n {
