@@ -38,9 +38,11 @@ use crate::transport::mailbox::{FlagArea, Segment};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// The value a failed receiver stores into its `staged` words: above any chunk number, so
-/// every wait of its streams on them passes.
-pub const RELEASED: u64 = 1 << 62;
+/// The value a failed receiver stores into its words: above any chunk number, so every
+/// wait of its streams on them passes, also under the 32-bit fallback of stream memory
+/// operations (which compares the low 32 bits cyclically: they hold 2^30, ahead of any
+/// chunk number below 2^30).
+pub const RELEASED: u64 = (1 << 62) + (1 << 30);
 
 /// One staged transfer as the proxy tracks it: done once `word` of `area` reached `target`.
 #[derive(Clone)]
@@ -412,4 +414,19 @@ impl Staged {
 
 fn peer_mut(peers: &mut [Option<Peer>], p: usize) -> Result<&mut Peer> {
     peers.get_mut(p).and_then(Option::as_mut).ok_or_else(|| Error::internal("Staged", format!("rank {p} is not reached by staged transfers")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A released word passes every chunk wait: the 64-bit cyclic `>=` and the 32-bit
+    /// fallback's comparison of the low halves, for chunk numbers up to 2^30.
+    #[test]
+    fn released_passes_every_wait() {
+        for g in [0u64, 1, 7, 1 << 20, (1 << 30) - 1, 1 << 30] {
+            assert!((RELEASED.wrapping_sub(g) as i64) >= 0, "64-bit, chunk {g}");
+            assert!(((RELEASED as u32).wrapping_sub(g as u32) as i32) >= 0, "32-bit, chunk {g}");
+        }
+    }
 }
