@@ -189,29 +189,24 @@ impl Staged {
         let own_dev = dev.map_host(own.area().0, own.area().1)?;
         let mut s = Staged { dev: dev.clone(), max: config.staged_bytes, slots, slot, me_local, own, own_dev, peers: (0..topo.nranks()).map(|_| None).collect(), broken: false };
         let mut handles = Vec::new();
-        for &p in others {
+        // Each peer's part is in `s` as soon as it exists, so a failure undoes all of it.
+        let mut add = |s: &mut Staged, p: usize| -> Result<()> {
             let l = local.iter().position(|&r| r == p).ok_or_else(|| Error::internal("Staged::setup", "peer not in the node"))?;
             let area = Arc::new(FlagArea::open(&name(p), nlocal)?);
-            let area_dev = match dev.map_host(area.area().0, area.area().1) {
-                Ok(d) => d,
-                Err(e) => {
-                    s.teardown(true);
-                    return Err(e);
-                }
-            };
-            let ring = dev.alloc(slots * slot);
-            let peer = Peer { local: l, area, area_dev, ring_in: *ring.as_ref().unwrap_or(&DevPtr::NULL), ring_out: DevPtr::NULL, ring_out_len: 0, queue: None, sent: 0, received: 0 };
-            s.peers[p] = Some(peer);
-            let exported = ring.and_then(|r| {
-                let a = dev.allocation(r)?;
-                Ok((dev.export(&a)?, a.len))
-            });
-            match exported {
-                Ok((h, len)) => handles.push((p, h, len)),
-                Err(e) => {
-                    s.teardown(true);
-                    return Err(e);
-                }
+            let area_dev = dev.map_host(area.area().0, area.area().1)?;
+            s.peers[p] = Some(Peer { local: l, area, area_dev, ring_in: DevPtr::NULL, ring_out: DevPtr::NULL, ring_out_len: 0, queue: None, sent: 0, received: 0 });
+            let ring = dev.alloc(slots * slot)?;
+            if let Some(peer) = s.peers[p].as_mut() {
+                peer.ring_in = ring;
+            }
+            let a = dev.allocation(ring)?;
+            handles.push((p, dev.export(&a)?, a.len));
+            Ok(())
+        };
+        for &p in others {
+            if let Err(e) = add(&mut s, p) {
+                s.teardown(true);
+                return Err(e);
             }
         }
         Ok((s, handles))
