@@ -368,6 +368,7 @@ struct HostCopyQueue {
 
 impl CopyQueue for HostCopyQueue {
     fn copy(&mut self, dst: DevPtr, src: DevPtr, len: usize) -> Result<()> {
+        crate::device::calls::enter();
         const OP: &str = "HostCopyQueue::copy";
         {
             let reg = lock_registry(OP)?;
@@ -377,12 +378,14 @@ impl CopyQueue for HostCopyQueue {
         self.q.push(OP, Task::Copy { dst: dst.0, src: src.0, len }).map(|_| ())
     }
     fn fence(&mut self) -> Result<u64> {
+        crate::device::calls::enter();
         let n = self.q.push("HostCopyQueue::fence", Task::Marker)?;
         self.next_ticket += 1;
         self.fences.push_back((self.next_ticket, n));
         Ok(self.next_ticket)
     }
     fn completed(&mut self) -> Result<u64> {
+        crate::device::calls::enter();
         let done = self.q.st.done.load(Ordering::Acquire);
         while let Some(&(t, n)) = self.fences.front() {
             if n > done {
@@ -394,11 +397,13 @@ impl CopyQueue for HostCopyQueue {
         Ok(self.completed)
     }
     fn wait_geq(&mut self, flag: DevPtr, v: u64) -> Result<()> {
+        crate::device::calls::enter();
         const OP: &str = "HostCopyQueue::wait_geq";
         HostDevice::check_flag(OP, flag)?;
         self.q.push(OP, Task::Wait { addr: flag.0, v }).map(|_| ())
     }
     fn write_value(&mut self, flag: DevPtr, v: u64) -> Result<()> {
+        crate::device::calls::enter();
         const OP: &str = "HostCopyQueue::write_value";
         HostDevice::check_flag(OP, flag)?;
         self.q.push(OP, Task::Write { addr: flag.0, v }).map(|_| ())
@@ -532,6 +537,7 @@ impl Device for HostDevice {
     }
 
     fn alloc(&self, len: usize) -> Result<DevPtr> {
+        crate::device::calls::enter();
         const OP: &str = "HostDevice::alloc";
         let id = NEXT_ALLOC_ID.fetch_add(1, Ordering::Relaxed);
         let mut key = [0u8; 8];
@@ -546,6 +552,7 @@ impl Device for HostDevice {
     }
 
     fn free(&self, p: DevPtr) -> Result<()> {
+        crate::device::calls::enter();
         const OP: &str = "HostDevice::free";
         let (name, map_len) = self
             .owned
@@ -563,14 +570,17 @@ impl Device for HostDevice {
     /// Device memory is host memory here: an ordinary allocation (registered, so the copy
     /// queues reach it).
     fn alloc_host(&self, len: usize) -> Result<DevPtr> {
+        crate::device::calls::enter();
         self.alloc(len)
     }
 
     fn free_host(&self, p: DevPtr) -> Result<()> {
+        crate::device::calls::enter();
         self.free(p)
     }
 
     fn allocation(&self, p: DevPtr) -> Result<Allocation> {
+        crate::device::calls::enter();
         const OP: &str = "HostDevice::allocation";
         let reg = lock_registry(OP)?;
         match reg.find(p.0) {
@@ -582,6 +592,7 @@ impl Device for HostDevice {
     /// Handle layout: the shm name, NUL-padded, in bytes 0..48; the exact allocation length
     /// (u64, little-endian) in bytes 48..56, so an importer asking for more is refused.
     fn export(&self, a: &Allocation) -> Result<ExportHandle> {
+        crate::device::calls::enter();
         const OP: &str = "HostDevice::export";
         let key = match lock_registry(OP)?.regions.get(&a.base.0) {
             Some(Region { kind: RegionKind::Own { id, key }, .. }) if *id == a.id => *key,
@@ -598,6 +609,7 @@ impl Device for HostDevice {
     }
 
     fn import(&self, h: &ExportHandle, len: usize) -> Result<DevPtr> {
+        crate::device::calls::enter();
         const OP: &str = "HostDevice::import";
         let end = h.0[..48].iter().position(|b| *b == 0).unwrap_or(48);
         let name = std::str::from_utf8(&h.0[..end]).map_err(|_| Error::invalid_arg(OP, "bad handle"))?;
@@ -617,6 +629,7 @@ impl Device for HostDevice {
     }
 
     fn unimport(&self, base: DevPtr, _len: usize) -> Result<()> {
+        crate::device::calls::enter();
         const OP: &str = "HostDevice::unimport";
         let r = lock_registry(OP)?.regions.remove(&base.0);
         match r {
@@ -634,6 +647,7 @@ impl Device for HostDevice {
     }
 
     fn alloc_flags(&self, n: usize) -> Result<FlagSlab> {
+        crate::device::calls::enter();
         const OP: &str = "HostDevice::alloc_flags";
         let words: Box<[AtomicU64]> = (0..n.max(1)).map(|_| AtomicU64::new(0)).collect();
         let p = words.as_ptr() as *mut u64;
@@ -653,6 +667,7 @@ impl Device for HostDevice {
     /// Host memory is what the queues reach already: the range only joins the registry, so
     /// queue waits and writes there pass its checks.
     fn map_host(&self, ptr: *mut u8, len: usize) -> Result<DevPtr> {
+        crate::device::calls::enter();
         const OP: &str = "HostDevice::map_host";
         if ptr.is_null() || ptr as usize % 8 != 0 || len == 0 {
             return Err(Error::invalid_arg(OP, format!("{ptr:p}+{len}: want a non-null, 8-byte aligned, non-empty range")));
@@ -669,6 +684,7 @@ impl Device for HostDevice {
     }
 
     fn unmap_host(&self, ptr: *mut u8) -> Result<()> {
+        crate::device::calls::enter();
         const OP: &str = "HostDevice::unmap_host";
         let mut reg = lock_registry(OP)?;
         match reg.regions.get(&(ptr as u64)) {
@@ -681,6 +697,7 @@ impl Device for HostDevice {
     }
 
     fn copy_to_host(&self, dst: &mut [u8], src: DevPtr) -> Result<()> {
+        crate::device::calls::enter();
         Self::check("HostDevice::copy_to_host", src, dst.len())?;
         // SAFETY: src range checked against a live region; dst is a distinct Rust slice.
         unsafe { std::ptr::copy(src.0 as *const u8, dst.as_mut_ptr(), dst.len()) };
@@ -688,6 +705,7 @@ impl Device for HostDevice {
     }
 
     fn copy_from_host(&self, dst: DevPtr, src: &[u8]) -> Result<()> {
+        crate::device::calls::enter();
         Self::check("HostDevice::copy_from_host", dst, src.len())?;
         // SAFETY: dst range checked against a live region.
         unsafe { std::ptr::copy(src.as_ptr(), dst.0 as *mut u8, src.len()) };
@@ -695,6 +713,7 @@ impl Device for HostDevice {
     }
 
     fn create_stream(&self) -> Result<StreamHandle> {
+        crate::device::calls::enter();
         const OP: &str = "HostDevice::create_stream";
         let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
         let q = HostQueue::spawn(format!("hoccl-host-stream{id}"))?;
@@ -703,6 +722,7 @@ impl Device for HostDevice {
     }
 
     fn destroy_stream(&self, s: StreamHandle) -> Result<()> {
+        crate::device::calls::enter();
         const OP: &str = "HostDevice::destroy_stream";
         let q = self.streams.lock().map_err(|_| Error::internal(OP, "poisoned"))?.remove(&s.0);
         let q = q.ok_or_else(|| Error::invalid_arg(OP, format!("unknown stream {:#x}", s.0)))?;
@@ -714,18 +734,21 @@ impl Device for HostDevice {
     }
 
     fn write_value(&self, s: StreamHandle, flag: DevPtr, v: u64) -> Result<()> {
+        crate::device::calls::enter();
         const OP: &str = "HostDevice::write_value";
         Self::check_flag(OP, flag)?;
         self.enqueue(OP, s, Task::Write { addr: flag.0, v })
     }
 
     fn wait_value_geq(&self, s: StreamHandle, flag: DevPtr, v: u64) -> Result<()> {
+        crate::device::calls::enter();
         const OP: &str = "HostDevice::wait_value_geq";
         Self::check_flag(OP, flag)?;
         self.enqueue(OP, s, Task::Wait { addr: flag.0, v })
     }
 
     fn synchronize(&self, s: StreamHandle) -> Result<()> {
+        crate::device::calls::enter();
         const OP: &str = "HostDevice::synchronize";
         self.not_capturing(OP, s)?;
         let q = self.stream(OP, s)?;
@@ -735,6 +758,7 @@ impl Device for HostDevice {
     }
 
     fn stream_query(&self, s: StreamHandle) -> Result<bool> {
+        crate::device::calls::enter();
         self.not_capturing("HostDevice::stream_query", s)?;
         let q = self.stream("HostDevice::stream_query", s)?;
         Ok(q.st.done.load(Ordering::Acquire) >= q.st.enqueued.load(Ordering::Acquire))
@@ -809,6 +833,7 @@ impl Device for HostDevice {
     }
 
     fn memcpy_async(&self, s: StreamHandle, dst: DevPtr, src: DevPtr, len: usize) -> Result<()> {
+        crate::device::calls::enter();
         const OP: &str = "HostDevice::memcpy_async";
         Self::check(OP, dst, len)?;
         Self::check(OP, src, len)?;
@@ -816,12 +841,14 @@ impl Device for HostDevice {
     }
 
     fn fill_pattern_async(&self, s: StreamHandle, dst: DevPtr, len: usize, seed: u64) -> Result<()> {
+        crate::device::calls::enter();
         const OP: &str = "HostDevice::fill_pattern_async";
         Self::check(OP, dst, len)?;
         self.enqueue(OP, s, Task::Fill { dst: dst.0, len, seed })
     }
 
     fn reduce_async(&self, s: StreamHandle, dst: DevPtr, srcs: &[DevPtr], count: usize, dtype: DataType, op: RedOp) -> Result<()> {
+        crate::device::calls::enter();
         const OP: &str = "HostDevice::reduce_async";
         if srcs.is_empty() {
             return Err(Error::invalid_arg(OP, "no inputs"));
@@ -849,6 +876,7 @@ impl Device for HostDevice {
     }
 
     fn create_copy_queue(&self) -> Result<Box<dyn CopyQueue>> {
+        crate::device::calls::enter();
         let q = HostQueue::spawn("hoccl-host-ce".into())?;
         Ok(Box::new(HostCopyQueue { q, fences: Default::default(), next_ticket: 0, completed: 0 }))
     }

@@ -357,6 +357,65 @@ pub fn pattern_word(seed: u64, w: u64) -> u32 {
 /// Open the backend `choice` asks for on GPU `ordinal` (ignored on host). `Cuda` fails with
 /// `NoDevice` (and the reason) when there is no driver or no such GPU; `Auto` takes CUDA when
 /// the driver reports at least one GPU and the host backend otherwise.
+/// Test hook: the device calls of threads marked with [`count_calls_here`] (the proxies),
+/// counted process-wide, and a gate those calls pass through. Both backends count every
+/// trait call that reaches the driver (CUDA: every call that makes the context current;
+/// host: every memory, stream and copy-queue call). The gate emulates an application
+/// thread that holds the driver lock while it waits for the GPU (a pageable copy, a
+/// `cuMemFree`): while [`DriverGate::hold`] is held, a marked thread's next device call
+/// waits for it (host backend; on CUDA the real driver lock does this).
+pub mod calls {
+    use std::cell::Cell;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::{Mutex, MutexGuard};
+
+    thread_local! {
+        static COUNTED: Cell<bool> = const { Cell::new(false) };
+    }
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    static GATE: Mutex<()> = Mutex::new(());
+    static GATE_HELD: AtomicBool = AtomicBool::new(false);
+
+    /// Count (and gate) this thread's device calls from now on.
+    pub fn count_calls_here() {
+        COUNTED.with(|c| c.set(true));
+    }
+
+    /// Device calls made so far by marked threads of this process.
+    pub fn counted() -> u64 {
+        CALLS.load(Ordering::Acquire)
+    }
+
+    /// Called at the top of every backend call.
+    #[inline]
+    pub fn enter() {
+        if !COUNTED.with(Cell::get) {
+            return;
+        }
+        CALLS.fetch_add(1, Ordering::AcqRel);
+        if GATE_HELD.load(Ordering::Acquire) {
+            drop(GATE.lock().unwrap_or_else(|e| e.into_inner()));
+        }
+    }
+
+    /// Holds the gate: marked threads' device calls wait until it is dropped.
+    pub struct DriverGate(#[allow(dead_code)] MutexGuard<'static, ()>);
+
+    impl DriverGate {
+        pub fn hold() -> DriverGate {
+            let g = GATE.lock().unwrap_or_else(|e| e.into_inner());
+            GATE_HELD.store(true, Ordering::Release);
+            DriverGate(g)
+        }
+    }
+
+    impl Drop for DriverGate {
+        fn drop(&mut self) {
+            GATE_HELD.store(false, Ordering::Release);
+        }
+    }
+}
+
 pub fn open(choice: crate::config::BackendChoice, ordinal: usize) -> Result<Arc<dyn Device>> {
     use crate::config::BackendChoice;
     match choice {

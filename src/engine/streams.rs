@@ -164,11 +164,21 @@ pub struct Handshake {
 }
 
 impl StreamManager {
-    /// Enqueue `write start := s; the copies in local; wait finish >= s` on `stream` and
-    /// return the flags. `local` (dst, src, len) are this rank's copies to itself: on the
-    /// caller's stream they run beside the proxy's transfers, on the stream's copy engine.
-    /// With `adm`'s limit reached by other streams, first blocks until one is released.
-    pub fn enqueue(&mut self, dev: &dyn Device, stream: StreamHandle, op: &'static str, local: &[(DevPtr, DevPtr, usize)], adm: &Admission) -> Result<Handshake> {
+    /// Enqueue `write start := s; the copies in local; what between enqueues; wait finish >=
+    /// s` on `stream` and return the flags. `local` (dst, src, len) are this rank's copies to
+    /// itself: on the caller's stream they run beside the proxy's transfers, on the stream's
+    /// copy engine. `between` enqueues more work on `stream` (the staged path's receives);
+    /// when it or any other part fails the handshake is not submitted. With `adm`'s limit
+    /// reached by other streams, first blocks until one is released.
+    pub fn enqueue_with(
+        &mut self,
+        dev: &dyn Device,
+        stream: StreamHandle,
+        op: &'static str,
+        local: &[(DevPtr, DevPtr, usize)],
+        between: &mut dyn FnMut() -> Result<()>,
+        adm: &Admission,
+    ) -> Result<Handshake> {
         if !self.slots.contains_key(&stream) {
             let (slab, idx, seq) = self.take_pair(dev)?;
             self.slots.insert(stream, Slot { slab, start: idx, seq });
@@ -180,6 +190,7 @@ impl StreamManager {
         let enqueued = dev
             .write_value(stream, slot.slab.dev_addr(slot.start), s)
             .and_then(|_| local.iter().try_for_each(|&(dst, src, len)| dev.memcpy_async(stream, dst, src, len)))
+            .and_then(|_| between())
             .and_then(|_| dev.wait_value_geq(stream, slot.slab.dev_addr(slot.start + 1), s));
         if let Err(e) = enqueued {
             // Not submitted: the stream waits for no more than before.
@@ -192,6 +203,12 @@ impl StreamManager {
         }
         slot.seq = s;
         Ok(Handshake { flags: slot.slab.clone(), start_flag: slot.start, finish_flag: slot.start + 1, stream_seq: s })
+    }
+
+    /// [`Self::enqueue_with`] with nothing between.
+    #[cfg(test)]
+    fn enqueue(&mut self, dev: &dyn Device, stream: StreamHandle, op: &'static str, local: &[(DevPtr, DevPtr, usize)], adm: &Admission) -> Result<Handshake> {
+        self.enqueue_with(dev, stream, op, local, &mut || Ok(()), adm)
     }
 
     fn take_pair(&mut self, dev: &dyn Device) -> Result<(Arc<FlagSlab>, usize, u64)> {

@@ -178,6 +178,7 @@ impl CudaDevice {
     }
 
     fn enter(&self, op: &'static str) -> Result<CtxGuard> {
+        crate::device::calls::enter();
         self.ctx.enter(op)
     }
 }

@@ -70,6 +70,7 @@ impl CudaCopyQueue {
 
 impl CopyQueue for CudaCopyQueue {
     fn copy(&mut self, dst: DevPtr, src: DevPtr, len: usize) -> Result<()> {
+        crate::device::calls::enter();
         const OP: &str = "CopyQueue::copy";
         if len == 0 {
             return Ok(());
@@ -82,6 +83,7 @@ impl CopyQueue for CudaCopyQueue {
     }
 
     fn fence(&mut self) -> Result<u64> {
+        crate::device::calls::enter();
         const OP: &str = "CopyQueue::fence";
         let _g = self.ctx.enter(OP)?;
         let e = self.event(OP)?;
@@ -100,6 +102,7 @@ impl CopyQueue for CudaCopyQueue {
     }
 
     fn completed(&mut self) -> Result<u64> {
+        crate::device::calls::enter();
         const OP: &str = "CopyQueue::completed";
         if self.pending.is_empty() {
             return Ok(self.done);
@@ -120,6 +123,7 @@ impl CopyQueue for CudaCopyQueue {
     }
 
     fn wait_geq(&mut self, flag: DevPtr, v: u64) -> Result<()> {
+        crate::device::calls::enter();
         const OP: &str = "CopyQueue::wait_geq";
         check_flag(OP, flag)?;
         let _g = self.ctx.enter(OP)?;
@@ -130,6 +134,7 @@ impl CopyQueue for CudaCopyQueue {
     /// The default write flag puts a memory barrier before the write, so a reader that sees
     /// the value sees the bytes of the queue's earlier copies.
     fn write_value(&mut self, flag: DevPtr, v: u64) -> Result<()> {
+        crate::device::calls::enter();
         const OP: &str = "CopyQueue::write_value";
         check_flag(OP, flag)?;
         let _g = self.ctx.enter(OP)?;
