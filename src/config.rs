@@ -387,6 +387,10 @@ impl Config {
         if !(1..=1024).contains(&slots) || slot < 4096 || slot % 4096 != 0 || slots.saturating_mul(slot) > 1 << 30 {
             return bad(format!("staged ring {slots}x{slot}: want 1..=1024 slots of a multiple of 4096 bytes, at most 1 GiB in all"));
         }
+        let most = slot.saturating_mul(crate::transport::staged::STAGED_CALL_CHUNKS as usize);
+        if self.staged_bytes > most {
+            return bad(format!("staged_bytes {} exceeds {} slots of the staged ring ({most} bytes): a call stages at most that much per peer", self.staged_bytes, crate::transport::staged::STAGED_CALL_CHUNKS));
+        }
         if self.reduce_scratch < 4096 {
             return bad(format!("reduce_scratch {} must be at least 4096 bytes", self.reduce_scratch));
         }
@@ -487,6 +491,9 @@ mod tests {
         for ring in [(0, 4096), (2, 1000), (2048, 4096)] {
             assert!(Config { staged_ring: ring, ..Config::default() }.validate().is_err(), "{ring:?}");
         }
+        Config { staged_bytes: 16 << 12, staged_ring: (2, 4096), ..Config::default() }.validate().unwrap();
+        let e = Config { staged_bytes: (16 << 12) + 1, staged_ring: (2, 4096), ..Config::default() }.validate().unwrap_err();
+        assert!(e.to_string().contains("exceeds 16 slots"), "{e}");
         assert_eq!(Config::default().reduce_ctas, None);
         let ctas = |v: &str| Config::default().with_env(env(&[("HOCCL_REDUCE_CTAS", v)])).unwrap().reduce_ctas;
         assert_eq!(ctas("66"), Some(66));

@@ -33,6 +33,7 @@ use common::pair::*;
 use common::*;
 use hoccl::device::calls::{counted, DriverGate};
 use hoccl::device::Device;
+use hoccl::types::DataType;
 use hoccl::Communicator;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -58,6 +59,7 @@ fn child_rank() {
         "gate" => gate_body(&comm, &dev),
         "death" => death_body(&H, &comm, &dev, victim, LIMIT),
         "mismatch" => mismatch_body(&H, &comm, &dev, false),
+        "burst" => burst_body(&comm, &dev),
         other => panic!("unknown case {other}"),
     }
 }
@@ -147,6 +149,49 @@ fn gate_body(comm: &Communicator, dev: &Arc<dyn Device>) {
     H.say(r, "done", "");
 }
 
+/// Sends the staged queue cannot take at once: rank 0 issues `BURST` one-slot sends before
+/// rank 1 posts any receive, so its queue to rank 1 reaches its budget
+/// (`STAGED_QUEUE_ENTRIES`) and the rest is held back for the proxy, which enqueues it as
+/// rank 1 drains. Rank 0 reports its proxy's device calls (some, the held-back entries) and
+/// rank 1 checks every byte.
+const BURST: usize = 120;
+
+fn burst_body(comm: &Communicator, dev: &Arc<dyn Device>) {
+    let r = comm.rank();
+    let s = new_stream(dev);
+    let bufs: Vec<(hoccl::DevPtr, Vec<u8>)> = (0..BURST).map(|i| (dev.alloc(SLOT).unwrap(), data(0, 500 + i as u64, SLOT, false))).collect();
+    if r == 1 {
+        // Poison: a receive that did not land shows.
+        bufs.iter().for_each(|(b, _)| dev.copy_from_host(*b, &vec![0x5a; SLOT]).unwrap());
+    }
+    comm.bootstrap().barrier().unwrap();
+    let before = counted();
+    if r == 0 {
+        for (b, want) in &bufs {
+            dev.copy_from_host(*b, want).unwrap();
+            comm.send(*b, SLOT, DataType::U8, 1, s).expect("send");
+        }
+    }
+    comm.bootstrap().barrier().unwrap();
+    if r == 1 {
+        for (b, _) in &bufs {
+            comm.recv(*b, SLOT, DataType::U8, 0, s).expect("recv");
+        }
+    }
+    sync(dev, s);
+    comm.wait_idle().expect("wait_idle");
+    H.say(r, "proxy_calls", &(counted() - before).to_string());
+    if r == 1 {
+        for (i, (b, want)) in bufs.iter().enumerate() {
+            let mut got = vec![0u8; SLOT];
+            dev.copy_to_host(&mut got, *b).unwrap();
+            assert!(got == *want, "burst: receive {i} landed wrong");
+        }
+    }
+    bufs.into_iter().for_each(|(b, _)| dev.free(b).unwrap());
+    H.say(r, "done", "");
+}
+
 // ------------------------------------------------------------------ parent --------------
 
 /// The children of `case` with the staged path on (small rings, a 512 KiB limit) or off.
@@ -188,6 +233,27 @@ fn peer_killed(backend: Backend, victim: usize) {
 
 fn length_mismatch(backend: Backend) {
     H.length_mismatch(backend, &env(true));
+}
+
+/// The burst's sends: with the staged path on, the proxy enqueued what the queue's budget
+/// held back (device calls on rank 0); every byte arrived (rank 1 checks).
+fn burst(backend: Backend) {
+    let (events, stderr, _) = run_children(backend, "burst", true, None, Duration::from_secs(120));
+    let calls = |r: usize| events[r].iter().find(|e| e.0 == "proxy_calls").map(|e| e.2.clone()).unwrap_or_else(|| panic!("rank {r}: no report: {}", stderr[r]));
+    eprintln!("burst of {BURST} sends: proxy device calls {} (sender), {} (receiver)", calls(0), calls(1));
+    assert!(events[1].iter().any(|e| e.0 == "done"), "rank 1 did not finish: {}", stderr[1]);
+    assert!(calls(0).parse::<u64>().is_ok_and(|n| n > 0), "the sender's proxy enqueued nothing: the queue took {BURST} sends at the call?");
+}
+
+#[test]
+fn burst_held_back() {
+    burst(Backend::Host);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn cuda_burst_held_back() {
+    burst(Backend::Cuda);
 }
 
 #[test]

@@ -35,10 +35,12 @@
 //! paths. On a failure every wait is released by host stores, since a stream or queue that
 //! waits for ever keeps its context from being torn down and the process from exiting: the
 //! receiver's proxy raises its `staged` and `drained` words (its stream then copies its own
-//! slots into its own output: the failed op's output is undefined), the sender's proxy the
-//! receiver's `drained` word for it (its queue's slot waits pass; its start waits pass as
-//! the failure releases its stream) and drops the held-back entries. A word found raised
-//! fails the peer's op.
+//! slots into its own output: the failed op's output is undefined; the sender's queue waits
+//! on `drained`, so its slot waits pass too); the sender's proxy drops the held-back
+//! entries, and where the receiver is gone (its process exited, or it sent malformed
+//! records), and at the communicator's end, raises
+//! the receiver's `drained` word for itself (its queue's start waits pass as the failure
+//! releases its stream). A word found raised fails the peer's op.
 use crate::bootstrap::Bootstrap;
 use crate::config::Config;
 use crate::device::{CopyQueue, DevPtr, Device, ExportHandle, StreamHandle};
@@ -82,18 +84,19 @@ impl StagedWait {
     pub fn value(&self) -> u64 {
         self.area.word(self.word).load(Ordering::Acquire)
     }
-    /// Release what a stream of this rank may wait on for this transfer (receiver side): both
-    /// words, `staged` (the chunk is there) and `drained` (the chunks before it were copied
-    /// out).
-    /// Sender side: drop the queue's held-back entries and release its waits on the
-    /// receiver's `drained` word.
-    pub fn release(&self) {
+    /// After a failure. Receiver side: release what a stream of this rank may wait on for
+    /// this transfer, both words, `staged` (the chunk is there) and `drained` (the chunks
+    /// before it were copied out); that also releases the sender's queue, which waits on
+    /// `drained`. Sender side: drop the queue's held-back entries, and when `peer_gone` (the
+    /// receiver cannot release its words any more) raise its `drained` word for this rank
+    /// ([`Lane::release`]).
+    pub fn release(&self, peer_gone: bool) {
         if let Some(o) = self.release {
             self.area.word(o).fetch_max(RELEASED, Ordering::AcqRel);
             self.area.word(self.word).fetch_max(RELEASED, Ordering::AcqRel);
         }
         if let Some(l) = &self.lane {
-            l.lock().unwrap_or_else(|e| e.into_inner()).release();
+            l.lock().unwrap_or_else(|e| e.into_inner()).release(peer_gone);
         }
     }
 }
@@ -107,6 +110,14 @@ impl StagedWait {
 /// entries that have not run, and leaves the rest, in order, to the proxy
 /// ([`Lane::flush`]). 256 entries are 64 single-chunk sends.
 pub const STAGED_QUEUE_ENTRIES: u64 = 256;
+
+/// Staged chunks per peer and direction in one call at most; further transfers of the call
+/// with that peer take the proxy's path. A receive puts four entries per chunk on the user's
+/// stream at the call: two ranks whose calls each fill their stream with receives before
+/// enqueuing their sends would block each other in the driver. Bounded so, one call puts at
+/// most 64 entries per peer on the stream. `HOCCL_STAGED_BYTES` may be at most this many
+/// slots.
+pub const STAGED_CALL_CHUNKS: u64 = 16;
 
 /// One entry of a staged queue, or a few for a chunk.
 #[derive(Clone, Copy)]
@@ -210,16 +221,21 @@ impl Lane {
         !self.held.is_empty()
     }
 
-    /// After a failure: drop the held-back entries and raise the receiver's `drained` word
-    /// for this rank (this rank's own mapping of its flag area, a host store), so the
-    /// queue's slot waits pass and it runs to its end; its start waits pass once the
-    /// sending stream runs on (a failure releases it). A queue that waits for ever keeps its
-    /// context from being torn down: the process could not exit. Repeated at the proxy's
-    /// periodic checks: a live receiver's stream may store a lower value over it.
-    pub fn release(&mut self) {
+    /// After a failure: drop the held-back entries (nothing more is enqueued). With
+    /// `raise`, also raise the receiver's `drained` word for this rank (this rank's own
+    /// mapping of its flag area, a host store), so the queue's slot waits pass and it runs to
+    /// its end; its start waits pass once the sending stream runs on (a failure releases
+    /// it). A queue that waits for ever keeps its context from being torn down: the process
+    /// could not exit. Raised only where the receiver cannot release the word itself (the
+    /// transport reports it gone) and at the communicator's end: a live receiver's stream that found
+    /// the word raised could copy a slot the queue had already refilled, while the receiver
+    /// fails its side of the op (on the sender's `Fail`) and raises the word itself.
+    pub fn release(&mut self, raise: bool) {
         self.released = true;
         self.held.clear();
-        self.area.word(Segment::drained_offset(self.me)).fetch_max(RELEASED, Ordering::AcqRel);
+        if raise {
+            self.area.word(Segment::drained_offset(self.me)).fetch_max(RELEASED, Ordering::AcqRel);
+        }
     }
 }
 
@@ -402,26 +418,35 @@ impl Staged {
         Ok(())
     }
 
-    /// Whether a transfer goes the staged way; both ranks of a pair decide alike (the same
-    /// setting and ring, the same peer table, the length checked by announcement).
-    fn eligible(&self, x: &Transfer) -> bool {
-        x.len <= self.max && x.fill == Fill::Exact && self.peers.get(x.peer).is_some_and(Option::is_some)
+    /// Whether a transfer goes the staged way, given the staged chunks already taken with
+    /// its peer in this call; both ranks of a pair decide alike (the same setting and ring,
+    /// the same peer table, the pair's transfers of a call in the same order, the length
+    /// checked by announcement).
+    fn eligible(&self, x: &Transfer, taken: &[u64]) -> bool {
+        x.len <= self.max
+            && x.fill == Fill::Exact
+            && self.peers.get(x.peer).is_some_and(Option::is_some)
+            && taken.get(x.peer).is_some_and(|t| t + self.chunks(x.len) <= STAGED_CALL_CHUNKS)
     }
 
-    /// Move the staged transfers out of `sends` and `recvs` (the rest keeps its order).
+    /// Move the staged transfers out of `sends` and `recvs` (the rest keeps its order): those
+    /// eligible, up to [`STAGED_CALL_CHUNKS`] chunks per peer and direction in the call.
     pub fn split(&self, sends: &mut Vec<Transfer>, recvs: &mut Vec<Transfer>) -> Taken {
         let mut t = Taken::default();
         if self.broken {
             return t;
         }
-        sends.retain(|x| !self.eligible(x) || {
-            t.sends.push(*x);
-            false
-        });
-        recvs.retain(|x| !self.eligible(x) || {
-            t.recvs.push(*x);
-            false
-        });
+        for (list, out) in [(sends, &mut t.sends), (recvs, &mut t.recvs)] {
+            let mut taken = vec![0u64; self.peers.len()];
+            list.retain(|x| {
+                if !self.eligible(x, &taken) {
+                    return true;
+                }
+                taken[x.peer] += self.chunks(x.len);
+                out.push(*x);
+                false
+            });
+        }
         t
     }
 
@@ -554,7 +579,7 @@ impl Staged {
                 self.own.word(Segment::staged_offset(p.local)).fetch_max(RELEASED, Ordering::AcqRel);
                 self.own.word(Segment::drained_offset(p.local)).fetch_max(RELEASED, Ordering::AcqRel);
                 if let Some(l) = &p.lane {
-                    l.lock().unwrap_or_else(|e| e.into_inner()).release();
+                    l.lock().unwrap_or_else(|e| e.into_inner()).release(true);
                 }
                 std::mem::forget(p);
             }
@@ -593,6 +618,83 @@ fn peer_mut(peers: &mut [Option<Peer>], p: usize) -> Result<&mut Peer> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::{Duration, Instant};
+
+    fn until(what: &str, f: impl Fn() -> bool) {
+        let t0 = Instant::now();
+        while !f() {
+            assert!(t0.elapsed() < Duration::from_secs(10), "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// A staged queue whose head waits takes entries up to its budget and holds the rest
+    /// back; `flush` enqueues them, in order, as the queue runs (here a receiver that drains
+    /// every chunk at once). After a failure the held-back entries are dropped, and raising
+    /// the receiver's `drained` word lets a queue waiting for a slot run to its end.
+    #[test]
+    fn lane_budget_flush_and_release() {
+        let dev: Arc<dyn Device> = Arc::new(crate::device::host::HostDevice::new().unwrap());
+        let name = format!("/hoccl.{}.ctl.test{}.0", std::process::id(), line!());
+        let _seg = Segment::create(&name, 2).unwrap();
+        let area = Arc::new(FlagArea::open(&name, 2).unwrap());
+        let area_dev = dev.map_host(area.area().0, area.area().1).unwrap();
+        let (slots, slot) = (4u64, 4096usize);
+        let ring = dev.alloc(slots as usize * slot).unwrap();
+        let src = dev.alloc(slot).unwrap();
+        let start = dev.alloc_flags(1).unwrap();
+        let lane = |area: &Arc<FlagArea>| Lane {
+            queue: dev.create_copy_queue().unwrap(),
+            area: area.clone(),
+            me: 0,
+            staged: area_dev.add(Segment::staged_offset(0)),
+            drained: area_dev.add(Segment::drained_offset(0)),
+            slots,
+            entries: 0,
+            marks: VecDeque::new(),
+            ran: 0,
+            held: VecDeque::new(),
+            released: false,
+        };
+        let chunk = |g: u64| Entry::Chunk { g, dst: ring.add(((g - 1) % slots) as usize * slot), src, len: slot };
+        let (staged, drained) = (area.word(Segment::staged_offset(0)), area.word(Segment::drained_offset(0)));
+
+        let mut l = lane(&area);
+        assert!(!l.submit(Entry::Start { flag: start.dev_addr(0), value: 1 }).unwrap());
+        let n = 200u64;
+        let held = (1..=n).map(|g| l.submit(chunk(g)).unwrap()).filter(|h| *h).count() as u64;
+        assert!(l.holds() && held > 0, "{n} chunks behind a waiting head were all enqueued");
+        assert!(l.entries <= STAGED_QUEUE_ENTRIES, "{} entries enqueued, budget {STAGED_QUEUE_ENTRIES}", l.entries);
+        assert!(!l.flush().unwrap(), "the full queue took more");
+        start.store(0, 1);
+        // The receiver drains each chunk as it lands.
+        let t0 = Instant::now();
+        while staged.load(Ordering::Acquire) < n {
+            drained.fetch_max(staged.load(Ordering::Acquire), Ordering::AcqRel);
+            l.flush().unwrap();
+            assert!(l.outstanding() <= STAGED_QUEUE_ENTRIES);
+            assert!(t0.elapsed() < Duration::from_secs(10), "stuck at chunk {}", staged.load(Ordering::Acquire));
+        }
+        assert!(!l.holds());
+        drained.store(n, Ordering::Release);
+
+        // The receiver stops draining: the queue waits for a slot, the rest is held back.
+        let more = n + 2 * STAGED_QUEUE_ENTRIES;
+        let held = (n + 1..=more).map(|g| l.submit(chunk(g)).unwrap()).filter(|h| *h).count();
+        assert!(held > 0);
+        until("the queue to fill the ring", || staged.load(Ordering::Acquire) == n + slots);
+        let last = l.marks.back().map(|m| m.0).unwrap();
+        l.release(false);
+        assert!(!l.holds() && !l.submit(chunk(more + 1)).unwrap() && !l.holds(), "entries kept after the release");
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(staged.load(Ordering::Acquire), n + slots, "the queue passed a slot wait unreleased");
+        l.release(true);
+        until("the released queue to run to its end", || staged.load(Ordering::Acquire) == last);
+        drop(l);
+        dev.unmap_host(area.area().0).unwrap();
+        dev.free(ring).unwrap();
+        dev.free(src).unwrap();
+    }
 
     /// A released word passes every chunk wait: the 64-bit cyclic `>=` and the 32-bit
     /// fallback's comparison of the low halves, for chunk numbers up to 2^30.

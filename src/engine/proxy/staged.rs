@@ -5,9 +5,10 @@
 //! peer (a message), checks the peer's announcements against its own staged transfers (a
 //! transfer is complete only once its peer's announcement matched: a receive must not
 //! complete on a shorter send), and loads the transfers' flag words to see progress and
-//! completion. On a failure it raises the words the peers' and its own device work waits on
-//! (host stores): its receives' `staged` and `drained` words, and for its sends the
-//! receivers' `drained` words, so that no stream or queue waits for ever.
+//! completion. On a failure it raises the words its own and its senders' device work waits
+//! on (host stores): its receives' `staged` and `drained` words; for its sends it drops the
+//! held-back entries and raises a receiver's `drained` word where the receiver's process is
+//! gone; so that no stream or queue waits for ever.
 //!
 //! **Cost.** Each turn loads one word per staged transfer of the ops that have any pending
 //! (kept in a list of their own, so ops without staged transfers cost nothing here), and
@@ -168,13 +169,14 @@ impl Proxy {
         any
     }
 
-    /// A failed op: release its receives' streams (their `staged` and `drained` words) and
-    /// its sends' staged queues (the receivers' `drained` words for this rank; held-back
-    /// entries dropped), host stores, and keep doing so at the periodic checks (a live peer's
-    /// queue or stream may still store a lower chunk number over them).
+    /// A failed op: release its receives' streams (their `staged` and `drained` words, host
+    /// stores, which also release the senders' queues) and drop its sends' held-back entries,
+    /// raising the receiver's `drained` word where the receiver's process is gone; keep doing
+    /// so at the periodic checks (a live peer's queue or stream may still store a lower chunk
+    /// number over them, and a receiver may die later).
     pub(super) fn release_staged(&mut self, st: &OpState) {
         for s in st.staged.iter() {
-            s.w.release();
+            s.w.release(self.transport.peer_health(s.w.peer).is_some());
             let same_lane = |r: &StagedWait| match (&r.lane, &s.w.lane) {
                 (Some(a), Some(b)) => std::sync::Arc::ptr_eq(a, b),
                 (a, b) => a.is_none() && b.is_none(),
@@ -187,6 +189,6 @@ impl Proxy {
     }
 
     pub(super) fn rerelease_staged(&self) {
-        self.released.iter().for_each(StagedWait::release);
+        self.released.iter().for_each(|w| w.release(self.transport.peer_health(w.peer).is_some()));
     }
 }
