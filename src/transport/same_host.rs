@@ -513,8 +513,9 @@ impl Transport for SameHost {
         // receiver's `ready[me]` itself (its own mapping of the receiver's flag area); the
         // queue's other wait, for this rank's stream to reach the op, passes once the stream
         // runs on (the failure released it). The copies then write into the receiver's buffer
-        // of the failed op, whose contents are undefined; a dead receiver's allocation stays
-        // alive while this process maps it.
+        // of the failed op, whose contents are undefined, possibly before the receiver's
+        // stream reached that op; a dead receiver's allocation stays alive while this process
+        // maps it.
         let me = self.links.local_index;
         let Some(g) = self.gated.as_mut() else { return };
         for (peer, q) in g.queues.iter_mut().enumerate() {

@@ -378,6 +378,8 @@ def main():
     if unknown:
         print(f"torch_check: unknown checks in --skip: {sorted(unknown)}", file=sys.stderr)
         return 2
+    seen = mapped_nccl_libraries()
+    say(f"libnccl mapped after init_process_group: {seen or 'none'}")
     for name, f in zip(names, checks):
         if name in skip:
             say(f"{name}: skipped (--skip)")
@@ -386,6 +388,12 @@ def main():
             f(c)
         except Exception:
             expect(False, f"{name} raised:\n{traceback.format_exc()}")
+        now = mapped_nccl_libraries()
+        if now != seen:
+            # Which section made another libnccl appear (the library check at the end only
+            # says that one did).
+            say(f"libnccl mapped after {name}: {sorted(set(now) - set(seen))} appeared")
+            seen = now
     check_library(a.expect_lib)
     bad = torch.tensor([len(failures)])
     dist.all_reduce(bad, group=gloo)

@@ -1,2 +1,2 @@
-# 2026-12-02T01:11:33Z, binaries of commit cdc0e54, 1 GPU(s) (h200-1gpu)
+# 2026-12-02T09:14:14Z, binaries of commit fcea19c, 1 GPU(s) (h200-1gpu)
 mpirun --oversubscribe --bind-to none -np 4 $HOCCL_BIN_DIR/demo

@@ -387,26 +387,33 @@ fn host_registrations() -> &'static Mutex<HashMap<u64, usize>> {
     REG.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-fn note_host_registration(p: u64, len: usize) {
+/// Count `len` pinned bytes at `p`, remembered in `table` for the matching [`unpin`].
+fn pin(table: &Mutex<HashMap<u64, usize>>, p: u64, len: usize) {
     account_pinned_alloc(len);
-    lock(host_registrations()).insert(p, len);
+    lock(table).insert(p, len);
+}
+
+/// Stop counting what [`pin`] counted at `p` in `table` (nothing when it is not there).
+fn unpin(table: &Mutex<HashMap<u64, usize>>, p: u64) {
+    if let Some(len) = lock(table).remove(&p) {
+        account_pinned_free(len);
+    }
+}
+
+fn note_host_registration(p: u64, len: usize) {
+    pin(host_registrations(), p, len);
 }
 
 fn forget_host_registration(p: u64) {
-    if let Some(len) = lock(host_registrations()).remove(&p) {
-        account_pinned_free(len);
-    }
+    unpin(host_registrations(), p);
 }
 
 fn note_host_alloc(p: u64, len: usize) {
-    account_pinned_alloc(len);
-    lock(host_allocs()).insert(p, len);
+    pin(host_allocs(), p, len);
 }
 
 fn note_host_free(p: u64) {
-    if let Some(len) = lock(host_allocs()).remove(&p) {
-        account_pinned_free(len);
-    }
+    unpin(host_allocs(), p);
 }
 
 fn note_import_open(base: u64, size: usize) {
