@@ -103,8 +103,8 @@ impl StagedWait {
 
 /// Entries (waits, copies, flag writes) a staged queue may hold that have not run yet. A
 /// queue whose head waits for a flag fills its command buffer, and the driver then blocks
-/// the call that enqueues (on the H200 a gated queue given about 2000 entries behind a wait
-/// blocked for good). For a staged queue that call is the application's: two ranks whose
+/// the call that enqueues (on the H200 a gated queue given 511 batches behind a wait, about
+/// 2000 entries, blocked for good). For a staged queue that call is the application's: two ranks whose
 /// calling threads each block on a queue that waits for work the other has not enqueued yet
 /// would hang. So the calling thread enqueues while the queue holds fewer than this many
 /// entries that have not run, and leaves the rest, in order, to the proxy
