@@ -9,6 +9,7 @@ use crate::transport::same_host::Links;
 use crate::error::{Error, Result};
 use crate::topology::{RankRecord, Topology};
 use crate::transport::mailbox::{FlagArea, Segment};
+use crate::transport::staged::FlagMaps;
 use crate::transport::socket::{self, NetLinks};
 
 /// All-gather every rank's record (host, pid, GPUs seen, requested GPU, its PCI id) and
@@ -55,7 +56,7 @@ pub fn agree_comm_id(b: &dyn Bootstrap) -> Result<u64> {
 /// path's flag words (`transport::staged`), by global rank: the names are unlinked before
 /// this returns, so no mapping can be made later. A failed mapping is returned as its error
 /// (the staged path then stays off, decided collectively at its setup).
-pub fn connect_mailboxes(b: &dyn Bootstrap, topo: &Topology, comm_id: u64, local: &[usize], flag_maps: bool) -> Result<(Links, Vec<(usize, Result<FlagArea>)>)> {
+pub fn connect_mailboxes(b: &dyn Bootstrap, topo: &Topology, comm_id: u64, local: &[usize], flag_maps: bool) -> Result<(Links, FlagMaps)> {
     const OP: &str = "Communicator::new";
     let rank = b.rank();
     let local_index = local.iter().position(|r| *r == rank).ok_or_else(|| Error::internal(OP, "rank not in its node"))?;

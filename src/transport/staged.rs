@@ -274,6 +274,13 @@ pub struct Staged {
     broken: bool,
 }
 
+/// A process's second mapping of every local rank's mailbox, by global rank, or the error
+/// that prevented it (`comm::setup::connect_mailboxes`).
+pub type FlagMaps = Vec<(usize, Result<FlagArea>)>;
+
+/// The receive rings' export handles and lengths, by peer.
+type Handles = Vec<(usize, ExportHandle, usize)>;
+
 /// Per peer, what the sender needs: the ring's export handle and length (zero when none).
 const REC: usize = 64 + 8;
 
@@ -291,7 +298,7 @@ impl Staged {
     /// leaves it off, so both sides of a pair decide alike).
     /// `flag_maps`: this process's second mapping of every local rank's mailbox, by global
     /// rank (`comm::setup::connect_mailboxes`), or the error that prevented it.
-    pub fn setup(dev: &Arc<dyn Device>, b: &dyn Bootstrap, topo: &Topology, flag_maps: Vec<(usize, Result<FlagArea>)>, config: &Config) -> Result<Option<Staged>> {
+    pub fn setup(dev: &Arc<dyn Device>, b: &dyn Bootstrap, topo: &Topology, flag_maps: FlagMaps, config: &Config) -> Result<Option<Staged>> {
         const OP: &str = "Communicator::new";
         let (rank, n) = (b.rank(), b.size());
         let local = topo.local_peers(rank).to_vec();
@@ -343,7 +350,7 @@ impl Staged {
 
     /// This rank's part before the exchange: map the flag areas, allocate and export the
     /// receive rings. Returns the rings' handles by peer.
-    fn prepare(dev: &Arc<dyn Device>, flag_maps: Vec<(usize, Result<FlagArea>)>, config: &Config, (rank, n): (usize, usize), local: &[usize], others: &[usize]) -> Result<(Staged, Vec<(usize, ExportHandle, usize)>)> {
+    fn prepare(dev: &Arc<dyn Device>, flag_maps: FlagMaps, config: &Config, (rank, n): (usize, usize), local: &[usize], others: &[usize]) -> Result<(Staged, Handles)> {
         let (slots, slot) = config.staged_ring;
         let mut maps: Vec<Option<Result<FlagArea>>> = Vec::new();
         for (r, m) in flag_maps {
@@ -390,7 +397,7 @@ impl Staged {
     fn import(&mut self, all: &[Vec<u8>], rank: usize) -> Result<()> {
         for (p, peer) in self.peers.iter_mut().enumerate() {
             let Some(peer) = peer.as_mut() else { continue };
-            let r = all.get(p).filter(|r| r.len() >= 1 + (rank + 1) * REC).ok_or_else(|| Error::internal("Staged::setup", format!("rank {p} sent a short record")))?;
+            let r = all.get(p).filter(|r| r.len() > (rank + 1) * REC).ok_or_else(|| Error::internal("Staged::setup", format!("rank {p} sent a short record")))?;
             let mut h = [0u8; 64];
             h.copy_from_slice(&r[1 + rank * REC..1 + rank * REC + 64]);
             let len = u64::from_le_bytes(r[1 + rank * REC + 64..1 + (rank + 1) * REC].try_into().unwrap_or_default()) as usize;
