@@ -519,7 +519,6 @@ impl Proxy {
             return false;
         }
         let mut moved = false;
-        let mut blocked: Vec<usize> = Vec::new();
         let mut i = 0;
         while i < self.gated_held.len() {
             let (seq, peer) = self.gated_held[i];
@@ -528,8 +527,8 @@ impl Proxy {
                 self.gated_held.remove(i);
                 continue;
             }
-            if blocked.contains(&peer) || !self.transport.gated_room(peer) {
-                blocked.push(peer);
+            // Entries before `i` are the ones kept: one for this peer holds this one back too.
+            if self.gated_held.range(..i).any(|&(_, p)| p == peer) || !self.transport.gated_room(peer) {
                 i += 1;
                 continue;
             }
