@@ -178,6 +178,8 @@ type ReleaseHook = Arc<Mutex<Option<Box<dyn FnOnce() + Send>>>>;
 enum Task {
     Write { addr: u64, v: u64 },
     Wait { addr: u64, v: u64 },
+    /// A batch of waits and writes (`mem_ops`), run in order as one task.
+    MemOps(Vec<MemOp>),
     Copy { dst: u64, src: u64, len: usize },
     Fill { dst: u64, len: usize, seed: u64 },
     /// `reduce_into` over `srcs` (each `len` bytes) into `dst`.
@@ -242,11 +244,9 @@ impl QueueState {
     }
 }
 
-/// Executes one task. Addresses were range-checked when the task was enqueued; the
-/// registry keeps them mapped until the owner frees them (freeing memory a queued task
-/// still uses is the same user error as on CUDA).
-fn run_task(t: Task, st: &QueueState) {
-    match t {
+/// A flag write, or a wait until a flag is >= a value (other tasks are ignored).
+fn run_mem_op(t: &Task, st: &QueueState) {
+    match *t {
         // SAFETY: addr was checked against a live flag slab or allocation, 8-aligned.
         Task::Write { addr, v } => unsafe { (*(addr as *const AtomicU64)).store(v, Ordering::Release) },
         Task::Wait { addr, v } => {
@@ -262,6 +262,24 @@ fn run_task(t: Task, st: &QueueState) {
                 } else {
                     std::thread::sleep(Duration::from_micros(20));
                 }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Executes one task. Addresses were range-checked when the task was enqueued; the
+/// registry keeps them mapped until the owner frees them (freeing memory a queued task
+/// still uses is the same user error as on CUDA).
+fn run_task(t: Task, st: &QueueState) {
+    match t {
+        Task::Write { .. } | Task::Wait { .. } => run_mem_op(&t, st),
+        Task::MemOps(ops) => {
+            for op in ops {
+                run_mem_op(&(match op {
+                    MemOp::WaitGeq { flag, value } => Task::Wait { addr: flag.0, v: value },
+                    MemOp::Write { flag, value } => Task::Write { addr: flag.0, v: value },
+                }), st);
             }
         }
         // SAFETY: both ranges were checked against live regions; memmove tolerates overlap.
@@ -408,6 +426,14 @@ impl CopyQueue for HostCopyQueue {
         HostDevice::check_flag(OP, flag)?;
         self.q.push(OP, Task::Write { addr: flag.0, v }).map(|_| ())
     }
+    /// One task, as `cuStreamBatchMemOp` is one call; nothing is queued unless every flag
+    /// checks.
+    fn mem_ops(&mut self, ops: &[MemOp]) -> Result<()> {
+        crate::device::calls::enter();
+        const OP: &str = "HostCopyQueue::mem_ops";
+        HostDevice::check_mem_ops(OP, ops)?;
+        self.q.push(OP, Task::MemOps(ops.to_vec())).map(|_| ())
+    }
 }
 
 impl Drop for HostCopyQueue {
@@ -482,6 +508,12 @@ impl HostDevice {
 
     fn check(op: &'static str, p: DevPtr, len: usize) -> Result<()> {
         lock_registry(op)?.check(op, p, len)
+    }
+
+    fn check_mem_ops(op: &'static str, ops: &[MemOp]) -> Result<()> {
+        ops.iter().try_for_each(|m| match *m {
+            MemOp::WaitGeq { flag, .. } | MemOp::Write { flag, .. } => Self::check_flag(op, flag),
+        })
     }
 
     fn check_flag(op: &'static str, p: DevPtr) -> Result<()> {
@@ -745,6 +777,15 @@ impl Device for HostDevice {
         const OP: &str = "HostDevice::wait_value_geq";
         Self::check_flag(OP, flag)?;
         self.enqueue(OP, s, Task::Wait { addr: flag.0, v })
+    }
+
+    /// One task on the stream (or in its capture), as `cuStreamBatchMemOp` is one call;
+    /// nothing is queued unless every flag checks.
+    fn mem_ops(&self, s: StreamHandle, ops: &[MemOp]) -> Result<()> {
+        crate::device::calls::enter();
+        const OP: &str = "HostDevice::mem_ops";
+        Self::check_mem_ops(OP, ops)?;
+        self.enqueue(OP, s, Task::MemOps(ops.to_vec()))
     }
 
     fn synchronize(&self, s: StreamHandle) -> Result<()> {

@@ -14,6 +14,7 @@ use crate::types::DataType;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+pub mod batch;
 pub mod cuda;
 pub mod host;
 pub mod kernels;
@@ -122,6 +123,17 @@ impl FlagSlab {
     }
 }
 
+/// One stream memory operation of a batch ([`Device::mem_ops`], [`CopyQueue::mem_ops`]):
+/// the operations of [`Device::wait_value_geq`] and [`Device::write_value`] on a 64-bit
+/// flag in host memory mapped for the device, with their comparison and 32-bit fallback.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemOp {
+    /// Hold the stream until the flag at `flag` is >= `value`.
+    WaitGeq { flag: DevPtr, value: u64 },
+    /// Write `value` to the flag once everything before it on the stream has completed.
+    Write { flag: DevPtr, value: u64 },
+}
+
 /// A copy-engine queue owned by the proxy. Copies and fences execute in order; nothing here
 /// blocks on the device.
 pub trait CopyQueue: Send {
@@ -147,6 +159,15 @@ pub trait CopyQueue: Send {
     fn write_value(&mut self, flag: DevPtr, v: u64) -> Result<()> {
         let _ = (flag, v);
         Err(crate::error::Error::invalid_usage("CopyQueue::write_value", "this copy queue has no stream memory operations"))
+    }
+    /// Enqueue `ops` in order, as consecutive `wait_geq` / `write_value` calls would, in as
+    /// few driver calls as the backend can (one `cuStreamBatchMemOp` on CUDA). On an error
+    /// a prefix of `ops` may have been enqueued. The default makes one call per operation.
+    fn mem_ops(&mut self, ops: &[MemOp]) -> Result<()> {
+        ops.iter().try_for_each(|op| match *op {
+            MemOp::WaitGeq { flag, value } => self.wait_geq(flag, value),
+            MemOp::Write { flag, value } => self.write_value(flag, value),
+        })
     }
 }
 
@@ -211,6 +232,16 @@ pub trait Device: Send + Sync + 'static {
     fn write_value(&self, s: StreamHandle, flag: DevPtr, v: u64) -> Result<()>;
     /// Enqueue: block the stream until the flag at `flag` is >= `v`.
     fn wait_value_geq(&self, s: StreamHandle, flag: DevPtr, v: u64) -> Result<()>;
+    /// Enqueue `ops` on `s` in order, as consecutive `wait_value_geq` / `write_value` calls
+    /// would, in as few driver calls as the backend can (one `cuStreamBatchMemOp` on CUDA;
+    /// one queued task on the host backend). On an error a prefix of `ops` may have been
+    /// enqueued. The default makes one call per operation.
+    fn mem_ops(&self, s: StreamHandle, ops: &[MemOp]) -> Result<()> {
+        ops.iter().try_for_each(|op| match *op {
+            MemOp::WaitGeq { flag, value } => self.wait_value_geq(s, flag, value),
+            MemOp::Write { flag, value } => self.write_value(s, flag, value),
+        })
+    }
     /// Block the calling thread until the stream drains.
     fn synchronize(&self, s: StreamHandle) -> Result<()>;
     /// Whether everything queued on the stream so far has completed (never blocks).

@@ -8,13 +8,14 @@
 //! per engine (`copy_engine_count`) is the natural setting.
 //!
 //! `wait_geq` and `write_value` are the stream memory operations of `stream.rs` on the
-//! queue's stream (64-bit where the GPU has them, the same 32-bit fallback otherwise): the
-//! same-host transport's gated queues wait there for both streams' flags and write the
-//! receiver's landing flag behind the copies.
+//! queue's stream (64-bit where the GPU has them, the same 32-bit fallback otherwise), and
+//! `mem_ops` a run of them in one `cuStreamBatchMemOp` call: the same-host transport's
+//! gated queues wait there for both streams' flags and write the receiver's landing flag
+//! behind the copies; the staged queues wait for free slots and write chunk flags.
 use super::driver::{check, error_name};
-use super::stream::{check_flag, enqueue_wait_geq, enqueue_write};
+use super::stream::{check_flag, check_mem_ops, enqueue_mem_ops, enqueue_wait_geq, enqueue_write};
 use super::Context;
-use crate::device::{CopyQueue, DevPtr};
+use crate::device::{CopyQueue, DevPtr, MemOp};
 use crate::error::Result;
 use cudarc::driver::sys;
 use std::collections::VecDeque;
@@ -140,6 +141,18 @@ impl CopyQueue for CudaCopyQueue {
         let _g = self.ctx.enter(OP)?;
         let _gate = self.ctx.enqueue_gate(OP);
         enqueue_write(OP, self.stream, flag, v, self.mem_ops_64)
+    }
+
+    fn mem_ops(&mut self, ops: &[MemOp]) -> Result<()> {
+        crate::device::calls::enter();
+        const OP: &str = "CopyQueue::mem_ops";
+        check_mem_ops(OP, ops)?;
+        if ops.is_empty() {
+            return Ok(());
+        }
+        let _g = self.ctx.enter(OP)?;
+        let _gate = self.ctx.enqueue_gate(OP);
+        enqueue_mem_ops(OP, self.stream, ops, self.mem_ops_64)
     }
 }
 
