@@ -10,9 +10,10 @@
 //!   ring ± 1 and limit ± 1 bytes per block, ten ops in flight over two streams; then 300
 //!   back-to-back sendrecvs over three streams (the ring wraps hundreds of times); an op
 //!   whose receiving stream the application holds back; one op with staged, gated and
-//!   proxy flows between the pair; and the proxy's device calls over 50 staged sendrecvs,
-//!   which must be none (`device::calls`). The op timelines (`HOCCL_TRACE_OPS`) show which
-//!   path ran.
+//!   proxy flows between the pair; the proxy's device calls over 50 staged sendrecvs,
+//!   which must be none (`device::calls`); and the calling thread's device calls per staged
+//!   sendrecv, which must be the batched count (`staged_sendrecv_calls`). The op timelines
+//!   (`HOCCL_TRACE_OPS`) show which path ran.
 //! - `driver_gate_*`: the PyTorch hang's regression test. Right after a sendrecv each rank's
 //!   application thread holds the driver gate (`device::calls::DriverGate`: every proxy
 //!   device call waits for it, as every driver call waits while another thread of the
@@ -114,7 +115,46 @@ fn ops_body(comm: &Communicator, dev: &Arc<dyn Device>) {
     if staged_on() {
         assert_eq!(calls, 0, "rank {r}: the proxy made {calls} device calls for 50 staged sendrecvs");
     }
+    let per_op = call_time_calls(comm, dev, streams[2]);
+    H.say(r, "call_calls", &per_op.to_string());
     H.say(r, "done", "");
+}
+
+/// The calling thread's device calls per staged sendrecv of one chunk each way: on the user
+/// stream `[write start, wait staged, wait drained]`, the copy out of the slot, `[write
+/// drained, wait finish]`; on the staged queue `[wait start, wait for the slot]`, the copy
+/// into it, `[write staged]` (6 enqueues, each bracket one batch); and two lookups of the
+/// buffers' allocations; on CUDA also the capture query (`cuStreamIsCapturing`).
+fn staged_sendrecv_calls(dev: &dyn Device) -> u64 {
+    6 + 2 + u64::from(dev.backend() == hoccl::device::Backend::Cuda)
+}
+
+/// Sendrecvs of one slot each way (one chunk): the device calls that the calling thread
+/// (from here on counted too, besides the proxy's) makes per op, enqueues and queries
+/// together; with the staged path on, exactly [`staged_sendrecv_calls`].
+fn call_time_calls(comm: &Communicator, dev: &Arc<dyn Device>, s: hoccl::StreamHandle) -> u64 {
+    const N: u64 = 20;
+    let (r, peer) = (comm.rank(), 1 - comm.rank());
+    let (send, recv) = (dev.alloc(4096).expect("alloc"), dev.alloc(4096).expect("alloc"));
+    let op = || comm.group(|g| {
+        g.send(send, 4096, DataType::U8, peer, s)?;
+        g.recv(recv, 4096, DataType::U8, peer, s)
+    });
+    op().expect("warm-up sendrecv");
+    hoccl::device::calls::count_calls_here();
+    let before = counted();
+    (0..N).for_each(|_| op().expect("sendrecv"));
+    let calls = counted() - before;
+    sync(dev, s);
+    comm.wait_idle().expect("wait_idle");
+    dev.free(send).expect("free");
+    dev.free(recv).expect("free");
+    if staged_on() {
+        // The proxy makes none for staged ops (checked above), so all of them are the caller's.
+        let want = staged_sendrecv_calls(dev.as_ref());
+        assert_eq!(calls, N * want, "rank {r}: {calls} device calls over {N} staged sendrecvs, want {want} each");
+    }
+    calls / N
 }
 
 /// A sendrecv, then the application thread holds the driver gate while it waits (1.5 s at
@@ -207,7 +247,8 @@ fn ops(backend: Backend, staged: bool) {
     let (events, stderr, _) = run_children(backend, "ops", staged, None, Duration::from_secs(300));
     let (s, other) = traced(&stderr, "staged_seen");
     let calls: Vec<String> = events.iter().filter_map(|e| e.iter().find(|e| e.0 == "proxy_calls").map(|e| e.2.clone())).collect();
-    eprintln!("staged={staged}: {s} op timelines with staged transfers, {other} without; proxy device calls over 50 sendrecvs: {calls:?}");
+    let per_op: Vec<String> = events.iter().filter_map(|e| e.iter().find(|e| e.0 == "call_calls").map(|e| e.2.clone())).collect();
+    eprintln!("staged={staged}: {s} op timelines with staged transfers, {other} without; proxy device calls over 50 sendrecvs: {calls:?}; calling thread's device calls per sendrecv: {per_op:?}");
     assert!(other > 0, "no other op timeline was logged (the mixed op and larger sizes have one)");
     if staged {
         assert!(s > 0, "no op took the staged path");

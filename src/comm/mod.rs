@@ -5,6 +5,7 @@
 //! stream-ordered and asynchronous, as NCCL's.
 use crate::bootstrap::Bootstrap;
 use crate::config::{init_logging, Config};
+use crate::device::batch::{Batch, OnStream};
 use crate::device::{self, DevPtr, Device, StreamHandle};
 use crate::engine::streams::{Admission, StreamManager};
 use crate::engine::{Engine, EngineConfig, Fill, Op, Transfer};
@@ -448,11 +449,17 @@ impl Communicator {
         let adm = Admission { max: self.wait_limit, timeout: self.config.timeout, stop: &stop };
         let mut waits: Vec<StagedWait> = Vec::new();
         let State { streams, staged, .. } = &mut *st;
-        let mut staged_recvs = || match staged.as_mut() {
-            Some(s) if !taken.recvs.is_empty() => s.enqueue_recvs(stream, &taken.recvs, &mut waits),
+        let mut staged_recvs = |b: &mut Batch<OnStream<'_>>| match staged.as_mut() {
+            Some(s) if !taken.recvs.is_empty() => s.enqueue_recvs(b, &taken.recvs, &mut waits),
             _ => Ok(()),
         };
-        let hs = streams.enqueue_with(self.dev.as_ref(), stream, name, &local, &mut staged_recvs, &adm)?;
+        let hs = streams.enqueue_with(self.dev.as_ref(), stream, name, &local, &mut staged_recvs, &adm).inspect_err(|_| {
+            // The receives' last operations share a driver call with the handshake's finish:
+            // after any failure the stream may hold part of them.
+            if let Some(s) = staged.as_mut().filter(|_| !taken.recvs.is_empty()) {
+                s.abandon(&taken.recvs);
+            }
+        })?;
         if let Some(s) = staged.as_mut().filter(|_| !taken.sends.is_empty()) {
             if let Err(e) = s.enqueue_sends(hs.flags.dev_addr(hs.start_flag), hs.stream_seq, &taken.sends, &mut waits) {
                 // The handshake is on the stream but the op is not submitted: release it.

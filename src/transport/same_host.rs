@@ -17,7 +17,7 @@
 //! for `ready`, the copies, and a write of `landed[sender]` in the receiver's flag area.
 //! Both proxies see completion by reading `landed`. No CPU hop lies between the two streams
 //! reaching the op and the bytes landing.
-use crate::device::{CopyQueue, DevPtr, Device};
+use crate::device::{CopyQueue, DevPtr, Device, MemOp};
 use crate::error::{Error, Result};
 use crate::transport::chunk_scheduler::{ChunkScheduler, MIN_CHUNK};
 use crate::transport::ipc::{ExportCache, ImportCache, Mapped};
@@ -658,8 +658,8 @@ impl Transport for SameHost {
         // broken for good (and left in place at close).
         q.broken = true;
         let mut enqueue = || -> Result<()> {
-            q.queue.wait_geq(start_flag, start_value)?;
-            q.queue.wait_geq(ready, pair_seq)?;
+            // Both waits in one driver call (`cuStreamBatchMemOp`).
+            q.queue.mem_ops(&[MemOp::WaitGeq { flag: start_flag, value: start_value }, MemOp::WaitGeq { flag: ready, value: pair_seq }])?;
             for (w, m) in writes.iter().filter(|w| w.len > 0).zip(&b.mapped) {
                 q.queue.copy(m.base.add(w.remote.wire.offset as usize), w.src, w.len)?;
             }

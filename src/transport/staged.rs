@@ -21,6 +21,15 @@
 //! `drained` only grows and frees slots in order), the copy out of the slot, `write drained
 //! := g`.
 //!
+//! **Driver calls.** The waits and writes between two copies go to the driver as one batch
+//! (`device::batch`, `cuStreamBatchMemOp` on CUDA), on the stream together with the
+//! handshake's `write start` and `wait finish`. A sendrecv of one chunk each way is six
+//! enqueuing calls: on the stream `[write start, wait staged, wait drained]`, the copy out,
+//! `[write drained, wait finish]`; on the staged queue `[wait start, wait for the slot]`,
+//! the copy in, `[write staged]`. An op whose receives are `n` chunks in all is `2n + 1`
+//! calls on the stream (`n` copies, `n + 1` runs); a send of `n` chunks is at most `2n + 1`
+//! on its queue.
+//!
 //! **Queue budget.** A staged queue holds at most [`STAGED_QUEUE_ENTRIES`] entries that
 //! have not run; the calling thread holds further entries back, in order, and the proxy
 //! enqueues them as the queue drains ([`Lane`]). The caller then never blocks in the driver
@@ -43,7 +52,8 @@
 //! releases its stream). A word found raised fails the peer's op.
 use crate::bootstrap::Bootstrap;
 use crate::config::Config;
-use crate::device::{CopyQueue, DevPtr, Device, ExportHandle, StreamHandle};
+use crate::device::batch::{Batch, OnStream};
+use crate::device::{CopyQueue, DevPtr, Device, ExportHandle};
 use crate::engine::{Fill, Transfer};
 use crate::error::{Error, Result};
 use crate::topology::Topology;
@@ -131,7 +141,9 @@ enum Entry {
 /// The staged queue from this rank to one receiver, shared by the calling threads and the
 /// proxy (which enqueues what the callers held back).
 pub struct Lane {
-    queue: Box<dyn CopyQueue>,
+    /// The queue, behind a batch: an entry's waits and writes join the run before the
+    /// next copy; [`Lane::commit`] enqueues the rest.
+    queue: Batch<Box<dyn CopyQueue>>,
     /// The receiver's flag area (its `staged` word for this rank says which chunk's write
     /// ran last) and the device addresses of this rank's `staged` and `drained` words there.
     area: Arc<FlagArea>,
@@ -169,6 +181,8 @@ impl Lane {
         self.entries - self.ran
     }
 
+    /// Give `e` to the batch: a chunk's copy enqueues the run before it, its write starts
+    /// the next run (enqueued by the next copy or by [`Lane::commit`]).
     fn enqueue(&mut self, e: Entry) -> Result<()> {
         match e {
             Entry::Start { flag, value } => self.queue.wait_geq(flag, value)?,
@@ -177,7 +191,7 @@ impl Lane {
                     self.queue.wait_geq(self.drained, g - self.slots)?;
                 }
                 self.queue.copy(dst, src, len)?;
-                self.queue.write_value(self.staged, g)?;
+                self.queue.write(self.staged, g)?;
             }
         }
         self.entries += self.cost(&e);
@@ -201,6 +215,12 @@ impl Lane {
         Ok(true)
     }
 
+    /// Enqueue the waits and writes the batch still holds (the last chunk's write): every
+    /// caller of [`Lane::submit`] calls it before letting go of the lane.
+    pub fn commit(&mut self) -> Result<()> {
+        self.queue.flush()
+    }
+
     /// Proxy: enqueue held-back entries, in order, while the queue has room. Whether any
     /// moved.
     pub fn flush(&mut self) -> Result<bool> {
@@ -213,6 +233,7 @@ impl Lane {
             self.enqueue(e)?;
             moved = true;
         }
+        self.commit()?;
         Ok(moved)
     }
 
@@ -408,7 +429,7 @@ impl Staged {
             peer.ring_out_len = len;
             let me = self.me_local;
             let lane = Lane {
-                queue: self.dev.create_copy_queue()?,
+                queue: Batch::new(self.dev.create_copy_queue()?),
                 area: peer.area.clone(),
                 me,
                 staged: peer.area_dev.add(Segment::staged_offset(me)),
@@ -461,14 +482,18 @@ impl Staged {
         len.div_ceil(self.slot) as u64
     }
 
-    /// Receiver, at the call, on the user's stream after its `write start`: per chunk,
-    /// wait for the sender's `staged`, copy the slot out, write `drained`. Returns one wait
-    /// per receive for the proxy.
-    pub fn enqueue_recvs(&mut self, stream: StreamHandle, recvs: &[Transfer], out: &mut Vec<StagedWait>) -> Result<()> {
+    /// Receiver, at the call, on the user's stream after its `write start`, through the
+    /// stream's batch: per chunk, wait for the sender's `staged` (and for the chunk before
+    /// to have drained), copy the slot out, write `drained`. The waits and the write between
+    /// two copies are one driver call: a receive of `n` chunks costs `n` copies and `n`
+    /// runs of memory operations, the first joined to the handshake's `write start`, the
+    /// last's write to its `wait finish`. Returns one wait per receive for the proxy. On a
+    /// failure, [`Staged::abandon`] has run.
+    pub fn enqueue_recvs(&mut self, b: &mut Batch<OnStream<'_>>, recvs: &[Transfer], out: &mut Vec<StagedWait>) -> Result<()> {
         for (i, x) in recvs.iter().enumerate() {
             let k = recvs[..i].iter().filter(|y| y.peer == x.peer).count() as u32;
             let n = self.chunks(x.len);
-            let (dev, slots, slot, own_dev, own) = (self.dev.clone(), self.slots as u64, self.slot, self.own_dev, self.own.clone());
+            let (slots, slot, own_dev) = (self.slots as u64, self.slot, self.own_dev);
             let peer = peer_mut(&mut self.peers, x.peer)?;
             let (staged, drained) = (own_dev.add(Segment::staged_offset(peer.local)), own_dev.add(Segment::drained_offset(peer.local)));
             for c in 0..n {
@@ -477,16 +502,13 @@ impl Staged {
                 let len = slot.min(x.len - off);
                 // Chunks of a direction drain in order, over all of this rank's streams:
                 // `drained` then only grows, and a slot is free once it says so.
-                let r = dev
-                    .wait_value_geq(stream, staged, g)
-                    .and_then(|_| dev.wait_value_geq(stream, drained, g - 1))
-                    .and_then(|_| dev.memcpy_async(stream, x.ptr.add(off), peer.ring_in.add(((g - 1) % slots) as usize * slot), len))
-                    .and_then(|_| dev.write_value(stream, drained, g));
+                let r = b
+                    .wait_geq(staged, g)
+                    .and_then(|_| b.wait_geq(drained, g - 1))
+                    .and_then(|_| b.copy(x.ptr.add(off), peer.ring_in.add(((g - 1) % slots) as usize * slot), len))
+                    .and_then(|_| b.write(drained, g));
                 if let Err(e) = r {
-                    // The stream may hold waits of this call: let them pass.
-                    own.word(Segment::staged_offset(peer.local)).fetch_max(RELEASED, Ordering::AcqRel);
-                    own.word(Segment::drained_offset(peer.local)).fetch_max(RELEASED, Ordering::AcqRel);
-                    self.broken = true;
+                    self.abandon(recvs);
                     return Err(e);
                 }
                 peer.received = g;
@@ -506,6 +528,21 @@ impl Staged {
             });
         }
         Ok(())
+    }
+
+    /// After a failed enqueue of `recvs` (here, or of the rest of their call: their last
+    /// operations may not be on the stream): release every wait the stream may hold for
+    /// them (this rank's `staged` and `drained` words of their senders, which also releases
+    /// those senders' queues), and stop staging, since the chunk counts may now differ
+    /// from the peers'.
+    pub fn abandon(&mut self, recvs: &[Transfer]) {
+        for x in recvs {
+            if let Some(Some(p)) = self.peers.get(x.peer) {
+                self.own.word(Segment::staged_offset(p.local)).fetch_max(RELEASED, Ordering::AcqRel);
+                self.own.word(Segment::drained_offset(p.local)).fetch_max(RELEASED, Ordering::AcqRel);
+            }
+        }
+        self.broken = true;
     }
 
     /// Sender, at the call, after the handshake was enqueued: on each receiver's staged
@@ -538,7 +575,7 @@ impl Staged {
                     l.submit(Entry::Chunk { g, dst: peer.ring_out.add(((g - 1) % slots) as usize * slot), src: x.ptr.add(off), len: slot.min(x.len - off) })?;
                     sent = g;
                 }
-                Ok(())
+                l.commit()
             };
             let r = enqueue();
             drop(l);
@@ -651,7 +688,7 @@ mod tests {
         let src = dev.alloc(slot).unwrap();
         let start = dev.alloc_flags(1).unwrap();
         let lane = |area: &Arc<FlagArea>| Lane {
-            queue: dev.create_copy_queue().unwrap(),
+            queue: Batch::new(dev.create_copy_queue().unwrap()),
             area: area.clone(),
             me: 0,
             staged: area_dev.add(Segment::staged_offset(0)),
@@ -670,6 +707,7 @@ mod tests {
         assert!(!l.submit(Entry::Start { flag: start.dev_addr(0), value: 1 }).unwrap());
         let n = 200u64;
         let held = (1..=n).map(|g| l.submit(chunk(g)).unwrap()).filter(|h| *h).count() as u64;
+        l.commit().unwrap();
         assert!(l.holds() && held > 0, "{n} chunks behind a waiting head were all enqueued");
         assert!(l.entries <= STAGED_QUEUE_ENTRIES, "{} entries enqueued, budget {STAGED_QUEUE_ENTRIES}", l.entries);
         assert!(!l.flush().unwrap(), "the full queue took more");
@@ -688,6 +726,7 @@ mod tests {
         // The receiver stops draining: the queue waits for a slot, the rest is held back.
         let more = n + 2 * STAGED_QUEUE_ENTRIES;
         let held = (n + 1..=more).map(|g| l.submit(chunk(g)).unwrap()).filter(|h| *h).count();
+        l.commit().unwrap();
         assert!(held > 0);
         until("the queue to fill the ring", || staged.load(Ordering::Acquire) == n + slots);
         let last = l.marks.back().map(|m| m.0).unwrap();
