@@ -158,7 +158,6 @@ mod tests {
         b.flush().unwrap();
         b.flush().unwrap();
         assert_eq!(b.held(), 0);
-        drop(b);
         assert_eq!(
             r.0,
             vec![
@@ -179,7 +178,6 @@ mod tests {
         let n = 2 * BATCH_OPS as u64 + 3;
         (0..n).for_each(|i| b.write(DevPtr(8), i).unwrap());
         b.flush().unwrap();
-        drop(b);
         let sizes: Vec<usize> = r.0.iter().map(|c| c.as_ref().map_or(0, Vec::len)).collect();
         assert_eq!(sizes, vec![BATCH_OPS, BATCH_OPS, 3]);
         let all: Vec<MemOp> = r.0.into_iter().flat_map(|c| c.unwrap()).collect();
