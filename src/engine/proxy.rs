@@ -25,7 +25,8 @@
 //! reported by the transport by op). No turn visits every op.
 //!
 //! **Waiting.** A turn that moved nothing spins for [`SPIN_TURNS`] turns, then yields until
-//! [`YIELD_FOR`] has passed since the last turn that moved something. Then, with nothing
+//! [`YIELD_FOR`] has passed since the last turn that moved something ([`STAGED_YIELD_FOR`]
+//! while staged ops are pending, whose completion only the proxy's store releases). Then, with nothing
 //! pending, the thread parks ([`IDLE_PARK`]; `Engine::submit` unparks it, so a new op is
 //! seen within microseconds); with ops waiting on the GPU or a peer, it sleeps
 //! [`WAIT_SLEEP`] per turn (the kernel's timer slack, 50 µs by default, adds to it).
@@ -238,6 +239,12 @@ const SPIN_TURNS: u32 = 64;
 /// How long after the last turn that moved something the proxy yields (instead of
 /// sleeping): a reply or completion this soon is seen at once.
 const YIELD_FOR: Duration = Duration::from_micros(50);
+/// How long after the last turn that moved something the proxy keeps yielding while staged
+/// ops are pending: their streams wait for the `finish` store the proxy makes once it sees
+/// the staged words, so a sleeping proxy (WAIT_SLEEP plus the kernel's timer slack, about
+/// 70 µs) would be the op's latency. Bounded so that ops queued far ahead of their streams
+/// do not keep a core busy.
+const STAGED_YIELD_FOR: Duration = Duration::from_millis(2);
 /// The sleep per turn while ops wait on the GPU or a peer.
 const WAIT_SLEEP: Duration = Duration::from_micros(20);
 /// The park of an idle proxy (no op, no data in flight); `Engine::submit` and shutdown
@@ -360,7 +367,7 @@ impl Proxy {
             idle = idle.saturating_add(1);
             if idle < SPIN_TURNS {
                 std::hint::spin_loop();
-            } else if last_active.elapsed() < YIELD_FOR {
+            } else if last_active.elapsed() < YIELD_FOR || (!self.staged_ops.is_empty() && last_active.elapsed() < STAGED_YIELD_FOR) {
                 std::thread::yield_now();
             } else if self.ops.is_empty() && self.templates.is_empty() && !self.transport.data_in_flight() && !self.transport.signals_queued() && self.stopping.is_none() {
                 // Nothing pending: a command unparks the thread.

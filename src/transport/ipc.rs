@@ -14,6 +14,8 @@ pub const IMPORT_CACHE_CAP: usize = 1024;
 
 struct Entry {
     base: DevPtr,
+    /// The allocation's address in its owner's process.
+    remote_base: u64,
     len: usize,
     refs: usize,
     last_use: u64,
@@ -58,9 +60,33 @@ impl ImportCache {
         let (base, imported) = if m.pid == std::process::id() {
             (DevPtr(m.base), false)
         } else {
-            (dev.import(&ExportHandle(m.handle), m.alloc_len as usize)?, true)
+            // A new allocation of the peer where a cached mapping of its own lies means the
+            // peer freed that one; CUDA maps an import at its owner's address, so the stale
+            // mapping would make this import fail (CUDA_ERROR_ALREADY_MAPPED): close it first.
+            let (lo, hi) = (m.base, m.base.saturating_add(m.alloc_len));
+            let stale: Vec<_> = self
+                .entries
+                .iter()
+                .filter(|(k, e)| k.0 == peer && e.imported && e.refs == 0 && e.remote_base < hi && lo < e.remote_base + e.len as u64)
+                .map(|(k, _)| *k)
+                .collect();
+            for k in stale {
+                if let Some(e) = self.entries.remove(&k) {
+                    Self::close(dev, &e);
+                }
+            }
+            let p = dev.import(&ExportHandle(m.handle), m.alloc_len as usize).inspect_err(|e| {
+                let near: Vec<String> = self
+                    .entries
+                    .iter()
+                    .filter(|(_, x)| x.base.0 < hi && lo < x.base.0 + x.len as u64)
+                    .map(|(k, x)| format!("peer {} id {} at {:#x}+{} (refs {})", k.0, k.1, x.base.0, x.len, x.refs))
+                    .collect();
+                log::warn!("hoccl: mapping rank {peer}'s allocation {} ({:#x}+{}) failed: {e}; cached mappings over that range: {near:?}", m.alloc_id, m.base, m.alloc_len);
+            })?;
+            (p, true)
         };
-        self.entries.insert(key, Entry { base, len: m.alloc_len as usize, refs: 1, last_use: self.clock, imported });
+        self.entries.insert(key, Entry { base, remote_base: m.base, len: m.alloc_len as usize, refs: 1, last_use: self.clock, imported });
         Ok(Mapped { key, base })
     }
 
