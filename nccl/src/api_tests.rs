@@ -352,6 +352,28 @@ fn all_reduce_checks(c: ncclComm_t, n: usize) {
     assert!(out.f32s().iter().enumerate().all(|(i, v)| *v == base + (n * i) as f32), "rank {rank} of {n}");
 }
 
+/// Rank `r` of three shrinks `c` without rank 1 (`flag`) and checks the new communicator.
+fn shrink_out_rank_1(c: ncclComm_t, r: usize, flag: c_int) {
+    let mut ex = [1 as c_int];
+    let mut sub = null_mut();
+    ok(ncclCommShrink(c, ex.as_mut_ptr(), 1, &mut sub, null_mut(), flag));
+    let mut me = -1;
+    ok(ncclCommUserRank(sub, &mut me));
+    assert_eq!(me, r as c_int / 2, "survivors renumbered in order");
+    all_reduce_checks(sub, 2);
+    ok(ncclCommDestroy(sub));
+}
+
+/// A one-rank communicator through a unique id, on the host backend.
+fn one_rank() -> ncclComm_t {
+    std::env::set_var("HOCCL_BACKEND", "host");
+    let mut uid = UniqueId { internal: [0; 128] };
+    ok(ncclGetUniqueId(&mut uid));
+    let mut c = null_mut();
+    ok(ncclCommInitRank(&mut c, 1, uid, 0));
+    c
+}
+
 /// Three ranks; rank 1 (alive) is excluded and takes no part. Rank 0 shrinks with
 /// NCCL_SHRINK_DEFAULT (its parent stays usable), rank 2 with NCCL_SHRINK_ABORT (its parent
 /// is aborted: every call but destroy fails).
@@ -365,15 +387,8 @@ fn shrink_excludes_a_rank_that_does_not_call() {
             std::thread::spawn(move || {
                 let c = c as ncclComm_t;
                 if r != 1 {
-                    let mut ex = [1 as c_int];
                     let flag = if r == 0 { NCCL_SHRINK_DEFAULT } else { NCCL_SHRINK_ABORT };
-                    let mut sub = null_mut();
-                    ok(ncclCommShrink(c, ex.as_mut_ptr(), 1, &mut sub, null_mut(), flag));
-                    let mut me = -1;
-                    ok(ncclCommUserRank(sub, &mut me));
-                    assert_eq!(me, r as c_int / 2, "survivors renumbered in order");
-                    all_reduce_checks(sub, 2);
-                    ok(ncclCommDestroy(sub));
+                    shrink_out_rank_1(c, r, flag);
                     if flag == NCCL_SHRINK_ABORT {
                         let b = Buf::new(4);
                         assert_ne!(ncclAllReduce(b.0, b.0, 4, 7, 0, c, null_mut()), NCCL_SUCCESS, "the aborted parent refuses operations");
@@ -424,11 +439,7 @@ fn shrink_inside_a_group_from_one_thread() {
 
 #[test]
 fn shrink_bad_arguments() {
-    std::env::set_var("HOCCL_BACKEND", "host");
-    let mut uid = UniqueId { internal: [0; 128] };
-    ok(ncclGetUniqueId(&mut uid));
-    let mut c = null_mut();
-    ok(ncclCommInitRank(&mut c, 1, uid, 0));
+    let c = one_rank();
     let mut sub = 1usize as ncclComm_t;
     let bad: [(&[c_int], c_int, c_int, &str); 5] = [
         (&[], 0, 2, "shrinkFlags"),
@@ -467,47 +478,33 @@ fn stream_drains(c: ncclComm_t) -> bool {
 /// what NCCL allows after a revoke (shrink, destroy) and refuses the rest with NCCL's codes.
 #[test]
 fn revoke_releases_pending_operations_then_shrink() {
-    let comms = init_all(3);
-    let threads: Vec<_> = comms
-        .iter()
-        .enumerate()
-        .map(|(r, &c)| {
-            std::thread::spawn(move || {
-                let c = c as ncclComm_t;
-                if r == 1 {
-                    return ok(ncclCommAbort(c));
-                }
-                let b = Buf::new(64);
-                ok(ncclAllReduce(b.0, b.0, 64, 7, 0, c, null_mut()));
-                assert!(live("test", c).unwrap().pending() > 0, "rank {r}: the AllReduce without rank 1 is not pending");
-                ok(ncclCommRevoke(c, NCCL_REVOKE_DEFAULT));
-                assert!(stream_drains(c), "rank {r}: the revoked AllReduce still holds its stream");
-                let mut e = -1;
-                ok(ncclCommGetAsyncError(c, &mut e));
-                assert_eq!(e, NCCL_SUCCESS, "rank {r}: a revoked communicator is quiescent");
-                assert_eq!(ncclAllReduce(b.0, b.0, 64, 7, 0, c, null_mut()), NCCL_INVALID_USAGE);
-                assert!(last().contains("revoked"), "{}", last());
-                assert_eq!(ncclCommRevoke(c, NCCL_REVOKE_DEFAULT), NCCL_INVALID_ARGUMENT);
-                assert!(last().contains("already revoked"), "{}", last());
-                assert_eq!(ncclCommFinalize(c), NCCL_INVALID_ARGUMENT);
-                let (mut size, mut me) = (-1, -1);
-                ok(ncclCommCount(c, &mut size));
-                assert_eq!(size, 3, "queries still answer");
-                let mut sub = null_mut();
-                let mut ex = [1 as c_int];
-                ok(ncclCommShrink(c, ex.as_mut_ptr(), 1, &mut sub, null_mut(), NCCL_SHRINK_DEFAULT));
-                ok(ncclCommUserRank(sub, &mut me));
-                assert_eq!(me, r as c_int / 2);
-                all_reduce_checks(sub, 2);
-                ok(ncclCommDestroy(sub));
-                drop(b);
-                ok(ncclCommDestroy(c));
-            })
-        })
-        .collect();
-    for t in threads {
-        t.join().unwrap();
-    }
+    on_each_rank(&init_all(3), |c| {
+        let mut rank = -1;
+        ok(ncclCommUserRank(c, &mut rank));
+        let r = rank as usize;
+        if r == 1 {
+            return ok(ncclCommAbort(c));
+        }
+        let b = Buf::new(64);
+        ok(ncclAllReduce(b.0, b.0, 64, 7, 0, c, null_mut()));
+        assert!(live("test", c).unwrap().pending() > 0, "rank {r}: the AllReduce without rank 1 is not pending");
+        ok(ncclCommRevoke(c, NCCL_REVOKE_DEFAULT));
+        assert!(stream_drains(c), "rank {r}: the revoked AllReduce still holds its stream");
+        let mut e = -1;
+        ok(ncclCommGetAsyncError(c, &mut e));
+        assert_eq!(e, NCCL_SUCCESS, "rank {r}: a revoked communicator is quiescent");
+        assert_eq!(ncclAllReduce(b.0, b.0, 64, 7, 0, c, null_mut()), NCCL_INVALID_USAGE);
+        assert!(last().contains("revoked"), "{}", last());
+        assert_eq!(ncclCommRevoke(c, NCCL_REVOKE_DEFAULT), NCCL_INVALID_ARGUMENT);
+        assert!(last().contains("already revoked"), "{}", last());
+        assert_eq!(ncclCommFinalize(c), NCCL_INVALID_ARGUMENT);
+        let mut size = -1;
+        ok(ncclCommCount(c, &mut size));
+        assert_eq!(size, 3, "queries still answer");
+        shrink_out_rank_1(c, r, NCCL_SHRINK_DEFAULT);
+        drop(b);
+        ok(ncclCommDestroy(c));
+    });
 }
 
 /// Both ranks revoke an idle communicator and split it: the split runs over the revoked
@@ -535,11 +532,7 @@ fn revoke_then_split() {
 /// `ncclInvalidUsage`.
 #[test]
 fn revoke_arguments() {
-    std::env::set_var("HOCCL_BACKEND", "host");
-    let mut uid = UniqueId { internal: [0; 128] };
-    ok(ncclGetUniqueId(&mut uid));
-    let mut c = null_mut();
-    ok(ncclCommInitRank(&mut c, 1, uid, 0));
+    let c = one_rank();
     ok(ncclCommRevoke(null_mut(), NCCL_REVOKE_DEFAULT));
     assert_eq!(ncclCommRevoke(c, 1), NCCL_INVALID_ARGUMENT);
     assert!(last().contains("revokeFlags"), "{}", last());
