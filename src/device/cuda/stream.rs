@@ -153,11 +153,23 @@ pub(super) fn enqueue_wait_geq(op: &'static str, st: sys::CUstream, flag: DevPtr
     check(op, "cuStreamWaitValue32_v2", unsafe { sys::cuStreamWaitValue32_v2(st, flag.0, v as u32, WAIT_GEQ) })
 }
 
-/// Enqueue `ops` on `st` in order with `cuStreamBatchMemOp`, [`BATCH_CALL_OPS`] at most per
-/// call (64-bit operations, or the 32-bit fallback of the single calls). The caller has
-/// checked every flag, holds the context and its enqueue gate. On an error the calls before
-/// the failed one stay enqueued.
+/// Enqueue `ops` on `st` in order with `cuStreamBatchMemOp`, [`BATCH_CALL_OPS`] entries at
+/// most per call (64-bit operations, or the 32-bit fallback of the single calls). The caller
+/// has checked every flag, holds the context and its enqueue gate. On an error the calls
+/// before the failed one stay enqueued.
 pub(super) fn enqueue_mem_ops(op: &'static str, st: sys::CUstream, ops: &[MemOp], mem_ops_64: bool) -> Result<()> {
+    batches(ops, mem_ops_64, |params| {
+        // SAFETY: `params` are initialised operations on checked, 8-byte-aligned (4-byte for
+        // a high half) device-visible addresses; the driver reads the array during the call
+        // only and validates the stream handle.
+        check(op, "cuStreamBatchMemOp_v2", unsafe { sys::cuStreamBatchMemOp_v2(st, params.len() as u32, params.as_mut_ptr(), 0) })
+    })
+}
+
+/// The driver's entries for `ops`, in order, handed to `submit` in slices of at most
+/// [`BATCH_CALL_OPS`]; a 32-bit fallback write is two entries (low word, then high word, as
+/// `enqueue_write`), never split between two slices.
+fn batches(ops: &[MemOp], mem_ops_64: bool, mut submit: impl FnMut(&mut [sys::CUstreamBatchMemOpParams]) -> Result<()>) -> Result<()> {
     use sys::CUstreamBatchMemOpType as T;
     let mut params: [sys::CUstreamBatchMemOpParams; BATCH_CALL_OPS] = [sys::CUstreamBatchMemOpParams { pad: [0; 6] }; BATCH_CALL_OPS];
     let mut n = 0;
@@ -167,19 +179,15 @@ pub(super) fn enqueue_mem_ops(op: &'static str, st: sys::CUstream, ops: &[MemOp]
             (MemOp::Write { flag, value }, true) => params[n] = batch_param(T::CU_STREAM_MEM_OP_WRITE_VALUE_64, flag.0, value),
             (MemOp::WaitGeq { flag, value }, false) => params[n] = batch_param(T::CU_STREAM_MEM_OP_WAIT_VALUE_32, flag.0, value),
             (MemOp::Write { flag, value }, false) => {
-                // Low word first, then high word, as `enqueue_write`.
                 params[n] = batch_param(T::CU_STREAM_MEM_OP_WRITE_VALUE_32, flag.0, value);
                 n += 1;
                 params[n] = batch_param(T::CU_STREAM_MEM_OP_WRITE_VALUE_32, flag.0 + 4, value >> 32);
             }
         }
         n += 1;
-        // An operation is at most two entries: a call holds each one whole.
+        // An operation is at most two entries: a slice holds each one whole.
         if n + 2 > BATCH_CALL_OPS || i + 1 == ops.len() {
-            // SAFETY: params[..n] are initialised operations on checked, 8-byte-aligned
-            // (4-byte for a high half) device-visible addresses; the driver reads the array
-            // during the call only and validates the stream handle.
-            check(op, "cuStreamBatchMemOp_v2", unsafe { sys::cuStreamBatchMemOp_v2(st, n as u32, params.as_mut_ptr(), 0) })?;
+            submit(&mut params[..n])?;
             n = 0;
         }
     }
@@ -218,4 +226,75 @@ pub(super) fn check_flag(op: &'static str, flag: DevPtr) -> Result<()> {
         return Err(Error::invalid_arg(op, format!("flag address {:#x} is null or not 8-byte aligned", flag.0)));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sys::CUstreamBatchMemOpType as T;
+
+    /// (kind, address, value, flags) of each entry, per driver call.
+    fn entries(ops: &[MemOp], mem_ops_64: bool) -> Vec<Vec<(T, u64, u64, u32)>> {
+        let mut calls = Vec::new();
+        batches(ops, mem_ops_64, |params| {
+            let read = |p: &sys::CUstreamBatchMemOpParams| {
+                // SAFETY: every entry was written whole through `waitValue` or `writeValue`
+                // (`batch_param`), which share their layout up to `flags`; `operation` says which.
+                unsafe {
+                    match p.operation {
+                        T::CU_STREAM_MEM_OP_WAIT_VALUE_32 | T::CU_STREAM_MEM_OP_WAIT_VALUE_64 => (p.waitValue.operation, p.waitValue.address, p.waitValue.__bindgen_anon_1.value64, p.waitValue.flags),
+                        _ => (p.writeValue.operation, p.writeValue.address, p.writeValue.__bindgen_anon_1.value64, p.writeValue.flags),
+                    }
+                }
+            };
+            calls.push(params.iter().map(read).collect());
+            Ok(())
+        })
+        .unwrap();
+        calls
+    }
+
+    const W: MemOp = MemOp::WaitGeq { flag: DevPtr(0x1000), value: 0x1_0000_0002 };
+    const S: MemOp = MemOp::Write { flag: DevPtr(0x2000), value: 0x3_0000_0004 };
+
+    #[test]
+    fn wide_operations_are_one_entry_each() {
+        assert_eq!(
+            entries(&[W, S], true),
+            vec![vec![(T::CU_STREAM_MEM_OP_WAIT_VALUE_64, 0x1000, 0x1_0000_0002, WAIT_GEQ), (T::CU_STREAM_MEM_OP_WRITE_VALUE_64, 0x2000, 0x3_0000_0004, WRITE_DEFAULT)]]
+        );
+    }
+
+    /// The 32-bit fallback: a wait compares the low word; a write is the low word, then the
+    /// high word at `flag + 4`, as the single calls do.
+    #[test]
+    fn the_fallback_splits_writes_low_word_first() {
+        assert_eq!(
+            entries(&[W, S], false),
+            vec![vec![
+                (T::CU_STREAM_MEM_OP_WAIT_VALUE_32, 0x1000, 2, WAIT_GEQ),
+                (T::CU_STREAM_MEM_OP_WRITE_VALUE_32, 0x2000, 4, WRITE_DEFAULT),
+                (T::CU_STREAM_MEM_OP_WRITE_VALUE_32, 0x2004, 3, WRITE_DEFAULT),
+            ]]
+        );
+    }
+
+    /// A long run goes in calls of at most `BATCH_CALL_OPS` entries, in order, a fallback
+    /// write's two entries always in the same call.
+    #[test]
+    fn long_runs_split_between_operations() {
+        for wide in [true, false] {
+            let ops: Vec<MemOp> = (0..200u64).map(|v| if v % 3 == 0 { MemOp::WaitGeq { flag: DevPtr(8 * v), value: v } } else { MemOp::Write { flag: DevPtr(8 * v), value: v << 32 | v } }).collect();
+            let calls = entries(&ops, wide);
+            assert!(calls.len() > 1 && calls.iter().all(|c| !c.is_empty() && c.len() <= BATCH_CALL_OPS), "{wide}: {:?}", calls.iter().map(Vec::len).collect::<Vec<_>>());
+            let all: Vec<_> = calls.iter().flatten().copied().collect();
+            // 133 of the 200 are writes: two entries each in the fallback.
+            assert_eq!(all.len(), if wide { 200 } else { 200 + 133 });
+            for c in &calls {
+                assert!(c[0].1 % 8 == 0, "{wide}: a call starts with the high word of a write: {:?}", c[0]);
+            }
+            let addrs: Vec<u64> = all.iter().map(|e| e.1 & !7).collect();
+            assert!(addrs.windows(2).all(|w| w[0] <= w[1]), "{wide}: entries out of order");
+        }
+    }
 }
