@@ -533,8 +533,8 @@ impl Staged {
     /// After a failed enqueue of `recvs` (here, or of the rest of their call: their last
     /// operations may not be on the stream): release every wait the stream may hold for
     /// them (this rank's `staged` and `drained` words of their senders, which also releases
-    /// those senders' queues), and stop staging, since the chunk counts may now differ
-    /// from the peers'.
+    /// those senders' queues), and stop staging: this rank's chunk counts may differ from
+    /// the peers' from then on.
     pub fn abandon(&mut self, recvs: &[Transfer]) {
         for x in recvs {
             if let Some(Some(p)) = self.peers.get(x.peer) {
