@@ -2,8 +2,11 @@
 //! holds its buffer, the sender maps it once and copies straight into it.
 //!
 //! Mappings are cached per (peer rank, allocation id). Allocation ids change when memory is
-//! freed and reallocated, so a reused address is never served a stale mapping. Entries in
-//! use by in-flight copies are pinned (`refs > 0`) and never evicted.
+//! freed and reallocated, so a reused address is never served a stale mapping; and since
+//! CUDA maps an import at its owner's address, an unpinned mapping of the peer that overlaps
+//! a new allocation of it is closed before that allocation is imported (the import would
+//! fail with `CUDA_ERROR_ALREADY_MAPPED`). Entries in use by in-flight copies are pinned
+//! (`refs > 0`) and never evicted.
 use crate::device::{Allocation, DevPtr, Device, ExportHandle};
 use crate::error::Result;
 use crate::transport::Wire;
