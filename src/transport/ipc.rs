@@ -2,11 +2,11 @@
 //! holds its buffer, the sender maps it once and copies straight into it.
 //!
 //! Mappings are cached per (peer rank, allocation id). Allocation ids change when memory is
-//! freed and reallocated, so a reused address is never served a stale mapping; and since
-//! CUDA maps an import at its owner's address, an unpinned mapping of the peer that overlaps
-//! a new allocation of it is closed before that allocation is imported (the import would
-//! fail with `CUDA_ERROR_ALREADY_MAPPED`). Entries in use by in-flight copies are pinned
-//! (`refs > 0`) and never evicted.
+//! freed and reallocated, so a reused address is never served a stale mapping. But CUDA maps
+//! an import at its owner's address: while a mapping of a freed allocation stays cached, a
+//! new allocation of that peer overlapping it cannot be imported (`CUDA_ERROR_ALREADY_MAPPED`,
+//! the op fails; docs/design.md, "Current limits"). Entries in use by in-flight copies are
+//! pinned (`refs > 0`) and never evicted.
 use crate::device::{Allocation, DevPtr, Device, ExportHandle};
 use crate::error::Result;
 use crate::transport::Wire;
@@ -17,8 +17,6 @@ pub const IMPORT_CACHE_CAP: usize = 1024;
 
 struct Entry {
     base: DevPtr,
-    /// The allocation's address in its owner's process.
-    remote_base: u64,
     len: usize,
     refs: usize,
     last_use: u64,
@@ -63,21 +61,12 @@ impl ImportCache {
         let (base, imported) = if m.pid == std::process::id() {
             (DevPtr(m.base), false)
         } else {
-            // A new allocation of the peer where a cached mapping of its own lies means the
-            // peer freed that one; CUDA maps an import at its owner's address, so the stale
-            // mapping would make this import fail (CUDA_ERROR_ALREADY_MAPPED): close it first.
+            // CUDA maps an import at its owner's address, so a cached mapping of an allocation
+            // the peer has freed (this cache cannot know) that overlaps a new allocation of it
+            // makes this import fail with CUDA_ERROR_ALREADY_MAPPED. Closing it here is not
+            // safe: the close can wait for device work that waits for this proxy. The failure
+            // is reported with the overlapping mappings.
             let (lo, hi) = (m.base, m.base.saturating_add(m.alloc_len));
-            let stale: Vec<_> = self
-                .entries
-                .iter()
-                .filter(|(k, e)| k.0 == peer && e.imported && e.refs == 0 && e.remote_base < hi && lo < e.remote_base + e.len as u64)
-                .map(|(k, _)| *k)
-                .collect();
-            for k in stale {
-                if let Some(e) = self.entries.remove(&k) {
-                    Self::close(dev, &e);
-                }
-            }
             let p = dev.import(&ExportHandle(m.handle), m.alloc_len as usize).inspect_err(|e| {
                 let near: Vec<String> = self
                     .entries
@@ -89,7 +78,7 @@ impl ImportCache {
             })?;
             (p, true)
         };
-        self.entries.insert(key, Entry { base, remote_base: m.base, len: m.alloc_len as usize, refs: 1, last_use: self.clock, imported });
+        self.entries.insert(key, Entry { base, len: m.alloc_len as usize, refs: 1, last_use: self.clock, imported });
         Ok(Mapped { key, base })
     }
 
