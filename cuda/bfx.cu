@@ -8,6 +8,10 @@
 // compressed size before it writes anything. It publishes that size and finds its offset in
 // the contiguous stream with a decoupled look-back over its predecessors, then writes every
 // section straight to its final place. No second pass, no compaction.
+//
+// Included once (the fatbin's one translation unit includes every kernel file, and
+// bfx_fused.cu includes this one for the encoder's block functions).
+#pragma once
 #include "bfx.cuh"
 
 #include <type_traits>
@@ -750,11 +754,45 @@ __device__ __forceinline__ uint32_t encode_codes(EncSmem<CPT>& sm, Out<D> (&o)[C
 // ---- one block, in two phases: the building blocks for kernels that place blocks
 // themselves (the single-pass stream below; fused collectives writing into a peer's slot).
 
+// Every thread, before a block's phase 1 (and before the barrier that ends its loads): clear
+// the histogram, copy the compaction selectors.
+template <class D, int CPT>
+__device__ __forceinline__ void encode_block_init(EncSmem<CPT>& sm) {
+    const int tid = threadIdx.x;
+    if (tid < D::NSYM) sm.hist[tid] = 0;
+    sm.cx[tid] = kCx.v[tid];  // read after the barriers of phase 1
+}
+
 // The full blocks' loads with ld128_once's cache hint (no L1 allocation, the read-only
 // path, 256-byte L2 fetches) in the two-tier 16-bit kernels: 0.5-1.5 % faster there on the
 // H200; the one-tier and fp32 kernels run 1-4 % slower with it.
 template <class D, bool T1>
 constexpr bool kLoadOnce = !T1 && D::SIZE == 2;
+
+// Phase 1 from the block's chunks already in registers (chunk i * ET + tid in ch[i]; every
+// thread, after encode_block_init): what encode_block_begin does after its loads. For
+// kernels whose block is not in global memory (bfx_fused.cu: the reduced block in shared
+// memory).
+template <class D, int CPT, bool T1, class OnSize>
+__device__ __forceinline__ uint32_t encode_block_chunks(EncSmem<CPT>& sm, Out<D> (&o)[CPT], const Chunk<D> (&ch)[CPT], int nb,
+                                                        uint32_t tiers, OnSize on_size) {
+    const int tid = threadIdx.x;
+    const bool full = nb == ETILE * CPT;  // uniform: only a partial block has chunk bounds to check
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < CPT; ++i) {
+        if (!(full || 8 * (i * ET + tid) < nb)) continue;
+        // value 0's exponent times 4, a byte offset into hist, straight from its word
+        const uint32_t off = (top_pair<D>(ch[i], 0) >> (D::ESHIFT - 2)) & ((D::EMASK2 & 0xffffu) << 2);
+        atomicAdd(reinterpret_cast<uint32_t*>(reinterpret_cast<uint8_t*>(sm.hist) + off), 1u);
+    }
+    __syncthreads();
+    choose<D, CPT>(sm, nb, tiers);
+    if constexpr (kSpread<D>) {
+        if (sm.k1 <= 3) return encode_codes<D, CPT, true, T1>(sm, o, ch, nb, on_size);
+    }
+    return encode_codes<D, CPT, false, T1>(sm, o, ch, nb, on_size);
+}
 
 // Phase 1, every thread of a CTA of ET: load the block at `src` (nb values, nb <=
 // 2048·CPT; `aligned`: src is 16-byte aligned), choose its table and widths, code every
@@ -771,8 +809,7 @@ __device__ __forceinline__ uint32_t encode_block_begin(EncSmem<CPT>& sm, Out<D> 
     const int tid = threadIdx.x;
     const bool full = nb == ETILE * CPT;  // uniform: only a partial block has chunk bounds to check
     Chunk<D> ch[CPT];
-    if (tid < D::NSYM) sm.hist[tid] = 0;
-    sm.cx[tid] = kCx.v[tid];  // read after the barriers below
+    encode_block_init<D>(sm);
     if (aligned && full) {  // uniform: the common case without a check per chunk (a bounds test
                             // and a branch around the unaligned path per chunk are 2 % of the
                             // instructions; this path is 1.5-3 % faster on the H200)
@@ -792,20 +829,7 @@ __device__ __forceinline__ uint32_t encode_block_begin(EncSmem<CPT>& sm, Out<D> 
 #pragma unroll
         for (int i = 0; i < CPT; ++i) ch[i] = load_chunk<D>(src, i * ET + tid, nb, aligned, full);
     }
-    __syncthreads();
-#pragma unroll
-    for (int i = 0; i < CPT; ++i) {
-        if (!(full || 8 * (i * ET + tid) < nb)) continue;
-        // value 0's exponent times 4, a byte offset into hist, straight from its word
-        const uint32_t off = (top_pair<D>(ch[i], 0) >> (D::ESHIFT - 2)) & ((D::EMASK2 & 0xffffu) << 2);
-        atomicAdd(reinterpret_cast<uint32_t*>(reinterpret_cast<uint8_t*>(sm.hist) + off), 1u);
-    }
-    __syncthreads();
-    choose<D, CPT>(sm, nb, tiers);
-    if constexpr (kSpread<D>) {
-        if (sm.k1 <= 3) return encode_codes<D, CPT, true, T1>(sm, o, ch, nb, on_size);
-    }
-    return encode_codes<D, CPT, false, T1>(sm, o, ch, nb, on_size);
+    return encode_block_chunks<D, CPT, T1>(sm, o, ch, nb, tiers, on_size);
 }
 
 // Phase 2, every thread, after a barrier that follows phase 1 (and, for a coded block with

@@ -368,6 +368,7 @@ inline uint32_t __reduce_min_sync(uint32_t, uint32_t v) {
 }
 inline int __popc(uint32_t v) { return __builtin_popcount(v); }
 inline int __ffs(uint32_t v) { return __builtin_ffs((int)v); }
+inline int __clz(uint32_t v) { return v ? __builtin_clz(v) : 32; }
 inline uint32_t __funnelshift_rc(uint32_t lo, uint32_t hi, uint32_t s) {
     return (uint32_t)((((uint64_t)hi << 32) | lo) >> (s < 32 ? s : 32));
 }

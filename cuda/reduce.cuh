@@ -45,6 +45,7 @@ __device__ __forceinline__ uint64_t nan_fix64(uint64_t r, uint64_t a, uint64_t b
     return 0x7ff8000000000000ull;
 }
 
+#ifndef BFX_EMU
 __device__ __forceinline__ uint32_t add32(uint32_t a, uint32_t b) {
     uint32_t r;
     asm("add.rn.f32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
@@ -108,6 +109,35 @@ __device__ __forceinline__ uint64_t f64_of(uint32_t n) {
     asm("cvt.rn.f64.u32 %0, %1;" : "=l"(r) : "r"(n));
     return r;
 }
+#else
+// The CPU emulator (bfx_emu.hpp, tests/fused_drc.rs): the host's IEEE binary32/binary64
+// arithmetic, round to nearest even with subnormals kept, as the PTX above (build it with
+// -ffp-contract=off, so no step is fused into another); NaN results go through the same rule.
+template <class F, class U>
+inline F emu_f(U u) {
+    F f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+template <class U, class F>
+inline U emu_u(F f) {
+    U u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+inline uint32_t add32(uint32_t a, uint32_t b) { return nan_fix32(emu_u<uint32_t>(emu_f<float>(a) + emu_f<float>(b)), a, b); }
+inline uint32_t mul32(uint32_t a, uint32_t b) { return nan_fix32(emu_u<uint32_t>(emu_f<float>(a) * emu_f<float>(b)), a, b); }
+inline uint32_t div32(uint32_t a, uint32_t b) { return nan_fix32(emu_u<uint32_t>(emu_f<float>(a) / emu_f<float>(b)), a, b); }
+inline bool gt32(uint32_t b, uint32_t a) { return emu_f<float>(b) > emu_f<float>(a); }
+inline bool lt32(uint32_t b, uint32_t a) { return emu_f<float>(b) < emu_f<float>(a); }
+inline uint64_t add64(uint64_t a, uint64_t b) { return nan_fix64(emu_u<uint64_t>(emu_f<double>(a) + emu_f<double>(b)), a, b); }
+inline uint64_t mul64(uint64_t a, uint64_t b) { return nan_fix64(emu_u<uint64_t>(emu_f<double>(a) * emu_f<double>(b)), a, b); }
+inline uint64_t div64(uint64_t a, uint64_t b) { return nan_fix64(emu_u<uint64_t>(emu_f<double>(a) / emu_f<double>(b)), a, b); }
+inline bool gt64(uint64_t b, uint64_t a) { return emu_f<double>(b) > emu_f<double>(a); }
+inline bool lt64(uint64_t b, uint64_t a) { return emu_f<double>(b) < emu_f<double>(a); }
+inline uint32_t f32_of(uint32_t n) { return emu_u<uint32_t>((float)n); }
+inline uint64_t f64_of(uint32_t n) { return emu_u<uint64_t>((double)n); }
+#endif
 
 // ------------------------------------------------------------------ conversions --------
 

@@ -251,14 +251,79 @@ mod fused {
         Ok(rows)
     }
 
+    /// The AllReduce step in one kernel (`decompress_reduce_compress_async`): the fold of the
+    /// compressed `inputs` and `local` (last) into `out`, coded into a stream; checked first
+    /// (the stream byte for byte the standalone compressor's of `out`), then timed, in
+    /// decompressed bytes of the compressed inputs per second, beside the standalone
+    /// compressor of the same run.
+    #[allow(clippy::too_many_arguments)]
+    fn drc_row(
+        dev: &dyn Device,
+        s: StreamHandle,
+        o: &Opts,
+        dt: Dtype,
+        inputs: &[(DevPtr, usize)],
+        local: DevPtr,
+        out: DevPtr,
+        status: DevPtr,
+        cap: usize,
+        compress_gbps: f64,
+    ) -> Result<String, String> {
+        use compress::fused;
+        let (n, m, name) = (o.size / dt.size(), inputs.len(), dt.name());
+        let e = |e: hoccl::Error| e.to_string();
+        let p = Params::default();
+        let ws_len = fused::drc_workspace_len(dt, m, n, &p).map_err(e)?;
+        let bufs: Vec<DevPtr> = [ws_len, cap, cap, 16].iter().map(|&l| dev.alloc(l)).collect::<Result<_, _>>().map_err(e)?;
+        let (ws, stream, reference, lens) = (bufs[0], bufs[1], bufs[2], bufs[3]);
+        let result = (|| -> Result<String, String> {
+            let drc_out = fused::DrcOut { out: stream, cap, out_len: lens, total: n, params: p };
+            let run = || -> Result<(), String> {
+                fused::drc_begin_async(dev, s, dt, &drc_out).map_err(e)?;
+                fused::decompress_reduce_compress_async(dev, s, dt, inputs, local, m, out, n, RedOp::Sum, status, &drc_out, 0, (ws, ws_len)).map_err(e)
+            };
+            run()?;
+            compress::compress_async(dev, s, dt, out, n, reference, cap, lens.add(8), &p).map_err(e)?;
+            dev.synchronize(s).map_err(e)?;
+            let mut w = [0u8; 16];
+            dev.copy_to_host(&mut w, lens).map_err(e)?;
+            let word = |i: usize| u64::from_le_bytes(w[i..i + 8].try_into().unwrap()) as usize;
+            let mut st = [0u8; 4];
+            dev.copy_to_host(&mut st, status).map_err(e)?;
+            compress::status_result(u32::from_le_bytes(st)).map_err(|x| format!("drc kernel ({name}): {x}"))?;
+            let (len, ref_len) = (word(0), word(8));
+            let (mut a, mut b) = (vec![0u8; len.min(cap)], vec![0u8; ref_len.min(cap)]);
+            dev.copy_to_host(&mut a, stream).map_err(e)?;
+            dev.copy_to_host(&mut b, reference).map_err(e)?;
+            if a != b {
+                return Err(format!("drc kernel ({m} {name} inputs): its stream ({len} bytes) differs from the compressor's ({ref_len} bytes)"));
+            }
+            let t = time(dev, s, 2, run)?;
+            let gbps = (m * o.size) as f64 / t / 1e9;
+            println!(
+                "  decompress + reduce + compress in one kernel, {m} compressed {name} inputs + 1 local: {gbps:.1} GB/s of decompressed inputs ({:.1}% of standalone compress; stream {len} bytes, the compressor's)",
+                100.0 * gbps / compress_gbps
+            );
+            Ok(format!(
+                "{{\"kind\": \"fused_decompress_reduce_compress\", \"dtype\": \"{name}\", \"op\": \"sum\", \"compressed_inputs\": {m}, \"local_inputs\": 1, \"bytes_per_input\": {}, \"seconds\": {t:.6e}, \"gbps\": {gbps:.2}, \"compress_gbps\": {compress_gbps:.2}, \"vs_compress\": {:.4}, \"stream_bytes\": {len}}}",
+                o.size,
+                gbps / compress_gbps
+            ))
+        })();
+        for b in bufs {
+            dev.free(b).map_err(e)?;
+        }
+        result
+    }
+
     /// The fused decompress+reduce kernel over 4 (bf16: then 3) of the compressed inputs and
     /// a raw local one (local last in the order), in decompressed bytes of the compressed
     /// inputs per second, beside the standalone decompressor's figure (4 streams, same data),
     /// and the two passes it replaces (each stream decompressed into a buffer of its own,
     /// then the CopyReduce kernel over them and the local input, default CTAs), in the same
-    /// unit. bf16 also: the AllReduce step as it runs (the fused kernel, then the standalone
-    /// compressor over its output, which reads it back), in the same unit, beside the
-    /// standalone compressor.
+    /// unit. bf16 also: the AllReduce step in one kernel (decompress + reduce + compress,
+    /// `drc_row`), and in two (the fused kernel, then the standalone compressor over its
+    /// output, which reads it back), in the same unit, beside the standalone compressor.
     #[allow(clippy::too_many_arguments)]
     fn fused_rows(
         dev: &dyn Device,
@@ -351,8 +416,12 @@ mod fused {
                     "{{\"kind\": \"two_pass_decompress_reduce\", \"dtype\": \"{name}\", \"op\": \"sum\", \"compressed_inputs\": {m}, \"local_inputs\": 1, \"bytes_per_input\": {}, \"seconds\": {t2:.6e}, \"gbps\": {gbps2:.2}, \"fused_gbps\": {gbps:.2}}}",
                     o.size
                 ));
+                if dt == Dtype::Bf16 {
+                    rows.push(drc_row(dev, s, o, dt, &inputs, local, out, status, cap, compress_gbps)?);
+                }
                 if dt == Dtype::Bf16 && m == 3 {
-                    // The AllReduce step of 4 ranks as it runs: fused, then compress the shard.
+                    // The AllReduce step of 4 ranks without the fused compression: fused
+                    // decompress + reduce, then compress the shard.
                     let step = || -> Result<(), String> {
                         run()?;
                         compress::compress_async(dev, s, dt, out, n, packed[4], cap, words.add(56), &Params::default()).map_err(|x| x.to_string())

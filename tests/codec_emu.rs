@@ -12,22 +12,7 @@ use std::sync::OnceLock;
 
 fn emulator() -> &'static PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-        let bin = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bfx_emu");
-        let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
-        let out = Command::new(&cxx)
-            .args(["-std=c++17", "-O2", "-g", "-Wall", "-Wno-unknown-pragmas", "-Wno-unused-function"])
-            .arg("-I")
-            .arg(root.join("cuda"))
-            .arg("-o")
-            .arg(&bin)
-            .arg(root.join("cuda/bfx_emu_main.cpp"))
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run the C++ compiler `{cxx}`: {e}"));
-        assert!(out.status.success(), "building the emulator failed:\n{}", String::from_utf8_lossy(&out.stderr));
-        bin
-    })
+    BIN.get_or_init(|| build_emulator("bfx_emu", &["-g"]))
 }
 
 /// The kernels under the emulator; `shift` misaligns the value buffers, `ctas` is the

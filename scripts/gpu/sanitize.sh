@@ -7,13 +7,15 @@
 #   fused decompress+reduce                   fused::fused_reduce_random_sizes_alignments_and_raw_blocks,
 #                                             fused::fused_reduce_reports_corrupt_inputs
 #   codec               tests/codec_cuda      cuda_sizes, cuda_block_sizes, cuda_rejects_corrupt_streams
+#   fused decompress+reduce+compress          tests/fused_drc cuda_alignments_in_place_tiers_and_eight_streams,
+#                                             cuda_corrupt_inputs_reported, cuda_stream_across_launches
 # Each run has its own time limit (a sanitized kernel runs 10-100x slower); a run that
 # reaches it is reported as such, not as clean. -> sanitize.log (one line per run + errors)
 #   SANITIZE_LIMIT  seconds per run (default 45)
 set -uo pipefail
 # shellcheck source=common.sh
 source "$(dirname "$0")/common.sh"
-need tests/reduce_kernels tests/codec_cuda
+need tests/reduce_kernels tests/codec_cuda tests/fused_drc
 san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 [ -x "$san" ] || { echo "sanitize.sh: compute-sanitizer not found" >&2; exit 2; }
 log="$results/sanitize.log"
@@ -35,6 +37,11 @@ runs=(
   "racecheck codec_cuda cuda_block_sizes"
   "synccheck reduce_kernels fused::fused_reduce_random_sizes_alignments_and_raw_blocks"
   "synccheck codec_cuda cuda_sizes"
+  "memcheck fused_drc cuda_alignments_in_place_tiers_and_eight_streams"
+  "memcheck fused_drc cuda_corrupt_inputs_reported"
+  "racecheck fused_drc cuda_alignments_in_place_tiers_and_eight_streams"
+  "racecheck fused_drc cuda_stream_across_launches"
+  "synccheck fused_drc cuda_alignments_in_place_tiers_and_eight_streams"
 )
 echo "# tool      binary          test                                                   result (seconds)" | tee -a "$log"
 for r in "${runs[@]}"; do

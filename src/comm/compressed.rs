@@ -20,6 +20,14 @@
 //! them. A user buffer not aligned to the value size goes through the staging buffer by a
 //! plain copy first (sends) or after (receives).
 //!
+//! **Precompressed sends.** The compressed AllReduce codes its shard for the AllGather in
+//! its reduce step (the fused decompress + reduce + compress kernel) into a per-stream
+//! buffer of its own ([`CodecState::gather_buffer`], kept like the staging, with its own
+//! length word); it then registers the range ([`CodecState::precompressed`]), and the
+//! AllGather's `prepare` sends that stream instead of compressing the shard again, when the
+//! shard is the op's only compressed send source. The receivers see the same stream and
+//! the same bound either way.
+//!
 //! **Corrupt input.** Each decompression writes a status word (a ring of [`STATUS_SLOTS`]
 //! host-visible words); the proxy scans the ring (`compress::first_rejection`) and a nonzero
 //! word becomes the
@@ -54,10 +62,27 @@ struct StreamStaging {
 #[derive(Default)]
 pub(super) struct CodecState {
     streams: HashMap<StreamHandle, StreamStaging>,
+    /// Per stream: where a reduce step codes the shard its AllGather sends.
+    gather: HashMap<StreamHandle, StreamStaging>,
+    /// The stream the next op's `prepare` sends instead of compressing its source.
+    pre: Option<Precompressed>,
     status: Option<Arc<FlagSlab>>,
     next_status: usize,
     outgrown: Vec<DevPtr>,
     outgrown_words: Vec<Arc<FlagSlab>>,
+}
+
+/// A send source already coded on `stream` (by the reduce step before the op): the stream
+/// of `src` (user buffer, bytes) at `buf`, `cap` = the bound both ends size the transfer
+/// with, its length in word 0 of `words` once the stream reaches the op.
+pub(super) struct Precompressed {
+    pub stream: StreamHandle,
+    pub dtype: Dtype,
+    pub src: (DevPtr, usize),
+    pub buf: DevPtr,
+    pub cap: usize,
+    pub alloc: Allocation,
+    pub words: Arc<FlagSlab>,
 }
 
 /// One received stream to decompress after the handshake.
@@ -83,8 +108,12 @@ pub(super) struct Plan {
 /// Whether a transfer of `len` bytes to or from `peer` is compressed: to a peer, at least
 /// [`MIN_BYTES`], and at least `from[peer]` (the communicator's per-peer rule for the dtype,
 /// `cost::CompressFrom`, the same on both ends of the transfer).
+pub(super) fn compresses(len: usize, peer: usize, me: usize, from: &[usize]) -> bool {
+    peer != me && len >= MIN_BYTES.max(from.get(peer).copied().unwrap_or(usize::MAX))
+}
+
 fn eligible(x: &Transfer, me: usize, from: &[usize]) -> bool {
-    x.peer != me && x.len >= MIN_BYTES.max(from.get(x.peer).copied().unwrap_or(usize::MAX))
+    compresses(x.len, x.peer, me, from)
 }
 
 fn up(x: usize) -> usize {
@@ -132,6 +161,15 @@ impl CodecState {
         for x in sends.iter().filter(|x| eligible(x, me, from)) {
             if !sources.contains(&(x.ptr, x.len)) {
                 sources.push((x.ptr, x.len));
+            }
+        }
+        // A source coded already (the AllReduce's shard) is sent as it is: no staging range,
+        // no compression. Only as the op's one source: its length word is its own.
+        let pre = self.pre.take().filter(|p| p.stream == stream && p.dtype == cdt && sources == [p.src]);
+        if let Some(p) = &pre {
+            sources.clear();
+            for x in sends.iter_mut().filter(|x| eligible(x, me, from) && (x.ptr, x.len) == p.src) {
+                *x = Transfer { peer: x.peer, ptr: p.buf, len: p.cap, alloc: Some(p.alloc), fill: Fill::Word(0) };
             }
         }
         let mut total = 0usize;
@@ -182,8 +220,49 @@ impl CodecState {
             });
             recvs[i] = Transfer { peer: x.peer, ptr: base.add(off), len: cap, alloc: Some(alloc), fill: Fill::UpTo };
         }
-        log::trace!("{OP}: {} compressed sends, {} compressed receives, {total} staging bytes", sources.len(), decompress.len());
-        Ok(Some(Plan { dtype: cdt, decompress, len_words: (!sources.is_empty()).then_some(words) }))
+        log::trace!(
+            "{OP}: {} compressed sends{}, {} compressed receives, {total} staging bytes",
+            sources.len(),
+            if pre.is_some() { " (one coded by the reduce step)" } else { "" },
+            decompress.len()
+        );
+        let len_words = match pre {
+            Some(p) => Some(p.words),
+            None => (!sources.is_empty()).then_some(words),
+        };
+        Ok(Some(Plan { dtype: cdt, decompress, len_words }))
+    }
+
+    /// The buffer on `stream` where a reduce step codes its AllGather's shard, grown to
+    /// `bytes` if needed, and its length word (word 0). Kept like the staging: the stream
+    /// orders one op's use of it before the next one's; outgrown buffers are freed at
+    /// destroy.
+    pub(super) fn gather_buffer(&mut self, dev: &dyn Device, stream: StreamHandle, bytes: usize) -> Result<(DevPtr, Allocation, Arc<FlagSlab>)> {
+        if let Some(g) = self.gather.get(&stream).filter(|g| g.cap >= bytes) {
+            return Ok((g.buf, g.alloc, g.words.clone()));
+        }
+        let cap = bytes.max(2 * self.gather.get(&stream).map_or(0, |g| g.cap));
+        let buf = dev.alloc(cap)?;
+        let made = dev.allocation(buf).and_then(|alloc| Ok(StreamStaging { buf, cap, alloc, words: Arc::new(dev.alloc_flags(1)?) }));
+        let g = match made {
+            Ok(g) => g,
+            Err(e) => {
+                let _ = dev.free(buf);
+                return Err(e);
+            }
+        };
+        let out = (g.buf, g.alloc, g.words.clone());
+        if let Some(old) = self.gather.insert(stream, g) {
+            self.outgrown.push(old.buf);
+            self.outgrown_words.push(old.words);
+        }
+        Ok(out)
+    }
+
+    /// Register (or, None, drop) the send source that the next op's `prepare` on its stream
+    /// sends without compressing it.
+    pub(super) fn precompressed(&mut self, p: Option<Precompressed>) {
+        self.pre = p;
     }
 
     /// The staging of `stream`, grown to `bytes` and `nwords` length words if needed.
@@ -214,7 +293,8 @@ impl CodecState {
     /// Free every staging buffer (the communicator's teardown, once no stream can still use
     /// them: `clean` as for the stream flags). Without `clean` they are left allocated.
     pub(super) fn release(&mut self, dev: &dyn Device, clean: bool) {
-        let bufs: Vec<DevPtr> = self.streams.drain().map(|(_, s)| s.buf).chain(self.outgrown.drain(..)).collect();
+        self.pre = None;
+        let bufs: Vec<DevPtr> = self.streams.drain().chain(self.gather.drain()).map(|(_, s)| s.buf).chain(self.outgrown.drain(..)).collect();
         self.outgrown_words.clear();
         if clean {
             for b in bufs {
@@ -266,5 +346,58 @@ impl Plan {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::BackendChoice;
+
+    fn send(dev: &dyn Device, peer: usize, ptr: DevPtr, len: usize) -> Transfer {
+        Transfer { peer, ptr, len, alloc: Some(dev.allocation(ptr).unwrap()), fill: Fill::Exact }
+    }
+
+    /// A registered precompressed source is sent as it is (its buffer, the bound, its own
+    /// length word) when it is the op's one compressed source on its stream, and dropped
+    /// otherwise (the source then compressed as usual).
+    #[test]
+    fn a_precompressed_source_is_sent_without_compressing() {
+        let dev = crate::device::open(BackendChoice::Host, 0).unwrap();
+        let d = dev.as_ref();
+        let s = d.create_stream().unwrap();
+        let len = 2 * MIN_BYTES;
+        let shard = d.alloc(len).unwrap();
+        let other = d.alloc(len).unwrap();
+        d.copy_from_host(shard, &vec![0x3cu8; len]).unwrap();
+        d.copy_from_host(other, &vec![0x3cu8; len]).unwrap();
+        let from = [0usize; 3];
+        let cap = compress::max_compressed_len(Dtype::Bf16, len / 2, &Params::default()).unwrap();
+        let mut st = CodecState::default();
+        let (buf, alloc, words) = st.gather_buffer(d, s, cap).unwrap();
+        let pre = |stream| Precompressed { stream, dtype: Dtype::Bf16, src: (shard, len), buf, cap, alloc, words: words.clone() };
+        // The shard to both peers: sent from the registered stream.
+        st.precompressed(Some(pre(s)));
+        let mut sends = vec![send(d, 1, shard, len), send(d, 2, shard, len)];
+        let plan = st.prepare(d, s, DataType::BF16, 0, &from, &mut sends, &mut []).unwrap().unwrap();
+        for x in &sends {
+            assert_eq!((x.ptr, x.len, x.alloc, x.fill), (buf, cap, Some(alloc), Fill::Word(0)), "peer {}", x.peer);
+        }
+        assert!(plan.len_words.as_ref().is_some_and(|w| Arc::ptr_eq(w, &words)), "the length word is the registered one");
+        assert!(st.pre.is_none(), "used once");
+        // Another stream, or another source beside it: compressed as usual, registration dropped.
+        let t = d.create_stream().unwrap();
+        for (stream, mut sends) in [(t, vec![send(d, 1, shard, len)]), (s, vec![send(d, 1, shard, len), send(d, 2, other, len)])] {
+            st.precompressed(Some(pre(s)));
+            let plan = st.prepare(d, stream, DataType::BF16, 0, &from, &mut sends, &mut []).unwrap().unwrap();
+            assert!(sends.iter().all(|x| x.ptr != buf && matches!(x.fill, Fill::Word(_))), "compressed into the staging");
+            assert!(plan.len_words.as_ref().is_some_and(|w| !Arc::ptr_eq(w, &words)));
+            assert!(st.pre.is_none());
+            d.synchronize(stream).unwrap();
+        }
+        st.release(d, true);
+        for p in [shard, other] {
+            d.free(p).unwrap();
+        }
     }
 }

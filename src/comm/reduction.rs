@@ -26,6 +26,10 @@
 //! contribution raw at position `rank`): the same fold, with no decompressed copy in the
 //! scratch. Where one launch cannot do it (more than `MAX_FUSED_INPUTS` peers, the host
 //! backend) the plan decompresses into the scratch slots and the step runs as above.
+//! AllReduce's steps also code the shard for the AllGather in the same kernel
+//! (decompress + reduce + compress, one stream over the shard's chunks, which must then end
+//! on codec blocks), and the AllGather sends that stream instead of compressing the shard
+//! again (`Communicator::drc_unfit` says when not).
 //!
 //! **Scratch.** One allocation per communicator, `n` slots of `Config::reduce_scratch / n`
 //! bytes (rounded down to 256), allocated at the first reduction that receives (or by
@@ -65,6 +69,17 @@ fn slot_bytes(scratch: usize, n: usize) -> usize {
     } else {
         (s & !7).max(8)
     }
+}
+
+/// An AllReduce's shard being coded by its reduce steps for the AllGather (`drc_begin`).
+struct Drc {
+    out_dtype: crate::compress::Dtype,
+    out: crate::compress::fused::DrcOut,
+    /// The stream's bound: the transfer's length on both ends.
+    cap: usize,
+    alloc: crate::device::Allocation,
+    words: std::sync::Arc<FlagSlab>,
+    workspace: (DevPtr, usize),
 }
 
 /// What kind of reduction, with its arguments.
@@ -333,6 +348,17 @@ impl Communicator {
             Some((_, slot)) => slot,
             None => st.scratch.as_ref().map_or(0, |x| x.slot),
         };
+        // AllReduce on the compressed engine: the reduce steps also code the shard for the
+        // AllGather (decompress + reduce + compress), when they can.
+        let drc = match self.drc_unfit(red, captured.is_some(), my_len, cap, chunks) {
+            Ok(cdt) => Some(self.drc_begin(st, red, cdt, (my_off, my_len), cap).map_err(|e| e.with_op(name))?),
+            Err(why) => {
+                if let Some(w) = why.filter(|_| !*logged) {
+                    log::debug!("rank {me}: {name} ({}): the AllGather compresses the shard again: {w}", red.dtype.name());
+                }
+                None
+            }
+        };
         for k in 0..chunks {
             let part = |len: usize| len.saturating_sub(k * cap).min(cap);
             let mut sends = Vec::new();
@@ -404,14 +430,19 @@ impl Communicator {
             };
             if plan.is_some() && !*logged {
                 *logged = true;
+                let and = if drc.is_some() { " + compress for the AllGather" } else { "" };
                 match why {
-                    None => log::debug!("rank {me}: {name} ({}): compressed reduce steps fused (decompress + reduce in one kernel)", red.dtype.name()),
-                    Some(w) => log::debug!("rank {me}: {name} ({}): compressed reduce steps in two passes (decompress, then reduce): {w}", red.dtype.name()),
+                    None => log::debug!("rank {me}: {name} ({}): compressed reduce steps fused (decompress + reduce{and} in one kernel)", red.dtype.name()),
+                    Some(w) => log::debug!("rank {me}: {name} ({}): compressed reduce steps in two passes (decompress, then reduce{and}): {w}", red.dtype.name()),
                 }
             }
-            match (fused, why) {
-                (Some(f), None) => {
-                    use crate::compress::fused;
+            use crate::compress::fused;
+            match (fused, why, &drc) {
+                (Some(f), None, Some(d)) => {
+                    fused::decompress_reduce_compress_async(self.dev.as_ref(), s, f.dtype, &f.streams, src_own, me, out, mine, red.op, f.status, &d.out, k * cap, d.workspace)
+                        .map_err(|e| e.with_op(name))?;
+                }
+                (Some(f), None, None) => {
                     let acc = fused::accumulator_for(f.dtype, out == src_own && me > 0);
                     fused::decompress_reduce_with_async(self.dev.as_ref(), s, f.dtype, &f.streams, src_own, me, out, mine, red.op, f.status, acc)
                         .map_err(|e| e.with_op(name))?;
@@ -421,6 +452,12 @@ impl Communicator {
                         p.finish(self.dev.as_ref(), s).map_err(|e| e.with_op(name))?;
                     }
                     self.dev.reduce_async(s, out, &srcs, mine, red.dtype, red.op).map_err(|e| e.with_op(name))?;
+                    if let Some(d) = &drc {
+                        // the step's values, reduced by the two passes, coded into the stream
+                        let cdt = d.out_dtype;
+                        fused::decompress_reduce_compress_async(self.dev.as_ref(), s, cdt, &[], out, 0, out, mine, red.op, DevPtr(0), &d.out, k * cap, d.workspace)
+                            .map_err(|e| e.with_op(name))?;
+                    }
                 }
             }
             if out != dst {
@@ -447,12 +484,73 @@ impl Communicator {
                     recvs.push(recv.part(off * es, len * es, q)?);
                 }
             }
-            if !sends.is_empty() || !recvs.is_empty() {
-                self.launch(st, name, s, Some(red.dtype), sends, recvs)?;
-                *submitted = true;
+            if let Some(d) = drc {
+                st.codec.precompressed(Some(super::compressed::Precompressed {
+                    stream: s,
+                    dtype: d.out_dtype,
+                    src: (recv.ptr.add(my_off * es), my_len * es),
+                    buf: d.out.out,
+                    cap: d.cap,
+                    alloc: d.alloc,
+                    words: d.words,
+                }));
             }
+            let r = if !sends.is_empty() || !recvs.is_empty() {
+                *submitted = true;
+                self.launch(st, name, s, Some(red.dtype), sends, recvs)
+            } else {
+                Ok(())
+            };
+            st.codec.precompressed(None);
+            r?;
         }
         Ok(())
+    }
+
+    /// Why the reduce steps of `red` cannot also code the shard for the AllGather (the fused
+    /// decompress + reduce + compress kernel), or its codec dtype when they can: an AllReduce
+    /// not being captured, whose shard the AllGather sends compressed to some peer, with a
+    /// fused kernel for the dtype and operator, at most `MAX_FUSED_INPUTS` peers, on a CUDA
+    /// device, and chunks on the codec's block boundaries (one chunk, or `cap` a multiple of
+    /// the block). `Err(None)`: nothing compressed to say it about.
+    fn drc_unfit(&self, red: &Reduction, captured: bool, my_len: usize, cap: usize, chunks: usize) -> std::result::Result<crate::compress::Dtype, Option<&'static str>> {
+        use crate::compress::{fused, Dtype, Params};
+        let (me, es) = (self.rank, red.dtype.size());
+        let Some(from) = self.compress_from.for_dtype(red.dtype) else { return Err(None) };
+        if !matches!(red.kind, Kind::AllReduce) || my_len == 0 || captured {
+            return Err(None);
+        }
+        if !(0..self.size).any(|q| super::compressed::compresses(my_len * es, q, me, from)) {
+            return Err(None);
+        }
+        let cdt = Dtype::from_data_type("AllReduce", red.dtype).map_err(|_| None)?;
+        let b = Params::default().check("AllReduce", cdt).map_err(|_| None)? as usize;
+        if !fused::supports(cdt) || matches!(red.op, RedOp::PreMulSum(_)) {
+            Err(Some("no fused kernel for this dtype and operator"))
+        } else if self.size - 1 > fused::MAX_FUSED_INPUTS {
+            Err(Some("more peers than one fused launch takes"))
+        } else if self.dev.as_cuda().is_none() {
+            Err(Some("the host backend has no fused kernel"))
+        } else if chunks > 1 && cap % b != 0 {
+            Err(Some("the reduce steps' chunks do not end on the codec's blocks (HOCCL_REDUCE_SCRATCH / ranks is not a multiple of 32 KiB)"))
+        } else {
+            Ok(cdt)
+        }
+    }
+
+    /// The output of the reduce steps' coding of the shard `(off, len)` (elements) of `red`:
+    /// the stream's buffer on the reduction's stream (its bound, then the offsets workspace
+    /// of one step), begun.
+    fn drc_begin(&self, st: &mut State, red: &Reduction, cdt: crate::compress::Dtype, (_off, len): (usize, usize), cap: usize) -> Result<Drc> {
+        use crate::compress::{self, fused, Params};
+        let params = Params::default();
+        let bound = compress::max_compressed_len(cdt, len, &params)?;
+        let ws_at = bound.next_multiple_of(256);
+        let ws_len = fused::drc_workspace_len(cdt, self.size - 1, cap.min(len), &params)?;
+        let (buf, alloc, words) = st.codec.gather_buffer(self.dev.as_ref(), red.stream, ws_at + ws_len)?;
+        let out = fused::DrcOut { out: buf, cap: bound, out_len: words.dev_addr(0), total: len, params };
+        fused::drc_begin_async(self.dev.as_ref(), red.stream, cdt, &out)?;
+        Ok(Drc { out_dtype: cdt, out, cap: bound, alloc, words, workspace: (buf.add(ws_at), ws_len) })
     }
 
     /// Whether reductions with `op` run hierarchically on this communicator

@@ -177,6 +177,67 @@ fn launch_smem(cuda: &CudaDevice, s: StreamHandle, name: &str, grid: u32, thread
     unsafe { cuda.launch(s, name, (grid, 1, 1), (threads, 1, 1), smem, &mut ptrs, pdl) }
 }
 
+/// An output stream whose blocks kernels place by the compressor's decoupled look-back (the
+/// compressor; the fused decompress + reduce + compress kernels): its block size, its block
+/// count, and the look-back scratch past the stream's bound in the output buffer
+/// (`max_compressed_len` bytes).
+pub(crate) struct StreamOut {
+    pub b: u32,
+    pub nblocks: u32,
+    pub scratch: DevPtr,
+}
+
+/// The look-back scratch of a stream of `n` values in blocks of `b` at `output`: 8-byte
+/// aligned, past the stream's bound (`max_compressed_len` counts it).
+pub(crate) fn stream_scratch(op: &'static str, dtype: Dtype, n: u64, b: u32, output: DevPtr) -> Result<DevPtr> {
+    let bound = format::max_stream_len(op, dtype, n, b)? as u64;
+    Ok(DevPtr((output.0 + bound + 7) & !7))
+}
+
+/// Enqueue `hoccl_bfx_compress_begin` for a stream of `n` values of `dtype` at `output`:
+/// the look-back scratch zeroed, the fixed header written (and, for an empty stream, its
+/// length to `out_len`). Errors: a block size the GPU encoder does not take, too many blocks.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn begin_stream(
+    cuda: &CudaDevice,
+    s: StreamHandle,
+    op: &'static str,
+    dtype: Dtype,
+    n: u64,
+    output: DevPtr,
+    out_len: DevPtr,
+    params: &Params,
+) -> Result<StreamOut> {
+    let b = params.check(op, dtype)?;
+    if b > max_gpu_block(dtype) {
+        return Err(Error::invalid_arg(
+            op,
+            format!(
+                "the GPU encoder takes blocks of at most {} {} values, not {b}",
+                max_gpu_block(dtype),
+                dtype.name()
+            ),
+        ));
+    }
+    let nblocks = format::block_count(op, n, b)?;
+    if nblocks > i32::MAX as u32 {
+        return Err(Error::invalid_arg(op, format!("{nblocks} blocks exceed one launch")));
+    }
+    let scratch = stream_scratch(op, dtype, n, b, output)?;
+    let words = nblocks as u64 + 1;
+    let begin = Args::new()
+        .u64(output.0)
+        .u64(n)
+        .u32(b)
+        .u32(nblocks)
+        .u32(dtype.magic())
+        .u64(scratch.0)
+        .u64(words)
+        .u64(out_len.0);
+    launch(cuda, s, "hoccl_bfx_compress_begin", (words.div_ceil(THREADS as u64)).min(1024) as u32, begin)?;
+    Ok(StreamOut { b, nblocks, scratch })
+}
+
 /// Enqueue the compressor (arguments already checked by `compress_async`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn compress(
@@ -190,38 +251,11 @@ pub(crate) fn compress(
     params: &Params,
 ) -> Result<()> {
     const OP: &str = "compress_async";
-    let b = params.check(OP, dtype)?;
-    if b > max_gpu_block(dtype) {
-        return Err(Error::invalid_arg(
-            OP,
-            format!(
-                "the GPU encoder takes blocks of at most {} {} values, not {b}",
-                max_gpu_block(dtype),
-                dtype.name()
-            ),
-        ));
-    }
-    let nblocks = format::block_count(OP, n, b)?;
-    if nblocks > i32::MAX as u32 {
-        return Err(Error::invalid_arg(OP, format!("{nblocks} blocks exceed one launch")));
-    }
-    let cpt = b.div_ceil(TILE).next_power_of_two();
-    let bound = format::max_stream_len(OP, dtype, n, b)? as u64;
-    let scratch = DevPtr((output.0 + bound + 7) & !7);
-    let words = nblocks as u64 + 1;
-    let begin = Args::new()
-        .u64(output.0)
-        .u64(n)
-        .u32(b)
-        .u32(nblocks)
-        .u32(dtype.magic())
-        .u64(scratch.0)
-        .u64(words)
-        .u64(out_len.0);
-    launch(cuda, s, "hoccl_bfx_compress_begin", (words.div_ceil(THREADS as u64)).min(1024) as u32, begin)?;
+    let StreamOut { b, nblocks, scratch } = begin_stream(cuda, s, OP, dtype, n, output, out_len, params)?;
     if nblocks == 0 {
         return Ok(());
     }
+    let cpt = b.div_ceil(TILE).next_power_of_two();
     // One tier: the kernel instance without the tier-2 paths.
     let t1 = params.tiers == 1;
     let name = format!("hoccl_bfx_compress_{}_{cpt}{}", kernel_suffix(dtype), if t1 { "_t1" } else { "" });

@@ -43,6 +43,27 @@ impl Codec for Cpu {
     }
 }
 
+/// The CUDA kernels under the CPU emulator (`cuda/bfx_emu_main.cpp`), built with the system
+/// C++ compiler (`CXX`, default `c++`) into the test's temporary folder as `name`, with the
+/// `extra` flags.
+pub fn build_emulator(name: &str, extra: &[&str]) -> std::path::PathBuf {
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let bin = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    let out = std::process::Command::new(&cxx)
+        .args(["-std=c++17", "-O2", "-Wall", "-Wno-unknown-pragmas", "-Wno-unused-function"])
+        .args(extra)
+        .arg("-I")
+        .arg(root.join("cuda"))
+        .arg("-o")
+        .arg(&bin)
+        .arg(root.join("cuda/bfx_emu_main.cpp"))
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run the C++ compiler `{cxx}`: {e}"));
+    assert!(out.status.success(), "building the emulator failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    bin
+}
+
 // ---------------------------------------------------------------- data --------------------
 
 #[path = "../common/rng.rs"]
