@@ -145,6 +145,17 @@ pub struct Config {
     /// cannot fails communicator creation); `Some(false)` (the default, until the path has
     /// passed on a GPU): every transfer goes through the proxy's handshake.
     pub gated: Option<bool>,
+    /// `HOCCL_STAGED_BYTES`: the longest transfer between ranks of this host in different
+    /// processes that takes the staged path (docs/design.md, "Copy-engine path"): every
+    /// device operation of it is enqueued by the calling thread during the call, through a
+    /// ring of slots in the receiver's device memory, and the proxy makes no driver call for
+    /// it. Accepts K/M/G suffixes; 0 (the default, until the path has passed on a GPU) turns
+    /// the path off. Every rank must use the same value.
+    pub staged_bytes: usize,
+    /// `HOCCL_STAGED_RING` = `RxS` (e.g. `8x256K`): slots per receive ring and bytes per
+    /// slot; a staged transfer moves in slot-sized chunks, at most R ahead of its receiver.
+    /// Every rank must use the same value.
+    pub staged_ring: (usize, usize),
     /// `HOCCL_TRACE_OPS` = `A-B` (or `N`, meaning `1-N`): the proxy logs, at info level, the
     /// timeline of ops A..=B of each communicator (call order, from 1): when it saw the op
     /// submitted, its stream reach it, its buffer-ready sent and received, its gated
@@ -193,6 +204,8 @@ impl Default for Config {
             max_waiting_streams: None,
             serial_enqueue: None,
             gated: Some(false),
+            staged_bytes: 0,
+            staged_ring: (8, 256 << 10),
             trace_ops: None,
             reduce_ctas: None,
             reduce_scratch: 64 << 20,
@@ -356,6 +369,15 @@ impl Config {
                 _ => return Err(Error::invalid_arg(OP, format!("HOCCL_GATED={v}: want auto|1|0"))),
             };
         }
+        if let Some(v) = get("HOCCL_STAGED_BYTES") {
+            self.staged_bytes = parse_bytes("HOCCL_STAGED_BYTES", &v)?;
+        }
+        if let Some(v) = get("HOCCL_STAGED_RING") {
+            let bad = || Error::invalid_arg(OP, format!("HOCCL_STAGED_RING={v}: want SLOTSxBYTES, e.g. 8x256K"));
+            let (r, s) = v.trim().split_once(['x', 'X']).ok_or_else(bad)?;
+            let slots = r.trim().parse::<usize>().map_err(|_| bad())?;
+            self.staged_ring = (slots, parse_bytes("HOCCL_STAGED_RING", s)?);
+        }
         if let Some(v) = get("HOCCL_REDUCE_CTAS") {
             match parse_num("HOCCL_REDUCE_CTAS", &v)? {
                 0 => return Err(Error::invalid_arg(OP, "HOCCL_REDUCE_CTAS=0: want at least one CTA")),
@@ -394,6 +416,14 @@ impl Config {
         let bad = |what: String| Err(Error::invalid_arg("Config::validate", what));
         if self.chunk_bytes < 4096 || !self.chunk_bytes.is_power_of_two() {
             return bad(format!("chunk_bytes {} must be a power of two >= 4096", self.chunk_bytes));
+        }
+        let (slots, slot) = self.staged_ring;
+        if !(1..=1024).contains(&slots) || slot < 4096 || slot % 4096 != 0 || slots.saturating_mul(slot) > 1 << 30 {
+            return bad(format!("staged ring {slots}x{slot}: want 1..=1024 slots of a multiple of 4096 bytes, at most 1 GiB in all"));
+        }
+        let most = slot.saturating_mul(crate::transport::staged::STAGED_CALL_CHUNKS as usize);
+        if self.staged_bytes > most {
+            return bad(format!("staged_bytes {} exceeds {} slots of the staged ring ({most} bytes): a call stages at most that much per peer", self.staged_bytes, crate::transport::staged::STAGED_CALL_CHUNKS));
         }
         if self.reduce_scratch < 4096 {
             return bad(format!("reduce_scratch {} must be at least 4096 bytes", self.reduce_scratch));
@@ -488,6 +518,19 @@ mod tests {
         assert_eq!(Config::default().gated, Some(false));
         let gated = |v: &str| Config::default().with_env(env(&[("HOCCL_GATED", v)])).unwrap().gated;
         assert_eq!((gated("0"), gated("1"), gated("auto")), (Some(false), Some(true), None));
+        assert_eq!((Config::default().staged_bytes, Config::default().staged_ring), (0, (8, 256 << 10)));
+        let staged = Config::default().with_env(env(&[("HOCCL_STAGED_BYTES", "1M"), ("HOCCL_STAGED_RING", "4x64K")])).unwrap();
+        assert_eq!((staged.staged_bytes, staged.staged_ring), (1 << 20, (4, 64 << 10)));
+        staged.validate().unwrap();
+        for bad in ["4", "x64K", "4x", "4x64Q"] {
+            assert!(Config::default().with_env(env(&[("HOCCL_STAGED_RING", bad)])).is_err(), "{bad}");
+        }
+        for ring in [(0, 4096), (2, 1000), (2048, 4096)] {
+            assert!(Config { staged_ring: ring, ..Config::default() }.validate().is_err(), "{ring:?}");
+        }
+        Config { staged_bytes: 16 << 12, staged_ring: (2, 4096), ..Config::default() }.validate().unwrap();
+        let e = Config { staged_bytes: (16 << 12) + 1, staged_ring: (2, 4096), ..Config::default() }.validate().unwrap_err();
+        assert!(e.to_string().contains("exceeds 16 slots"), "{e}");
         assert_eq!(Config::default().reduce_ctas, None);
         let ctas = |v: &str| Config::default().with_env(env(&[("HOCCL_REDUCE_CTAS", v)])).unwrap().reduce_ctas;
         assert_eq!(ctas("66"), Some(66));

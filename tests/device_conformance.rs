@@ -49,6 +49,7 @@ fn conformance(dev: Arc<dyn Device>) {
     allocation_identity(dev.as_ref());
     export_import_in_process(dev.as_ref());
     flags_and_stream_ordering(dev.as_ref());
+    batched_mem_ops(dev.as_ref());
     memcpy_async_unaligned(dev.as_ref());
     fill_pattern_matches_cpu(dev.as_ref());
     copy_queues(dev.as_ref());
@@ -157,6 +158,62 @@ fn flags_and_stream_ordering(dev: &dyn Device) {
     wait_until("flag 1 = 8", || flags.load(1) == 8);
     dev.synchronize(s).expect("synchronize");
     dev.destroy_stream(s).expect("destroy_stream");
+    dev.free(src).expect("free");
+    dev.free(dst).expect("free");
+}
+
+/// `mem_ops` on a stream and on a copy queue: a batch runs in order (nothing after a wait
+/// before it passes, 64-bit targets across the 32-bit boundary), a long batch (more than one
+/// driver call) keeps its order, and a bad flag anywhere refuses the whole batch.
+fn batched_mem_ops(dev: &dyn Device) {
+    use hoccl::device::MemOp::{WaitGeq, Write};
+    let flags = dev.alloc_flags(4).expect("alloc_flags");
+    let f = |i| flags.dev_addr(i);
+    let s = dev.create_stream().expect("create_stream");
+    let ops = [WaitGeq { flag: f(0), value: 1 }, Write { flag: f(1), value: 7 }, WaitGeq { flag: f(2), value: 0x1_0000_0001 }, Write { flag: f(1), value: 0x1_0000_0002 }, Write { flag: f(3), value: 9 }];
+    dev.mem_ops(s, &ops).expect("mem_ops");
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(flags.load(1), 0, "the batch ran past its first wait");
+    flags.store(0, 1);
+    wait_until("flag 1 = 7", || flags.load(1) == 7);
+    flags.store(2, 0xffff_fff0);
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!((flags.load(1), flags.load(3)), (7, 0), "the second wait passed before its 64-bit target");
+    flags.store(2, 0x1_0000_0001);
+    wait_until("flag 3 = 9", || flags.load(3) == 9);
+    assert_eq!(flags.load(1), 0x1_0000_0002, "a 64-bit value survives a batched write");
+
+    // 300 writes: several driver calls on CUDA, still in order (the last value stays).
+    let long: Vec<_> = (1..=300u64).map(|v| Write { flag: f(1), value: v << 32 | v }).collect();
+    dev.mem_ops(s, &long).expect("mem_ops");
+    dev.synchronize(s).expect("synchronize");
+    assert_eq!(flags.load(1), 300 << 32 | 300);
+
+    // A misaligned flag in the middle: refused, and nothing of the batch is enqueued.
+    let bad = [Write { flag: f(3), value: 10 }, Write { flag: f(1).add(4), value: 1 }];
+    let e = dev.mem_ops(s, &bad).expect_err("a misaligned flag");
+    assert!(e.to_string().contains("aligned"), "{e}");
+    dev.synchronize(s).expect("synchronize");
+    assert_eq!(flags.load(3), 9, "a refused batch enqueued part of itself");
+    dev.destroy_stream(s).expect("destroy_stream");
+
+    // On a copy queue: a wait and a write around a copy, each run one call.
+    let len = 1 << 20;
+    let (src, dst) = (dev.alloc(len).expect("alloc"), dev.alloc(len).expect("alloc"));
+    dev.copy_from_host(src, &pattern(13, len)).expect("copy_from_host");
+    dev.copy_from_host(dst, &vec![0u8; len]).expect("copy_from_host");
+    let mut q = dev.create_copy_queue().expect("create_copy_queue");
+    q.mem_ops(&[WaitGeq { flag: f(0), value: 2 }, Write { flag: f(2), value: 5 }]).expect("queue mem_ops");
+    q.copy(dst, src, len).expect("copy");
+    q.mem_ops(&[Write { flag: f(3), value: 11 }]).expect("queue mem_ops");
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!((flags.load(2), flags.load(3)), (0x1_0000_0001, 9), "the queue ran past its wait");
+    flags.store(0, 2);
+    wait_until("flag 3 = 11", || flags.load(3) == 11);
+    assert_eq!(flags.load(2), 5);
+    assert_eq!(mismatches(&read(dev, dst, len), 13), 0, "the copy before the write is complete");
+    assert!(q.mem_ops(&[WaitGeq { flag: DevPtr::NULL, value: 1 }]).is_err(), "a NULL flag");
+    drop(q);
     dev.free(src).expect("free");
     dev.free(dst).expect("free");
 }

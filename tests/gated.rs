@@ -27,173 +27,27 @@
 //! without one: `cargo test --test gated -- --ignored`).
 mod common;
 use common::*;
-use hoccl::bootstrap::tcp::UniqueId;
-use hoccl::device::{pattern_byte, DevPtr, Device, StreamHandle};
-use hoccl::{Communicator, Config, DataType, RedOp};
-use common::children;
+use hoccl::device::Device;
+use hoccl::Communicator;
 use common::ops::{Op, OPS};
+use common::pair::*;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const N: usize = 2;
 /// The gated limit (the chunk scheduler's single-copy limit).
 const LIMIT: usize = 8 << 20;
 const TMO_MS: u64 = 2000;
 
-fn say(rank: usize, ev: &str, detail: &str) {
-    children::say("GATED", rank, ev, detail)
-}
+const H: Harness = Harness { tag: "GATED", child_var: "HOCCL_GATED_CHILD", backend_var: "HOCCL_GATED_BACKEND", timeout_ms: TMO_MS };
 
-fn event(l: &str) -> Option<Event> {
-    children::event("GATED", l)
-}
-
-// ------------------------------------------------------------------ data ----------------
-
-/// Byte `i` of rank `r`'s send data in case `case`.
-fn byte(r: usize, case: u64, i: usize) -> u8 {
-    pattern_byte(case * 16 + r as u64, i as u64)
-}
-
-/// Rank `r`'s send data in case `case`, `len` bytes: bytes, or small integral f32 values
-/// (sums of them are exact) for the reductions.
-fn data(r: usize, case: u64, len: usize, f32s: bool) -> Vec<u8> {
-    if !f32s {
-        return (0..len).map(|i| byte(r, case, i)).collect();
-    }
-    (0..len / 4).flat_map(|i| ((byte(r, case, i) % 16) as f32).to_le_bytes()).collect()
-}
-
-fn sum_f32(parts: &[Vec<u8>]) -> Vec<u8> {
-    let n = parts[0].len() / 4;
-    (0..n)
-        .flat_map(|i| {
-            let s: f32 = parts.iter().map(|p| f32::from_le_bytes(p[4 * i..4 * i + 4].try_into().unwrap())).sum();
-            s.to_le_bytes()
-        })
-        .collect()
-}
-
-/// Elements rank `from` sends rank `to` in AlltoAllv with base count `c` (both sides
-/// compute them).
-fn v_count(c: usize, from: usize, to: usize) -> usize {
-    c + from + 2 * to
-}
-
-/// One op in flight: its buffers and what its receive buffer must hold afterwards (None: the
-/// op writes nothing there on this rank).
-struct Pending {
-    what: String,
-    send: DevPtr,
-    recv: DevPtr,
-    expect: Option<Vec<u8>>,
-}
-
-/// Enqueue `op` on `s` with `c` elements per block (`u8`, or `f32` for reductions), data of
-/// case `case`; returns the buffers and the expected result.
-fn start(comm: &Communicator, dev: &Arc<dyn Device>, op: Op, c: usize, case: u64, s: StreamHandle) -> Pending {
-    let r = comm.rank();
-    let reduction = matches!(op, Op::AllReduce | Op::ReduceScatter | Op::Reduce);
-    let (dt, es) = if reduction { (DataType::F32, 4) } else { (DataType::U8, 1) };
-    let (root_b, root_g) = (1 % N, 0);
-    let counts = |rank: usize| -> (usize, usize) {
-        match op {
-            Op::SendRecv | Op::Broadcast | Op::AllReduce | Op::Reduce => (c, c),
-            Op::AllGather | Op::Gather => (c, N * c),
-            Op::AllToAll | Op::ReduceScatter => (N * c, if op == Op::AllToAll { N * c } else { c }),
-            Op::Scatter => (N * c, c),
-            Op::AllToAllV => ((0..N).map(|j| v_count(c, rank, j)).sum(), (0..N).map(|j| v_count(c, j, rank)).sum()),
-        }
-    };
-    let (sn, rn) = counts(r);
-    let send_of = |rank: usize| data(rank, case, counts(rank).0 * es, reduction);
-    let mine = send_of(r);
-    let send = dev.alloc((sn * es).max(1)).expect("alloc");
-    let recv = dev.alloc((rn * es).max(1)).expect("alloc");
-    dev.copy_from_host(send, &mine).expect("fill send");
-    // The receive buffer starts as poison, so a missing write shows.
-    let poison: Vec<u8> = (0..rn * es).map(|i| pattern_byte(0xdead, i as u64)).collect();
-    dev.copy_from_host(recv, &poison).expect("poison recv");
-    let block = |rank: usize, j: usize| send_of(rank)[j * c * es..(j + 1) * c * es].to_vec();
-    let expect = match op {
-        Op::SendRecv => Some(send_of((r + N - 1) % N)),
-        Op::AllGather => Some((0..N).flat_map(send_of).collect()),
-        Op::AllToAll => Some((0..N).flat_map(|j| block(j, r)).collect()),
-        Op::AllToAllV => Some(
-            (0..N)
-                .flat_map(|j| {
-                    let off: usize = (0..r).map(|t| v_count(c, j, t)).sum();
-                    send_of(j)[off..off + v_count(c, j, r)].to_vec()
-                })
-                .collect(),
-        ),
-        Op::Broadcast => Some(send_of(root_b)),
-        Op::Gather => (r == root_g).then(|| (0..N).flat_map(send_of).collect()),
-        Op::Scatter => Some(block(root_b, r)),
-        Op::AllReduce => Some(sum_f32(&(0..N).map(send_of).collect::<Vec<_>>())),
-        Op::ReduceScatter => Some(sum_f32(&(0..N).map(|j| block(j, r)).collect::<Vec<_>>())),
-        Op::Reduce => (r == root_g).then(|| sum_f32(&(0..N).map(send_of).collect::<Vec<_>>())),
-    };
-    let res = match op {
-        Op::SendRecv => comm.group(|g| {
-            g.send(send, c, dt, (r + 1) % N, s)?;
-            g.recv(recv, c, dt, (r + N - 1) % N, s)
-        }),
-        Op::AllGather => comm.all_gather(send, recv, c, dt, s),
-        Op::AllToAll => comm.all_to_all(send, recv, c, dt, s),
-        Op::AllToAllV => {
-            let sc: Vec<usize> = (0..N).map(|j| v_count(c, r, j)).collect();
-            let rc: Vec<usize> = (0..N).map(|j| v_count(c, j, r)).collect();
-            let disp = |v: &[usize]| v.iter().scan(0, |a, n| Some(std::mem::replace(a, *a + n))).collect::<Vec<_>>();
-            comm.all_to_allv(send, &sc, &disp(&sc), recv, &rc, &disp(&rc), dt, s)
-        }
-        Op::Broadcast => comm.broadcast(send, recv, c, dt, root_b, s),
-        Op::Gather => comm.gather(send, recv, c, dt, root_g, s),
-        Op::Scatter => comm.scatter(send, recv, c, dt, root_b, s),
-        Op::AllReduce => comm.all_reduce(send, recv, c, dt, RedOp::Sum, s),
-        Op::ReduceScatter => comm.reduce_scatter(send, recv, c, dt, RedOp::Sum, s),
-        Op::Reduce => comm.reduce(send, recv, c, dt, RedOp::Sum, root_g, s),
-    };
-    let what = format!("{op:?} count {c} ({} B per block)", c * es);
-    res.unwrap_or_else(|e| panic!("rank {r}: {what}: {e}"));
-    Pending { what, send, recv, expect }
-}
-
-/// Check and free one finished op.
-fn check(dev: &Arc<dyn Device>, r: usize, p: Pending) {
-    if let Some(want) = &p.expect {
-        let mut got = vec![0u8; want.len()];
-        dev.copy_to_host(&mut got, p.recv).expect("read recv");
-        let bad = got.iter().zip(want).filter(|(a, b)| a != b).count();
-        assert_eq!(bad, 0, "rank {r}: {}: {bad} of {} bytes wrong", p.what, want.len());
-    }
-    dev.free(p.send).expect("free");
-    dev.free(p.recv).expect("free");
-}
-
-// ------------------------------------------------------------------ children ------------
-
-fn child_backend() -> Backend {
-    match std::env::var("HOCCL_GATED_BACKEND").as_deref() {
-        Ok("cuda") => Backend::Cuda,
-        _ => Backend::Host,
-    }
-}
-
-/// A child rank: `HOCCL_GATED_CHILD` = `<hex id> <rank> <case> [victim]`.
+/// A child rank: `HOCCL_GATED_CHILD` = `<hex id> <rank> <case> <victim>`.
 #[test]
 fn child_rank() {
-    let Ok(v) = std::env::var("HOCCL_GATED_CHILD") else { return };
-    let w: Vec<&str> = v.split_whitespace().collect();
-    let id = UniqueId::from_hex(w[0]).expect("id");
-    let rank: usize = w[1].parse().unwrap();
-    let dev = open_device(child_backend(), 0);
-    let cfg = Config::from_env().expect("HOCCL_* settings");
-    let comm = Communicator::from_unique_id_on(&id, N, rank, Some(dev.clone()), cfg).expect("communicator");
-    match w[2] {
+    let Some((comm, dev, case, victim)) = H.child() else { return };
+    match case.as_str() {
         "ops" => ops_body(&comm, &dev),
-        "death" => death_body(&comm, &dev, w[3].parse().unwrap()),
-        "mismatch" => mismatch_body(&comm, &dev),
+        "death" => death_body(&H, &comm, &dev, victim, 64 << 10),
+        "mismatch" => mismatch_body(&H, &comm, &dev, true),
         other => panic!("unknown case {other}"),
     }
 }
@@ -222,188 +76,26 @@ fn ops_body(comm: &Communicator, dev: &Arc<dyn Device>) {
         }
         comm.bootstrap().barrier().expect("barrier");
     }
-    held_back(comm, dev, streams[0]);
-    mixed(comm, dev, streams[1]);
-    say(r, "done", "");
-}
-
-/// Rank 1 holds its stream back (a flag the application raises) in front of work that
-/// writes the receive buffer and then the receive: the bytes must land after that work,
-/// and rank 0's stream must not pass the send before they land.
-fn held_back(comm: &Communicator, dev: &Arc<dyn Device>, s: StreamHandle) {
-    let r = comm.rank();
-    for len in [4096usize, 1 << 20] {
-        let peer = 1 - r;
-        let buf = dev.alloc(len).unwrap();
-        let want = data(0, 900 + len as u64, len, false);
-        let gate = dev.alloc_flags(1).expect("flag");
-        let early = dev.alloc(len).unwrap();
-        if r == 0 {
-            dev.copy_from_host(buf, &want).unwrap();
-            comm.send(buf, len, DataType::U8, peer, s).expect("send");
-        } else {
-            dev.copy_from_host(early, &vec![0x5a; len]).unwrap();
-            dev.wait_value_geq(s, gate.dev_addr(0), 1).unwrap();
-            dev.memcpy_async(s, buf, early, len).unwrap();
-            comm.recv(buf, len, DataType::U8, peer, s).expect("recv");
-        }
-        comm.bootstrap().barrier().unwrap();
-        std::thread::sleep(Duration::from_millis(200));
-        if r == 0 {
-            assert!(!dev.stream_query(s).unwrap(), "the send's stream passed the op before the receiver's stream reached it");
-        }
-        comm.bootstrap().barrier().unwrap();
-        if r == 1 {
-            gate.store(0, 1);
-        }
-        sync(dev, s);
-        comm.wait_idle().expect("wait_idle");
-        if r == 1 {
-            let mut got = vec![0u8; len];
-            dev.copy_to_host(&mut got, buf).unwrap();
-            let bad = got.iter().zip(&want).filter(|(a, b)| a != b).count();
-            assert_eq!(bad, 0, "held-back receive of {len} B: {bad} bytes wrong (landed before the stream reached the op?)");
-        }
-        comm.bootstrap().barrier().unwrap();
-        dev.free(buf).unwrap();
-        dev.free(early).unwrap();
-    }
-}
-
-/// One op with two flows each way between the pair: one gated, one above the limit.
-fn mixed(comm: &Communicator, dev: &Arc<dyn Device>, s: StreamHandle) {
-    let (r, peer) = (comm.rank(), 1 - comm.rank());
-    let lens = [4096usize, LIMIT + 4096];
-    let bufs: Vec<(DevPtr, DevPtr, Vec<u8>)> = lens
-        .iter()
-        .enumerate()
-        .map(|(k, &len)| {
-            let (sb, rb) = (dev.alloc(len).unwrap(), dev.alloc(len).unwrap());
-            dev.copy_from_host(sb, &data(r, 700 + k as u64, len, false)).unwrap();
-            (sb, rb, data(peer, 700 + k as u64, len, false))
-        })
-        .collect();
-    comm.group(|g| {
-        for (&len, (sb, rb, _)) in lens.iter().zip(&bufs) {
-            g.send(*sb, len, DataType::U8, peer, s)?;
-            g.recv(*rb, len, DataType::U8, peer, s)?;
-        }
-        Ok(())
-    })
-    .expect("mixed group");
-    sync(dev, s);
-    comm.wait_idle().expect("wait_idle");
-    for (&len, (sb, rb, want)) in lens.iter().zip(&bufs) {
-        let mut got = vec![0u8; len];
-        dev.copy_to_host(&mut got, *rb).unwrap();
-        assert!(got == *want, "rank {r}: mixed op, the {len}-byte flow landed wrong");
-        dev.free(*sb).unwrap();
-        dev.free(*rb).unwrap();
-    }
-}
-
-/// The victim holds its stream (for ever) in front of its side of a sendrecv with the
-/// other rank and waits for its SIGKILL; the survivor's op must fail.
-fn death_body(comm: &Communicator, dev: &Arc<dyn Device>, victim: usize) {
-    let r = comm.rank();
-    let s = new_stream(dev);
-    let len = 64 << 10;
-    let (sb, rb) = (dev.alloc(len).unwrap(), dev.alloc(len).unwrap());
-    let gate = dev.alloc_flags(1).expect("flag");
-    if r == victim {
-        dev.wait_value_geq(s, gate.dev_addr(0), 1).unwrap();
-    }
-    // Rank 0 sends, rank 1 receives: a held receiver leaves the sender's gated copy waiting
-    // for its ready flag, a held sender leaves the receiver waiting for its landed flag.
-    let res = if r == 0 { comm.send(sb, len, DataType::U8, 1, s) } else { comm.recv(rb, len, DataType::U8, 0, s) };
-    res.expect("enqueue");
-    if r == victim {
-        say(r, "point", "");
-        loop {
-            std::thread::sleep(Duration::from_secs(60));
-        }
-    }
-    sync(dev, s);
-    let err = comm.wait_idle().expect_err("the op must fail once its peer is gone");
-    say(r, "error", &format!("{:?}: {err}", err.code()));
-    let t = Instant::now();
-    comm.abort();
-    let t_abort = t.elapsed();
-    assert!(t_abort < Duration::from_millis(1500), "abort took {t_abort:?}");
-    sync(dev, s);
-    say(r, "done", &format!("abort {} ms", t_abort.as_millis()));
-    std::mem::forget(gate);
-}
-
-/// Rank 0 sends 4 KiB, rank 1 expects 8 KiB: both gated by length, so the sender finds the
-/// mismatch in the announcement and queues nothing; both fail, neither receive buffer
-/// changes.
-fn mismatch_body(comm: &Communicator, dev: &Arc<dyn Device>) {
-    let r = comm.rank();
-    let s = new_stream(dev);
-    let len = if r == 0 { 4096 } else { 8192 };
-    let buf = dev.alloc(len).unwrap();
-    let before = data(r, 500, len, false);
-    dev.copy_from_host(buf, &before).unwrap();
-    let t0 = Instant::now();
-    let res = if r == 0 { comm.send(buf, len, DataType::U8, 1, s) } else { comm.recv(buf, len, DataType::U8, 0, s) };
-    res.expect("enqueue");
-    sync(dev, s);
-    let err = comm.wait_idle().expect_err("mismatched lengths must fail");
-    let took = t0.elapsed();
-    let mut after = vec![0u8; len];
-    dev.copy_to_host(&mut after, buf).unwrap();
-    assert!(after == before, "rank {r}: the buffer changed");
-    say(r, "error", &format!("{:?} {} ms: {err}", err.code(), took.as_millis()));
-    comm.abort();
-    say(r, "done", "");
+    held_back(comm, dev, streams[0], &[4096, 1 << 20], |_| true);
+    mixed(comm, dev, streams[1], &[4096, LIMIT + 4096]);
+    H.say(r, "done", "");
 }
 
 // ------------------------------------------------------------------ parent --------------
 
-/// A child's report: event, unix ms, detail.
-type Event = (String, u64, String);
-
-/// Run the two children of `case` (`victim` killed once it reports its point); returns each
-/// child's events and stderr and when the victim was killed, after checking that every
-/// child not killed finished and exited 0 within `limit`.
+/// The children of `case` with `HOCCL_GATED=gated`.
 fn run_children(backend: Backend, case: &str, gated: &str, victim: Option<usize>, limit: Duration) -> (Vec<Vec<Event>>, Vec<String>, Option<u64>) {
-    let id = Communicator::unique_id(&test_config()).expect("unique id");
-    let env = |r: usize| {
-        [
-            ("HOCCL_GATED_CHILD", format!("{} {r} {case} {}", id.to_hex(), victim.map_or(9, |v| v))),
-            ("HOCCL_GATED_BACKEND", if backend == Backend::Cuda { "cuda" } else { "host" }.to_string()),
-            ("HOCCL_GATED", gated.to_string()),
-            ("HOCCL_TIMEOUT_MS", TMO_MS.to_string()),
-            ("HOCCL_TRACE_OPS", "1-1000".to_string()),
-            ("HOCCL_LOG", "hoccl::engine::proxy=info".to_string()),
-        ]
-        .map(|(k, v)| (k.to_string(), v))
-        .to_vec()
-    };
-    // Let the survivor's op reach its wait before the kill.
-    let kill = victim.map(|v| (v, Duration::from_millis(100)));
-    let run = children::run("child_rank", N, env, kill, |l| event(l).is_some_and(|e| e.0 == "point"), limit);
-    for r in (0..N).filter(|r| Some(*r) != victim) {
-        let st = run.status[r].unwrap_or_else(|| panic!("{case} HOCCL_GATED={gated}: rank {r} still running after {limit:?}\n{}", run.dump()));
-        assert!(st.success(), "{case} HOCCL_GATED={gated}: rank {r} exited with {st}\n{}", run.dump());
-        assert!(run.lines.iter().any(|(q, l)| *q == r && event(l).is_some_and(|e| e.0 == "done")), "rank {r} did not finish\n{}", run.dump());
-    }
-    let events = (0..N).map(|r| run.lines.iter().filter(|(q, _)| *q == r).filter_map(|(_, l)| event(l)).collect()).collect();
-    (events, run.stderr, run.kill_ms)
+    H.run_children(backend, case, &env(gated), victim, limit)
 }
 
-/// Op timelines that show gated copies queued (sender) and those that show none.
-fn traced(stderr: &[String]) -> (usize, usize) {
-    let lines: Vec<&str> = stderr.iter().flat_map(|e| e.lines()).filter(|l| l.contains("hoccl trace:")).collect();
-    // A step the op did not have reads "gated_queued -,"; one it had, a signed time.
-    let gated = lines.iter().filter(|l| l.split("gated_queued ").nth(1).is_some_and(|t| !t.starts_with("-,"))).count();
-    (gated, lines.len() - gated)
+/// The gated path's settings; the staged path is off: small transfers would go that way.
+fn env(gated: &str) -> Vec<(&'static str, String)> {
+    vec![("HOCCL_GATED", gated.to_string()), ("HOCCL_STAGED_BYTES", "0".to_string())]
 }
 
 fn ops(backend: Backend, gated: &str) {
     let (_, stderr, _) = run_children(backend, "ops", gated, None, Duration::from_secs(240));
-    let (g, plain) = traced(&stderr);
+    let (g, plain) = traced(&stderr, "gated_queued");
     eprintln!("HOCCL_GATED={gated}: {g} op timelines with gated copies, {plain} without");
     if gated == "0" {
         assert_eq!(g, 0, "HOCCL_GATED=0 queued gated copies");
@@ -414,14 +106,7 @@ fn ops(backend: Backend, gated: &str) {
 }
 
 fn peer_killed(backend: Backend, victim: usize) {
-    let (events, stderr, kill_ms) = run_children(backend, "death", "1", Some(victim), Duration::from_secs(60));
-    let survivor = 1 - victim;
-    let kill_ms = kill_ms.expect("the victim reached its point");
-    let (_, t, what) = events[survivor].iter().find(|e| e.0 == "error").cloned().unwrap_or_else(|| panic!("no error on rank {survivor}: {}", stderr[survivor]));
-    let after = t as i64 - kill_ms as i64;
-    eprintln!("peer killed: victim {victim}, rank {survivor} failed {after} ms after the kill: {what}");
-    assert!(after <= (TMO_MS + 1000) as i64, "rank {survivor} saw its error {after} ms after the kill: {what}");
-    assert!(what.starts_with("Remote") || what.starts_with("Timeout"), "{what}");
+    H.peer_killed(backend, &env("1"), victim);
 }
 
 /// A copy queue waits for a flag in registered host memory before its copy and writes
@@ -477,14 +162,7 @@ fn cuda_queue() {
 }
 
 fn length_mismatch(backend: Backend) {
-    let (events, _, _) = run_children(backend, "mismatch", "1", None, Duration::from_secs(60));
-    let err = |r: usize| events[r].iter().find(|e| e.0 == "error").map(|e| e.2.clone()).unwrap_or_else(|| panic!("rank {r} reported no error"));
-    let (e0, e1) = (err(0), err(1));
-    eprintln!("length mismatch: rank 0 {e0}; rank 1 {e1}");
-    assert!(e0.starts_with("InvalidUsage"), "the sender: {e0}");
-    assert!(e1.starts_with("InvalidUsage") || e1.starts_with("Remote"), "the receiver: {e1}");
-    let ms = |e: &str| e.split(' ').nth(1).and_then(|t| t.parse::<u64>().ok()).unwrap_or(u64::MAX);
-    assert!(ms(&e0) < TMO_MS && ms(&e1) < TMO_MS, "a mismatch must fail at once, not by the timeout: {e0}; {e1}");
+    H.length_mismatch(backend, &env("1"));
 }
 
 #[test]

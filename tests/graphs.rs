@@ -169,7 +169,11 @@ impl Bufs {
 fn capture(dev: &Arc<dyn Device>, s: StreamHandle, f: impl FnOnce() -> hoccl::Result<()>) -> hoccl::device::GraphHandle {
     dev.begin_capture(s).expect("begin_capture");
     let r = f();
-    let g = dev.end_capture(s).expect("end_capture");
+    let g = match dev.end_capture(s) {
+        Ok(g) => g,
+        // The captured call's own error says what invalidated the capture.
+        Err(e) => panic!("end_capture: {e:?}; the captured call returned {r:?}"),
+    };
     r.expect("captured call");
     g
 }

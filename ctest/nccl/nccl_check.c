@@ -9,7 +9,8 @@
  * on float, int32, bf16), ReduceScatter, Reduce, AllGather, Broadcast, Bcast, Send/Recv in
  * groups, AlltoAll, Gather, Scatter; MemAlloc/MemFree, CommRegister/Deregister and window
  * registration, RedOpCreatePreMulSum (host and device scalars)/RedOpDestroy; Finalize, Abort,
- * GetAsyncError; and error paths: NULL communicator, bad data type, operator, root and
+ * GetAsyncError, Revoke (a pending Recv released, then the calls NCCL allows and refuses);
+ * and error paths: NULL communicator, bad data type, operator, root and
  * peer, a count that overflows, a refused function. Exits non-zero on any failure.
  *
  * Buffers come from ncclMemAlloc. On CUDA (libcuda.so.1 loads and HOCCL_BACKEND is not
@@ -453,6 +454,43 @@ static void config_comms(ncclComm_t world) {
   }
 }
 
+/* ncclCommRevoke on a communicator of every rank (a fresh id) where rank 0's Recv from rank
+ * 1 is pending (rank 1 never sends): the Recv fails and rank 0's stream is released (on
+ * CUDA the context synchronizes); afterwards collectives are ncclInvalidUsage, Finalize and
+ * a second revoke ncclInvalidArgument, the asynchronous state ncclSuccess; a split of the
+ * revoked communicator works, and so does its destroy. */
+static void revoke_comms(ncclComm_t world) {
+  int everyone[SPAWN_RANKS_MAX];
+  for (int p = 0; p < g_n; ++p) everyone[p] = p;
+  ncclUniqueId id = shared_id(world);
+  ncclComm_t c = NULL;
+  if (ncclCommInitRank(&c, g_n, id, g_rank) != ncclSuccess) {
+    expect(0, "InitRank of the communicator to revoke");
+    return;
+  }
+  void* d = dalloc(64);
+  if (g_rank == 0) expect_rc(ncclRecv(d, 4, ncclFloat32, 1, c, g_stream), ncclSuccess, "Recv that no rank sends");
+  expect_rc(ncclCommRevoke(NULL, NCCL_REVOKE_DEFAULT), ncclSuccess, "Revoke(NULL)");
+  expect_refused(ncclCommRevoke(c, 1), ncclInvalidArgument, "Revoke with flags 1");
+  expect_rc(ncclCommRevoke(c, NCCL_REVOKE_DEFAULT), ncclSuccess, "Revoke");
+  if (cu.cuda) expect(cu.sync() == 0, "cuCtxSynchronize: the revoked Recv released its stream");
+  ncclResult_t st = ncclInternalError;
+  expect_rc(ncclCommGetAsyncError(c, &st), ncclSuccess, "GetAsyncError after Revoke");
+  expect_rc(st, ncclSuccess, "a revoked communicator is quiescent");
+  expect_refused(ncclAllReduce(d, d, 4, ncclFloat32, ncclSum, c, g_stream), ncclInvalidUsage, "AllReduce after Revoke");
+  expect(strstr(ncclGetLastError(NULL), "revoked") != NULL, "the message says revoked");
+  expect_refused(ncclCommFinalize(c), ncclInvalidArgument, "Finalize after Revoke");
+  expect_refused(ncclCommRevoke(c, NCCL_REVOKE_DEFAULT), ncclInvalidArgument, "a second Revoke");
+  ncclComm_t sub = NULL;
+  expect_rc(ncclCommSplit(c, 0, g_rank, &sub, NULL), ncclSuccess, "Split of a revoked communicator");
+  if (sub != NULL) {
+    check_sum(sub, everyone, g_n, g_rank, "AllReduce on the split of a revoked communicator");
+    expect_rc(ncclCommDestroy(sub), ncclSuccess, "Destroy the split");
+  }
+  expect_rc(ncclCommDestroy(c), ncclSuccess, "Destroy after Revoke");
+  dfree(d);
+}
+
 static void split_comms(ncclComm_t world) {
   /* Two colors (even and odd ranks), ordered by key = -rank: reversed. */
   ncclComm_t sub = NULL;
@@ -763,6 +801,7 @@ static int rank_main(int rank, int nranks, const void* idp, void* arg) {
   collectives(world, 10007);
   config_comms(world);
   split_comms(world);
+  revoke_comms(world);
   init_all();
   group_creation(world);
   registration_and_operators(world);

@@ -9,7 +9,9 @@
 //! - `op` = an operation (`sendrecv`, `allgather`, ...): `time_us` end to end per op,
 //!   `algbw_gbs` = bytes / time, `nccl_time_us` NCCL's time (null where NCCL did not run),
 //!   `first_op_us`, `iters`, `wrong`, `path` (how hoccl moved the bytes between ranks:
-//!   `self` for one rank, copies on the stream; `gated` where `HOCCL_GATED` is not 0 and
+//!   `self` for one rank, copies on the stream; `staged` where every flow to a peer is at
+//!   most `HOCCL_STAGED_BYTES`: the same-host staged path, every device operation enqueued
+//!   at the call; `gated` where `HOCCL_GATED` is not 0 and
 //!   every flow to a peer is one copy, at most 8 MiB: the same-host gated path between
 //!   processes; `handshake` otherwise, the proxies' ready/landed exchange);
 //! - `op` = `d2d_copy`: `memcpy_async` of `bytes` on the bench stream (every rank at once);
@@ -121,13 +123,16 @@ const GATED_MAX: usize = 8 << 20;
 
 /// How hoccl moves `bytes` of `op` between this run's ranks (one process each, one host):
 /// the largest flow to one peer is the whole buffer for sendrecv and broadcast, a block
-/// (`bytes / ranks`) for the others. As configured: `auto` falls back to the handshake only
+/// (`bytes / ranks`) for the others. As configured: the staged path is off where a rank
+/// could not set its rings up (logged); `auto` falls back to the handshake only
 /// where a device cannot register its peers' flags (logged); the `HOCCL_TRACE_OPS`
 /// timelines show the steps an op took.
 fn path(ctx: &Ctx, op: OpKind, bytes: usize) -> &'static str {
     let flow = if matches!(op, OpKind::SendRecv | OpKind::Broadcast) { bytes } else { bytes / ctx.n.max(1) };
     if ctx.n == 1 {
         "self"
+    } else if flow <= ctx.comm.config().staged_bytes {
+        "staged"
     } else if ctx.comm.config().gated != Some(false) && flow <= GATED_MAX {
         "gated"
     } else {
@@ -457,7 +462,7 @@ pub fn file_meta() -> Json {
                 "op = an operation (time_us end to end, algbw_gbs = bytes/time, nccl_time_us NCCL default on the same buffers and stream or null); \
                  d2d_copy = memcpy_async of bytes on the same stream; handshake = mean round trip of cuStreamWriteValue64 start flag -> host thread -> finish flag -> cuStreamWaitValue64 (p50_us, p99_us, min_us, bytes 0); \
                  launch_cost = mean host time of one call of `call`, enqueue only (nccl_time_us: NCCL's); ranks = processes, mps = run under MPS; \
-                 path (op records) = self (one rank), gated (HOCCL_GATED not 0 and every flow to a peer one copy of at most 8 MiB: the same-host gated path) or handshake, as configured",
+                 path (op records) = self (one rank), staged (every flow to a peer at most HOCCL_STAGED_BYTES: the same-host staged path), gated (HOCCL_GATED not 0 and every flow to a peer one copy of at most 8 MiB: the same-host gated path) or handshake, as configured",
             ),
         ),
     ])

@@ -206,7 +206,9 @@ ncclResult_t pncclCommDestroy(ncclComm_t comm);
 ncclResult_t ncclCommAbort(ncclComm_t comm);
 ncclResult_t pncclCommAbort(ncclComm_t comm);
 
-/* Refused on hoccl (ncclInvalidUsage). */
+/* Fail pending operations and release their streams, keep the communicator: later
+ * collectives and ncclCommFinalize are refused; split, shrink, destroy and abort work.
+ * revokeFlags must be NCCL_REVOKE_DEFAULT. */
 ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags);
 ncclResult_t pncclCommRevoke(ncclComm_t comm, int revokeFlags);
 

@@ -32,6 +32,8 @@ pub const NCCL_SPLIT_NOCOLOR: c_int = -1;
 /// `ncclCommShrink`'s flags: leave the parent's operations, or abort them first.
 pub const NCCL_SHRINK_DEFAULT: c_int = 0;
 pub const NCCL_SHRINK_ABORT: c_int = 1;
+/// `ncclCommRevoke`'s flags: NCCL defines only the default.
+pub const NCCL_REVOKE_DEFAULT: c_int = 0;
 
 /// The one mapping of hoccl's error kinds to `ncclResult_t`. NCCL 2.28 has no timeout,
 /// corrupt-data or aborted code: a timeout and data that fails validation come from a peer

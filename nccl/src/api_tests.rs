@@ -352,6 +352,28 @@ fn all_reduce_checks(c: ncclComm_t, n: usize) {
     assert!(out.f32s().iter().enumerate().all(|(i, v)| *v == base + (n * i) as f32), "rank {rank} of {n}");
 }
 
+/// Rank `r` of three shrinks `c` without rank 1 (`flag`) and checks the new communicator.
+fn shrink_out_rank_1(c: ncclComm_t, r: usize, flag: c_int) {
+    let mut ex = [1 as c_int];
+    let mut sub = null_mut();
+    ok(ncclCommShrink(c, ex.as_mut_ptr(), 1, &mut sub, null_mut(), flag));
+    let mut me = -1;
+    ok(ncclCommUserRank(sub, &mut me));
+    assert_eq!(me, r as c_int / 2, "survivors renumbered in order");
+    all_reduce_checks(sub, 2);
+    ok(ncclCommDestroy(sub));
+}
+
+/// A one-rank communicator through a unique id, on the host backend.
+fn one_rank() -> ncclComm_t {
+    std::env::set_var("HOCCL_BACKEND", "host");
+    let mut uid = UniqueId { internal: [0; 128] };
+    ok(ncclGetUniqueId(&mut uid));
+    let mut c = null_mut();
+    ok(ncclCommInitRank(&mut c, 1, uid, 0));
+    c
+}
+
 /// Three ranks; rank 1 (alive) is excluded and takes no part. Rank 0 shrinks with
 /// NCCL_SHRINK_DEFAULT (its parent stays usable), rank 2 with NCCL_SHRINK_ABORT (its parent
 /// is aborted: every call but destroy fails).
@@ -365,15 +387,8 @@ fn shrink_excludes_a_rank_that_does_not_call() {
             std::thread::spawn(move || {
                 let c = c as ncclComm_t;
                 if r != 1 {
-                    let mut ex = [1 as c_int];
                     let flag = if r == 0 { NCCL_SHRINK_DEFAULT } else { NCCL_SHRINK_ABORT };
-                    let mut sub = null_mut();
-                    ok(ncclCommShrink(c, ex.as_mut_ptr(), 1, &mut sub, null_mut(), flag));
-                    let mut me = -1;
-                    ok(ncclCommUserRank(sub, &mut me));
-                    assert_eq!(me, r as c_int / 2, "survivors renumbered in order");
-                    all_reduce_checks(sub, 2);
-                    ok(ncclCommDestroy(sub));
+                    shrink_out_rank_1(c, r, flag);
                     if flag == NCCL_SHRINK_ABORT {
                         let b = Buf::new(4);
                         assert_ne!(ncclAllReduce(b.0, b.0, 4, 7, 0, c, null_mut()), NCCL_SUCCESS, "the aborted parent refuses operations");
@@ -424,11 +439,7 @@ fn shrink_inside_a_group_from_one_thread() {
 
 #[test]
 fn shrink_bad_arguments() {
-    std::env::set_var("HOCCL_BACKEND", "host");
-    let mut uid = UniqueId { internal: [0; 128] };
-    ok(ncclGetUniqueId(&mut uid));
-    let mut c = null_mut();
-    ok(ncclCommInitRank(&mut c, 1, uid, 0));
+    let c = one_rank();
     let mut sub = 1usize as ncclComm_t;
     let bad: [(&[c_int], c_int, c_int, &str); 5] = [
         (&[], 0, 2, "shrinkFlags"),
@@ -450,6 +461,86 @@ fn shrink_bad_arguments() {
     ok(ncclCommDestroy(sub));
     ok(ncclCommDestroy(c));
     assert_eq!(ncclCommShrink(c, null_mut(), 0, &mut sub, null_mut(), NCCL_SHRINK_DEFAULT), NCCL_INVALID_USAGE);
+}
+
+/// Whether stream 0 of `c`'s device drains within 10 s (a released stream does; the
+/// synchronize runs on a thread of its own so that a stream left waiting fails the test
+/// instead of hanging it).
+fn stream_drains(c: ncclComm_t) -> bool {
+    let comm = live("test", c).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || drop(tx.send(comm.device().synchronize(StreamHandle(0)))));
+    matches!(rx.recv_timeout(std::time::Duration::from_secs(10)), Ok(Ok(())))
+}
+
+/// Three ranks; rank 1 never calls its AllReduce, so ranks 0 and 2 have it pending when they
+/// revoke: the operation fails and their streams are released, the communicator stays for
+/// what NCCL allows after a revoke (shrink, destroy) and refuses the rest with NCCL's codes.
+#[test]
+fn revoke_releases_pending_operations_then_shrink() {
+    on_each_rank(&init_all(3), |c| {
+        let mut rank = -1;
+        ok(ncclCommUserRank(c, &mut rank));
+        let r = rank as usize;
+        if r == 1 {
+            return ok(ncclCommAbort(c));
+        }
+        let b = Buf::new(64);
+        ok(ncclAllReduce(b.0, b.0, 64, 7, 0, c, null_mut()));
+        assert!(live("test", c).unwrap().pending() > 0, "rank {r}: the AllReduce without rank 1 is not pending");
+        ok(ncclCommRevoke(c, NCCL_REVOKE_DEFAULT));
+        assert!(stream_drains(c), "rank {r}: the revoked AllReduce still holds its stream");
+        let mut e = -1;
+        ok(ncclCommGetAsyncError(c, &mut e));
+        assert_eq!(e, NCCL_SUCCESS, "rank {r}: a revoked communicator is quiescent");
+        assert_eq!(ncclAllReduce(b.0, b.0, 64, 7, 0, c, null_mut()), NCCL_INVALID_USAGE);
+        assert!(last().contains("revoked"), "{}", last());
+        assert_eq!(ncclCommRevoke(c, NCCL_REVOKE_DEFAULT), NCCL_INVALID_ARGUMENT);
+        assert!(last().contains("already revoked"), "{}", last());
+        assert_eq!(ncclCommFinalize(c), NCCL_INVALID_ARGUMENT);
+        let mut size = -1;
+        ok(ncclCommCount(c, &mut size));
+        assert_eq!(size, 3, "queries still answer");
+        shrink_out_rank_1(c, r, NCCL_SHRINK_DEFAULT);
+        drop(b);
+        ok(ncclCommDestroy(c));
+    });
+}
+
+/// Both ranks revoke an idle communicator and split it: the split runs over the revoked
+/// parent's bootstrap and the child works.
+#[test]
+fn revoke_then_split() {
+    let comms = init_all(2);
+    on_each_rank(&comms, |c| {
+        let mut rank = -1;
+        ok(ncclCommUserRank(c, &mut rank));
+        ok(ncclCommRevoke(c, NCCL_REVOKE_DEFAULT));
+        let mut sub = null_mut();
+        ok(ncclCommSplit(c, 0, 1 - rank, &mut sub, null_mut()));
+        let mut me = -1;
+        ok(ncclCommUserRank(sub, &mut me));
+        assert_eq!(me, 1 - rank, "ordered by key");
+        all_reduce_checks(sub, 2);
+        ok(ncclCommDestroy(sub));
+        ok(ncclCommAbort(c));
+    });
+}
+
+/// NCCL's argument rules: NULL is accepted, a flag other than the default is
+/// `ncclInvalidArgument`, so is a revoke after `ncclCommFinalize`; a destroyed handle is
+/// `ncclInvalidUsage`.
+#[test]
+fn revoke_arguments() {
+    let c = one_rank();
+    ok(ncclCommRevoke(null_mut(), NCCL_REVOKE_DEFAULT));
+    assert_eq!(ncclCommRevoke(c, 1), NCCL_INVALID_ARGUMENT);
+    assert!(last().contains("revokeFlags"), "{}", last());
+    all_reduce_checks(c, 1);
+    assert_eq!(ncclCommRevoke(c, NCCL_REVOKE_DEFAULT), NCCL_INVALID_ARGUMENT, "after ncclCommFinalize");
+    assert!(last().contains("finalized"), "{}", last());
+    ok(ncclCommDestroy(c));
+    assert_eq!(ncclCommRevoke(c, NCCL_REVOKE_DEFAULT), NCCL_INVALID_USAGE);
 }
 
 /// The rank of `shrink_after_a_process_is_killed` that is killed.

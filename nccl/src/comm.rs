@@ -6,11 +6,11 @@
 //! (`ncclInvalidUsage`), never a use of freed memory. A call costs what a call of hoccl's C
 //! ABI costs: one registry lookup and the handle's life-cycle check.
 #![allow(non_camel_case_types)]
-use crate::abi::{ncclConfig_t, ncclResult_t, read_config, result_of, CommOptions, NCCL_IN_PROGRESS, NCCL_SPLIT_NOCOLOR, NCCL_SUCCESS};
+use crate::abi::{ncclConfig_t, ncclResult_t, read_config, result_of, CommOptions, NCCL_IN_PROGRESS, NCCL_REVOKE_DEFAULT, NCCL_SPLIT_NOCOLOR, NCCL_SUCCESS};
 use hoccl::surface::{LastError, Registry, ThreadGroup};
 use hoccl::{rank_arg, CommHandle, Communicator, Config, Error, OpDesc, Result, ThreadBootstrap, UniqueId};
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 
 /// What an `ncclComm_t` names.
@@ -22,6 +22,12 @@ pub struct Comm {
     /// their own tag, so two splits never read each other's ids.
     splits: AtomicU32,
     options: CommOptions,
+    /// `ncclCommRevoke` ran: the communicator is aborted underneath (its operations failed,
+    /// their streams released) but the handle stays usable for split, shrink, destroy and
+    /// abort; collectives and `ncclCommFinalize` are refused.
+    revoked: AtomicBool,
+    /// `ncclCommFinalize` was called: a later revoke is refused, as NCCL's.
+    finalized: AtomicBool,
 }
 
 /// How a communicator's creation ended.
@@ -38,7 +44,7 @@ impl Comm {
         if let Some(m) = made {
             let _ = cell.set(m);
         }
-        Comm { made: cell, splits: AtomicU32::new(0), options }
+        Comm { made: cell, splits: AtomicU32::new(0), options, revoked: AtomicBool::new(false), finalized: AtomicBool::new(false) }
     }
 
     /// The communicator's handle, or why there is none: its creation is still deferred to
@@ -92,6 +98,8 @@ pub fn release(op: &'static str, comm: ncclComm_t, abort: bool) -> Result<()> {
         h.handle(op)?; // the error saying the creation is deferred
     }
     let h = REGISTRY.remove(op, id(comm))?;
+    // A revoked communicator has nothing pending: destroying it is releasing it.
+    let abort = abort || h.revoked.load(Ordering::Acquire);
     match h.made.get() {
         Some(Made::Live(c)) if abort => c.abort(op),
         Some(Made::Live(c)) => c.destroy(op),
@@ -104,6 +112,55 @@ pub fn live(op: &'static str, comm: ncclComm_t) -> Result<Arc<Communicator>> {
     lookup(op, comm)?.handle(op)?.get(op)
 }
 
+/// `ncclCommRevoke` (NCCL 2.28): stop `comm`'s operations without destroying it. Its pending
+/// operations fail and their streams are released ([`Communicator::abort`]: their outputs
+/// are undefined; peers waiting on this rank's side fail their side as after an abort);
+/// from then on collectives on it are `ncclInvalidUsage`, `ncclCommFinalize` is
+/// `ncclInvalidArgument`, `ncclCommGetAsyncError` reports `ncclSuccess` (it is quiescent),
+/// and `ncclCommSplit`, `ncclCommShrink`, `ncclCommDestroy` and `ncclCommAbort` work (the
+/// bootstrap stays up). Local, as NCCL's: no other rank is told. NULL is accepted (nothing
+/// to do); a flag other than `NCCL_REVOKE_DEFAULT`, a second revoke, and a revoke after
+/// `ncclCommFinalize` are `ncclInvalidArgument`. Complete when it returns, also for a
+/// non-blocking communicator. Inside a group it takes effect at once: calls the group
+/// gathered on `comm` then fail at `ncclGroupEnd`.
+pub fn revoke(op: &'static str, comm: ncclComm_t, flags: i32) -> Result<()> {
+    if comm.is_null() {
+        return Ok(());
+    }
+    if flags != NCCL_REVOKE_DEFAULT {
+        return Err(Error::invalid_arg(op, format!("revokeFlags {flags:#x} (want NCCL_REVOKE_DEFAULT)")));
+    }
+    let h = lookup(op, comm)?;
+    let c = h.handle(op)?.get(op)?;
+    if h.finalized.load(Ordering::Acquire) {
+        return Err(Error::invalid_arg(op, "the communicator was finalized (ncclCommFinalize); destroy it instead"));
+    }
+    if h.revoked.swap(true, Ordering::AcqRel) {
+        return Err(Error::invalid_arg(op, "the communicator was already revoked"));
+    }
+    let pending = c.pending();
+    c.abort();
+    log::info!("rank {}/{}: communicator revoked ({pending} operation(s) pending failed, their streams released)", c.rank(), c.size());
+    Ok(())
+}
+
+/// The refusal of a collective on a revoked communicator.
+fn revoked(op: &'static str) -> Error {
+    Error::invalid_usage(op, "the communicator was revoked (ncclCommRevoke): only ncclCommSplit, ncclCommShrink, ncclCommDestroy and ncclCommAbort remain")
+}
+
+/// `ncclCommFinalize`'s communicator: refused after a revoke (as NCCL's); marks the handle
+/// finalized.
+pub fn finalize(op: &'static str, comm: ncclComm_t) -> Result<Arc<Communicator>> {
+    let h = lookup(op, comm)?;
+    let c = h.handle(op)?.get(op)?;
+    if h.revoked.load(Ordering::Acquire) {
+        return Err(Error::invalid_arg(op, "the communicator was revoked (ncclCommRevoke): destroy it instead"));
+    }
+    h.finalized.store(true, Ordering::Release);
+    Ok(c)
+}
+
 /// `ncclCommGetAsyncError`'s code: the live communicator's asynchronous error,
 /// `ncclInProgress` while its creation waits for its group's end, the failure once that
 /// failed (whose message becomes this thread's last error).
@@ -113,6 +170,8 @@ pub fn async_error(op: &'static str, comm: ncclComm_t) -> Result<ncclResult_t> {
         None => return Ok(NCCL_IN_PROGRESS),
         // The creation's own code, with the message that says where it failed.
         Some(Made::Failed(why)) => h.handle(op).err().map(|e| (why.code(), e)),
+        // Revoked: quiescent, as NCCL reports once its revocation completed.
+        Some(Made::Live(c)) if h.revoked.load(Ordering::Acquire) => c.get(op).map(|_| None)?,
         Some(Made::Live(c)) => c.get(op)?.async_error().map(|e| (e.code(), e)),
     };
     if let Some((_, e)) = &e {
@@ -159,6 +218,9 @@ pub fn last_error() -> *const std::ffi::c_char {
 /// enqueued when the group's end has created the communicator, as NCCL allows.
 pub fn enqueue(op: &'static str, comm: ncclComm_t, desc: impl FnOnce() -> Result<OpDesc<'static>>) -> Result<()> {
     let h = lookup(op, comm)?;
+    if h.revoked.load(Ordering::Acquire) {
+        return Err(revoked(op));
+    }
     let d = desc()?;
     if h.made.get().is_none() {
         let mine = DEFERRED.with(|p| {

@@ -320,19 +320,23 @@ nccl_api! {
 }
 
 nccl_api! {
-    fn ncclCommRevoke / pncclCommRevoke(_comm: ncclComm_t, _revokeFlags: c_int) -> ncclResult_t {
-        refuse("ncclCommRevoke", "stop a communicator's operations with ncclCommAbort")
+    /// Fails `comm`'s pending operations and releases their streams, keeping the
+    /// communicator for split, shrink, destroy and abort (`comm::revoke`).
+    fn ncclCommRevoke / pncclCommRevoke(comm: ncclComm_t, revokeFlags: c_int) -> ncclResult_t {
+        const OP: &str = "ncclCommRevoke";
+        call(OP, || comm::revoke(OP, comm, revokeFlags))
     }
 }
 
 nccl_api! {
     /// Waits until every operation issued on `comm` completed (bounded by hoccl's timeout).
+    /// Refused (`ncclInvalidArgument`) after `ncclCommRevoke`, as NCCL's.
     /// On the host backend this includes the default stream's queued work, which is how a
     /// program without CUDA waits for results on stream 0.
     fn ncclCommFinalize / pncclCommFinalize(comm: ncclComm_t) -> ncclResult_t {
         const OP: &str = "ncclCommFinalize";
         call(OP, || {
-            let c = live(OP, comm)?;
+            let c = comm::finalize(OP, comm)?;
             c.wait_idle().map_err(|e| e.with_op(OP))?;
             if c.device().backend() == hoccl::Backend::Host {
                 c.device().synchronize(StreamHandle(0)).map_err(|e| e.with_op(OP))?;
@@ -873,11 +877,10 @@ mod tests {
 
     #[test]
     fn refused_functions_say_why() {
-        assert_eq!(ncclCommRevoke(std::ptr::null_mut(), 0), NCCL_INVALID_USAGE);
+        assert_eq!(ncclGroupSimulateEnd(std::ptr::null_mut()), NCCL_INVALID_USAGE);
         // SAFETY: as above.
         let msg = unsafe { std::ffi::CStr::from_ptr(ncclGetLastError(std::ptr::null_mut())) };
-        assert!(msg.to_string_lossy().contains("ncclCommAbort"), "{msg:?}");
-        assert_eq!(ncclGroupSimulateEnd(std::ptr::null_mut()), NCCL_INVALID_USAGE);
+        assert!(msg.to_string_lossy().contains("not supported"), "{msg:?}");
         assert_eq!(ncclGroupEnd(), NCCL_INVALID_USAGE);
     }
 }

@@ -78,6 +78,9 @@ if [ -n "$mps_np" ]; then
       done
       # The same 2-process rows on the handshake path, beside the gated path's (records: path).
       run 180 NCCL_NVLS_ENABLE=0 HOCCL_GATED=0 -- -np 2 "$BIN" --latency --mps --ops sendrecv --json "$json" --append
+      # And on the staged path (off by default until it has passed on a GPU; records: path):
+      # hundreds of back-to-back ops run into each staged queue's budget.
+      run 180 NCCL_NVLS_ENABLE=0 HOCCL_STAGED_BYTES=1M -- -np 2 "$BIN" --latency --mps --ops sendrecv --json "$json" --append
       tl="$results/latency_timeline.log"
       : > "$tl"
       for size in 4K 2M; do

@@ -5,10 +5,12 @@
 //! stream-ordered and asynchronous, as NCCL's.
 use crate::bootstrap::Bootstrap;
 use crate::config::{init_logging, Config};
+use crate::device::batch::{Batch, OnStream};
 use crate::device::{self, DevPtr, Device, StreamHandle};
 use crate::engine::streams::{Admission, StreamManager};
 use crate::engine::{Engine, EngineConfig, Fill, Op, Transfer};
 use crate::error::{Error, Result};
+use crate::transport::staged::{Staged, StagedWait};
 use crate::types::DataType;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -61,6 +63,8 @@ struct State {
     staged: internode::Staged,
     /// Ops captured into graphs: template ids, flag pairs, released resources (`capture.rs`).
     capture: capture::CaptureState,
+    /// The staged path (`transport::staged`), when on.
+    staged: Option<Staged>,
     destroyed: bool,
 }
 
@@ -166,7 +170,7 @@ impl Communicator {
         let comm_id = setup::agree_comm_id(bootstrap.as_ref())?;
         let (peer_links, cost_model, compress_from) = setup::resolve_engine(bootstrap.as_ref(), &topo, &config)?;
         let local: Vec<usize> = topo.local_peers(rank).to_vec();
-        let links = setup::connect_mailboxes(bootstrap.as_ref(), &topo, comm_id, &local)?;
+        let (links, flag_maps) = setup::connect_mailboxes(bootstrap.as_ref(), &topo, comm_id, &local, config.staged_bytes > 0)?;
         let net = setup::listen_for_peers(bootstrap.as_ref(), &topo, &config, comm_id, dev.backend())?;
         let engine = Engine::start(
             dev.clone(),
@@ -175,6 +179,7 @@ impl Communicator {
             EngineConfig { chunk_bytes: config.chunk_bytes, copy_queues: config.copy_queues, timeout: config.timeout, trace_ops: config.trace_ops, gated: config.gated },
         )?;
         bootstrap.barrier().map_err(|e| e.with_op(OP))?;
+        let staged = Staged::setup(&dev, bootstrap.as_ref(), &topo, flag_maps, &config)?;
         log::info!("rank {rank}/{size}: communicator {comm_id:016x} on {} ({})", dev.name(), dev.pci_bus_id());
         let comm = Communicator {
             rank,
@@ -199,6 +204,7 @@ impl Communicator {
                 scratch: None,
                 staged: internode::Staged::default(),
                 capture: capture::CaptureState::default(),
+                staged,
                 destroyed: false,
             }),
         };
@@ -440,12 +446,34 @@ impl Communicator {
             }
             _ => None,
         };
-        let mut peers: Vec<usize> = sends.iter().chain(recvs.iter()).map(|x| x.peer).collect();
+        // Staged transfers: every device operation enqueued here, on the stream (receives)
+        // and the staged queues (sends); the proxy only watches their flags.
+        let taken = st.staged.as_ref().map(|s| s.split(&mut sends, &mut recvs)).unwrap_or_default();
+        let mut peers: Vec<usize> = sends.iter().chain(&recvs).chain(&taken.sends).chain(&taken.recvs).map(|x| x.peer).collect();
         peers.sort_unstable();
         peers.dedup();
         let stop = || self.stopped(name);
         let adm = Admission { max: self.wait_limit, timeout: self.config.timeout, stop: &stop };
-        let hs = st.streams.enqueue(self.dev.as_ref(), stream, name, &local, &adm)?;
+        let mut waits: Vec<StagedWait> = Vec::new();
+        let State { streams, staged, .. } = &mut *st;
+        let mut staged_recvs = |b: &mut Batch<OnStream<'_>>| match staged.as_mut() {
+            Some(s) if !taken.recvs.is_empty() => s.enqueue_recvs(b, &taken.recvs, &mut waits),
+            _ => Ok(()),
+        };
+        let hs = streams.enqueue_with(self.dev.as_ref(), stream, name, &local, &mut staged_recvs, &adm).inspect_err(|_| {
+            // The receives' last operations share a driver call with the handshake's finish:
+            // after any failure the stream may hold part of them.
+            if let Some(s) = staged.as_mut().filter(|_| !taken.recvs.is_empty()) {
+                s.abandon(&taken.recvs);
+            }
+        })?;
+        if let Some(s) = staged.as_mut().filter(|_| !taken.sends.is_empty()) {
+            if let Err(e) = s.enqueue_sends(hs.flags.dev_addr(hs.start_flag), hs.stream_seq, &taken.sends, &mut waits) {
+                // The handshake is on the stream but the op is not submitted: release it.
+                hs.flags.raise(hs.finish_flag, hs.stream_seq);
+                return Err(e.with_op(name));
+            }
+        }
         let pair_seqs = peers
             .into_iter()
             .map(|p| {
@@ -466,6 +494,7 @@ impl Communicator {
             recvs,
             pair_seqs,
             len_words: plan.as_ref().and_then(|p| p.len_words.clone()),
+            staged: waits,
         })?;
         Ok(plan)
     }
@@ -544,6 +573,9 @@ impl Drop for Communicator {
             self.release_scratch(&mut st, self.config.timeout);
             self.release_forward_staging(&mut st, self.config.timeout);
             self.release_captured(&mut st);
+            if let Some(s) = st.staged.take() {
+                s.close(clean);
+            }
         }
     }
 }

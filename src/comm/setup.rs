@@ -8,7 +8,8 @@ use crate::types::DataType;
 use crate::transport::same_host::Links;
 use crate::error::{Error, Result};
 use crate::topology::{RankRecord, Topology};
-use crate::transport::mailbox::Segment;
+use crate::transport::mailbox::{FlagArea, Segment};
+use crate::transport::staged::FlagMaps;
 use crate::transport::socket::{self, NetLinks};
 
 /// All-gather every rank's record (host, pid, GPUs seen, requested GPU, its PCI id) and
@@ -50,8 +51,12 @@ pub fn agree_comm_id(b: &dyn Bootstrap) -> Result<u64> {
     Ok(u64::from_le_bytes(a))
 }
 
-/// Create this rank's mailbox, wait for everyone's, open the local peers'.
-pub fn connect_mailboxes(b: &dyn Bootstrap, topo: &Topology, comm_id: u64, local: &[usize]) -> Result<Links> {
+/// Create this rank's mailbox, wait for everyone's, open the local peers'. With `flag_maps`
+/// (the staged path is wanted), also map every local rank's mailbox once more for the staged
+/// path's flag words (`transport::staged`), by global rank: the names are unlinked before
+/// this returns, so no mapping can be made later. A failed mapping is returned as its error
+/// (the staged path then stays off, decided collectively at its setup).
+pub fn connect_mailboxes(b: &dyn Bootstrap, topo: &Topology, comm_id: u64, local: &[usize], flag_maps: bool) -> Result<(Links, FlagMaps)> {
     const OP: &str = "Communicator::new";
     let rank = b.rank();
     let local_index = local.iter().position(|r| *r == rank).ok_or_else(|| Error::internal(OP, "rank not in its node"))?;
@@ -71,11 +76,12 @@ pub fn connect_mailboxes(b: &dyn Bootstrap, topo: &Topology, comm_id: u64, local
             peers[r] = Some(Segment::open(&Segment::name(topo.ranks()[r].pid, comm_id, r), local.len())?);
         }
     }
+    let areas = if flag_maps { local.iter().map(|&r| (r, FlagArea::open(&Segment::name(topo.ranks()[r].pid, comm_id, r), local.len()))).collect() } else { Vec::new() };
     b.barrier().map_err(|e| e.with_op(OP))?;
     // Every local rank has mapped every mailbox it needs: the names can go.
     let mut inbox = inbox;
     inbox.unlink();
-    Ok(Links { rank, inbox, peers, local_index, local_of })
+    Ok((Links { rank, inbox, peers, local_index, local_of }, areas))
 }
 
 /// When ranks span several nodes: choose the transport between nodes (`HOCCL_NET`), listen

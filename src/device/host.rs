@@ -178,6 +178,8 @@ type ReleaseHook = Arc<Mutex<Option<Box<dyn FnOnce() + Send>>>>;
 enum Task {
     Write { addr: u64, v: u64 },
     Wait { addr: u64, v: u64 },
+    /// A batch of waits and writes (`mem_ops`), run in order as one task.
+    MemOps(Vec<MemOp>),
     Copy { dst: u64, src: u64, len: usize },
     Fill { dst: u64, len: usize, seed: u64 },
     /// `reduce_into` over `srcs` (each `len` bytes) into `dst`.
@@ -242,11 +244,9 @@ impl QueueState {
     }
 }
 
-/// Executes one task. Addresses were range-checked when the task was enqueued; the
-/// registry keeps them mapped until the owner frees them (freeing memory a queued task
-/// still uses is the same user error as on CUDA).
-fn run_task(t: Task, st: &QueueState) {
-    match t {
+/// A flag write, or a wait until a flag is >= a value (other tasks are ignored).
+fn run_mem_op(t: &Task, st: &QueueState) {
+    match *t {
         // SAFETY: addr was checked against a live flag slab or allocation, 8-aligned.
         Task::Write { addr, v } => unsafe { (*(addr as *const AtomicU64)).store(v, Ordering::Release) },
         Task::Wait { addr, v } => {
@@ -262,6 +262,24 @@ fn run_task(t: Task, st: &QueueState) {
                 } else {
                     std::thread::sleep(Duration::from_micros(20));
                 }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Executes one task. Addresses were range-checked when the task was enqueued; the
+/// registry keeps them mapped until the owner frees them (freeing memory a queued task
+/// still uses is the same user error as on CUDA).
+fn run_task(t: Task, st: &QueueState) {
+    match t {
+        Task::Write { .. } | Task::Wait { .. } => run_mem_op(&t, st),
+        Task::MemOps(ops) => {
+            for op in ops {
+                run_mem_op(&(match op {
+                    MemOp::WaitGeq { flag, value } => Task::Wait { addr: flag.0, v: value },
+                    MemOp::Write { flag, value } => Task::Write { addr: flag.0, v: value },
+                }), st);
             }
         }
         // SAFETY: both ranges were checked against live regions; memmove tolerates overlap.
@@ -368,6 +386,7 @@ struct HostCopyQueue {
 
 impl CopyQueue for HostCopyQueue {
     fn copy(&mut self, dst: DevPtr, src: DevPtr, len: usize) -> Result<()> {
+        crate::device::calls::enter();
         const OP: &str = "HostCopyQueue::copy";
         {
             let reg = lock_registry(OP)?;
@@ -377,12 +396,14 @@ impl CopyQueue for HostCopyQueue {
         self.q.push(OP, Task::Copy { dst: dst.0, src: src.0, len }).map(|_| ())
     }
     fn fence(&mut self) -> Result<u64> {
+        crate::device::calls::enter();
         let n = self.q.push("HostCopyQueue::fence", Task::Marker)?;
         self.next_ticket += 1;
         self.fences.push_back((self.next_ticket, n));
         Ok(self.next_ticket)
     }
     fn completed(&mut self) -> Result<u64> {
+        crate::device::calls::enter();
         let done = self.q.st.done.load(Ordering::Acquire);
         while let Some(&(t, n)) = self.fences.front() {
             if n > done {
@@ -394,14 +415,24 @@ impl CopyQueue for HostCopyQueue {
         Ok(self.completed)
     }
     fn wait_geq(&mut self, flag: DevPtr, v: u64) -> Result<()> {
+        crate::device::calls::enter();
         const OP: &str = "HostCopyQueue::wait_geq";
         HostDevice::check_flag(OP, flag)?;
         self.q.push(OP, Task::Wait { addr: flag.0, v }).map(|_| ())
     }
     fn write_value(&mut self, flag: DevPtr, v: u64) -> Result<()> {
+        crate::device::calls::enter();
         const OP: &str = "HostCopyQueue::write_value";
         HostDevice::check_flag(OP, flag)?;
         self.q.push(OP, Task::Write { addr: flag.0, v }).map(|_| ())
+    }
+    /// One task, as `cuStreamBatchMemOp` is one call; nothing is queued unless every flag
+    /// checks.
+    fn mem_ops(&mut self, ops: &[MemOp]) -> Result<()> {
+        crate::device::calls::enter();
+        const OP: &str = "HostCopyQueue::mem_ops";
+        HostDevice::check_mem_ops(OP, ops)?;
+        self.q.push(OP, Task::MemOps(ops.to_vec())).map(|_| ())
     }
 }
 
@@ -479,6 +510,12 @@ impl HostDevice {
         lock_registry(op)?.check(op, p, len)
     }
 
+    fn check_mem_ops(op: &'static str, ops: &[MemOp]) -> Result<()> {
+        ops.iter().try_for_each(|m| match *m {
+            MemOp::WaitGeq { flag, .. } | MemOp::Write { flag, .. } => Self::check_flag(op, flag),
+        })
+    }
+
     fn check_flag(op: &'static str, p: DevPtr) -> Result<()> {
         if p.0 % 8 != 0 {
             return Err(Error::invalid_arg(op, "flag address is not 8-byte aligned"));
@@ -532,6 +569,7 @@ impl Device for HostDevice {
     }
 
     fn alloc(&self, len: usize) -> Result<DevPtr> {
+        crate::device::calls::enter();
         const OP: &str = "HostDevice::alloc";
         let id = NEXT_ALLOC_ID.fetch_add(1, Ordering::Relaxed);
         let mut key = [0u8; 8];
@@ -546,6 +584,7 @@ impl Device for HostDevice {
     }
 
     fn free(&self, p: DevPtr) -> Result<()> {
+        crate::device::calls::enter();
         const OP: &str = "HostDevice::free";
         let (name, map_len) = self
             .owned
@@ -563,14 +602,17 @@ impl Device for HostDevice {
     /// Device memory is host memory here: an ordinary allocation (registered, so the copy
     /// queues reach it).
     fn alloc_host(&self, len: usize) -> Result<DevPtr> {
+        crate::device::calls::enter();
         self.alloc(len)
     }
 
     fn free_host(&self, p: DevPtr) -> Result<()> {
+        crate::device::calls::enter();
         self.free(p)
     }
 
     fn allocation(&self, p: DevPtr) -> Result<Allocation> {
+        crate::device::calls::enter();
         const OP: &str = "HostDevice::allocation";
         let reg = lock_registry(OP)?;
         match reg.find(p.0) {
@@ -582,6 +624,7 @@ impl Device for HostDevice {
     /// Handle layout: the shm name, NUL-padded, in bytes 0..48; the exact allocation length
     /// (u64, little-endian) in bytes 48..56, so an importer asking for more is refused.
     fn export(&self, a: &Allocation) -> Result<ExportHandle> {
+        crate::device::calls::enter();
         const OP: &str = "HostDevice::export";
         let key = match lock_registry(OP)?.regions.get(&a.base.0) {
             Some(Region { kind: RegionKind::Own { id, key }, .. }) if *id == a.id => *key,
@@ -598,6 +641,7 @@ impl Device for HostDevice {
     }
 
     fn import(&self, h: &ExportHandle, len: usize) -> Result<DevPtr> {
+        crate::device::calls::enter();
         const OP: &str = "HostDevice::import";
         let end = h.0[..48].iter().position(|b| *b == 0).unwrap_or(48);
         let name = std::str::from_utf8(&h.0[..end]).map_err(|_| Error::invalid_arg(OP, "bad handle"))?;
@@ -617,6 +661,7 @@ impl Device for HostDevice {
     }
 
     fn unimport(&self, base: DevPtr, _len: usize) -> Result<()> {
+        crate::device::calls::enter();
         const OP: &str = "HostDevice::unimport";
         let r = lock_registry(OP)?.regions.remove(&base.0);
         match r {
@@ -634,6 +679,7 @@ impl Device for HostDevice {
     }
 
     fn alloc_flags(&self, n: usize) -> Result<FlagSlab> {
+        crate::device::calls::enter();
         const OP: &str = "HostDevice::alloc_flags";
         let words: Box<[AtomicU64]> = (0..n.max(1)).map(|_| AtomicU64::new(0)).collect();
         let p = words.as_ptr() as *mut u64;
@@ -653,6 +699,7 @@ impl Device for HostDevice {
     /// Host memory is what the queues reach already: the range only joins the registry, so
     /// queue waits and writes there pass its checks.
     fn map_host(&self, ptr: *mut u8, len: usize) -> Result<DevPtr> {
+        crate::device::calls::enter();
         const OP: &str = "HostDevice::map_host";
         if ptr.is_null() || ptr as usize % 8 != 0 || len == 0 {
             return Err(Error::invalid_arg(OP, format!("{ptr:p}+{len}: want a non-null, 8-byte aligned, non-empty range")));
@@ -669,6 +716,7 @@ impl Device for HostDevice {
     }
 
     fn unmap_host(&self, ptr: *mut u8) -> Result<()> {
+        crate::device::calls::enter();
         const OP: &str = "HostDevice::unmap_host";
         let mut reg = lock_registry(OP)?;
         match reg.regions.get(&(ptr as u64)) {
@@ -681,6 +729,7 @@ impl Device for HostDevice {
     }
 
     fn copy_to_host(&self, dst: &mut [u8], src: DevPtr) -> Result<()> {
+        crate::device::calls::enter();
         Self::check("HostDevice::copy_to_host", src, dst.len())?;
         // SAFETY: src range checked against a live region; dst is a distinct Rust slice.
         unsafe { std::ptr::copy(src.0 as *const u8, dst.as_mut_ptr(), dst.len()) };
@@ -688,6 +737,7 @@ impl Device for HostDevice {
     }
 
     fn copy_from_host(&self, dst: DevPtr, src: &[u8]) -> Result<()> {
+        crate::device::calls::enter();
         Self::check("HostDevice::copy_from_host", dst, src.len())?;
         // SAFETY: dst range checked against a live region.
         unsafe { std::ptr::copy(src.as_ptr(), dst.0 as *mut u8, src.len()) };
@@ -695,6 +745,7 @@ impl Device for HostDevice {
     }
 
     fn create_stream(&self) -> Result<StreamHandle> {
+        crate::device::calls::enter();
         const OP: &str = "HostDevice::create_stream";
         let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
         let q = HostQueue::spawn(format!("hoccl-host-stream{id}"))?;
@@ -703,6 +754,7 @@ impl Device for HostDevice {
     }
 
     fn destroy_stream(&self, s: StreamHandle) -> Result<()> {
+        crate::device::calls::enter();
         const OP: &str = "HostDevice::destroy_stream";
         let q = self.streams.lock().map_err(|_| Error::internal(OP, "poisoned"))?.remove(&s.0);
         let q = q.ok_or_else(|| Error::invalid_arg(OP, format!("unknown stream {:#x}", s.0)))?;
@@ -714,18 +766,30 @@ impl Device for HostDevice {
     }
 
     fn write_value(&self, s: StreamHandle, flag: DevPtr, v: u64) -> Result<()> {
+        crate::device::calls::enter();
         const OP: &str = "HostDevice::write_value";
         Self::check_flag(OP, flag)?;
         self.enqueue(OP, s, Task::Write { addr: flag.0, v })
     }
 
     fn wait_value_geq(&self, s: StreamHandle, flag: DevPtr, v: u64) -> Result<()> {
+        crate::device::calls::enter();
         const OP: &str = "HostDevice::wait_value_geq";
         Self::check_flag(OP, flag)?;
         self.enqueue(OP, s, Task::Wait { addr: flag.0, v })
     }
 
+    /// One task on the stream (or in its capture), as `cuStreamBatchMemOp` is one call;
+    /// nothing is queued unless every flag checks.
+    fn mem_ops(&self, s: StreamHandle, ops: &[MemOp]) -> Result<()> {
+        crate::device::calls::enter();
+        const OP: &str = "HostDevice::mem_ops";
+        Self::check_mem_ops(OP, ops)?;
+        self.enqueue(OP, s, Task::MemOps(ops.to_vec()))
+    }
+
     fn synchronize(&self, s: StreamHandle) -> Result<()> {
+        crate::device::calls::enter();
         const OP: &str = "HostDevice::synchronize";
         self.not_capturing(OP, s)?;
         let q = self.stream(OP, s)?;
@@ -735,6 +799,7 @@ impl Device for HostDevice {
     }
 
     fn stream_query(&self, s: StreamHandle) -> Result<bool> {
+        crate::device::calls::enter();
         self.not_capturing("HostDevice::stream_query", s)?;
         let q = self.stream("HostDevice::stream_query", s)?;
         Ok(q.st.done.load(Ordering::Acquire) >= q.st.enqueued.load(Ordering::Acquire))
@@ -809,6 +874,7 @@ impl Device for HostDevice {
     }
 
     fn memcpy_async(&self, s: StreamHandle, dst: DevPtr, src: DevPtr, len: usize) -> Result<()> {
+        crate::device::calls::enter();
         const OP: &str = "HostDevice::memcpy_async";
         Self::check(OP, dst, len)?;
         Self::check(OP, src, len)?;
@@ -816,12 +882,14 @@ impl Device for HostDevice {
     }
 
     fn fill_pattern_async(&self, s: StreamHandle, dst: DevPtr, len: usize, seed: u64) -> Result<()> {
+        crate::device::calls::enter();
         const OP: &str = "HostDevice::fill_pattern_async";
         Self::check(OP, dst, len)?;
         self.enqueue(OP, s, Task::Fill { dst: dst.0, len, seed })
     }
 
     fn reduce_async(&self, s: StreamHandle, dst: DevPtr, srcs: &[DevPtr], count: usize, dtype: DataType, op: RedOp) -> Result<()> {
+        crate::device::calls::enter();
         const OP: &str = "HostDevice::reduce_async";
         if srcs.is_empty() {
             return Err(Error::invalid_arg(OP, "no inputs"));
@@ -849,6 +917,7 @@ impl Device for HostDevice {
     }
 
     fn create_copy_queue(&self) -> Result<Box<dyn CopyQueue>> {
+        crate::device::calls::enter();
         let q = HostQueue::spawn("hoccl-host-ce".into())?;
         Ok(Box::new(HostCopyQueue { q, fences: Default::default(), next_ticket: 0, completed: 0 }))
     }

@@ -14,6 +14,7 @@ use crate::types::DataType;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+pub mod batch;
 pub mod cuda;
 pub mod host;
 pub mod kernels;
@@ -122,6 +123,17 @@ impl FlagSlab {
     }
 }
 
+/// One stream memory operation of a batch ([`Device::mem_ops`], [`CopyQueue::mem_ops`]):
+/// the operations of [`Device::wait_value_geq`] and [`Device::write_value`] on a 64-bit
+/// flag in host memory mapped for the device, with their comparison and 32-bit fallback.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemOp {
+    /// Hold the stream until the flag at `flag` is >= `value`.
+    WaitGeq { flag: DevPtr, value: u64 },
+    /// Write `value` to the flag once everything before it on the stream has completed.
+    Write { flag: DevPtr, value: u64 },
+}
+
 /// A copy-engine queue owned by the proxy. Copies and fences execute in order; nothing here
 /// blocks on the device.
 pub trait CopyQueue: Send {
@@ -147,6 +159,15 @@ pub trait CopyQueue: Send {
     fn write_value(&mut self, flag: DevPtr, v: u64) -> Result<()> {
         let _ = (flag, v);
         Err(crate::error::Error::invalid_usage("CopyQueue::write_value", "this copy queue has no stream memory operations"))
+    }
+    /// Enqueue `ops` in order, as consecutive `wait_geq` / `write_value` calls would, in as
+    /// few driver calls as the backend can (one `cuStreamBatchMemOp` on CUDA). On an error
+    /// a prefix of `ops` may have been enqueued. The default makes one call per operation.
+    fn mem_ops(&mut self, ops: &[MemOp]) -> Result<()> {
+        ops.iter().try_for_each(|op| match *op {
+            MemOp::WaitGeq { flag, value } => self.wait_geq(flag, value),
+            MemOp::Write { flag, value } => self.write_value(flag, value),
+        })
     }
 }
 
@@ -211,6 +232,16 @@ pub trait Device: Send + Sync + 'static {
     fn write_value(&self, s: StreamHandle, flag: DevPtr, v: u64) -> Result<()>;
     /// Enqueue: block the stream until the flag at `flag` is >= `v`.
     fn wait_value_geq(&self, s: StreamHandle, flag: DevPtr, v: u64) -> Result<()>;
+    /// Enqueue `ops` on `s` in order, as consecutive `wait_value_geq` / `write_value` calls
+    /// would, in as few driver calls as the backend can (one `cuStreamBatchMemOp` on CUDA;
+    /// one queued task on the host backend). On an error a prefix of `ops` may have been
+    /// enqueued. The default makes one call per operation.
+    fn mem_ops(&self, s: StreamHandle, ops: &[MemOp]) -> Result<()> {
+        ops.iter().try_for_each(|op| match *op {
+            MemOp::WaitGeq { flag, value } => self.wait_value_geq(s, flag, value),
+            MemOp::Write { flag, value } => self.write_value(s, flag, value),
+        })
+    }
     /// Block the calling thread until the stream drains.
     fn synchronize(&self, s: StreamHandle) -> Result<()>;
     /// Whether everything queued on the stream so far has completed (never blocks).
@@ -357,6 +388,65 @@ pub fn pattern_word(seed: u64, w: u64) -> u32 {
 /// Open the backend `choice` asks for on GPU `ordinal` (ignored on host). `Cuda` fails with
 /// `NoDevice` (and the reason) when there is no driver or no such GPU; `Auto` takes CUDA when
 /// the driver reports at least one GPU and the host backend otherwise.
+/// Test hook: the device calls of threads marked with [`count_calls_here`] (the proxies),
+/// counted process-wide, and a gate those calls pass through. Both backends count every
+/// trait call that reaches the driver (CUDA: every call that makes the context current;
+/// host: every memory, stream and copy-queue call). The gate emulates an application
+/// thread that holds the driver lock while it waits for the GPU (a pageable copy, a
+/// `cuMemFree`): while [`DriverGate::hold`] is held, a marked thread's next device call
+/// waits for it (host backend; on CUDA the real driver lock does this).
+pub mod calls {
+    use std::cell::Cell;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::{Mutex, MutexGuard};
+
+    thread_local! {
+        static COUNTED: Cell<bool> = const { Cell::new(false) };
+    }
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    static GATE: Mutex<()> = Mutex::new(());
+    static GATE_HELD: AtomicBool = AtomicBool::new(false);
+
+    /// Count (and gate) this thread's device calls from now on.
+    pub fn count_calls_here() {
+        COUNTED.with(|c| c.set(true));
+    }
+
+    /// Device calls made so far by marked threads of this process.
+    pub fn counted() -> u64 {
+        CALLS.load(Ordering::Acquire)
+    }
+
+    /// Called at the top of every backend call.
+    #[inline]
+    pub fn enter() {
+        if !COUNTED.with(Cell::get) {
+            return;
+        }
+        CALLS.fetch_add(1, Ordering::AcqRel);
+        if GATE_HELD.load(Ordering::Acquire) {
+            drop(GATE.lock().unwrap_or_else(|e| e.into_inner()));
+        }
+    }
+
+    /// Holds the gate: marked threads' device calls wait until it is dropped.
+    pub struct DriverGate(#[allow(dead_code)] MutexGuard<'static, ()>);
+
+    impl DriverGate {
+        pub fn hold() -> DriverGate {
+            let g = GATE.lock().unwrap_or_else(|e| e.into_inner());
+            GATE_HELD.store(true, Ordering::Release);
+            DriverGate(g)
+        }
+    }
+
+    impl Drop for DriverGate {
+        fn drop(&mut self) {
+            GATE_HELD.store(false, Ordering::Release);
+        }
+    }
+}
+
 pub fn open(choice: crate::config::BackendChoice, ordinal: usize) -> Result<Arc<dyn Device>> {
     use crate::config::BackendChoice;
     match choice {

@@ -77,6 +77,9 @@ pub struct Op {
     /// The words `Fill::Word` sends read their length from (host-visible, written by the
     /// stream before it reaches the op).
     pub len_words: Option<Arc<FlagSlab>>,
+    /// The op's staged transfers (`transport::staged`), enqueued at the call: the proxy
+    /// only watches their flags.
+    pub staged: Vec<crate::transport::staged::StagedWait>,
 }
 
 /// How to release one op's stream: its flags, finish flag and stream seq.

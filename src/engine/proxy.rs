@@ -25,7 +25,8 @@
 //! reported by the transport by op). No turn visits every op.
 //!
 //! **Waiting.** A turn that moved nothing spins for [`SPIN_TURNS`] turns, then yields until
-//! [`YIELD_FOR`] has passed since the last turn that moved something. Then, with nothing
+//! [`YIELD_FOR`] has passed since the last turn that moved something ([`STAGED_YIELD_FOR`]
+//! while staged ops are pending, whose completion only the proxy's store releases). Then, with nothing
 //! pending, the thread parks ([`IDLE_PARK`]; `Engine::submit` unparks it, so a new op is
 //! seen within microseconds); with ops waiting on the GPU or a peer, it sleeps
 //! [`WAIT_SLEEP`] per turn (the kernel's timer slack, 50 µs by default, adds to it).
@@ -45,6 +46,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod graphs;
+mod staged;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum SendPhase {
@@ -79,16 +81,19 @@ struct OpState {
     last_progress: Instant,
     sends: Vec<SendState>,
     recvs: Vec<RecvState>,
+    /// The op's staged transfers (`staged.rs`).
+    staged: Vec<staged::StagedState>,
 }
 
 impl OpState {
     /// `counts`: one zeroed counter per rank (left zeroed), numbering each peer's transfers.
-    fn new(op: Op, counts: &mut [u32]) -> Self {
+    fn new(mut op: Op, counts: &mut [u32]) -> Self {
         let sends: Vec<SendState> = op.sends.iter().map(|x| SendState { x: *x, k: next_k(counts, x.peer), remote: None, phase: SendPhase::WaitReady, gated: false }).collect();
         op.sends.iter().for_each(|x| counts[x.peer] = 0);
         let recvs: Vec<RecvState> = op.recvs.iter().map(|x| RecvState { x: *x, k: next_k(counts, x.peer), landed: false, gated: false }).collect();
         op.recvs.iter().for_each(|x| counts[x.peer] = 0);
-        OpState { op, trace: None, started: false, last_progress: Instant::now(), sends, recvs }
+        let staged = std::mem::take(&mut op.staged).into_iter().map(staged::StagedState::new).collect();
+        OpState { op, trace: None, started: false, last_progress: Instant::now(), sends, recvs, staged }
     }
 
     /// Which stream the op runs on: its start flag.
@@ -105,10 +110,11 @@ impl OpState {
     fn waits_on(&self, peer: usize) -> bool {
         self.sends.iter().any(|s| s.x.peer == peer && (s.phase == SendPhase::WaitReady || s.gated && s.phase == SendPhase::Copying))
             || self.recvs.iter().any(|r| r.x.peer == peer && !r.landed)
+            || self.staged.iter().any(|s| s.w.peer == peer && !s.finished())
     }
 
     fn complete(&self) -> bool {
-        self.started && self.sends.iter().all(|s| s.phase == SendPhase::Done) && self.recvs.iter().all(|r| r.landed)
+        self.started && self.sends.iter().all(|s| s.phase == SendPhase::Done) && self.recvs.iter().all(|r| r.landed) && !self.staged_pending()
     }
 
     /// The op's state for failure reports: where its stream is (the flags) and each
@@ -118,15 +124,17 @@ impl OpState {
         let g = |gated: bool| if gated { "(gated)" } else { "" };
         let sends: Vec<String> = self.sends.iter().map(|s| format!("{}:{:?}{}", s.x.peer, s.phase, g(s.gated))).collect();
         let recvs: Vec<String> = self.recvs.iter().map(|r| format!("{}:{}{}", r.x.peer, if r.landed { "landed" } else { "waiting" }, g(r.gated))).collect();
+        let staged: Vec<String> = self.staged.iter().map(|s| format!("{}{}:{}/{}", if s.w.send { "to " } else { "from " }, s.w.peer, s.w.value(), s.w.target)).collect();
         format!(
-            "op {} {}: stream seq {} (stream flags start {start} finish {finish}), {}, idle {:.1?}, sends [{}], recvs [{}]",
+            "op {} {}: stream seq {} (stream flags start {start} finish {finish}), {}, idle {:.1?}, sends [{}], recvs [{}], staged [{}]",
             self.op.seq,
             self.op.name,
             self.op.stream_seq,
             if self.started { "started" } else { "not started" },
             self.last_progress.elapsed(),
             sends.join(" "),
-            recvs.join(" ")
+            recvs.join(" "),
+            staged.join(" ")
         )
     }
 
@@ -158,7 +166,7 @@ impl OpState {
         }
         match self.recvs.iter().find(|r| !r.landed) {
             Some(r) => format!("data from rank {} (data-landed)", r.x.peer),
-            None => "completion".into(),
+            None => self.staged_waiting_for().unwrap_or_else(|| "completion".into()),
         }
     }
 }
@@ -180,9 +188,11 @@ enum Step {
     /// A gated transfer's landing flag seen (either side).
     LandedSeen,
     LandedIn,
+    /// Every staged transfer's flag word seen at its target (either side).
+    StagedSeen,
     Released,
 }
-const STEPS: usize = 12;
+const STEPS: usize = 13;
 /// `copies_issued`: the return of the first transport turn after the writes were handed
 /// (that turn issues their first chunks). `ready_sent` of a gated receive is its
 /// announcement at submission, before the stream reached the op (a negative time).
@@ -198,6 +208,7 @@ const STEP_NAMES: [&str; STEPS] = [
     "sends_done",
     "landed_seen",
     "landed_in",
+    "staged_seen",
     "released",
 ];
 
@@ -228,6 +239,12 @@ const SPIN_TURNS: u32 = 64;
 /// How long after the last turn that moved something the proxy yields (instead of
 /// sleeping): a reply or completion this soon is seen at once.
 const YIELD_FOR: Duration = Duration::from_micros(50);
+/// How long after the last turn that moved something the proxy keeps yielding while staged
+/// ops are pending: their streams wait for the `finish` store the proxy makes once it sees
+/// the staged words, so a sleeping proxy (WAIT_SLEEP plus the kernel's timer slack, about
+/// 70 µs) would be the op's latency. Bounded so that ops queued far ahead of their streams
+/// do not keep a core busy.
+const STAGED_YIELD_FOR: Duration = Duration::from_millis(2);
 /// The sleep per turn while ops wait on the GPU or a peer.
 const WAIT_SLEEP: Duration = Duration::from_micros(20);
 /// The park of an idle proxy (no op, no data in flight); `Engine::submit` and shutdown
@@ -276,6 +293,12 @@ pub(super) struct Proxy {
     incoming: Vec<Incoming>,
     done: Vec<FlowId>,
     advanced: Vec<u64>,
+    /// Ops with staged transfers pending, and the receives whose streams a failure
+    /// released (`staged.rs`).
+    staged_ops: Vec<u64>,
+    released: Vec<crate::transport::staged::StagedWait>,
+    /// An op failed: pending staged ops fail too (`staged.rs`).
+    failed_any: bool,
 }
 
 impl Proxy {
@@ -305,6 +328,9 @@ impl Proxy {
             incoming: Vec::new(),
             done: Vec::new(),
             advanced: Vec::new(),
+            staged_ops: Vec::new(),
+            released: Vec::new(),
+            failed_any: false,
         }
     }
 
@@ -315,6 +341,9 @@ impl Proxy {
     }
 
     pub(super) fn run(mut self) {
+        // Every device call of this thread is counted (`device::calls`): the staged path's
+        // tests check that its ops cost none.
+        crate::device::calls::count_calls_here();
         let mut idle = 0u32;
         let mut last_active = Instant::now();
         loop {
@@ -325,6 +354,7 @@ impl Proxy {
             progressed |= self.poll_signals();
             progressed |= self.progress_transport();
             progressed |= self.release_held_gated();
+            progressed |= self.poll_staged();
             self.periodic_checks();
             if self.should_exit() {
                 break;
@@ -337,7 +367,7 @@ impl Proxy {
             idle = idle.saturating_add(1);
             if idle < SPIN_TURNS {
                 std::hint::spin_loop();
-            } else if last_active.elapsed() < YIELD_FOR {
+            } else if last_active.elapsed() < YIELD_FOR || (!self.staged_ops.is_empty() && last_active.elapsed() < STAGED_YIELD_FOR) {
                 std::thread::yield_now();
             } else if self.ops.is_empty() && self.templates.is_empty() && !self.transport.data_in_flight() && !self.transport.signals_queued() && self.stopping.is_none() {
                 // Nothing pending: a command unparks the thread.
@@ -446,6 +476,7 @@ impl Proxy {
             self.fail_op(seq, e);
             return;
         }
+        self.submit_staged(seq);
         if self.early.is_empty() {
             return;
         }
@@ -662,6 +693,7 @@ impl Proxy {
         st.last_progress = Instant::now();
         let name = st.op.name;
         match signal {
+            Signal::Ready { k, remote } if remote.wire.staged != 0 => self.staged_announced(from, seq, k, remote),
             Signal::Ready { k, remote } => {
                 let Some(idx) = st.sends.iter().position(|s| s.x.peer == from && s.k == k) else {
                     let e = Error::invalid_usage(name, format!("rank {from} posted a receive from this rank that no send of this call matches (mismatched calls?)"));
@@ -762,6 +794,7 @@ impl Proxy {
         }
         if err.is_some() {
             self.transport.cancel(seq);
+            self.release_staged(&st);
         }
         log::debug!("rank {}: op {seq} {} finished{}", self.rank, st.op.name, if err.is_some() { " (failed)" } else { "" });
         self.shared.release_op(st.op.seq);
@@ -783,6 +816,7 @@ impl Proxy {
             self.transport.signal_failure(p, pair_seq(&st.op, p), e.code() as u32);
         }
         self.shared.set_error(e.clone());
+        self.failed_any = true;
         if !self.reported && !matches!(e, Error::Aborted { .. }) {
             self.reported = true;
             self.log_state(&e);
@@ -812,6 +846,7 @@ impl Proxy {
         }
         self.last_check = Instant::now();
         self.shared.scan_codec_status();
+        self.rerelease_staged();
         self.streams.retain(|q| !q.ops.is_empty());
         // A peer may have sent its last messages and then closed: read them first, so only
         // ops that still wait on a gone peer fail.

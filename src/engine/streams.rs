@@ -9,6 +9,7 @@
 //! Nothing is ever reset, so several ops of one stream can be enqueued at once; the stream
 //! itself serialises them (op s+1's start is written only after op s's finish). Work before
 //! the call completes before start is written; work after the call waits for finish.
+use crate::device::batch::{Batch, OnStream};
 use crate::device::{Backend, DevPtr, Device, FlagSlab, StreamHandle};
 use crate::error::{Error, Result};
 use std::collections::HashMap;
@@ -164,11 +165,24 @@ pub struct Handshake {
 }
 
 impl StreamManager {
-    /// Enqueue `write start := s; the copies in local; wait finish >= s` on `stream` and
-    /// return the flags. `local` (dst, src, len) are this rank's copies to itself: on the
-    /// caller's stream they run beside the proxy's transfers, on the stream's copy engine.
+    /// Enqueue `write start := s; the copies in local; what between enqueues; wait finish >=
+    /// s` on `stream` and return the flags. `local` (dst, src, len) are this rank's copies to
+    /// itself: on the caller's stream they run beside the proxy's transfers, on the stream's
+    /// copy engine. `between` enqueues more work on `stream` through the batch (the staged
+    /// path's receives); when it or any other part fails the handshake is not submitted.
     /// With `adm`'s limit reached by other streams, first blocks until one is released.
-    pub fn enqueue(&mut self, dev: &dyn Device, stream: StreamHandle, op: &'static str, local: &[(DevPtr, DevPtr, usize)], adm: &Admission) -> Result<Handshake> {
+    ///
+    /// The waits and writes between two copies go to the driver in one call (`Batch`): an
+    /// op with no copy on the stream is one call, start and finish together.
+    pub fn enqueue_with(
+        &mut self,
+        dev: &dyn Device,
+        stream: StreamHandle,
+        op: &'static str,
+        local: &[(DevPtr, DevPtr, usize)],
+        between: &mut dyn FnMut(&mut Batch<OnStream<'_>>) -> Result<()>,
+        adm: &Admission,
+    ) -> Result<Handshake> {
         if !self.slots.contains_key(&stream) {
             let (slab, idx, seq) = self.take_pair(dev)?;
             self.slots.insert(stream, Slot { slab, start: idx, seq });
@@ -177,10 +191,13 @@ impl StreamManager {
         let slot = self.slots.get_mut(&stream).ok_or_else(|| Error::internal(op, "stream slot vanished"))?;
         let s = slot.seq + 1;
         admit(key, stream, &slot.slab, slot.start + 1, s, op, adm)?;
-        let enqueued = dev
-            .write_value(stream, slot.slab.dev_addr(slot.start), s)
-            .and_then(|_| local.iter().try_for_each(|&(dst, src, len)| dev.memcpy_async(stream, dst, src, len)))
-            .and_then(|_| dev.wait_value_geq(stream, slot.slab.dev_addr(slot.start + 1), s));
+        let mut b = Batch::new(OnStream { dev, stream });
+        let enqueued = b
+            .write(slot.slab.dev_addr(slot.start), s)
+            .and_then(|_| local.iter().try_for_each(|&(dst, src, len)| b.copy(dst, src, len)))
+            .and_then(|_| between(&mut b))
+            .and_then(|_| b.wait_geq(slot.slab.dev_addr(slot.start + 1), s))
+            .and_then(|_| b.flush());
         if let Err(e) = enqueued {
             // Not submitted: the stream waits for no more than before.
             if adm.max != usize::MAX {
@@ -192,6 +209,12 @@ impl StreamManager {
         }
         slot.seq = s;
         Ok(Handshake { flags: slot.slab.clone(), start_flag: slot.start, finish_flag: slot.start + 1, stream_seq: s })
+    }
+
+    /// [`Self::enqueue_with`] with nothing between.
+    #[cfg(test)]
+    fn enqueue(&mut self, dev: &dyn Device, stream: StreamHandle, op: &'static str, local: &[(DevPtr, DevPtr, usize)], adm: &Admission) -> Result<Handshake> {
+        self.enqueue_with(dev, stream, op, local, &mut |_| Ok(()), adm)
     }
 
     fn take_pair(&mut self, dev: &dyn Device) -> Result<(Arc<FlagSlab>, usize, u64)> {

@@ -2,8 +2,11 @@
 //! holds its buffer, the sender maps it once and copies straight into it.
 //!
 //! Mappings are cached per (peer rank, allocation id). Allocation ids change when memory is
-//! freed and reallocated, so a reused address is never served a stale mapping. Entries in
-//! use by in-flight copies are pinned (`refs > 0`) and never evicted.
+//! freed and reallocated, so a reused address is never served a stale mapping. But CUDA maps
+//! an import at its owner's address: while a mapping of a freed allocation stays cached, a
+//! new allocation of that peer overlapping it cannot be imported (`CUDA_ERROR_ALREADY_MAPPED`,
+//! the op fails; docs/design.md, "Current limits"). Entries in use by in-flight copies are
+//! pinned (`refs > 0`) and never evicted.
 use crate::device::{Allocation, DevPtr, Device, ExportHandle};
 use crate::error::Result;
 use crate::transport::Wire;
@@ -58,7 +61,22 @@ impl ImportCache {
         let (base, imported) = if m.pid == std::process::id() {
             (DevPtr(m.base), false)
         } else {
-            (dev.import(&ExportHandle(m.handle), m.alloc_len as usize)?, true)
+            // CUDA maps an import at its owner's address, so a cached mapping of an allocation
+            // the peer has freed (this cache cannot know) that overlaps a new allocation of it
+            // makes this import fail with CUDA_ERROR_ALREADY_MAPPED. Closing it here is not
+            // safe: the close can wait for device work that waits for this proxy. The failure
+            // is reported with the overlapping mappings.
+            let (lo, hi) = (m.base, m.base.saturating_add(m.alloc_len));
+            let p = dev.import(&ExportHandle(m.handle), m.alloc_len as usize).inspect_err(|e| {
+                let near: Vec<String> = self
+                    .entries
+                    .iter()
+                    .filter(|(_, x)| x.base.0 < hi && lo < x.base.0 + x.len as u64)
+                    .map(|(k, x)| format!("peer {} id {} at {:#x}+{} (refs {})", k.0, k.1, x.base.0, x.len, x.refs))
+                    .collect();
+                log::warn!("hoccl: mapping rank {peer}'s allocation {} ({:#x}+{}) failed: {e}; cached mappings over that range: {near:?}", m.alloc_id, m.base, m.alloc_len);
+            })?;
+            (p, true)
         };
         self.entries.insert(key, Entry { base, len: m.alloc_len as usize, refs: 1, last_use: self.clock, imported });
         Ok(Mapped { key, base })

@@ -9,7 +9,10 @@
 //! After the rings, page-aligned, the segment holds the **flag area** of the gated path
 //! (`same_host`): per local sender `l`, `ready[l]` and `landed[l]`, 64-bit words a cache
 //! line apart. `ready[l]` is written by the owner's proxy (the receiver), `landed[l]` by
-//! sender `l`'s gated copy queue; both only grow. Every process registers its peers' flag
+//! sender `l`'s gated copy queue; both only grow. Two more words per sender serve the
+//! staged path (`staged`): `staged[l]`, the last chunk sender `l`'s staged queue copied into
+//! the owner's receive ring for it, and `drained[l]`, the last chunk the owner's streams
+//! copied out of that ring. Every process registers its peers' flag
 //! areas for its device ([`crate::device::Device::map_host`]) and says so in its header
 //! ([`Segment::set_gated`]), so two ranks decide alike whether they use it.
 //!
@@ -41,6 +44,9 @@ pub enum MsgKind {
 
 /// `Msg::code` of a `Ready` record announcing a gated transfer (`same_host`).
 pub const READY_GATED: u32 = 1;
+/// `Msg::code` of a `Ready` that announces a staged receive or send (its length only): this
+/// plus `Wire::staged` minus one (2: a receive, 3: a send).
+pub const READY_STAGED: u32 = 2;
 
 /// One control record. `repr(C)`, exactly 128 bytes, plain data.
 #[repr(C)]
@@ -128,9 +134,12 @@ fn flags_offset(nrings: usize) -> usize {
     (std::mem::size_of::<SegHeader>() + nrings * ring_bytes()).div_ceil(PAGE) * PAGE
 }
 
-/// The flag area's length: two words per sender, a cache line each, in whole pages.
+/// Flag words per sender: ready, landed, staged, drained.
+const WORDS: usize = 4;
+
+/// The flag area's length: four words per sender, a cache line each, in whole pages.
 fn flags_bytes(nrings: usize) -> usize {
-    (nrings * 2 * FLAG_STRIDE).div_ceil(PAGE).max(1) * PAGE
+    (nrings * WORDS * FLAG_STRIDE).div_ceil(PAGE).max(1) * PAGE
 }
 
 fn seg_bytes(nrings: usize) -> usize {
@@ -269,12 +278,27 @@ impl Segment {
 
     /// Offset of sender `l`'s `ready` word in the flag area.
     pub fn ready_offset(l: usize) -> usize {
-        l * 2 * FLAG_STRIDE
+        l * WORDS * FLAG_STRIDE
     }
 
     /// Offset of sender `l`'s `landed` word in the flag area.
     pub fn landed_offset(l: usize) -> usize {
-        l * 2 * FLAG_STRIDE + FLAG_STRIDE
+        l * WORDS * FLAG_STRIDE + FLAG_STRIDE
+    }
+
+    /// Offset of sender `l`'s `staged` word (the staged path).
+    pub fn staged_offset(l: usize) -> usize {
+        l * WORDS * FLAG_STRIDE + 2 * FLAG_STRIDE
+    }
+
+    /// Offset of sender `l`'s `drained` word (the staged path).
+    pub fn drained_offset(l: usize) -> usize {
+        l * WORDS * FLAG_STRIDE + 3 * FLAG_STRIDE
+    }
+
+    /// The flag word at `offset` of the flag area (one of the offsets above).
+    pub fn word(&self, offset: usize) -> &AtomicU64 {
+        self.flag(offset)
     }
 
     fn flag(&self, offset: usize) -> &AtomicU64 {
@@ -349,6 +373,29 @@ fn unlink_name(name: &str) {
     }
 }
 
+/// Another mapping of a segment, of which only the flag area is used: the staged path's
+/// words, read by the proxy and the calling threads of one process at once.
+pub struct FlagArea(Segment);
+
+// SAFETY: only the flag area's atomic words are reachable through a `FlagArea` (no ring
+// access), so sharing it between threads is sound; the mapping lives as long as the value.
+unsafe impl Sync for FlagArea {}
+
+impl FlagArea {
+    /// Map the segment `name` (made with `nrings` rings) once more.
+    pub fn open(name: &str, nrings: usize) -> Result<FlagArea> {
+        Segment::open(name, nrings).map(FlagArea)
+    }
+    /// The flag area's address in this mapping and its length.
+    pub fn area(&self) -> (*mut u8, usize) {
+        self.0.flag_area()
+    }
+    /// The word at `offset` ([`Segment::staged_offset`], [`Segment::drained_offset`]).
+    pub fn word(&self, offset: usize) -> &AtomicU64 {
+        self.0.word(offset)
+    }
+}
+
 /// Whether process `pid` still exists.
 pub fn pid_alive(pid: u32) -> bool {
     // SAFETY: signal 0 only checks for existence/permission.
@@ -393,8 +440,11 @@ mod tests {
         assert_eq!((area as usize % PAGE, len % PAGE), (0, 0));
         assert!(area as usize >= own.base as usize + std::mem::size_of::<SegHeader>() + 3 * ring_bytes());
         assert_eq!(area as usize + len, own.base as usize + own.len);
-        let offsets: Vec<usize> = (0..3).flat_map(|l| [Segment::ready_offset(l), Segment::landed_offset(l)]).collect();
+        let offsets: Vec<usize> = (0..3).flat_map(|l| [Segment::ready_offset(l), Segment::landed_offset(l), Segment::staged_offset(l), Segment::drained_offset(l)]).collect();
         assert!(offsets.windows(2).all(|w| w[1] - w[0] >= 64), "{offsets:?}");
+        assert!(offsets.last().is_some_and(|o| o + 8 <= len));
+        peer.word(Segment::drained_offset(2)).store(11, Ordering::Release);
+        assert_eq!((own.word(Segment::drained_offset(2)).load(Ordering::Acquire), own.word(Segment::staged_offset(2)).load(Ordering::Acquire)), (11, 0));
         assert_eq!((own.ready(2).load(Ordering::Relaxed), own.landed(2).load(Ordering::Relaxed)), (0, 0));
         peer.landed(1).store(7, Ordering::Release);
         own.ready(1).store(5, Ordering::Release);

@@ -20,6 +20,10 @@
 //! - [`socket`]: ranks of other nodes over TCP, several connections per peer, from and
 //!   into host memory (the user's buffers on the host backend, pinned staging filled and
 //!   drained by the copy queues on CUDA).
+//! - [`staged`]: small transfers between processes of this host whose every device
+//!   operation the calling threads enqueue during their calls (receive rings and flags);
+//!   not a [`Transport`]: the communicator drives it at the call, the proxy only reads its
+//!   flags.
 //! - [`route`]: one transport over the two above, choosing by peer.
 //! - [`verbs`]: RDMA (rdma-core via bindgen, loaded at run time); not a transport yet.
 pub mod chunk_scheduler;
@@ -28,6 +32,7 @@ pub mod mailbox;
 pub mod same_host;
 pub mod route;
 pub mod socket;
+pub mod staged;
 pub mod verbs;
 
 use crate::device::{Allocation, DevPtr};
@@ -89,14 +94,23 @@ pub struct Wire {
     /// Announced for a gated transfer ([`Transport::announce`]): the sender must take it
     /// with [`Transport::gated_write`], never with `start_write`.
     pub gated: bool,
+    /// The announcement of a staged transfer ([`staged`]): [`STAGED_RECV`] or [`STAGED_SEND`]
+    /// (0: none). It carries only the length, which the peer's proxy checks against its own
+    /// staged transfer with the same `k` in the other direction.
+    pub staged: u8,
 }
 
 impl Wire {
     /// Nothing described yet, sent by process `pid`.
     pub fn empty(pid: u32) -> Wire {
-        Wire { alloc_id: 0, alloc_len: 0, base: 0, offset: 0, pid, handle: [0; 64], gated: false }
+        Wire { alloc_id: 0, alloc_len: 0, base: 0, offset: 0, pid, handle: [0; 64], gated: false, staged: 0 }
     }
 }
+
+/// [`Wire::staged`] of a staged receive's announcement (to the sender).
+pub const STAGED_RECV: u8 = 1;
+/// [`Wire::staged`] of a staged send's announcement (to the receiver).
+pub const STAGED_SEND: u8 = 2;
 
 /// One transfer of a gated batch ([`Transport::gated_write`]): flow `id` moves `len` bytes
 /// from `src` to the receiver's buffer `remote`.

@@ -17,11 +17,11 @@
 //! for `ready`, the copies, and a write of `landed[sender]` in the receiver's flag area.
 //! Both proxies see completion by reading `landed`. No CPU hop lies between the two streams
 //! reaching the op and the bytes landing.
-use crate::device::{CopyQueue, DevPtr, Device};
+use crate::device::{CopyQueue, DevPtr, Device, MemOp};
 use crate::error::{Error, Result};
 use crate::transport::chunk_scheduler::{ChunkScheduler, MIN_CHUNK};
 use crate::transport::ipc::{ExportCache, ImportCache, Mapped};
-use crate::transport::mailbox::{pid_alive, Msg, MsgKind, Segment, READY_GATED};
+use crate::transport::mailbox::{pid_alive, Msg, MsgKind, Segment, READY_GATED, READY_STAGED};
 use crate::transport::{FlowId, GatedWrite, Incoming, Region, RemoteBuffer, Signal, Tag, Transport, Wire};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
@@ -336,7 +336,15 @@ impl SameHost {
 /// shared memory another process writes: nothing in it is used before this check.
 fn signal_of(m: &Msg) -> std::result::Result<Signal, String> {
     let kind = m.kind().ok_or_else(|| format!("unknown record kind {}", m.kind))?;
-    if kind == MsgKind::Ready {
+    // A Ready's code: 0 (handshake), READY_GATED, or a staged announcement (READY_STAGED +
+    // 0 for a receive, + 1 for a send), which names no region: its length is only compared
+    // with the own staged transfer's.
+    let staged = match m.code {
+        c if kind != MsgKind::Ready || c == 0 || c == READY_GATED => 0,
+        c if c == READY_STAGED || c == READY_STAGED + 1 => (c - READY_STAGED + 1) as u8,
+        c => return Err(format!("Ready for op {} with unknown code {c}", m.seq)),
+    };
+    if kind == MsgKind::Ready && staged == 0 {
         check_announced(m.offset, m.len, m.alloc_len).map_err(|e| format!("Ready for op {}: {e}", m.seq))?;
     }
     Ok(match kind {
@@ -344,7 +352,7 @@ fn signal_of(m: &Msg) -> std::result::Result<Signal, String> {
             k: m.k,
             remote: RemoteBuffer {
                 len: m.len,
-                wire: Wire { alloc_id: m.alloc_id, alloc_len: m.alloc_len, base: m.base, offset: m.offset, pid: m.pid, handle: m.handle, gated: m.code == READY_GATED },
+                wire: Wire { alloc_id: m.alloc_id, alloc_len: m.alloc_len, base: m.base, offset: m.offset, pid: m.pid, handle: m.handle, gated: m.code == READY_GATED, staged },
             },
         },
         MsgKind::Landed => Signal::Landed { k: m.k, len: m.len },
@@ -383,6 +391,9 @@ impl Transport for SameHost {
         let mut m = Msg::new(MsgKind::Ready, tag.pair_seq, tag.k);
         let w = remote.wire;
         m.len = remote.len;
+        if w.staged != 0 {
+            m.code = READY_STAGED + w.staged as u32 - 1;
+        }
         (m.alloc_id, m.alloc_len, m.base, m.offset, m.pid, m.handle) = (w.alloc_id, w.alloc_len, w.base, w.offset, w.pid, w.handle);
         self.post(peer, m);
     }
@@ -647,8 +658,8 @@ impl Transport for SameHost {
         // broken for good (and left in place at close).
         q.broken = true;
         let mut enqueue = || -> Result<()> {
-            q.queue.wait_geq(start_flag, start_value)?;
-            q.queue.wait_geq(ready, pair_seq)?;
+            // Both waits in one driver call (`cuStreamBatchMemOp`).
+            q.queue.mem_ops(&[MemOp::WaitGeq { flag: start_flag, value: start_value }, MemOp::WaitGeq { flag: ready, value: pair_seq }])?;
             for (w, m) in writes.iter().filter(|w| w.len > 0).zip(&b.mapped) {
                 q.queue.copy(m.base.add(w.remote.wire.offset as usize), w.src, w.len)?;
             }

@@ -106,6 +106,7 @@ pub mod children;
 pub mod logs;
 pub mod wrap;
 pub mod ops;
+pub mod pair;
 #[path = "rng.rs"]
 mod rng;
 #[allow(unused_imports)] // not every test binary that includes this module draws numbers

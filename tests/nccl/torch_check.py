@@ -20,12 +20,15 @@ all_reduce on each one-rank group and on the whole group, then all_reduce,
 all_gather_into_tensor and reduce_scatter_tensor on the whole group in one graph, with an
 eager all_reduce between replays, every replay compared with gloo; destroy_process_group.
 
---expect-lib PATH: also require every libnccl.so* mapped into this process
-(/proc/self/maps) to be PATH (after resolving links), and print the mapped paths.
+--expect-lib PATH: also require that the process's global symbol lookup (the one torch's
+NCCL calls bind to) finds NCCL's entry points in PATH (dladdr, after resolving links); the
+libnccl files mapped (/proc/self/maps) are printed beside it, since torch may map NVIDIA's
+copy privately by its path.
 Every integer-valued input makes each reduction exact in any order, so results must be equal,
 not close. A rank that hangs is stopped by a watchdog (--timeout) with a traceback.
 Exit status 0 only when every rank passed."""
 import argparse
+import ctypes
 import datetime
 import faulthandler
 import os
@@ -69,14 +72,37 @@ def mapped_nccl_libraries():
     return sorted(paths)
 
 
+class DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+
+def serving_library(symbol):
+    """The file whose `symbol` the process's global lookup finds: the definition torch's
+    references to NCCL bind to (LD_PRELOAD comes first in that order). torch may also map
+    NVIDIA's libnccl by its path (a private copy, its symbols not in the global scope), so
+    what is mapped does not say what serves the calls."""
+    addr = ctypes.cast(getattr(ctypes.CDLL(None), symbol), ctypes.c_void_p).value
+    info = DlInfo()
+    libdl = ctypes.CDLL("libdl.so.2")
+    libdl.dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(DlInfo)]
+    if not addr or libdl.dladdr(addr, ctypes.byref(info)) == 0 or not info.dli_fname:
+        return None
+    return os.path.realpath(info.dli_fname.decode())
+
+
+NCCL_CALLS = ["ncclCommInitRankConfig", "ncclAllReduce", "ncclAllGather", "ncclReduceScatter",
+              "ncclBroadcast", "ncclSend", "ncclRecv", "ncclGroupEnd"]
+
+
 def check_library(expect_lib):
     libs = mapped_nccl_libraries()
-    say(f"libnccl mapped: {libs or 'none'}; torch.cuda.nccl.version() = {torch.cuda.nccl.version()}")
+    served = {serving_library(f) for f in NCCL_CALLS}
+    say(f"libnccl mapped: {libs or 'none'}; NCCL calls served by {sorted(map(str, served))}; "
+        f"torch.cuda.nccl.version() = {torch.cuda.nccl.version()}")
     if expect_lib:
         want = os.path.realpath(expect_lib)
-        expect(libs != [], "no libnccl.so* is mapped at all")
-        for p in libs:
-            expect(os.path.realpath(p) == want, f"a libnccl other than {want} is mapped: {p}")
+        expect(served == {want}, f"NCCL calls are served by {sorted(map(str, served))}, not only by {want}")
 
 
 class Ctx:

@@ -250,7 +250,14 @@ impl CudaDevice {
         if bytes != 4 {
             return Err(Error::invalid_arg(OP, format!("global {name} has {bytes} bytes, not 4")));
         }
-        let v = self.read_global_u32(dptr)?;
+        // The first read may come from a call enqueued into a stream capture; its private
+        // stream's synchronize is a call the capture modes other than relaxed refuse on
+        // this thread (and then invalidate the capture).
+        let mut v = 0;
+        self.graph_relaxed(&mut || {
+            v = self.read_global_u32(dptr)?;
+            Ok(())
+        })?;
         cache.globals.insert(name.to_string(), v);
         Ok(v)
     }

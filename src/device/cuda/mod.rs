@@ -178,6 +178,7 @@ impl CudaDevice {
     }
 
     fn enter(&self, op: &'static str) -> Result<CtxGuard> {
+        crate::device::calls::enter();
         self.ctx.enter(op)
     }
 }
@@ -282,6 +283,9 @@ impl Device for CudaDevice {
     }
     fn wait_value_geq(&self, s: StreamHandle, flag: DevPtr, v: u64) -> Result<()> {
         self.stream_wait_value_geq(s, flag, v)
+    }
+    fn mem_ops(&self, s: StreamHandle, ops: &[crate::device::MemOp]) -> Result<()> {
+        self.stream_mem_ops(s, ops)
     }
     fn synchronize(&self, s: StreamHandle) -> Result<()> {
         self.stream_synchronize(s)

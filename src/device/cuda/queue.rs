@@ -8,13 +8,14 @@
 //! per engine (`copy_engine_count`) is the natural setting.
 //!
 //! `wait_geq` and `write_value` are the stream memory operations of `stream.rs` on the
-//! queue's stream (64-bit where the GPU has them, the same 32-bit fallback otherwise): the
-//! same-host transport's gated queues wait there for both streams' flags and write the
-//! receiver's landing flag behind the copies.
+//! queue's stream (64-bit where the GPU has them, the same 32-bit fallback otherwise), and
+//! `mem_ops` a run of them in one `cuStreamBatchMemOp` call: the same-host transport's
+//! gated queues wait there for both streams' flags and write the receiver's landing flag
+//! behind the copies; the staged queues wait for free slots and write chunk flags.
 use super::driver::{check, error_name};
-use super::stream::{check_flag, enqueue_wait_geq, enqueue_write};
+use super::stream::{check_flag, check_mem_ops, enqueue_mem_ops, enqueue_wait_geq, enqueue_write};
 use super::Context;
-use crate::device::{CopyQueue, DevPtr};
+use crate::device::{CopyQueue, DevPtr, MemOp};
 use crate::error::Result;
 use cudarc::driver::sys;
 use std::collections::VecDeque;
@@ -70,6 +71,7 @@ impl CudaCopyQueue {
 
 impl CopyQueue for CudaCopyQueue {
     fn copy(&mut self, dst: DevPtr, src: DevPtr, len: usize) -> Result<()> {
+        crate::device::calls::enter();
         const OP: &str = "CopyQueue::copy";
         if len == 0 {
             return Ok(());
@@ -82,6 +84,7 @@ impl CopyQueue for CudaCopyQueue {
     }
 
     fn fence(&mut self) -> Result<u64> {
+        crate::device::calls::enter();
         const OP: &str = "CopyQueue::fence";
         let _g = self.ctx.enter(OP)?;
         let e = self.event(OP)?;
@@ -100,6 +103,7 @@ impl CopyQueue for CudaCopyQueue {
     }
 
     fn completed(&mut self) -> Result<u64> {
+        crate::device::calls::enter();
         const OP: &str = "CopyQueue::completed";
         if self.pending.is_empty() {
             return Ok(self.done);
@@ -120,6 +124,7 @@ impl CopyQueue for CudaCopyQueue {
     }
 
     fn wait_geq(&mut self, flag: DevPtr, v: u64) -> Result<()> {
+        crate::device::calls::enter();
         const OP: &str = "CopyQueue::wait_geq";
         check_flag(OP, flag)?;
         let _g = self.ctx.enter(OP)?;
@@ -130,11 +135,24 @@ impl CopyQueue for CudaCopyQueue {
     /// The default write flag puts a memory barrier before the write, so a reader that sees
     /// the value sees the bytes of the queue's earlier copies.
     fn write_value(&mut self, flag: DevPtr, v: u64) -> Result<()> {
+        crate::device::calls::enter();
         const OP: &str = "CopyQueue::write_value";
         check_flag(OP, flag)?;
         let _g = self.ctx.enter(OP)?;
         let _gate = self.ctx.enqueue_gate(OP);
         enqueue_write(OP, self.stream, flag, v, self.mem_ops_64)
+    }
+
+    fn mem_ops(&mut self, ops: &[MemOp]) -> Result<()> {
+        crate::device::calls::enter();
+        const OP: &str = "CopyQueue::mem_ops";
+        check_mem_ops(OP, ops)?;
+        if ops.is_empty() {
+            return Ok(());
+        }
+        let _g = self.ctx.enter(OP)?;
+        let _gate = self.ctx.enqueue_gate(OP);
+        enqueue_mem_ops(OP, self.stream, ops, self.mem_ops_64)
     }
 }
 

@@ -93,6 +93,7 @@ impl Proxy {
                 recvs: l.t.recvs.clone(),
                 pair_seqs: peers.into_iter().map(|p| (p, key)).collect(),
                 len_words: None,
+                staged: Vec::new(),
             };
             self.start_instance(op);
         }
