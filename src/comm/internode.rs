@@ -261,7 +261,7 @@ impl Communicator {
 
     /// This rank's part of the plan of `flows`, from the cache or built now.
     fn plan_for(&self, st: &mut State, lay: &Layout, name: &'static str, flows: Flows, key: Key) -> Result<Arc<Mine>> {
-        if let Some(m) = st.staged.cache.get(&key) {
+        if let Some(m) = st.internode.cache.get(&key) {
             return Ok(m.clone());
         }
         let es = key.es;
@@ -278,22 +278,22 @@ impl Communicator {
         let ops: Vec<Vec<Move>> = steps.ops.iter().map(|op| op.iter().filter(|m| m.from == me || m.to == me).copied().collect()).collect();
         let slots = ops.iter().flatten().any(|m| (m.from == me && matches!(m.src, At::Slot { .. })) || (m.to == me && matches!(m.dst, At::Slot { .. })));
         let mine = Arc::new(Mine { ops, slots, stages: steps.stages, steps: steps.steps, planned_us, direct_us });
-        if st.staged.cache.len() >= CACHE_PLANS {
-            st.staged.cache.clear();
+        if st.internode.cache.len() >= CACHE_PLANS {
+            st.internode.cache.clear();
         }
-        st.staged.cache.insert(key, mine.clone());
+        st.internode.cache.insert(key, mine.clone());
         Ok(mine)
     }
 
     /// How many calls of this communicator ran the planner's stages (the others of the six
     /// collectives sent directly): which path ran, for tests and diagnostics.
     pub fn staged_calls(&self) -> Result<u64> {
-        Ok(self.lock("staged_calls")?.staged.calls)
+        Ok(self.lock("staged_calls")?.internode.calls)
     }
 
     /// The layout, computed once.
     fn layout(&self, st: &mut State) -> Arc<Layout> {
-        st.staged.layout.get_or_insert_with(|| Arc::new(Layout::of(self))).clone()
+        st.internode.layout.get_or_insert_with(|| Arc::new(Layout::of(self))).clone()
     }
 
     /// Allocate the forwarding staging now if this rank forwards another rank's traffic
@@ -345,7 +345,7 @@ impl Communicator {
             drop(st);
             return self.submit(name, op.stream, op.dtype, sends, recvs);
         }
-        st.staged.calls += 1;
+        st.internode.calls += 1;
         let n = self.size;
         let mut send_of: Vec<Option<Transfer>> = vec![None; n];
         let mut recv_of: Vec<Option<Transfer>> = vec![None; n];
@@ -434,7 +434,7 @@ impl Communicator {
         }
         r?;
         if slots.is_some() {
-            let sg = st.staged.staging.as_mut().ok_or_else(|| Error::internal(name, "staging vanished"))?;
+            let sg = st.internode.staging.as_mut().ok_or_else(|| Error::internal(name, "staging vanished"))?;
             sg.last = Some(s);
             self.dev.write_value(s, sg.flag.dev_addr(0), sg.uses + 1).map_err(|e| e.with_op(name))?;
             sg.uses += 1;
@@ -444,26 +444,26 @@ impl Communicator {
 
     /// This rank's forwarding staging (allocated now if it has none) and its slot size.
     fn forward_staging(&self, st: &mut State, name: &'static str) -> Result<(Region, usize)> {
-        if st.staged.staging.is_none() {
+        if st.internode.staging.is_none() {
             let slot = slot_bytes(self.config.forward_staging_bytes);
             let (base, region, flag) = self.alloc_guarded(name, "staged collective", "forwarding staging", 4 * slot)?;
             log::debug!("rank {}: forwarding staging of {} bytes (4 slots of {slot})", self.rank, 4 * slot);
-            st.staged.staging = Some(Guarded { base, region, slot, flag, uses: 0, last: None });
+            st.internode.staging = Some(Guarded { base, region, slot, flag, uses: 0, last: None });
         }
-        let sg = st.staged.staging.as_ref().ok_or_else(|| Error::internal(name, "staging vanished"))?;
+        let sg = st.internode.staging.as_ref().ok_or_else(|| Error::internal(name, "staging vanished"))?;
         Ok((sg.region, sg.slot))
     }
 
     /// Before a staged op that uses the staging on `s`: if the last one was on another
     /// stream, make `s` wait until it is done.
     fn wait_for_staging(&self, st: &mut State, s: StreamHandle) -> Result<()> {
-        let Some(sg) = st.staged.staging.as_ref() else { return Ok(()) };
+        let Some(sg) = st.internode.staging.as_ref() else { return Ok(()) };
         self.wait_for_last_use(s, sg.last, &sg.flag, sg.uses)
     }
 
     /// At teardown: free the staging once every staged op that used it is done.
     pub(super) fn release_forward_staging(&self, st: &mut State, bound: Duration) {
-        let Some(sg) = st.staged.staging.take() else { return };
+        let Some(sg) = st.internode.staging.take() else { return };
         self.free_after_last_use(sg.base, sg.region.len, sg.flag, sg.uses, bound, "forwarding staging");
     }
 }

@@ -60,7 +60,7 @@ struct State {
     /// The reductions' scratch, once allocated (`reduction.rs`).
     scratch: Option<reduction::Scratch>,
     /// The staged inter-node path's plans and forwarding staging (`internode.rs`).
-    staged: internode::Staged,
+    internode: internode::Staged,
     /// Ops captured into graphs: template ids, flag pairs, released resources (`capture.rs`).
     capture: capture::CaptureState,
     /// The staged path (`transport::staged`), when on.
@@ -202,7 +202,7 @@ impl Communicator {
                 group: Group::default(),
                 codec: compressed::CodecState::default(),
                 scratch: None,
-                staged: internode::Staged::default(),
+                internode: internode::Staged::default(),
                 capture: capture::CaptureState::default(),
                 staged,
                 destroyed: false,
