@@ -1,2 +1,2 @@
-# 2026-12-02T03:34:38Z, binaries of commit 73df9ff+changes, 1 GPU(s) (h200-1gpu)
-$HOCCL_BIN_DIR/reduce_bench --json-out /root/out/results/reduce_kernels.json
+# 2026-12-02T13:42Z, binaries of commit fdb601e, 1 GPU(s) (h200-1gpu)
+$HOCCL_BIN_DIR/reduce_bench --json-out reduce_kernels.json
