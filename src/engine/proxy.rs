@@ -295,7 +295,10 @@ pub(super) struct Proxy {
     advanced: Vec<u64>,
     /// Ops with staged transfers pending, and the receives whose streams a failure
     /// released (`staged.rs`).
-    staged_ops: Vec<u64>,
+    staged_ops: std::collections::BTreeSet<u64>,
+    /// The pending staged transfers of each direction (peer, send), in call order:
+    /// (op seq, index in the op's staged transfers).
+    staged_dirs: std::collections::HashMap<(usize, bool), VecDeque<(u64, usize)>>,
     released: Vec<crate::transport::staged::StagedWait>,
     /// An op failed: pending staged ops fail too (`staged.rs`).
     failed_any: bool,
@@ -328,7 +331,8 @@ impl Proxy {
             incoming: Vec::new(),
             done: Vec::new(),
             advanced: Vec::new(),
-            staged_ops: Vec::new(),
+            staged_ops: std::collections::BTreeSet::new(),
+            staged_dirs: std::collections::HashMap::new(),
             released: Vec::new(),
             failed_any: false,
         }
@@ -789,6 +793,7 @@ impl Proxy {
     /// Release the stream (finish flag) and forget the op.
     fn finish_op(&mut self, seq: u64, err: Option<&Error>) {
         let Some(mut st) = self.ops.remove(&seq) else { return };
+        self.staged_ops.remove(&seq);
         for (peer, ps) in &st.op.pair_seqs {
             self.index.remove(&(*peer, *ps));
         }

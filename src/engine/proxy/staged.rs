@@ -10,9 +10,11 @@
 //! held-back entries and raises a receiver's `drained` word where the receiver's process is
 //! gone; so that no stream or queue waits for ever.
 //!
-//! **Cost.** Each turn loads one word per staged transfer of the ops that have any pending
-//! (kept in a list of their own, so ops without staged transfers cost nothing here), and
-//! locks the staged queue of each such send to look for held-back entries.
+//! **Cost.** A direction's (peer, send or receive) transfers complete in call order, so
+//! each turn loads one word per direction with transfers pending (the front of its queue,
+//! `Proxy::staged_dirs`), steps past the transfers that completed, and locks the staged
+//! queue of each sending direction to look for held-back entries: independent of how many
+//! ops are queued.
 use super::{OpState, Proxy, Step};
 use crate::error::Error;
 use crate::transport::staged::{StagedWait, RELEASED};
@@ -67,7 +69,10 @@ impl Proxy {
             let tag = Tag { pair_seq: super::pair_seq(&st.op, s.w.peer), k: s.w.k };
             self.transport.post_ready(s.w.peer, tag, RemoteBuffer { len: s.w.len, wire });
         }
-        self.staged_ops.push(seq);
+        self.staged_ops.insert(seq);
+        for (i, s) in st.staged.iter().enumerate() {
+            self.staged_dirs.entry((s.w.peer, s.w.send)).or_default().push_back((seq, i));
+        }
     }
 
     /// `from` announced its side of staged transfer `k` (`remote.len` bytes; its receive
@@ -92,8 +97,11 @@ impl Proxy {
         self.finish_if_complete(seq);
     }
 
-    /// Load the flag words of every op with staged transfers pending; finish the ops that
-    /// are complete. Whether any word moved.
+    /// Load the flag word of each direction with staged transfers pending and finish the
+    /// ops that are complete. A direction's transfers complete in call order (its word only
+    /// grows and their targets grow with the call order), so only the front of each
+    /// direction's queue is looked at: a turn costs one load per direction plus one step per
+    /// transfer that completed, however many ops are queued. Whether any word moved.
     pub(super) fn poll_staged(&mut self) -> bool {
         if self.staged_ops.is_empty() {
             return false;
@@ -102,40 +110,47 @@ impl Proxy {
             // A failure released staged words, which every later chunk of the direction
             // then passes: no pending staged op can complete with its data.
             let e = self.shared.error().unwrap_or(Error::Aborted { op: "staged transfer" });
-            let mut seqs = std::mem::take(&mut self.staged_ops);
-            seqs.sort_unstable();
+            let seqs = std::mem::take(&mut self.staged_ops);
+            self.staged_dirs.clear();
             for seq in seqs {
                 self.fail_op(seq, e.clone());
             }
             return true;
         }
-        let mut list = std::mem::take(&mut self.staged_ops);
         let mut any = false;
         let (mut failed, mut finished) = (Vec::new(), Vec::new());
-        // Staged queues with entries their callers held back: enqueue what now fits.
-        let mut flush_err = Vec::new();
-        for &seq in &list {
-            let Some(st) = self.ops.get(&seq) else { continue };
-            for lane in st.staged.iter().filter(|s| !s.done).filter_map(|s| s.w.lane.as_ref()) {
+        let mut flush_err = None;
+        let mut dirs = std::mem::take(&mut self.staged_dirs);
+        for queue in dirs.values_mut() {
+            // Entries of ops that failed or finished by other means are gone from `ops`.
+            while queue.front().is_some_and(|&(seq, _)| !self.ops.contains_key(&seq)) {
+                queue.pop_front();
+            }
+            let Some(&(seq, i)) = queue.front() else { continue };
+            let Some(w) = self.ops.get(&seq).and_then(|st| st.staged.get(i)).map(|s| s.w.clone()) else {
+                queue.pop_front();
+                continue;
+            };
+            // Staged queues with entries their callers held back: enqueue what now fits.
+            if let Some(lane) = &w.lane {
                 let mut l = lane.lock().unwrap_or_else(|e| e.into_inner());
                 if l.holds() {
                     match l.flush() {
                         Ok(moved) => any |= moved,
-                        Err(e) => flush_err.push((seq, e)),
+                        Err(e) => flush_err = flush_err.or(Some((seq, e))),
                     }
                 }
             }
-        }
-        if let Some((seq, e)) = flush_err.into_iter().next() {
-            self.staged_ops = list;
-            self.fail_op(seq, e);
-            return true;
-        }
-        list.retain(|&seq| {
-            let Some(st) = self.ops.get_mut(&seq) else { return false };
-            let mut moved = false;
-            for s in st.staged.iter_mut().filter(|s| !s.done) {
-                let v = s.w.value();
+            let v = w.value();
+            while let Some(&(seq, i)) = queue.front() {
+                let Some(st) = self.ops.get_mut(&seq) else {
+                    queue.pop_front();
+                    continue;
+                };
+                let Some(s) = st.staged.get_mut(i) else {
+                    queue.pop_front();
+                    continue;
+                };
                 // The peer raised the word after a failure (the receiver its `staged`, the
                 // sender its `drained`): the transfer did not complete.
                 if v >= RELEASED {
@@ -143,22 +158,26 @@ impl Proxy {
                 }
                 if v > s.seen {
                     s.seen = v;
-                    moved = true;
+                    any = true;
+                    st.last_progress = Instant::now();
                 }
                 s.done = v >= s.w.target;
+                if !s.done {
+                    break;
+                }
+                queue.pop_front();
+                if !st.staged_pending() {
+                    st.mark(Step::StagedSeen);
+                    finished.push(seq);
+                }
             }
-            if moved {
-                any = true;
-                st.last_progress = Instant::now();
-            }
-            let pending = st.staged_pending();
-            if !pending {
-                st.mark(Step::StagedSeen);
-                finished.push(seq);
-            }
-            pending
-        });
-        self.staged_ops = list;
+        }
+        dirs.retain(|_, q| !q.is_empty());
+        self.staged_dirs = dirs;
+        if let Some((seq, e)) = flush_err {
+            self.fail_op(seq, e);
+            return true;
+        }
         for (seq, peer) in failed {
             let name = self.ops.get(&seq).map_or("staged transfer", |st| st.op.name);
             self.fail_op(seq, Error::Remote { op: name, peer, what: "it released its staged flags after a failure".into() });
