@@ -183,6 +183,9 @@ fn run_nvcc(nvcc: &Path, sources: &[PathBuf], flags: &[String], out: &Path, fatb
     std::fs::write(&unity, body).unwrap();
     let status = Command::new(nvcc)
         .arg("-fatbin")
+        // ptxas runs once per architecture, single-threaded each; in parallel they take the
+        // time of the slowest instead of the sum (the fatbin is the same bytes).
+        .args(["--threads", "0"])
         .args(flags)
         .arg("-I")
         .arg(Path::new("cuda").canonicalize().unwrap())
