@@ -501,16 +501,22 @@ __device__ uint32_t decode_tiles(DecSmem& sm, const BlockDesc& d, uint32_t flags
 // from shared memory it is one round trip per block. The copy is asynchronous (cp.async, 16
 // bytes each, no registers, every one in flight at once): the block is only 4-byte aligned,
 // so the 16-byte lines that hold it are copied, and it starts at byte (blk & 15) of the
-// stage. The lines never cross a page, so the bytes read around the block (at most 15 on
-// each side, never used) are always mapped. The caller waits for the copies
+// stage. The bytes before the block in its first line (never used) belong to the stream's
+// header or an earlier block. The line the block ends in is copied word by word up to the
+// block's end (sizes are multiples of 4): the last block of a stream may end its allocation,
+// and a read past it is out of bounds for compute-sanitizer. The caller waits for the copies
 // (cp_async_wait_all) and its __syncthreads() publishes them; the previous block's last reads of sm.stage ended at the
 // __syncthreads() that closes its decoding.
 __device__ __forceinline__ void stage_block(DecSmem& sm, BlockDesc& d, uint32_t bytes) {
     const uint32_t tid = threadIdx.x, skew = (uint32_t)(reinterpret_cast<uintptr_t>(d.blk) & 15);
     const uint8_t* line = d.blk - skew;
     uint8_t* stage = reinterpret_cast<uint8_t*>(sm.stage);
-    const uint32_t nvec = (skew + bytes + 15) / 16;
-    for (uint32_t i = tid; i < nvec; i += DT) cp_async16(stage + 16 * i, line + 16 * i, d.blk, d.blk + bytes);
+    const uint32_t end = skew + bytes, whole = end / 16;
+    for (uint32_t i = tid; i < whole; i += DT) cp_async16(stage + 16 * i, line + 16 * i, d.blk, d.blk + bytes);
+    if (tid < 4 && 16 * whole + 4 * tid + 4 <= end) {
+        const uint32_t w = 16 * whole + 4 * tid;
+        cp_async4(reinterpret_cast<uint32_t*>(stage + w), line + w);
+    }
     const uint8_t* base = stage + skew;
     d.p1 = base + (d.p1 - d.blk);
     d.p2 = base + (d.p2 - d.blk);
