@@ -411,6 +411,12 @@ impl Config {
         }
     }
 
+    /// The largest `staged_bytes` the staged ring allows: a call stages at most
+    /// `STAGED_CALL_CHUNKS` slots per peer.
+    pub fn staged_bytes_max(&self) -> usize {
+        self.staged_ring.1.saturating_mul(crate::transport::staged::STAGED_CALL_CHUNKS as usize)
+    }
+
     /// Reject values no engine can run with.
     pub fn validate(&self) -> Result<()> {
         let bad = |what: String| Err(Error::invalid_arg("Config::validate", what));
@@ -421,7 +427,7 @@ impl Config {
         if !(1..=1024).contains(&slots) || slot < 4096 || slot % 4096 != 0 || slots.saturating_mul(slot) > 1 << 30 {
             return bad(format!("staged ring {slots}x{slot}: want 1..=1024 slots of a multiple of 4096 bytes, at most 1 GiB in all"));
         }
-        let most = slot.saturating_mul(crate::transport::staged::STAGED_CALL_CHUNKS as usize);
+        let most = self.staged_bytes_max();
         if self.staged_bytes > most {
             return bad(format!("staged_bytes {} exceeds {} slots of the staged ring ({most} bytes): a call stages at most that much per peer", self.staged_bytes, crate::transport::staged::STAGED_CALL_CHUNKS));
         }

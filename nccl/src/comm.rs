@@ -365,11 +365,23 @@ fn create_or_defer(op: &'static str, options: CommOptions, comm: bool, create: i
 
 // ---------------------------------------------------------------- creation ---------------
 
+/// Same-host transfers up to this many bytes take the staged path unless `HOCCL_STAGED_BYTES`
+/// says otherwise. NCCL's users wait inside the CUDA driver on other threads while a
+/// collective is pending (PyTorch's DDP does, at construction), which stops the proxy's
+/// driver calls; the staged path makes none (docs/design.md, "Application threads that wait
+/// inside the driver"). 1 MiB covers DDP's metadata exchange.
+pub const STAGED_BYTES: usize = 1 << 20;
+
 /// The configuration of a new communicator: the `HOCCL_*` environment (so `HOCCL_ENGINE`
-/// and the rest apply), on the calling thread's current GPU unless `HOCCL_DEVICE` names one.
+/// and the rest apply) over this library's defaults ([`STAGED_BYTES`], at most what the
+/// staged ring holds), on the calling
+/// thread's current GPU unless `HOCCL_DEVICE` names one.
 pub fn config(op: &'static str) -> Result<Config> {
     crate::logging();
     let mut cfg = Config::from_env().map_err(|e| e.with_op(op))?;
+    if std::env::var_os("HOCCL_STAGED_BYTES").is_none() {
+        cfg.staged_bytes = STAGED_BYTES.min(cfg.staged_bytes_max());
+    }
     if cfg.device.is_none() {
         cfg.device = current_device(op, &cfg)?;
     }
