@@ -564,4 +564,26 @@ fn across_nodes_forwarded(b: Backend) {
     }
 }
 
-backend_tests!(matrix_1, matrix_2, matrix_3, matrix_4, matrix_5, matrix_8, random_shapes, mixed_two_streams, stream_ordering, in_groups, invalid_arguments, premulsum, across_nodes, across_nodes_wide, across_nodes_compressed, across_nodes_forwarded, hierarchical_path);
+/// `across_nodes_forwarded` under `compressed` with the default scratch and counts whose
+/// pieces reach the compressed engine's 64 KiB floor: the prefixes, results and relayed
+/// blocks cross compressed between the forwarding peers (`0,0` on 2 × 2).
+fn across_nodes_forwarded_compressed(b: Backend) {
+    let cfg = Config { virtual_nodes: 2, forwarding_peers: vec![0, 0], engine: EngineChoice::Compressed, net_gbps: 8.0, ..test_config() };
+    run_ranks(b, 4, cfg, |c| {
+        c.reserve_reduce_scratch().unwrap();
+        let s = new_stream(&c.device().clone());
+        let mut rng = Rng(0xf0dc);
+        let mut it = 990_000;
+        for kind in KINDS {
+            for dtype in [DataType::BF16, DataType::F32] {
+                it += 1;
+                let count = 100_000 + rng.below(100_000) as usize;
+                let count = if kind == Kind::ReduceScatter { count / 4 } else { count };
+                // Root 1 forwards through rank 0: its result is relayed.
+                check_one(c, s, it, kind, dtype, RedOp::Sum, count, rng.below(2) == 0, 1);
+            }
+        }
+    });
+}
+
+backend_tests!(matrix_1, matrix_2, matrix_3, matrix_4, matrix_5, matrix_8, random_shapes, mixed_two_streams, stream_ordering, in_groups, invalid_arguments, premulsum, across_nodes, across_nodes_wide, across_nodes_compressed, across_nodes_forwarded, across_nodes_forwarded_compressed, hierarchical_path);
