@@ -641,9 +641,6 @@ impl Communicator {
         let local = |r: usize| r - bounds[ch.node_of(r)];
         let kmax = (0..ch.nodes()).map(|x| ch.ranks(x).len()).max().unwrap_or(1);
         let kmin = ch.owners.iter().map(Vec::len).min().unwrap_or(1).max(1);
-        // Scratch layout: kmax + 2 slots of `hs` bytes: one per local rank (the node peers'
-        // contributions; this rank's own stages a misaligned input), the prefix from the
-        // previous node, and this rank's fold (a prefix, or on the last node the result).
         // Whether node x's owners relay results to ranks of theirs that own no piece: a
         // ReduceScatter's blocks, or a Reduce's root, on a node before the last whose
         // owners are not all its ranks (AllReduce's owners share the results with the
@@ -664,9 +661,12 @@ impl Communicator {
             _ => (0, total_of(red, n)),
         };
         let relaying = (0..ch.nodes()).any(relays);
+        // Scratch layout: kmax + 2 slots of `hs` bytes: one per local rank (the node peers'
+        // contributions; this rank's own stages a misaligned input), the prefix from the
+        // previous node, and this rank's fold (a prefix, or on the last node the result);
+        // when some node relays, one more: the results an owner forwards.
         let sc = self.scratch(st, name)?;
         let region = sc.region;
-        // A relaying layout has one more slot: the results an owner forwards.
         let hs = slot_bytes(sc.slot * n, kmax + 2 + usize::from(relaying));
         let (prefix, out, relay) = (kmax * hs, (kmax + 1) * hs, (kmax + 2) * hs);
         let cap = hs / es;
