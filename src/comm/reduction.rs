@@ -619,7 +619,7 @@ impl Communicator {
     /// Run `red` hierarchically over the nodes `bounds` (docs/design.md, "Reductions across
     /// nodes"). The index space (AllReduce, Reduce: `count` elements; ReduceScatter: the
     /// `n * count` of the send buffer) is cut into chunks; every node splits each chunk into
-    /// one piece per local rank ([`Chain::piece`]). For chunk t, the owner of a piece on
+    /// one piece per owner ([`Chain::piece`], [`Communicator::piece_owners`]). For chunk t, the owner of a piece on
     /// node j folds, in rank order, the prefix its counterparts on node j - 1 computed (the
     /// fold of ranks `0..b[j]`) and the contributions of its node's ranks, so the last node
     /// holds the rank-order fold of every rank, bit for bit `reduce::reduce_into`; it then
@@ -627,8 +627,10 @@ impl Communicator {
     /// results of chunk t - 1 travel back while the prefixes of chunk t travel forward:
     ///
     /// - node j < last: X(t) = contributions of chunk t within the node (+ prefix from
-    ///   j - 1) and, AllReduce, the node's AllGather of chunk t - 2; reduce step; Y(t) =
-    ///   prefix of chunk t to node j + 1 and the results of chunk t - 1 from the last node;
+    ///   j - 1) and, AllReduce, the node's AllGather of chunk t - 2 (ReduceScatter, Reduce
+    ///   on a node whose owners relay: their results of chunk t - 2 to the node's ranks);
+    ///   reduce step; Y(t) = prefix of chunk t to node j + 1 and the results of chunk
+    ///   t - 1 from the last node;
     /// - last node: X(t) = contributions and prefix of chunk t, and the results of chunk
     ///   t - 1 to their owners (AllReduce: to each node's counterpart, then within the node).
     ///
