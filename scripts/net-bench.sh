@@ -11,7 +11,10 @@
 #   2. AllGather and AlltoAll on real bf16 weights (tests/data), HOCCL_ENGINE=ce and
 #      HOCCL_ENGINE=compressed, 2 x 2;
 #   3. AlltoAll and AllGather without a limit, 2 x 1, 16M and 64M: what the transport moves
-#      and the proxy's CPU per GB when nothing throttles it.
+#      and the proxy's CPU per GB when nothing throttles it;
+#   4. AllReduce hierarchical (Sum) and flat (Avg) on 2 x 2, every rank owning a piece of
+#      the hierarchical plan (identity map) and the pieces on local rank 0 of each node
+#      (HOCCL_FORWARDING_PEERS=0,0).
 # Every run's records (measured median, the simulator's direct and planned predictions) go
 # to docs/results/<machine>/internode.json, its table to internode.txt; each run starts
 # with the exact command.
@@ -76,6 +79,8 @@ peers=1,0 run 2 4 ce "${all[@]}"
 run 2 4 ce --ops allgather,alltoall --sizes "$sizes" --data "$data"
 run 2 4 compressed --ops allgather,alltoall --sizes "$sizes" --data "$data"
 limit=0 run 2 2 ce --ops alltoall,allgather --sizes 16M,64M
+run 2 4 ce --ops allreduce,allreduce-flat --sizes "$sizes"
+peers=0,0 run 2 4 ce --ops allreduce,allreduce-flat --sizes "$sizes"
 {
   echo "# scripts/net-bench.sh on $(hostname) ($(nproc) cores), $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD)"
   echo "# NET_BENCH_BACKEND=$backend NET_BENCH_GBPS=$gbps NET_BENCH_SIZES=$sizes NET_BENCH_ITERS=$iters"

@@ -95,7 +95,9 @@ pub struct Config {
     /// Scatter run the planner's stages, each rank's inter-node bytes through its forwarding
     /// peer, where their flows are large enough and a gain is predicted (1, the
     /// default), or every rank sends its own data straight to every remote peer at once
-    /// (0, the direct path). docs/design.md, "Staged plan".
+    /// (0, the direct path); and the hierarchical reductions' pieces, so their hops
+    /// between nodes, lie on the forwarding peers only (1) or on every rank (0).
+    /// docs/design.md, "Staged plan", "Reductions across nodes".
     pub forwarding: bool,
     /// `HOCCL_FORWARD_STAGING`: bytes of device staging per forwarding rank (K/M/G
     /// suffixes; at least 64 KiB), allocated once per communicator at creation on the ranks

@@ -1,6 +1,7 @@
 //! The staged inter-node path (`src/comm/internode.rs`): AllGather, AlltoAll, AlltoAllv,
 //! Broadcast, Gather and Scatter across 2 and 4 virtual nodes of 1–4 thread ranks, even and
-//! uneven, with and without forwarding peers (`HOCCL_FORWARDING_PEERS`), through slots
+//! uneven, with and without forwarding peers (`HOCCL_FORWARDING_PEERS`: pairs, and several
+//! ranks through one), through slots
 //! small enough that large flows take many steps, against references computed from the
 //! inputs; the direct path (`HOCCL_FORWARDING=0`) on the same draws; a rank that forwards
 //! through its peer receives nothing straight from another node; the default choice of
@@ -139,9 +140,11 @@ fn staged_identity(b: Backend) {
     }
 }
 
-/// Forwarding pairs (and a rank that forwards through itself) on 2 and 4 nodes.
+/// Forwarding pairs (and a rank that forwards through itself) on 2 and 4 nodes, and
+/// several ranks through one forwarder (`0,0`; `0,0,2`), the form NIC affinity gives.
 fn staged_forwarding(b: Backend) {
-    for (nodes, ranks, peers, seed) in [(2, 4, &[1, 0][..], 11), (2, 6, &[1, 0, 2][..], 12), (4, 8, &[1, 0][..], 13), (2, 8, &[1, 0, 3, 2][..], 14)] {
+    let maps = [(2, 4, &[1, 0][..], 11), (2, 6, &[1, 0, 2][..], 12), (4, 8, &[1, 0][..], 13), (2, 8, &[1, 0, 3, 2][..], 14), (2, 4, &[0, 0][..], 15), (2, 6, &[0, 0, 2][..], 16)];
+    for (nodes, ranks, peers, seed) in maps {
         every_op_with(b, nodes, ranks, fwd_config(peers), seed);
     }
 }

@@ -513,4 +513,77 @@ fn hierarchical_path(b: Backend) {
     run_ranks(b, 4, small_scratch(), |c| assert!(!c.reduces_hierarchically(RedOp::Sum)));
 }
 
-backend_tests!(matrix_1, matrix_2, matrix_3, matrix_4, matrix_5, matrix_8, random_shapes, mixed_two_streams, stream_ordering, in_groups, invalid_arguments, premulsum, across_nodes, across_nodes_wide, across_nodes_compressed, hierarchical_path);
+/// Forwarding peers (`HOCCL_FORWARDING_PEERS` with ranks that forward through another):
+/// the hierarchical plan puts each node's pieces on its forwarding peers only, so a rank
+/// that forwards through another exchanges nothing with any rank of another node (its
+/// contributions go to the owners within the node, ReduceScatter blocks and a Reduce root
+/// on it are relayed by them), while the results stay those of `reduce_into` in rank
+/// order. 2 × 2, 2 × 3 and 3 × 2 virtual nodes, every kind, random data types, operators,
+/// counts (across chunk boundaries), roots and in place; with `HOCCL_FORWARDING=0` every
+/// rank owns a piece again and reaches the other node.
+fn across_nodes_forwarded(b: Backend) {
+    for (nodes, ranks, peers, forwarding) in [(2, 4, &[0, 0][..], true), (2, 6, &[0, 0, 2], true), (3, 6, &[1, 1], true), (2, 4, &[0, 0], false)] {
+        let cfg = Config { virtual_nodes: nodes, forwarding_peers: peers.to_vec(), forwarding, ..small_scratch() };
+        run_ranks(b, ranks, cfg, move |c| {
+            let (n, r) = (c.size(), c.rank());
+            let k = n / nodes;
+            let owner = !forwarding || peers.contains(&(r % k));
+            assert!(c.reduces_hierarchically(RedOp::Sum));
+            c.reserve_reduce_scratch().unwrap();
+            let s = new_stream(&c.device().clone());
+            let stray = (0..k).find(|l| !peers.contains(l)).unwrap_or(0);
+            let far: Vec<usize> = (0..n).filter(|p| p / k != r / k).collect();
+            let crossings = |c: &hoccl::Communicator| far.iter().map(|p| c.ops_with(*p).unwrap()).sum::<u64>();
+            let before = crossings(c);
+            let mut rng = Rng(0xf0d + (nodes * 16 + ranks) as u64 + u64::from(forwarding));
+            let mut it = 950_000 + 1000 * (nodes * 16 + ranks) as u64 + 500 * u64::from(forwarding);
+            for kind in KINDS {
+                for i in 0..4 {
+                    it += 1;
+                    let dtype = DataType::ALL[rng.below(DataType::ALL.len() as u64) as usize];
+                    let op = RedOp::ALL[rng.below(4) as usize];
+                    let cap = chunk_elems(n, dtype);
+                    // The first of each kind long enough for a piece on every owner.
+                    let count = match if i == 0 { 1 } else { rng.below(4) } {
+                        0 => rng.below(n as u64 + 1) as usize,
+                        1 => 3 * cap + rng.below(cap as u64) as usize,
+                        _ => rng.below(900) as usize | 1,
+                    };
+                    // Half the time a root on the first node that forwards through another.
+                    let root = if rng.below(2) == 0 { stray } else { rng.below(n as u64) as usize };
+                    check_one(c, s, it, kind, dtype, op, count, rng.below(2) == 0, root);
+                }
+            }
+            let after = crossings(c);
+            if owner {
+                assert!(after > before, "rank {r} owns pieces but exchanged nothing with another node");
+            } else {
+                assert_eq!(after, before, "rank {r} forwards through {peers:?} but exchanged with another node");
+            }
+        });
+    }
+}
+
+/// `across_nodes_forwarded` under `compressed` with the default scratch and counts whose
+/// pieces reach the compressed engine's 64 KiB floor: the prefixes, results and relayed
+/// blocks cross compressed between the forwarding peers (`0,0` on 2 × 2).
+fn across_nodes_forwarded_compressed(b: Backend) {
+    let cfg = Config { virtual_nodes: 2, forwarding_peers: vec![0, 0], engine: EngineChoice::Compressed, net_gbps: 8.0, ..test_config() };
+    run_ranks(b, 4, cfg, |c| {
+        c.reserve_reduce_scratch().unwrap();
+        let s = new_stream(&c.device().clone());
+        let mut rng = Rng(0xf0dc);
+        let mut it = 990_000;
+        for kind in KINDS {
+            for dtype in [DataType::BF16, DataType::F32] {
+                it += 1;
+                let count = 100_000 + rng.below(100_000) as usize;
+                let count = if kind == Kind::ReduceScatter { count / 4 } else { count };
+                // Root 1 forwards through rank 0: its result is relayed.
+                check_one(c, s, it, kind, dtype, RedOp::Sum, count, rng.below(2) == 0, 1);
+            }
+        }
+    });
+}
+
+backend_tests!(matrix_1, matrix_2, matrix_3, matrix_4, matrix_5, matrix_8, random_shapes, mixed_two_streams, stream_ordering, in_groups, invalid_arguments, premulsum, across_nodes, across_nodes_wide, across_nodes_compressed, across_nodes_forwarded, across_nodes_forwarded_compressed, hierarchical_path);

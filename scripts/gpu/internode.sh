@@ -7,11 +7,16 @@
 #      ranks, every op under ce, compressed and auto
 #   2. tests/internode_staged's CUDA bodies (--ignored): the planner's stages through the
 #      forwarding peers' device staging, 2 and 4 virtual nodes x 2-8 thread ranks, even and
-#      uneven, identity and paired forwarding, ce and compressed, and the direct path
-#   3. with one GPU, under MPS (nvidia-cuda-mps-control -d, stopped when the script exits):
+#      uneven, identity, paired and many-to-one forwarding, ce and compressed, and the
+#      direct path
+#   3. tests/reductions' across_nodes_forwarded* CUDA bodies (--ignored): the hierarchical
+#      reductions with forwarding peers 0,0 / 0,0,2 / 1,1 on 2x2, 2x3, 3x2 thread ranks,
+#      pieces and hops between nodes on the forwarding peers only, ce and compressed
+#   4. with one GPU, under MPS (nvidia-cuda-mps-control -d, stopped when the script exits):
 #      the internode binary's process cases, 2 virtual nodes x 1 and x 2 ranks, every op,
 #      ce and compressed (cuda_processes_every_op)
-#   4. the measurement, direct against staged (scripts/net-bench.sh with the CUDA backend,
+#   5. the measurement, direct against staged, and the hierarchical AllReduce with every
+#      rank or local rank 0 owning its pieces (scripts/net-bench.sh with the CUDA backend,
 #      2-4 processes on this GPU with virtual nodes, NIC limited to NET_BENCH_GBPS, 1 by
 #      default, NET_BENCH_SIZES 4M,16M, within NET_BENCH_LIMIT seconds, 900):
 #      docs/results/<machine>/internode.json and internode.txt
@@ -42,6 +47,9 @@ check threads "$t" cuda:: --ignored --test-threads=1
 staged="$bin/tests/internode_staged"
 [ -x "$staged" ] || { echo "internode.sh: $staged not built" >&2; exit 2; }
 check staged "$staged" cuda:: --ignored --test-threads=1
+reductions="$bin/tests/reductions"
+[ -x "$reductions" ] || { echo "internode.sh: $reductions not built" >&2; exit 2; }
+check reductions-forwarded "$reductions" cuda::across_nodes_forwarded --ignored --test-threads=1
 if [ "$ngpu" -le 1 ] && command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
   mps_dir=$(mktemp -d "${TMPDIR:-/tmp}/hoccl-mps.XXXXXX")
   export CUDA_MPS_PIPE_DIRECTORY="$mps_dir/pipe" CUDA_MPS_LOG_DIRECTORY="$mps_dir/log"
@@ -55,7 +63,7 @@ if [ "$ngpu" -le 1 ] && command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
   echo "# processes under MPS" | tee -a "$summary"
 fi
 check processes "$t" cuda_processes_every_op --exact --ignored --nocapture --test-threads=1
-# The measurement's eleven runs take longer than one test binary: a limit of their own.
+# The measurement's thirteen runs take longer than one test binary: a limit of their own.
 TEST_LIMIT="${NET_BENCH_LIMIT:-900}" check net-bench env NET_BENCH_BIN="$bin/net_bench" NET_BENCH_BACKEND=cuda \
   NET_BENCH_MACHINE="$machine" NET_BENCH_GBPS="${NET_BENCH_GBPS:-1}" NET_BENCH_SIZES="${NET_BENCH_SIZES:-4M,16M}" bash scripts/net-bench.sh
 exit $status

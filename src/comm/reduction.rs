@@ -123,6 +123,14 @@ const PIPELINE_MIN_BYTES: usize = 1 << 20;
 /// Elements `[a, b)` of a reduction's index space.
 type Span = (usize, usize);
 
+/// Elements of a reduction's index space: ReduceScatter's send buffer, else `count`.
+fn total_of(red: &Reduction, n: usize) -> usize {
+    match red.kind {
+        Kind::ReduceScatter => n * red.count,
+        _ => red.count,
+    }
+}
+
 fn meet(x: Span, y: Span) -> Option<Span> {
     let (a, b) = (x.0.max(y.0), x.1.min(y.1));
     (a < b).then_some((a, b))
@@ -137,6 +145,8 @@ fn width(x: Span) -> usize {
 struct Chain<'a> {
     bounds: &'a [usize],
     dtype: DataType,
+    /// Per node, ascending: the ranks that own its pieces ([`Communicator::piece_owners`]).
+    owners: Vec<Vec<usize>>,
 }
 
 impl Chain<'_> {
@@ -149,13 +159,14 @@ impl Chain<'_> {
     fn ranks(&self, j: usize) -> std::ops::Range<usize> {
         self.bounds[j]..self.bounds[j + 1]
     }
-    /// Rank r's piece of chunk `c`: its node splits the chunk into one shard per local rank
-    /// as AllReduce splits a buffer into shards ([`shard_start`]); nodes of different sizes
-    /// split it differently, so a piece meets one or more pieces of another node.
+    /// Rank r's piece of chunk `c`: its node splits the chunk into one shard per owner as
+    /// AllReduce splits a buffer into shards ([`shard_start`]); a rank that owns none has
+    /// an empty piece. Nodes with different owner counts split it differently, so a piece
+    /// meets one or more pieces of another node.
     fn piece(&self, r: usize, c: Span) -> Span {
-        let j = self.node_of(r);
-        let (k, l) = (self.bounds[j + 1] - self.bounds[j], r - self.bounds[j]);
-        let len = width(c);
+        let own = &self.owners[self.node_of(r)];
+        let Some(l) = own.iter().position(|x| *x == r) else { return (c.0, c.0) };
+        let (k, len) = (own.len(), width(c));
         (c.0 + shard_start(len, k, l, self.dtype), c.0 + shard_start(len, k, l + 1, self.dtype))
     }
 }
@@ -296,7 +307,7 @@ impl Communicator {
         }
         match self.node_chain(red.op) {
             Ok(bounds) if captured.is_none() => {
-                log::debug!("rank {me}: {name} ({}, {}): hierarchical over {} nodes", red.dtype.name(), red.op.name(), bounds.len() - 1);
+                log::debug!("rank {me}: {name} ({}, {}): hierarchical over {} nodes, pieces on ranks {:?}", red.dtype.name(), red.op.name(), bounds.len() - 1, self.piece_owners(&bounds));
                 return self.run_hierarchical(st, red, &bounds, submitted);
             }
             Ok(_) => return Err(Error::internal(name, "a captured reduction reached the hierarchical plan")),
@@ -581,10 +592,34 @@ impl Communicator {
         Ok(bounds)
     }
 
+    /// Per node of `bounds`, ascending: the ranks that own the node's pieces of the
+    /// hierarchical plan, so the only ranks whose memory the hops between nodes read and
+    /// write. With `HOCCL_FORWARDING` on, the node's forwarding peers (the image of the
+    /// topology's forwarding map: the ranks whose staging the NIC reads and writes; every
+    /// rank under the identity map); with it off, every rank. The other ranks only send
+    /// their contributions to the owners within the node and, AllReduce, receive the
+    /// result from them, which they do in any case: forwarding adds no hop and leaves the
+    /// fold order, so the bits, unchanged. Every rank derives the same owners.
+    fn piece_owners(&self, bounds: &[usize]) -> Vec<Vec<usize>> {
+        bounds
+            .windows(2)
+            .map(|w| {
+                let all: Vec<usize> = (w[0]..w[1]).collect();
+                if !self.config.forwarding {
+                    return all;
+                }
+                let mut own: Vec<usize> = all.iter().map(|r| self.topo.ranks()[*r].forwarding_peer).filter(|f| (w[0]..w[1]).contains(f)).collect();
+                own.sort_unstable();
+                own.dedup();
+                if own.is_empty() { all } else { own }
+            })
+            .collect()
+    }
+
     /// Run `red` hierarchically over the nodes `bounds` (docs/design.md, "Reductions across
     /// nodes"). The index space (AllReduce, Reduce: `count` elements; ReduceScatter: the
     /// `n * count` of the send buffer) is cut into chunks; every node splits each chunk into
-    /// one piece per local rank ([`Chain::piece`]). For chunk t, the owner of a piece on
+    /// one piece per owner ([`Chain::piece`], [`Communicator::piece_owners`]). For chunk t, the owner of a piece on
     /// node j folds, in rank order, the prefix its counterparts on node j - 1 computed (the
     /// fold of ranks `0..b[j]`) and the contributions of its node's ranks, so the last node
     /// holds the rank-order fold of every rank, bit for bit `reduce::reduce_into`; it then
@@ -592,8 +627,10 @@ impl Communicator {
     /// results of chunk t - 1 travel back while the prefixes of chunk t travel forward:
     ///
     /// - node j < last: X(t) = contributions of chunk t within the node (+ prefix from
-    ///   j - 1) and, AllReduce, the node's AllGather of chunk t - 2; reduce step; Y(t) =
-    ///   prefix of chunk t to node j + 1 and the results of chunk t - 1 from the last node;
+    ///   j - 1) and, AllReduce, the node's AllGather of chunk t - 2 (ReduceScatter, Reduce
+    ///   on a node whose owners relay: their results of chunk t - 2 to the node's ranks);
+    ///   reduce step; Y(t) = prefix of chunk t to node j + 1 and the results of chunk
+    ///   t - 1 from the last node;
     /// - last node: X(t) = contributions and prefix of chunk t, and the results of chunk
     ///   t - 1 to their owners (AllReduce: to each node's counterpart, then within the node).
     ///
@@ -601,27 +638,46 @@ impl Communicator {
     /// lists a pair's transfers under the same rule and in the same order.
     fn run_hierarchical(&self, st: &mut State, red: &Reduction, bounds: &[usize], submitted: &mut bool) -> Result<()> {
         let (n, me, es, name, s, dt) = (self.size, self.rank, red.dtype.size(), red.name, red.stream, red.dtype);
-        let ch = Chain { bounds, dtype: dt };
+        let ch = Chain { bounds, dtype: dt, owners: self.piece_owners(bounds) };
         let (j, last) = (ch.node_of(me), ch.nodes() - 1);
         let local = |r: usize| r - bounds[ch.node_of(r)];
-        let sizes: Vec<usize> = (0..ch.nodes()).map(|x| ch.ranks(x).len()).collect();
-        let (kmax, kmin) = (sizes.iter().copied().max().unwrap_or(1), sizes.iter().copied().min().unwrap_or(1));
+        let kmax = (0..ch.nodes()).map(|x| ch.ranks(x).len()).max().unwrap_or(1);
+        let kmin = ch.owners.iter().map(Vec::len).min().unwrap_or(1).max(1);
+        // Whether node x's owners relay results to ranks of theirs that own no piece: a
+        // ReduceScatter's blocks, or a Reduce's root, on a node before the last whose
+        // owners are not all its ranks (AllReduce's owners share the results with the
+        // whole node anyway). The last node's owners then send those results to the
+        // owners, which forward them two ops later, so no piece crosses between nodes to
+        // or from a rank that is not a forwarding peer.
+        let relays = |x: usize| {
+            x != last
+                && match red.kind {
+                    Kind::AllReduce => false,
+                    Kind::ReduceScatter => ch.owners[x].len() < ch.ranks(x).len(),
+                    Kind::Reduce { root } => ch.node_of(root) == x && !ch.owners[x].contains(&root),
+                }
+        };
+        // The results node x needs: its ranks' blocks (ReduceScatter), everything (Reduce).
+        let needs = |x: usize| match red.kind {
+            Kind::ReduceScatter => (bounds[x] * red.count, bounds[x + 1] * red.count),
+            _ => (0, total_of(red, n)),
+        };
+        let relaying = (0..ch.nodes()).any(relays);
         // Scratch layout: kmax + 2 slots of `hs` bytes: one per local rank (the node peers'
         // contributions; this rank's own stages a misaligned input), the prefix from the
-        // previous node, and this rank's fold (a prefix, or on the last node the result).
+        // previous node, and this rank's fold (a prefix, or on the last node the result);
+        // when some node relays, one more: the results an owner forwards.
         let sc = self.scratch(st, name)?;
         let region = sc.region;
-        let hs = slot_bytes(sc.slot * n, kmax + 2);
-        let (prefix, out) = (kmax * hs, (kmax + 1) * hs);
+        let hs = slot_bytes(sc.slot * n, kmax + 2 + usize::from(relaying));
+        let (prefix, out, relay) = (kmax * hs, (kmax + 1) * hs, (kmax + 2) * hs);
         let cap = hs / es;
         // Chunk length: as long as keeps every piece within one slot (a split of `len` into
-        // k shards gives pieces of at most len / k + one alignment unit).
+        // k shards gives pieces of at most len / k + one alignment unit; k: the fewest
+        // owners of a node).
         let align = (256 / es).max(1);
         let grid = if cap > 2 * align + 1 { (cap - align - 1) * kmin / align * align } else { cap };
-        let total = match red.kind {
-            Kind::ReduceScatter => n * red.count,
-            _ => red.count,
-        };
+        let total = total_of(red, n);
         // At least PIPELINE_CHUNKS chunks once they stay above PIPELINE_MIN_BYTES: the
         // results of one chunk travel back while the next one's prefixes travel forward,
         // which needs several chunks in flight.
@@ -660,18 +716,36 @@ impl Communicator {
                     }
                 }
                 Kind::ReduceScatter => {
-                    for q in 0..n {
+                    for q in (0..n).filter(|q| !relays(ch.node_of(*q))) {
                         if let Some(i) = meet(p, (q * red.count, (q + 1) * red.count)) {
                             sends.push(from(i, q)?);
                         }
                     }
                 }
-                Kind::Reduce { root } => sends.push(from(p, root)?),
+                Kind::Reduce { root } if !relays(ch.node_of(root)) => sends.push(from(p, root)?),
+                Kind::Reduce { .. } => {}
+            }
+            // To the owners of the nodes that relay, for their ranks.
+            for x in (0..last).filter(|x| relays(*x)) {
+                for &o in &ch.owners[x] {
+                    if let Some(i) = meet(p, ch.piece(o, c)).and_then(|i| meet(i, needs(x))) {
+                        sends.push(from(i, o)?);
+                    }
+                }
             }
             Ok(())
         };
         let final_recvs = |c: Span, recvs: &mut Vec<crate::engine::Transfer>| -> Result<()> {
             let p = ch.piece(me, c);
+            if relays(j) {
+                // An owner takes the results of its piece that its node needs, to forward.
+                for u in ch.ranks(last).filter(|_| width(p) > 0) {
+                    if let Some(i) = meet(ch.piece(u, c), p).and_then(|i| meet(i, needs(j))) {
+                        recvs.push(region.part(relay + (i.0 - p.0) * es, width(i) * es, u)?);
+                    }
+                }
+                return Ok(());
+            }
             match red.kind {
                 Kind::AllReduce if j == last => {
                     // This node's AllGather of the results (its own through a copy to self).
@@ -736,6 +810,27 @@ impl Communicator {
                 if let Some(c) = prev {
                     final_sends(c, &mut sends)?;
                     final_recvs(c, &mut recvs)?;
+                }
+            } else if let (true, Some(c)) = (relays(j), at(t.checked_sub(2))) {
+                // The owners forward the results they received in Y(t - 1).
+                let held = |o: usize, q: usize| -> Option<Span> {
+                    let i = meet(ch.piece(o, c), needs(j))?;
+                    match red.kind {
+                        Kind::ReduceScatter => meet(i, (q * red.count, (q + 1) * red.count)),
+                        _ => Some(i).filter(|_| matches!(red.kind, Kind::Reduce { root } if root == q)),
+                    }
+                };
+                let p = ch.piece(me, c);
+                for q in ch.ranks(j) {
+                    if let Some(i) = held(me, q) {
+                        sends.push(region.part(relay + (i.0 - p.0) * es, width(i) * es, q)?);
+                    }
+                }
+                let base = if matches!(red.kind, Kind::ReduceScatter) { me * red.count } else { 0 };
+                for &o in &ch.owners[j] {
+                    if let Some(i) = held(o, me) {
+                        recvs.push(need_recv()?.part((i.0 - base) * es, width(i) * es, o)?);
+                    }
                 }
             } else if let (Kind::AllReduce, Some(c)) = (red.kind, at(t.checked_sub(2))) {
                 // The node's AllGather of the results its ranks received in Y(t - 1).

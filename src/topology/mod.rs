@@ -348,7 +348,8 @@ fn place_ranks(records: &[RankRecord], host_ranks: &[Vec<usize>], nodes: &[Node]
 }
 
 /// Apply the forwarding map (local rank → local rank, the same for every node) after
-/// checking that it fits every node and is an involution.
+/// checking that it fits every node and that every entry is a pair or a rank that forwards
+/// through itself.
 fn assign_forwarding(ranks: &mut [RankPlacement], nodes: &[Node], map: &[usize]) -> Result<()> {
     if map.is_empty() {
         return Ok(()); // identity: every rank stages its own traffic
@@ -357,10 +358,12 @@ fn assign_forwarding(ranks: &mut [RankPlacement], nodes: &[Node], map: &[usize])
         if j >= map.len() {
             return Err(Error::invalid_arg(OP, format!("HOCCL_FORWARDING_PEERS: entry {i} is {j}, beyond the {} entries", map.len())));
         }
-        if map[j] != i {
+        // A pair (j forwards through i), or a forwarder of its own (the form of the map
+        // from NIC affinity, where several GPUs forward through one NIC-affine GPU).
+        if map[j] != i && map[j] != j {
             return Err(Error::invalid_arg(
                 OP,
-                format!("HOCCL_FORWARDING_PEERS must pair GPUs: {i} forwards through {j} but {j} through {}", map[j]),
+                format!("HOCCL_FORWARDING_PEERS: {i} forwards through {j}, which forwards through {} (neither {i} nor itself)", map[j]),
             ));
         }
     }

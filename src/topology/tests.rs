@@ -231,7 +231,9 @@ fn forwarding_peers_pair_within_each_node() {
     let fixed = Topology::build(&records, &cfg(1, &[0, 2, 1, 3]), all).unwrap();
     assert_eq!(fixed.forwarding_peer(0), Some(0));
     assert_eq!(fixed.forwarding_peer(5), Some(6));
-    for bad in [&[1, 2, 3, 0][..], &[1, 0, 3, 4], &[1, 0], &[1, 0, 3, 2, 4], &[0, 0, 2, 3]] {
+    let star = Topology::build(&records, &cfg(1, &[0, 0, 2, 2]), all).unwrap();
+    assert_eq!((0..8).filter_map(|r| star.forwarding_peer(r)).collect::<Vec<_>>(), [0, 0, 2, 2, 4, 4, 6, 6]);
+    for bad in [&[1, 2, 3, 0][..], &[1, 0, 3, 4], &[1, 0], &[1, 0, 3, 2, 4], &[1, 2, 2, 3], &[2, 0, 1, 3]] {
         assert_eq!(err_code(Topology::build(&records, &cfg(1, bad), all)), ErrorCode::InvalidArgument, "{bad:?}");
     }
 }
