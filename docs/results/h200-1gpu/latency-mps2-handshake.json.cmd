@@ -1,2 +1,2 @@
-# 2026-12-02T13:42Z, binaries of commit fdb601e, 1 GPU(s) (h200-1gpu), 2 processes under MPS (the same run as latency-mps2-staged)
+# 2026-12-02T15:58Z, binaries of commit 536c2c0, 1 GPU (h200-1gpu), 2 processes under MPS
 mpirun --bind-to none -np 2 $HOCCL_BIN_DIR/bench --latency --mps --ops sendrecv --max 4M --json latency-mps2-handshake.json
