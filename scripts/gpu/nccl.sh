@@ -4,7 +4,7 @@
 # nccl-summary.txt:
 #   1. tests/nccl/ctypes_check.py: the library loaded by path with ctypes, as vLLM does
 #      (torch itself keeps NCCL's own library), 2 ranks
-#   2. tests/nccl/torch_check.py under torchrun, 2 ranks (and one per GPU with several),
+#   2. tests/nccl/torch_check.py under torchrun, 2, 3 and 4 ranks (and one per GPU with more),
 #      our library put in through LD_PRELOAD (torch's wheels load their NCCL by path, ahead
 #      of LD_LIBRARY_PATH: which one LD_LIBRARY_PATH gives is recorded);
 #      NCCL_DEBUG=VERSION must print hoccl's banner and /proc/self/maps of every rank must
@@ -55,8 +55,11 @@ torch_cuda="$site/torch/lib/libtorch_cuda.so"
 note "# $(date -u +%FT%TZ) $ngpu GPU(s); our library $lib; torch $("$py" -c 'import torch; print(torch.__version__)') at $site"
 
 nranks=2
-if [ "$ngpu" -lt 3 ]; then
-  # Up to 3 processes share a GPU (the C programs run 3 ranks): MPS.
+if [ "$ngpu" -lt 4 ]; then
+  # Up to 4 processes share a GPU (torch_check runs 4 ranks): MPS. Four clients with 32
+  # hardware queues each do not start under MPS; torch opens its context before hoccl could
+  # choose, so the queue count is set here.
+  export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-16}"
   mps_dir=$(mktemp -d "${TMPDIR:-/tmp}/hoccl-mps.XXXXXX")
   export CUDA_MPS_PIPE_DIRECTORY="$mps_dir/pipe" CUDA_MPS_LOG_DIRECTORY="$mps_dir/log"
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
@@ -82,8 +85,8 @@ step() {
 step ctypes "$py" tests/nccl/ctypes_check.py --lib "$lib" --nranks 2 --timeout 240
 
 # ---------------------------------------------------------------- 2. torch ---------------
-nps=(2)
-[ "$ngpu" -ge 2 ] && [ "$ngpu" != 2 ] && nps+=("$ngpu")
+nps=(2 3 4)
+[ "$ngpu" -gt 4 ] && nps+=("$ngpu")
 torchrun="$(dirname "$py")/torchrun"
 # PyTorch's wheels load the NCCL of the nvidia-nccl wheel by its path, ahead of
 # LD_LIBRARY_PATH, so for torch our library goes in through LD_PRELOAD; which library
