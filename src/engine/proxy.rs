@@ -374,7 +374,11 @@ impl Proxy {
             } else if last_active.elapsed() < YIELD_FOR || (!self.staged_ops.is_empty() && last_active.elapsed() < STAGED_YIELD_FOR) {
                 std::thread::yield_now();
             } else if self.ops.is_empty() && self.templates.is_empty() && !self.transport.data_in_flight() && !self.transport.signals_queued() && self.stopping.is_none() {
-                // Nothing pending: a command unparks the thread.
+                // Nothing pending: a command unparks the thread. Mappings retired meanwhile
+                // are closed first (nothing of this communicator waits for the proxy).
+                if !self.failed_any {
+                    self.transport.idle();
+                }
                 std::thread::park_timeout(IDLE_PARK);
             } else {
                 std::thread::park_timeout(WAIT_SLEEP);
