@@ -127,8 +127,9 @@ pub struct Mapped {
 #[derive(Debug)]
 pub enum Acquire {
     Mapped(Mapped),
-    /// The import failed because mappings of allocations the peer freed overlap the new
-    /// one; they are retired. The failure (what to report if no other route works) is kept.
+    /// The import failed because mappings still open overlap the new allocation (of
+    /// allocations the peer freed); those of this cache are retired. The failure (what to
+    /// report if no other route works) is kept.
     Stale(Error),
 }
 
@@ -164,7 +165,6 @@ impl ImportCache {
                 Err(e) => {
                     let overlaps = |k: &(usize, u64), x: &Entry| k.0 == peer && x.imported && x.remote_base < hi && lo < x.remote_base + x.len as u64;
                     let stale: Vec<(usize, u64)> = self.entries.iter().filter(|(k, x)| overlaps(k, x)).map(|(k, _)| *k).collect();
-                    let known = self.retired.iter().any(|(k, x)| overlaps(k, x));
                     let near: Vec<String> = self
                         .entries
                         .iter()
@@ -172,14 +172,16 @@ impl ImportCache {
                         .filter(|(_, x)| x.remote_base < hi && lo < x.remote_base + x.len as u64)
                         .map(|(k, x)| format!("peer {} id {} at {:#x}+{} (refs {})", k.0, k.1, x.remote_base, x.len, x.refs))
                         .collect();
-                    if already_mapped(&e) && (!stale.is_empty() || known) {
+                    if already_mapped(&e) {
                         // The peer handed the new allocation out over these: it freed them.
+                        // (With none here, the mapping in the way is another communicator's
+                        // of this process, which only that one closes.)
                         for k in &stale {
                             if let Some(x) = self.entries.remove(k) {
                                 self.retired.push((*k, x));
                             }
                         }
-                        log::debug!("hoccl: rank {peer}'s allocation {} ({lo:#x}+{}) overlaps stale mappings {near:?}: retired, the transfer takes another route", m.alloc_id, m.alloc_len);
+                        log::debug!("hoccl: rank {peer}'s allocation {} ({lo:#x}+{}) overlaps mappings still open {near:?}: the overlapping ones of this cache are retired, the transfer takes another route", m.alloc_id, m.alloc_len);
                         return Ok(Acquire::Stale(e));
                     }
                     log::warn!("hoccl: mapping rank {peer}'s allocation {} ({lo:#x}+{}) failed: {e}; cached mappings over that range: {near:?}", m.alloc_id, m.alloc_len);
