@@ -202,7 +202,11 @@ struct Out {
 struct Dest {
     seq: u64,
     dst: DevPtr,
+    /// The buffer's length (what the receive takes at most).
     len: u64,
+    /// The length the sender moves (its first chunk says; a receive of `Fill::UpTo` may get
+    /// less than `len`, and the engine checks it against the receive's rule).
+    total: Option<u64>,
     got: u64,
 }
 
@@ -241,7 +245,7 @@ pub struct Bounce {
 impl Bounce {
     /// Receiver: the handshake receive `tag` from `peer` of op `seq` lands at `dst`.
     pub fn expect(&mut self, peer: usize, tag: Tag, seq: u64, dst: DevPtr, len: u64) {
-        self.dests.insert((peer, tag.pair_seq, tag.k), Dest { seq, dst, len, got: 0 });
+        self.dests.insert((peer, tag.pair_seq, tag.k), Dest { seq, dst, len, total: None, got: 0 });
     }
 
     /// Receiver: `peer` reported the receive landed (a direct copy), or failed op `pair_seq`.
@@ -319,8 +323,8 @@ impl Bounce {
         let key = (c.peer, c.pair_seq, c.k);
         if let Some(d) = self.dests.get_mut(&key) {
             d.got += c.len as u64;
-            if d.got == d.len {
-                let len = d.len;
+            if Some(d.got) == d.total {
+                let len = d.got;
                 self.dests.remove(&key);
                 self.landed.push(Incoming { from: c.peer, pair_seq: c.pair_seq, signal: Signal::Landed { k: c.k, len } });
             }
@@ -371,15 +375,16 @@ impl Bounce {
         let idx = CHUNK_FLOW | self.next_chunk;
         self.next_chunk = (self.next_chunk + 1) % CHUNK_FLOW;
         let mut c = Chunk { peer: from, out: false, slot, pair_seq: m.seq, k: m.k, off: m.offset, len: len as usize, live: false };
-        let Some(d) = self.dests.get(&key) else {
+        let Some(d) = self.dests.get_mut(&key) else {
             // The receive failed here: free the slot without a copy.
             self.chunks.insert(idx, c);
             self.chunk_done(&FlowId { seq: 0, idx });
             return Ok(());
         };
+        let total = *d.total.get_or_insert(m.alloc_len);
         match m.offset.checked_add(len) {
-            Some(end) if end <= d.len && m.alloc_len == d.len => {}
-            _ => return Err(format!("bounce chunk of {len} bytes at {} of a {}-byte transfer (this receive has {})", m.offset, m.alloc_len, d.len)),
+            Some(end) if end <= total && total == m.alloc_len && total <= d.len => {}
+            _ => return Err(format!("bounce chunk of {len} bytes at {} of a {}-byte transfer (first announced as {total}; this receive takes {})", m.offset, m.alloc_len, d.len)),
         }
         c.live = true;
         sched.add(FlowId { seq: d.seq, idx }, src, d.dst.add(m.offset as usize), len as usize);
