@@ -826,6 +826,7 @@ impl Proxy {
         }
         self.shared.set_error(e.clone());
         self.failed_any = true;
+        crate::transport::ipc::op_failed();
         if !self.reported && !matches!(e, Error::Aborted { .. }) {
             self.reported = true;
             self.log_state(&e);

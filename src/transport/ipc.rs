@@ -15,7 +15,8 @@
 //! for device work, and work of a pending op waits for the proxy, so retired mappings (and
 //! those evicted beyond [`IMPORT_CACHE_CAP`]) are closed only by
 //! [`ImportCache::close_retired`], which the proxy calls when no op of this communicator is
-//! pending and which closes only under [`quiet`]: no hoccl op of the process holds a stream.
+//! pending and which closes only under [`quiet`]: no hoccl op of the process holds a
+//! stream, and none was captured into a graph or failed.
 use crate::device::{Allocation, DevPtr, Device, ExportHandle};
 use crate::error::{Error, Result};
 use crate::transport::Wire;
@@ -46,9 +47,10 @@ static GATE: RwLock<()> = RwLock::new(());
 /// Ops of every communicator of this process submitted and not released: while one is, a
 /// stream may wait for a proxy, and a close that waits for device work may wait for it.
 static BUSY: AtomicU64 = AtomicU64::new(0);
-/// Some op of this process was captured into a graph: a replay may start at any time
-/// without a call into hoccl, so no mapping is closed before its communicator's end.
-static CAPTURED: AtomicBool = AtomicBool::new(false);
+/// Some op of this process was captured into a graph (a replay may start at any time
+/// without a call into hoccl), or failed (its gated and staged queues are let run to their
+/// end, which may never come): no mapping is closed before its communicator's end.
+static UNSAFE: AtomicBool = AtomicBool::new(false);
 /// Transfers moved through a bounce ring, and retired mappings closed (process-wide, for
 /// tests and logs).
 static BOUNCED: AtomicU64 = AtomicU64::new(0);
@@ -71,14 +73,19 @@ pub fn op_released() {
 
 /// An op was captured into a graph.
 pub fn op_captured() {
-    CAPTURED.store(true, Ordering::Release);
+    UNSAFE.store(true, Ordering::Release);
+}
+
+/// An op failed.
+pub fn op_failed() {
+    UNSAFE.store(true, Ordering::Release);
 }
 
 /// The exclusive gate when no op of the process holds a stream (never blocks: None while
 /// an application thread enqueues, or while any op is pending).
 pub fn quiet() -> Option<RwLockWriteGuard<'static, ()>> {
     let g = GATE.try_write().ok()?;
-    (BUSY.load(Ordering::Acquire) == 0 && !CAPTURED.load(Ordering::Acquire)).then_some(g)
+    (BUSY.load(Ordering::Acquire) == 0 && !UNSAFE.load(Ordering::Acquire)).then_some(g)
 }
 
 /// Transfers moved through a bounce ring so far in this process.
