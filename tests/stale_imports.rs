@@ -84,6 +84,8 @@ fn realloc_body(comm: Communicator, dev: &Arc<dyn Device>) {
     // Pinned host memory once the stream's flags exist (their pool outlives the
     // communicator) and before any bounce ring.
     let mut pinned = None;
+    // Per half: the time from the call to the stream's completion (rank 0: the send).
+    let mut times: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
     for c in 0..cycles {
         for half in 0..2u64 {
             let case = 2 * c + half;
@@ -91,6 +93,9 @@ fn realloc_body(comm: Communicator, dev: &Arc<dyn Device>) {
                 buf = realloc_over(dev, buf, LEN);
             }
             let want: Vec<u8> = (0..LEN).map(|i| pattern_byte(case, i as u64)).collect();
+            // Both ranks are at this transfer before it is timed.
+            comm.bootstrap().barrier().expect("barrier");
+            let t = Instant::now();
             if r == 0 {
                 dev.copy_from_host(buf, &want).expect("fill");
                 comm.send(buf, LEN, DataType::U8, 1, s).unwrap_or_else(|e| panic!("cycle {c}.{half}: send: {e}"));
@@ -99,6 +104,7 @@ fn realloc_body(comm: Communicator, dev: &Arc<dyn Device>) {
                 comm.recv(buf, LEN, DataType::U8, 0, s).unwrap_or_else(|e| panic!("cycle {c}.{half}: recv: {e}"));
             }
             sync(dev, s);
+            times[half as usize].push(t.elapsed().as_secs_f64() * 1e3);
             pinned.get_or_insert(dev.memory_in_use().expect("memory_in_use").pinned_host_bytes);
             if let Some(e) = comm.async_error() {
                 panic!("rank {r}: cycle {c}.{half}: {e}");
@@ -128,7 +134,20 @@ fn realloc_body(comm: Communicator, dev: &Arc<dyn Device>) {
         comm.bootstrap().barrier().expect("barrier");
     }
     let bounced = hoccl::ipc::bounced_transfers() - bounced0;
-    H.say(r, "bounced", &format!("{bounced} of {cycles} cycles, closed {} while idle, longest wait for the close {:.2} ms", hoccl::ipc::retired_closed() - closed0, slow_settle.as_secs_f64() * 1e3));
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (direct, bounced_ms) = (median(&mut times[0]), median(&mut times[1]));
+    H.say(
+        r,
+        "bounced",
+        &format!(
+            "{bounced} of {cycles} cycles, closed {} while idle, longest wait for the close {:.2} ms; median transfer {direct:.2} ms into the mapped buffer, {bounced_ms:.2} ms into the new one",
+            hoccl::ipc::retired_closed() - closed0,
+            slow_settle.as_secs_f64() * 1e3
+        ),
+    );
     if r == 0 {
         assert_eq!(bounced, cycles, "one transfer per cycle meets the stale mapping of the freed buffer and must take the bounce ring");
     }
