@@ -28,7 +28,9 @@
 //! [`YIELD_FOR`] has passed since the last turn that moved something ([`STAGED_YIELD_FOR`]
 //! while staged ops are pending, whose completion only the proxy's store releases). Then, with nothing
 //! pending, the thread parks ([`IDLE_PARK`]; `Engine::submit` unparks it, so a new op is
-//! seen within microseconds); with ops waiting on the GPU or a peer, it sleeps
+//! seen within microseconds), after the transport's [`Transport::idle`] (driver calls that
+//! may wait for the device, such as closing stale mappings, belong there); with ops waiting
+//! on the GPU or a peer, it sleeps
 //! [`WAIT_SLEEP`] per turn (the kernel's timer slack, 50 µs by default, adds to it).
 //! What that costs (host backend, per proxy): idle, nothing measurable (no tick of 10 ms
 //! in a second); an op pending whose stream has not reached it, about 15 % of a core;
