@@ -102,3 +102,11 @@ pub use types::DataType;
 pub mod rdma {
     pub use crate::transport::verbs::{gid_string, probe, RdmaDeviceInfo, RdmaPortInfo};
 }
+
+/// Counters of the same-host transport's peer mappings (process-wide): transfers moved
+/// through a bounce ring because stale mappings blocked an import, and stale or evicted
+/// mappings closed while the process was quiet (`docs/design.md`, "Freed receive buffers
+/// between processes").
+pub mod ipc {
+    pub use crate::transport::ipc::{bounced_transfers, retired_closed};
+}

@@ -117,6 +117,7 @@ fn ops_body(comm: &Communicator, dev: &Arc<dyn Device>) {
     }
     let per_op = call_time_calls(comm, dev, streams[2]);
     H.say(r, "call_calls", &per_op.to_string());
+    H.say(r, "bounced", &hoccl::ipc::bounced_transfers().to_string());
     H.say(r, "done", "");
 }
 
@@ -239,8 +240,15 @@ fn run_children(backend: Backend, case: &str, staged: bool, victim: Option<usize
     H.run_children(backend, case, &env(staged), victim, limit)
 }
 
+/// The host backend imports at CUDA's fixed addresses (`HOCCL_HOST_FIXED_ADDRESS_IMPORTS`):
+/// the bodies free and allocate buffers per op, so, as on CUDA, some transfers meet stale
+/// mappings of freed receive buffers and take the bounce ring.
 fn env(staged: bool) -> Vec<(&'static str, String)> {
-    vec![("HOCCL_STAGED_BYTES", if staged { LIMIT.to_string() } else { "0".to_string() }), ("HOCCL_STAGED_RING", format!("{SLOTS}x{SLOT}"))]
+    vec![
+        ("HOCCL_STAGED_BYTES", if staged { LIMIT.to_string() } else { "0".to_string() }),
+        ("HOCCL_STAGED_RING", format!("{SLOTS}x{SLOT}")),
+        ("HOCCL_HOST_FIXED_ADDRESS_IMPORTS", "1".to_string()),
+    ]
 }
 
 fn ops(backend: Backend, staged: bool) {
@@ -248,7 +256,8 @@ fn ops(backend: Backend, staged: bool) {
     let (s, other) = traced(&stderr, "staged_seen");
     let calls: Vec<String> = events.iter().filter_map(|e| e.iter().find(|e| e.0 == "proxy_calls").map(|e| e.2.clone())).collect();
     let per_op: Vec<String> = events.iter().filter_map(|e| e.iter().find(|e| e.0 == "call_calls").map(|e| e.2.clone())).collect();
-    eprintln!("staged={staged}: {s} op timelines with staged transfers, {other} without; proxy device calls over 50 sendrecvs: {calls:?}; calling thread's device calls per sendrecv: {per_op:?}");
+    let bounced: Vec<String> = events.iter().filter_map(|e| e.iter().find(|e| e.0 == "bounced").map(|e| e.2.clone())).collect();
+    eprintln!("staged={staged}: {s} op timelines with staged transfers, {other} without; proxy device calls over 50 sendrecvs: {calls:?}; calling thread's device calls per sendrecv: {per_op:?}; transfers bounced past stale mappings: {bounced:?}");
     assert!(other > 0, "no other op timeline was logged (the mixed op and larger sizes have one)");
     if staged {
         assert!(s > 0, "no op took the staged path");

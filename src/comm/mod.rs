@@ -422,6 +422,9 @@ impl Communicator {
         mut sends: Vec<Transfer>,
         mut recvs: Vec<Transfer>,
     ) -> Result<Option<compressed::Plan>> {
+        // No proxy closes a mapping between this op's stream work and its submission
+        // (`transport::ipc::quiet`).
+        let _enqueue = crate::transport::ipc::enqueue_guard();
         let local = take_local(name, self.rank, &mut sends, &mut recvs)?;
         if self.capturing(name, stream, !sends.is_empty() || !recvs.is_empty())? {
             return self.launch_captured(st, name, stream, dtype, sends, recvs, &local).map(|_| None);

@@ -54,6 +54,41 @@ struct Region {
 #[derive(Default)]
 struct Registry {
     regions: BTreeMap<u64, Region>,
+    /// Imported mappings by base here: whose allocation they map (see
+    /// [`fixed_address_imports`]).
+    owners: HashMap<u64, Owner>,
+}
+
+/// The allocation an imported mapping maps: its owner's process, id, and address range
+/// there.
+#[derive(Clone, Copy, Debug)]
+struct Owner {
+    pid: u32,
+    id: u64,
+    base: u64,
+    len: u64,
+}
+
+/// Test hook, `HOCCL_HOST_FIXED_ADDRESS_IMPORTS=1`: imports follow CUDA's rule that an
+/// import is mapped at its owner's address, so one overlapping a mapping still open of
+/// another allocation of the same owner fails with `CUDA_ERROR_ALREADY_MAPPED`
+/// (`transport::ipc::already_mapped`), as it does on CUDA while a mapping of a freed
+/// allocation is cached. A second import of the same allocation succeeds (CUDA counts
+/// references). Off by default: host mappings have their own addresses.
+fn fixed_address_imports() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("HOCCL_HOST_FIXED_ADDRESS_IMPORTS").as_deref() == Ok("1"))
+}
+
+/// The owner of the allocation a handle names: `/hoccl.<pid>.<key>.<id>` and the owner's
+/// base address in bytes 56..64.
+fn owner_of(name: &str, h: &ExportHandle, len: u64) -> Option<Owner> {
+    let mut parts = name.strip_prefix("/hoccl.")?.split('.');
+    let pid = parts.next()?.parse().ok()?;
+    let id = parts.nth(1)?.parse().ok()?;
+    let mut base = [0u8; 8];
+    base.copy_from_slice(&h.0[56..64]);
+    Some(Owner { pid, id, base: u64::from_le_bytes(base), len })
 }
 
 impl Registry {
@@ -622,7 +657,8 @@ impl Device for HostDevice {
     }
 
     /// Handle layout: the shm name, NUL-padded, in bytes 0..48; the exact allocation length
-    /// (u64, little-endian) in bytes 48..56, so an importer asking for more is refused.
+    /// (u64, little-endian) in bytes 48..56, so an importer asking for more is refused; the
+    /// allocation's base address here in bytes 56..64 (for `fixed_address_imports`).
     fn export(&self, a: &Allocation) -> Result<ExportHandle> {
         crate::device::calls::enter();
         const OP: &str = "HostDevice::export";
@@ -637,6 +673,7 @@ impl Device for HostDevice {
         let mut h = [0u8; 64];
         h[..name.len()].copy_from_slice(name.as_bytes());
         h[48..56].copy_from_slice(&(a.len as u64).to_le_bytes());
+        h[56..64].copy_from_slice(&a.base.0.to_le_bytes());
         Ok(ExportHandle(h))
     }
 
@@ -654,9 +691,26 @@ impl Device for HostDevice {
         if len as u64 > exported {
             return Err(Error::invalid_arg(OP, format!("{len} bytes requested from an allocation of {exported}")));
         }
+        let owner = owner_of(name, h, exported);
+        if let Some(o) = owner.filter(|_| fixed_address_imports()) {
+            let reg = lock_registry(OP)?;
+            let clash = reg.owners.values().any(|x| x.pid == o.pid && x.id != o.id && x.base < o.base.saturating_add(o.len) && o.base < x.base.saturating_add(x.len));
+            if clash {
+                return Err(Error::Cuda {
+                    op: OP,
+                    call: "import at the owner's address (HOCCL_HOST_FIXED_ADDRESS_IMPORTS)",
+                    code: crate::transport::ipc::CUDA_ERROR_ALREADY_MAPPED,
+                    name: "CUDA_ERROR_ALREADY_MAPPED".into(),
+                });
+            }
+        }
         let map_len = round_page(OP, len)?;
         let p = map_shm(OP, name, map_len, false)? as u64;
-        lock_registry(OP)?.regions.insert(p, Region { len: len.max(1), map_len, kind: RegionKind::Imported });
+        let mut reg = lock_registry(OP)?;
+        reg.regions.insert(p, Region { len: len.max(1), map_len, kind: RegionKind::Imported });
+        if let Some(o) = owner {
+            reg.owners.insert(p, o);
+        }
         Ok(DevPtr(p))
     }
 
@@ -666,6 +720,7 @@ impl Device for HostDevice {
         let r = lock_registry(OP)?.regions.remove(&base.0);
         match r {
             Some(Region { map_len, kind: RegionKind::Imported, .. }) => {
+                lock_registry(OP)?.owners.remove(&base.0);
                 // SAFETY: an imported mapping we made, now out of the registry.
                 unsafe { libc::munmap(base.0 as *mut libc::c_void, map_len) };
                 Ok(())

@@ -168,6 +168,7 @@ impl Shared {
     fn release(&self, (flags, finish, v): Release) {
         flags.raise(finish, v);
         self.finished.fetch_add(1, Ordering::AcqRel);
+        crate::transport::ipc::op_released();
     }
 }
 
@@ -275,6 +276,7 @@ impl Engine {
         let tx = g.as_ref().ok_or_else(|| Error::invalid_usage(op.name, "communicator was destroyed"))?;
         let seq = op.seq;
         self.shared.releases().insert(seq, (op.flags.clone(), op.finish_flag, op.stream_seq));
+        crate::transport::ipc::op_submitted();
         self.shared.submitted.fetch_add(1, Ordering::AcqRel);
         tx.send(Cmd::Submit(op)).map_err(|_| {
             // Never enqueued on the proxy: release its stream here.
@@ -300,6 +302,8 @@ impl Engine {
     ) -> Result<Arc<graphs::TemplateLife>> {
         let g = self.tx.lock().map_err(|_| Error::internal("Engine::register_template", "poisoned"))?;
         let tx = g.as_ref().ok_or_else(|| Error::invalid_usage(name, "communicator was destroyed"))?;
+        // A replay needs no call into hoccl: retired mappings are closed only at the end.
+        crate::transport::ipc::op_captured();
         let life = Arc::new(graphs::TemplateLife::new(id, name, flags, start, finish, (tx.clone(), self.proxy.clone())));
         tx.send(Cmd::Template(graphs::Template { life: life.clone(), sends, recvs }))
             .map_err(|_| Error::internal("Engine::register_template", "proxy thread is gone"))?;

@@ -28,7 +28,9 @@
 //! [`YIELD_FOR`] has passed since the last turn that moved something ([`STAGED_YIELD_FOR`]
 //! while staged ops are pending, whose completion only the proxy's store releases). Then, with nothing
 //! pending, the thread parks ([`IDLE_PARK`]; `Engine::submit` unparks it, so a new op is
-//! seen within microseconds); with ops waiting on the GPU or a peer, it sleeps
+//! seen within microseconds), after the transport's [`Transport::idle`] (driver calls that
+//! may wait for the device, such as closing stale mappings, belong there); with ops waiting
+//! on the GPU or a peer, it sleeps
 //! [`WAIT_SLEEP`] per turn (the kernel's timer slack, 50 µs by default, adds to it).
 //! What that costs (host backend, per proxy): idle, nothing measurable (no tick of 10 ms
 //! in a second); an op pending whose stream has not reached it, about 15 % of a core;
@@ -374,7 +376,11 @@ impl Proxy {
             } else if last_active.elapsed() < YIELD_FOR || (!self.staged_ops.is_empty() && last_active.elapsed() < STAGED_YIELD_FOR) {
                 std::thread::yield_now();
             } else if self.ops.is_empty() && self.templates.is_empty() && !self.transport.data_in_flight() && !self.transport.signals_queued() && self.stopping.is_none() {
-                // Nothing pending: a command unparks the thread.
+                // Nothing pending: a command unparks the thread. Mappings retired meanwhile
+                // are closed first (nothing of this communicator waits for the proxy).
+                if !self.failed_any {
+                    self.transport.idle();
+                }
                 std::thread::park_timeout(IDLE_PARK);
             } else {
                 std::thread::park_timeout(WAIT_SLEEP);
@@ -822,6 +828,7 @@ impl Proxy {
         }
         self.shared.set_error(e.clone());
         self.failed_any = true;
+        crate::transport::ipc::op_failed();
         if !self.reported && !matches!(e, Error::Aborted { .. }) {
             self.reported = true;
             self.log_state(&e);

@@ -16,7 +16,9 @@
 //!
 //! - [`same_host`]: ranks of one host. Copies straight into the peer's buffer on the
 //!   device's copy-engine queues ([`chunk_scheduler`]), through mappings of the peer's
-//!   allocations ([`ipc`]), with control signals on shared-memory rings ([`mailbox`]).
+//!   allocations ([`ipc`]), with control signals on shared-memory rings ([`mailbox`]); a
+//!   transfer whose receive allocation stale mappings keep from being imported goes
+//!   through a host-memory ring instead ([`ipc_bounce`]).
 //! - [`socket`]: ranks of other nodes over TCP, several connections per peer, from and
 //!   into host memory (the user's buffers on the host backend, pinned staging filled and
 //!   drained by the copy queues on CUDA).
@@ -28,6 +30,7 @@
 //! - [`verbs`]: RDMA (rdma-core via bindgen, loaded at run time); not a transport yet.
 pub mod chunk_scheduler;
 pub mod ipc;
+pub mod ipc_bounce;
 pub mod mailbox;
 pub mod same_host;
 pub mod route;
@@ -221,6 +224,12 @@ pub trait Transport: Send {
     /// Close mappings and tell the peers this rank is gone (the proxy's exit; called once,
     /// after `data_in_flight` turned false or the exit was forced).
     fn close(&mut self);
+
+    /// The proxy has no op pending, no graph template, no data in flight and no failed op:
+    /// no device work of this communicator waits for it, so the transport may make driver
+    /// calls that wait for the device (closing retired mappings, `ipc`). Called once per
+    /// idle park.
+    fn idle(&mut self) {}
 
     /// Whether a transfer of `len` bytes with `peer` is gated. Both ranks of a pair answer
     /// alike for the same `len` (a length mismatch is caught at the sender, as always).

@@ -99,6 +99,11 @@ impl Transport for Route {
         self.far.close();
     }
 
+    fn idle(&mut self) {
+        self.near.idle();
+        self.far.idle();
+    }
+
     fn gated(&mut self, peer: usize, len: usize) -> bool {
         self.to(peer).gated(peer, len)
     }

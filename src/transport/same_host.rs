@@ -20,7 +20,8 @@
 use crate::device::{CopyQueue, DevPtr, Device, MemOp};
 use crate::error::{Error, Result};
 use crate::transport::chunk_scheduler::{ChunkScheduler, MIN_CHUNK};
-use crate::transport::ipc::{ExportCache, ImportCache, Mapped};
+use crate::transport::ipc::{Acquire, ExportCache, ImportCache, Mapped};
+use crate::transport::ipc_bounce::Bounce;
 use crate::transport::mailbox::{pid_alive, Msg, MsgKind, Segment, READY_GATED, READY_STAGED};
 use crate::transport::{FlowId, GatedWrite, Incoming, Region, RemoteBuffer, Signal, Tag, Transport, Wire};
 use std::collections::{HashMap, VecDeque};
@@ -173,6 +174,11 @@ pub struct SameHost {
     /// By global rank: why a record from that rank was refused (`peer_health` reports it,
     /// so the ops that wait on the rank fail).
     malformed: Vec<Option<String>>,
+    /// Transfers whose receive allocation stale mappings keep from being imported
+    /// (`ipc_bounce`), and the op of the receives `expose` described last (their `Ready`
+    /// follows).
+    bounce: Bounce,
+    expose_seq: u64,
 }
 
 impl SameHost {
@@ -221,6 +227,8 @@ impl SameHost {
             advanced: Vec::new(),
             gated,
             malformed: Vec::new(),
+            bounce: Bounce::default(),
+            expose_seq: 0,
         })
     }
 
@@ -318,6 +326,15 @@ impl SameHost {
         seg.try_push(self.links.local_index, m)
     }
 
+    /// Post the bounce route's records.
+    fn post_bounce(&mut self) {
+        let mut msgs = std::mem::take(&mut self.bounce.outbox);
+        for (to, m) in msgs.drain(..) {
+            self.post(to, m);
+        }
+        self.bounce.outbox = msgs;
+    }
+
     /// Push queued signals into the peers' rings until one is full (retried on the next call).
     fn flush(&mut self) -> bool {
         let mut any = false;
@@ -379,6 +396,7 @@ impl Transport for SameHost {
             if !self.in_process.get(peer).copied().unwrap_or(false) {
                 wire.handle = self.exports.get(self.dev.as_ref(), &a)?.0;
             }
+            self.expose_seq = region.seq;
             wire.alloc_id = a.id;
             wire.alloc_len = a.len as u64;
             wire.base = a.base.0;
@@ -396,6 +414,11 @@ impl Transport for SameHost {
         }
         (m.alloc_id, m.alloc_len, m.base, m.offset, m.pid, m.handle) = (w.alloc_id, w.alloc_len, w.base, w.offset, w.pid, w.handle);
         self.post(peer, m);
+        // A sender in another process may have to bounce this transfer: its bytes then land
+        // here by this rank's own copies.
+        if w.staged == 0 && remote.len > 0 && !self.in_process.get(peer).copied().unwrap_or(true) {
+            self.bounce.expect(peer, tag, self.expose_seq, DevPtr(w.base.wrapping_add(w.offset)), remote.len);
+        }
     }
 
     fn signal_failure(&mut self, peer: usize, pair_seq: u64, code: u32) {
@@ -410,8 +433,21 @@ impl Transport for SameHost {
             while let Some(m) = self.links.inbox.try_pop(l) {
                 let from = self.global_of_local[l];
                 any = true;
-                match signal_of(&m) {
-                    Ok(signal) => out.push(Incoming { from, pair_seq: m.seq, signal }),
+                let got = if Bounce::is_ours(&m) {
+                    self.bounce.take(self.dev.as_ref(), &mut self.sched, from, &m).map(|()| None)
+                } else {
+                    signal_of(&m).map(Some)
+                };
+                match got {
+                    Ok(Some(signal)) => {
+                        match signal {
+                            Signal::Landed { k, .. } => self.bounce.forget(from, m.seq, Some(k)),
+                            Signal::Failed { .. } => self.bounce.forget(from, m.seq, None),
+                            _ => {}
+                        }
+                        out.push(Incoming { from, pair_seq: m.seq, signal })
+                    }
+                    Ok(None) => {}
                     Err(why) => {
                         log::error!("rank {}: refused a mailbox record from rank {from}: {why}", self.links.rank);
                         if self.malformed.len() <= from {
@@ -422,6 +458,8 @@ impl Transport for SameHost {
                 }
             }
         }
+        any |= self.bounce.take_landed(out);
+        self.post_bounce();
         // Gated receives: one load of `landed[l]` per sender with receives outstanding.
         if let Some(g) = self.gated.as_mut() {
             for (l, expect) in g.expect.iter_mut().enumerate().filter(|(_, e)| !e.is_empty()) {
@@ -445,8 +483,12 @@ impl Transport for SameHost {
         let (mapped, dst) = if len == 0 {
             (None, DevPtr(0))
         } else {
-            let m = self.imports.acquire(self.dev.as_ref(), peer, &remote.wire)?;
-            (Some(m), m.base.add(remote.wire.offset as usize))
+            match self.imports.acquire(self.dev.as_ref(), peer, &remote.wire)? {
+                Acquire::Mapped(m) => (Some(m), m.base.add(remote.wire.offset as usize)),
+                // Stale mappings of the receiver block the import: the bytes go through a
+                // ring in host memory instead (`ipc_bounce`), which reports the flow.
+                Acquire::Stale(_) => return self.bounce.start(self.dev.as_ref(), id, peer, tag, src, len),
+            }
         };
         self.flows.insert(id, Flow { landing: (peer, tag, len as u64), mapped, cancelled: false, told: Instant::now() });
         self.sched.add(id, src, dst, len);
@@ -454,7 +496,7 @@ impl Transport for SameHost {
     }
 
     fn progress(&mut self, done: &mut Vec<FlowId>, advanced: &mut Vec<u64>) -> std::result::Result<bool, (u64, Error)> {
-        let reaped = self.reap_gated(done, advanced);
+        let reaped = self.reap_gated(done, advanced) | self.bounce.pump(&mut self.sched) | self.bounce.take_done(done, advanced);
         if self.sched.is_idle() {
             return Ok(self.flush() | reaped);
         }
@@ -481,6 +523,10 @@ impl Transport for SameHost {
         }
         self.advanced = moved;
         for id in finished.drain(..) {
+            if self.bounce.owns(&id) {
+                self.bounce.chunk_done(&id);
+                continue;
+            }
             let Some(f) = self.flows.remove(&id) else { continue };
             if let Some(m) = f.mapped {
                 self.imports.release(&m);
@@ -495,12 +541,14 @@ impl Transport for SameHost {
             done.push(id);
         }
         self.finished = finished;
+        self.post_bounce();
         progressed |= self.flush();
         polled.map(|_| progressed)
     }
 
     fn cancel(&mut self, seq: u64) {
         self.sched.cancel(seq);
+        self.bounce.cancel(seq);
         for (id, f) in self.flows.iter_mut() {
             if id.seq == seq {
                 f.cancelled = true;
@@ -569,7 +617,7 @@ impl Transport for SameHost {
                 format!("gated [{}] [{}]", qs.join(", "), rs.join(", "))
             }
         };
-        format!("{}; {} signals queued out; {gated}", self.sched.describe(), self.outbox.len())
+        format!("{}; {} signals queued out; {gated}; {}; {} stale mappings retired", self.sched.describe(), self.outbox.len(), self.bounce.describe(), self.imports.retired())
     }
 
     fn close(&mut self) {
@@ -578,7 +626,21 @@ impl Transport for SameHost {
         if !self.close_gated() {
             self.imports.clear(self.dev.as_ref());
         }
+        if self.sched.is_idle() {
+            self.bounce.close(self.dev.as_ref());
+        } else {
+            // A forced exit with copies in flight: they may still read or write the rings.
+            log::warn!("hoccl: rank {}: bounce rings stay mapped until the process exits (copies in flight)", self.links.rank);
+            std::mem::forget(std::mem::take(&mut self.bounce));
+        }
         self.links.inbox.mark_closed();
+    }
+
+    fn idle(&mut self) {
+        let n = self.imports.close_retired(self.dev.as_ref());
+        if n > 0 {
+            log::debug!("hoccl: rank {}: closed {n} retired peer mappings", self.links.rank);
+        }
     }
 
     fn gated(&mut self, peer: usize, len: usize) -> bool {
@@ -642,7 +704,12 @@ impl Transport for SameHost {
         // Map every destination before anything is queued: a failure here leaves the queue
         // as it was.
         for w in writes.iter().filter(|w| w.len > 0) {
-            match self.imports.acquire(self.dev.as_ref(), peer, &w.remote.wire) {
+            // A gated receiver waits for its landed flag, which only this queue writes: a
+            // transfer that stale mappings keep from being imported has no other route here.
+            match self.imports.acquire(self.dev.as_ref(), peer, &w.remote.wire).and_then(|a| match a {
+                Acquire::Mapped(m) => Ok(m),
+                Acquire::Stale(e) => Err(e),
+            }) {
                 Ok(m) => b.mapped.push(m),
                 Err(e) => {
                     for m in b.mapped.drain(..) {
