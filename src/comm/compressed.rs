@@ -2,9 +2,9 @@
 //! peer of bf16, f16 or f32 data of at least [`MIN_BYTES`] crosses as a codec stream
 //! (`BFX1`/`HFX1`/`FFX1`, docs/design.md "Codec format"), so fewer bytes cross the link.
 //!
-//! On the caller's stream, before the handshake: each distinct send range is compressed
-//! (SMs) into this stream's staging buffer, and the stream's length is written to a
-//! host-visible word. The engine moves the compressed stream with the copy engines into
+//! **Whole streams.** On the caller's stream, before the handshake: each distinct send range
+//! is compressed (SMs) into this stream's staging buffer, and the stream's length is written
+//! to a host-visible word. The engine moves the compressed stream with the copy engines into
 //! the receiver's staging buffer, reading the length when the stream reaches the op
 //! (`Fill::Word`; the receiver accepts up to the bound, `Fill::UpTo`). After the
 //! handshake's wait, each received stream is decompressed into the user's buffer. Copies to
@@ -12,6 +12,16 @@
 //! engine, the dtype and the byte count), so a send is compressed exactly when its receive
 //! is; both sides size the staging range with the same bound, so mismatched counts are
 //! still caught by the engine's length check.
+//!
+//! **Pipelined by segment** ([`segments`], `Config::codec_segments`). A transfer of two
+//! segments' worth or more is cut, on both sides alike, into independently coded segments,
+//! each its own engine transfer; the stream codes them between the op's start and finish,
+//! raising a flag per segment that the proxy starts its copy on (`Fill::Coded`), and
+//! decodes each received segment after the flag the proxy raises when it landed
+//! (`Fill::Landed`), so coding, moving and decoding overlap. Flags count the stream's
+//! epoch (one per pipelined op) and live in the first half of its word slab, lengths in
+//! the second. A reduction's exchange and AllGather cross whole
+//! ([`CodecState::whole_streams_next`]).
 //!
 //! **Staging.** One device buffer per stream, reused op after op: the stream orders an op's
 //! use of it (compress, the peer's write between the op's start and finish, decompress)

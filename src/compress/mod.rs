@@ -17,8 +17,9 @@
 //! [`decompress_async`]): they enqueue work on `stream` and return at once. The compressed
 //! length and the decoder's verdict are written to device words the caller passes and reads
 //! after the stream reaches them ([`status_result`] turns a status word into a `Result`).
-//! On a device without CUDA (the host backend) the same calls run the CPU codec after
-//! synchronizing the stream: same bytes, same contract, not asynchronous.
+//! On a device without CUDA (the host backend) the same calls queue the CPU codec on the
+//! stream (`Device::launch_host_fn`, run by a host thread in stream order): same bytes,
+//! same contract, asynchronous too.
 use crate::device::{host, DevPtr, Device, StreamHandle};
 use crate::error::{Error, Result};
 use crate::types::DataType;
