@@ -55,8 +55,10 @@ use std::sync::Arc;
 /// Transfers smaller than this move raw: below it the codec kernels' fixed cost (two
 /// launches each side) outweighs the bytes saved.
 pub const MIN_BYTES: usize = 64 << 10;
-/// Decompression status words, reused round robin.
-pub const STATUS_SLOTS: usize = 256;
+/// Decompression status words, reused round robin: one per received stream or segment, so
+/// that a rejection stays in its word until the proxy's scan (every 50 ms) reads it while
+/// ops of up to 8 segments per receive run back to back.
+pub const STATUS_SLOTS: usize = 2048;
 /// Staging ranges start at multiples of this.
 const ALIGN: usize = 256;
 /// Segments start at multiples of this many values (a multiple of the codec's block).

@@ -103,13 +103,16 @@ pub struct Op {
     pub staged: Vec<crate::transport::staged::StagedWait>,
 }
 
+/// `Fill::Landed` flags: their slab (the op's `len_words`) and (word, value) of each.
+type LandedFlags = (Arc<FlagSlab>, Vec<(usize, u64)>);
+
 /// How to release one op's stream: its flags, finish flag and stream seq, and the
 /// `Fill::Landed` flags its stream may wait for before the finish (raised first).
 struct Release {
     flags: Arc<FlagSlab>,
     finish: usize,
     v: u64,
-    landed: Option<(Arc<FlagSlab>, Vec<(usize, u64)>)>,
+    landed: Option<LandedFlags>,
 }
 
 impl Release {

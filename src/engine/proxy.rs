@@ -690,7 +690,9 @@ impl Proxy {
     }
 
     /// Start the pipelined sends (`Fill::Coded`) whose segments the stream has coded since
-    /// they were last tried; the others stay listed. Visits only those sends.
+    /// they were last tried; the others stay listed. Visits only those sends. A segment
+    /// coded counts as the op's progress: the timeout bounds the coding of one segment, not
+    /// of all of them.
     fn poll_coded(&mut self) -> bool {
         if self.coded.is_empty() {
             return false;
@@ -702,7 +704,12 @@ impl Proxy {
             if let Err(e) = self.start_write(seq, idx) {
                 self.fail_op(seq, e);
             }
-            any |= self.coded.len() == before;
+            if self.coded.len() == before {
+                any = true;
+                if let Some(st) = self.ops.get_mut(&seq) {
+                    st.last_progress = Instant::now();
+                }
+            }
         }
         any
     }
