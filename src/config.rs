@@ -124,6 +124,16 @@ pub struct Config {
     /// because the GPU starts CTAs in index order, which CUDA does not promise; 1 needs no
     /// such assumption).
     pub codec_tickets: bool,
+    /// `HOCCL_CODEC_SEGMENTS`: the compressed engine cuts a transfer of at least two
+    /// segments' worth (4 MiB each) into at most this many independently coded segments, so
+    /// that coding, moving and decoding overlap (docs/design.md, "Compressed engine"); 1
+    /// moves every transfer as one stream, coded before the op and decoded after it. In
+    /// 1..=64, default 8. Every rank must use the same value (a mismatch fails the op).
+    pub codec_segments: usize,
+    /// The smallest such segment (no variable; default 4 MiB; tests lower it). Every rank
+    /// must use the same value.
+    #[doc(hidden)]
+    pub codec_segment_bytes: usize,
     /// `HOCCL_MAX_WAITING_STREAMS`: how many streams of this process may wait for collectives
     /// on one GPU at once; a collective on one more stream blocks the calling thread (up to
     /// `timeout`) until one of them is released. `None` (the default): half the context's
@@ -203,6 +213,8 @@ impl Default for Config {
             timeout: Duration::from_secs(120),
             log: None,
             codec_tickets: false,
+            codec_segments: 8,
+            codec_segment_bytes: 4 << 20,
             max_waiting_streams: None,
             serial_enqueue: None,
             gated: Some(false),
@@ -348,6 +360,9 @@ impl Config {
         if let Some(v) = get("HOCCL_LOG") {
             self.log = Some(v);
         }
+        if let Some(v) = get("HOCCL_CODEC_SEGMENTS") {
+            self.codec_segments = v.trim().parse().map_err(|_| Error::invalid_arg(OP, format!("HOCCL_CODEC_SEGMENTS={v}: want a count in 1..=64")))?;
+        }
         if let Some(v) = get("HOCCL_CODEC_TICKETS") {
             self.codec_tickets = match v.trim() {
                 "0" => false,
@@ -433,6 +448,12 @@ impl Config {
         if self.staged_bytes > most {
             return bad(format!("staged_bytes {} exceeds {} slots of the staged ring ({most} bytes): a call stages at most that much per peer", self.staged_bytes, crate::transport::staged::STAGED_CALL_CHUNKS));
         }
+        if !(1..=64).contains(&self.codec_segments) {
+            return bad(format!("codec_segments {} must be in 1..=64", self.codec_segments));
+        }
+        if self.codec_segment_bytes < 4096 {
+            return bad(format!("codec_segment_bytes {} must be at least 4096", self.codec_segment_bytes));
+        }
         if self.reduce_scratch < 4096 {
             return bad(format!("reduce_scratch {} must be at least 4096 bytes", self.reduce_scratch));
         }
@@ -495,9 +516,11 @@ mod tests {
                 ("HOCCL_FORWARDING_PEERS", "1,0,3,2"),
                 ("HOCCL_TIMEOUT_MS", "1500"),
                 ("HOCCL_CODEC_TICKETS", "1"),
+                ("HOCCL_CODEC_SEGMENTS", "3"),
             ]))
             .unwrap();
         assert!(c.codec_tickets);
+        assert_eq!((c.codec_segments, Config::default().codec_segments), (3, 8));
         assert!(!Config::default().codec_tickets);
         let engine = |v: &str| Config::default().with_env(env(&[("HOCCL_ENGINE", v)])).unwrap().engine;
         assert_eq!(engine("sm"), EngineChoice::Sm);
@@ -557,6 +580,9 @@ mod tests {
             ("HOCCL_VIRTUAL_NODES", "x"),
             ("HOCCL_TIMEOUT_MS", "0"),
             ("HOCCL_CODEC_TICKETS", "yes"),
+            ("HOCCL_CODEC_SEGMENTS", "0"),
+            ("HOCCL_CODEC_SEGMENTS", "65"),
+            ("HOCCL_CODEC_SEGMENTS", "all"),
             ("HOCCL_MAX_WAITING_STREAMS", "-1"),
             ("HOCCL_SERIAL_ENQUEUE", "on"),
             ("HOCCL_GATED", "yes"),

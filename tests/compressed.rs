@@ -24,6 +24,13 @@ fn config() -> Config {
     Config { engine: EngineChoice::Compressed, ..test_config() }
 }
 
+/// The engine pipelined by segment at these sizes: up to 4 segments of at least `MIN`, so
+/// that the larger counts below cross in 2–4 segments (the last one shorter) and the
+/// smaller ones whole, in the same ops.
+fn pipelined() -> Config {
+    Config { codec_segments: 4, codec_segment_bytes: MIN, ..config() }
+}
+
 /// `len` bytes of `dtype` data: a real tensor (tiled, starting at a point chosen by `seed`)
 /// or, for odd seeds, random bytes (incompressible: stored raw by the codec).
 fn data(dtype: DataType, len: usize, seed: u64) -> Vec<u8> {
@@ -59,8 +66,17 @@ fn put(dev: &std::sync::Arc<dyn hoccl::Device>, b: &Buf, at: usize, bytes: &[u8]
 /// AllGather, Broadcast (every root), Gather and Scatter (root 1), AlltoAll and a ring of
 /// send/recv in a group, out of place, at random byte offsets.
 fn every_op(b: Backend) {
+    every_op_with(b, config());
+}
+
+/// [`every_op`] with the transfers cut in segments (coded, moved and decoded overlapping).
+fn every_op_pipelined(b: Backend) {
+    every_op_with(b, pipelined());
+}
+
+fn every_op_with(b: Backend, cfg: Config) {
     for n in [2usize, 3, 4] {
-        run_ranks(b, n, config(), move |c| {
+        run_ranks(b, n, cfg.clone(), move |c| {
             let (r, n, dev) = (c.rank(), c.size(), c.device().clone());
             let s = new_stream(&dev);
             let mut rng = Rng(40 + r as u64);
@@ -169,8 +185,19 @@ enum Red {
 /// and random bytes (NaNs, infinities, subnormals), 2–4 ranks: every rank's result equal
 /// bit for bit to `reduce_into` of the inputs in rank order, guard bands untouched.
 fn reductions(b: Backend) {
+    reductions_with(b, config());
+}
+
+/// [`reductions`] with the engine set to cut transfers in segments: a reduction's exchange
+/// and its AllGather cross whole on every rank (the AllGather's shard may be coded by the
+/// reduce step as one stream), the hierarchical steps' transfers in segments.
+fn reductions_pipelined(b: Backend) {
+    reductions_with(b, pipelined());
+}
+
+fn reductions_with(b: Backend, cfg: Config) {
     for n in [2usize, 3, 4] {
-        run_ranks(b, n, Config { reduce_scratch: RED_SCRATCH, ..config() }, move |c| {
+        run_ranks(b, n, Config { reduce_scratch: RED_SCRATCH, ..cfg.clone() }, move |c| {
             let (r, n, dev) = (c.rank(), c.size(), c.device().clone());
             c.reserve_reduce_scratch().unwrap();
             let s = new_stream(&dev);
@@ -249,11 +276,22 @@ fn reductions(b: Backend) {
 /// the threshold (the stream's staging buffer grows and is reused while earlier ops are
 /// still in flight), then every result checked.
 fn back_to_back(b: Backend) {
-    run_ranks(b, 3, config(), move |c| {
+    back_to_back_with(b, config(), MIN / 2);
+}
+
+/// [`back_to_back`] pipelined, the larger ops in 2–4 segments: an op's segment flags
+/// count on from the previous op's on the same stream, while that one may still run.
+fn back_to_back_pipelined(b: Backend) {
+    back_to_back_with(b, pipelined(), 2 * MIN);
+}
+
+/// `unit`: values per block of the AllGathers; their sizes alternate around `unit`.
+fn back_to_back_with(b: Backend, cfg: Config, unit: usize) {
+    run_ranks(b, 3, cfg, move |c| {
         let (r, n, dev) = (c.rank(), c.size(), c.device().clone());
         let s = new_stream(&dev);
         let dtype = DataType::BF16;
-        let sizes: Vec<usize> = (0..12).map(|i| [MIN / 2 - 3, MIN / 2 + 9, 5 * MIN / 2 + 1][i % 3] + i * 64).collect();
+        let sizes: Vec<usize> = (0..12).map(|i| [unit - 3, unit + 9, 5 * unit + 1][i % 3] + i * 64).collect();
         let bufs: Vec<(Buf, Buf)> = sizes.iter().map(|&c| (Buf::new(&dev, c * 2, 0, 1), Buf::new(&dev, n * c * 2, 0, 2))).collect();
         allocated(c);
         for (i, (&count, (send, _))) in sizes.iter().zip(&bufs).enumerate() {
@@ -304,7 +342,7 @@ impl common::wrap::Hooks for Corrupting {
 /// done by a wrapped host device).
 #[test]
 fn a_stream_damaged_in_transit_is_an_error() {
-    let got = damaged(|c, buf, count, r, s| if r == 0 { c.send(buf, count, DataType::BF16, 1, s) } else { c.recv(buf, count, DataType::BF16, 0, s) });
+    let got = damaged(config(), |c, buf, count, r, s| if r == 0 { c.send(buf, count, DataType::BF16, 1, s) } else { c.recv(buf, count, DataType::BF16, 0, s) });
     assert!(got[0].is_ok(), "the sender saw nothing wrong: {:?}", got[0]);
     let e = got[1].clone().expect_err("the damaged stream is reported");
     assert_eq!(e.code(), hoccl::ErrorCode::CorruptData, "{e}");
@@ -314,24 +352,72 @@ fn a_stream_damaged_in_transit_is_an_error() {
 /// reports `CorruptData` instead of a result folded from bad values.
 #[test]
 fn a_reduction_stream_damaged_in_transit_is_an_error() {
-    let got = damaged(|c, buf, count, _, s| c.all_reduce(buf, buf, count, DataType::BF16, RedOp::Sum, s));
+    let got = damaged(config(), |c, buf, count, _, s| c.all_reduce(buf, buf, count, DataType::BF16, RedOp::Sum, s));
     let e = got[1].clone().expect_err("the damaged stream is reported");
     assert_eq!(e.code(), hoccl::ErrorCode::CorruptData, "{e}");
 }
 
-/// Two host ranks, rank 0's copy queues damaging what they move; `call(comm, buffer, count,
-/// rank, stream)` on each with `MIN` bf16 values of real data; each rank's outcome.
-fn damaged(call: fn(&hoccl::Communicator, hoccl::DevPtr, usize, usize, hoccl::device::StreamHandle) -> hoccl::Result<()>) -> Vec<hoccl::Result<()>> {
+/// The same for a send cut in segments (two of `MIN` bytes, each damaged on the way): the
+/// receiver's decoding of a segment rejects it and its communicator reports `CorruptData`.
+#[test]
+fn a_segment_damaged_in_transit_is_an_error() {
+    let got = damaged(pipelined(), |c, buf, count, r, s| if r == 0 { c.send(buf, count, DataType::BF16, 1, s) } else { c.recv(buf, count, DataType::BF16, 0, s) });
+    assert!(got[0].is_ok(), "the sender saw nothing wrong: {:?}", got[0]);
+    let e = got[1].clone().expect_err("the damaged segment is reported");
+    assert_eq!(e.code(), hoccl::ErrorCode::CorruptData, "{e}");
+}
+
+/// Ranks that cut a transfer differently (`codec_segments` 4 on rank 0, 1 on rank 1) fail
+/// the op on both sides with an error, and their streams run on: never a hang, never
+/// wrong data reported as success.
+#[test]
+fn ranks_that_cut_differently_fail_the_op() {
     let boots = hoccl::bootstrap::thread::ThreadBootstrap::group(2);
     let ranks: Vec<_> = boots
         .into_iter()
         .enumerate()
         .map(|(r, boot)| {
             std::thread::spawn(move || {
+                let dev = hoccl::device::open(hoccl::BackendChoice::Host, 0).expect("host backend");
+                let cfg = Config { codec_segments: if r == 0 { 4 } else { 1 }, timeout: std::time::Duration::from_secs(5), ..pipelined() };
+                let c = hoccl::Communicator::with_bootstrap(Box::new(boot), Some(dev.clone()), cfg).expect("communicator");
+                let count = 4 * MIN;
+                let buf = dev.alloc(count * 2).unwrap();
+                dev.copy_from_host(buf, &data(DataType::BF16, count * 2, 2)).unwrap();
+                let s = dev.create_stream().unwrap();
+                let t = std::time::Instant::now();
+                let call = if r == 0 { c.send(buf, count, DataType::BF16, 1, s) } else { c.recv(buf, count, DataType::BF16, 0, s) };
+                call.unwrap();
+                dev.synchronize(s).unwrap();
+                let outcome = c.wait_idle().and(c.async_error().map_or(Ok(()), Err));
+                assert!(t.elapsed() < std::time::Duration::from_secs(30), "rank {r} took {:?}", t.elapsed());
+                drop(c);
+                dev.destroy_stream(s).unwrap();
+                dev.free(buf).unwrap();
+                outcome
+            })
+        })
+        .collect();
+    for (r, h) in ranks.into_iter().enumerate() {
+        let e = h.join().expect("rank").expect_err("the mismatch is an error");
+        assert!(matches!(e.code(), hoccl::ErrorCode::InvalidUsage | hoccl::ErrorCode::Remote), "rank {r}: {e}");
+    }
+}
+
+/// Two host ranks, rank 0's copy queues damaging what they move; `call(comm, buffer, count,
+/// rank, stream)` on each with `MIN` bf16 values of real data; each rank's outcome.
+fn damaged(cfg: Config, call: fn(&hoccl::Communicator, hoccl::DevPtr, usize, usize, hoccl::device::StreamHandle) -> hoccl::Result<()>) -> Vec<hoccl::Result<()>> {
+    let boots = hoccl::bootstrap::thread::ThreadBootstrap::group(2);
+    let ranks: Vec<_> = boots
+        .into_iter()
+        .enumerate()
+        .map(|(r, boot)| {
+            let cfg = cfg.clone();
+            std::thread::spawn(move || {
                 let host = hoccl::device::open(hoccl::BackendChoice::Host, 0).expect("host backend");
                 let dev: std::sync::Arc<dyn hoccl::Device> =
                     if r == 0 { std::sync::Arc::new(common::wrap::Wrapped(host, Corrupting)) } else { host };
-                let c = hoccl::Communicator::with_bootstrap(Box::new(boot), Some(dev.clone()), config()).expect("communicator");
+                let c = hoccl::Communicator::with_bootstrap(Box::new(boot), Some(dev.clone()), cfg).expect("communicator");
                 let (count, dtype) = (MIN, DataType::BF16);
                 let buf = dev.alloc(count * 2).unwrap();
                 dev.copy_from_host(buf, &data(dtype, count * 2, 2)).unwrap();
@@ -349,4 +435,4 @@ fn damaged(call: fn(&hoccl::Communicator, hoccl::DevPtr, usize, usize, hoccl::de
     ranks.into_iter().map(|h| h.join().expect("rank")).collect()
 }
 
-backend_tests!(every_op, back_to_back, reductions);
+backend_tests!(every_op, every_op_pipelined, back_to_back, back_to_back_pipelined, reductions, reductions_pipelined);

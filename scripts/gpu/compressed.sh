@@ -5,7 +5,9 @@
 #   with several GPUs: one rank per GPU; with one GPU: 2 processes under MPS
 #   (nvidia-cuda-mps-control -d, stopped when the script exits), where both engines are
 #   bound by the one GPU's memory: the ratio is then a cost figure, not the link gain.
-#   HOCCL_ENGINE=ce, then HOCCL_ENGINE=compressed               -> compressed.log, compressed.json
+#   HOCCL_ENGINE=ce, then HOCCL_ENGINE=compressed unpipelined (HOCCL_CODEC_SEGMENTS=1:
+#   coded before the op, decoded after), then pipelined by segment (the default, 8)
+#                                                               -> compressed.log, compressed.json
 # Then the GEMM interference of a background AllReduce (bench --interference --bg-op
 # allreduce, 64 MiB on the real weights) under HOCCL_ENGINE=sm and =compressed, with NCCL
 # beside it when there are several GPUs                       -> interference-allreduce-*.json
@@ -35,9 +37,14 @@ else
 fi
 echo "compressed.sh: $(date -u +%FT%TZ), $ngpu GPU(s), $np ranks, data $(basename "$data")" | tee -a "$log"
 parts=()
-for engine in ce compressed; do
-  out="$results/compressed-$engine.json"
-  cmd=(env HOCCL_ENGINE=$engine "${HOCCL_MPIRUN[@]}" --bind-to none -x HOCCL_ENGINE -np "$np" "$BIN" --ops sendrecv,allgather --min 1M --max 256M --data "$data" --json "$out")
+for variant in ce whole compressed; do
+  out="$results/compressed-$variant.json"
+  case $variant in
+    ce) settings=(HOCCL_ENGINE=ce HOCCL_CODEC_SEGMENTS=8) ;;
+    whole) settings=(HOCCL_ENGINE=compressed HOCCL_CODEC_SEGMENTS=1) ;;
+    compressed) settings=(HOCCL_ENGINE=compressed HOCCL_CODEC_SEGMENTS=8) ;;
+  esac
+  cmd=(env "${settings[@]}" "${HOCCL_MPIRUN[@]}" --bind-to none -x HOCCL_ENGINE -x HOCCL_CODEC_SEGMENTS -np "$np" "$BIN" --ops sendrecv,allgather --min 1M --max 256M --data "$data" --json "$out")
   cmds+=("${cmd[*]}")
   echo "=== ${cmd[*]}" | tee -a "$log"
   timeout --kill-after=15 240 "${cmd[@]}" 2>&1 | tee -a "$log"
@@ -45,21 +52,24 @@ for engine in ce compressed; do
   parts+=("$out")
 done
 python3 - "$json" "${parts[@]}" <<'PY' 2>&1 | tee -a "$log"
-import json, sys
-out, ce, cz = sys.argv[1], sys.argv[2], sys.argv[3]
+import json, os, sys
+out, ce, cw, cz = sys.argv[1:5]
 def pts(f):
+    if not os.path.exists(f):
+        return {}
     d = json.load(open(f))
     return {(p["op"], int(p["bytes"])): p for p in d.get("points", []) if p.get("impl") == "hoccl"}
-a, b = pts(ce), pts(cz)
+a, w, b = pts(ce), pts(cw), pts(cz)
 rows = []
-print("# op          size      ce GB/s   compressed GB/s   ratio")
+print("# op          size      ce GB/s   unpipelined GB/s   pipelined GB/s   unpipelined/ce   pipelined/ce   pipelined/unpipelined")
 for k in sorted(a, key=lambda k: (k[0], k[1])):
-    if k in b:
-        x, y = a[k]["algbw"], b[k]["algbw"]
-        r = y / x if x else 0.0
-        rows.append({"op": k[0], "bytes": k[1], "ce_algbw_gbs": x, "compressed_algbw_gbs": y, "ratio": r, "wrong": [a[k]["wrong"], b[k]["wrong"]]})
-        print(f"  {k[0]:<10} {k[1]:>10}  {x:9.1f}  {y:16.1f}   {r:5.2f}")
-json.dump({"what": "compressed engine vs copy-engine engine, real bf16 weights, algbw", "rows": rows}, open(out, "w"), indent=1)
+    if k in b and k in w:
+        x, u, y = a[k]["algbw"], w[k]["algbw"], b[k]["algbw"]
+        q = lambda p, r: p / r if r else 0.0
+        rows.append({"op": k[0], "bytes": k[1], "ce_algbw_gbs": x, "unpipelined_algbw_gbs": u, "compressed_algbw_gbs": y,
+                     "ratio": q(y, x), "unpipelined_ratio": q(u, x), "pipelining_gain": q(y, u), "wrong": [a[k]["wrong"], w[k]["wrong"], b[k]["wrong"]]})
+        print(f"  {k[0]:<10} {k[1]:>10}  {x:9.1f}  {u:17.1f}  {y:15.1f}   {q(u, x):14.2f}   {q(y, x):12.2f}   {q(y, u):21.2f}")
+json.dump({"what": "compressed engine, unpipelined (HOCCL_CODEC_SEGMENTS=1) and pipelined (8), vs copy-engine engine, real bf16 weights, algbw", "rows": rows}, open(out, "w"), indent=1)
 PY
 for engine in sm compressed; do
   out="$results/interference-allreduce-$engine.json"

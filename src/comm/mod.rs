@@ -404,7 +404,10 @@ impl Communicator {
     /// engine's work when it applies (`dtype`: the calls' common type), the handshake, and
     /// the proxy's part.
     fn launch(&self, st: &mut State, name: &'static str, stream: StreamHandle, dtype: Option<DataType>, sends: Vec<Transfer>, recvs: Vec<Transfer>) -> Result<()> {
-        match self.launch_op(st, name, stream, dtype, sends, recvs)? {
+        st.codec.segment_next(compressed::Segmenting { count: self.config.codec_segments, min_bytes: self.config.codec_segment_bytes });
+        let plan = self.launch_op(st, name, stream, dtype, sends, recvs);
+        st.codec.segment_none();
+        match plan? {
             Some(p) => p.finish(self.dev.as_ref(), stream).map_err(|e| e.with_op(name)),
             None => Ok(()),
         }
@@ -459,20 +462,34 @@ impl Communicator {
         let adm = Admission { max: self.wait_limit, timeout: self.config.timeout, stop: &stop };
         let mut waits: Vec<StagedWait> = Vec::new();
         let State { streams, staged, .. } = &mut *st;
-        let mut staged_recvs = |b: &mut Batch<OnStream<'_>>| match staged.as_mut() {
-            Some(s) if !taken.recvs.is_empty() => s.enqueue_recvs(b, &taken.recvs, &mut waits),
-            _ => Ok(()),
+        // Between the start and the finish: a pipelined compressed op's coding (its copies
+        // wait for it), the staged receives, then the compressed receives' decoding.
+        let mut between = |b: &mut Batch<OnStream<'_>>| {
+            if let Some(p) = &plan {
+                p.enqueue_coding(b)?;
+            }
+            match staged.as_mut() {
+                Some(s) if !taken.recvs.is_empty() => s.enqueue_recvs(b, &taken.recvs, &mut waits)?,
+                _ => {}
+            }
+            plan.as_ref().map_or(Ok(()), |p| p.enqueue_decoding(b))
         };
-        let hs = streams.enqueue_with(self.dev.as_ref(), stream, name, &local, &mut staged_recvs, &adm).inspect_err(|_| {
+        let hs = streams.enqueue_with(self.dev.as_ref(), stream, name, &local, &mut between, &adm).inspect_err(|_| {
             // The receives' last operations share a driver call with the handshake's finish:
             // after any failure the stream may hold part of them.
             if let Some(s) = staged.as_mut().filter(|_| !taken.recvs.is_empty()) {
                 s.abandon(&taken.recvs);
             }
+            if let Some(p) = &plan {
+                p.abandon();
+            }
         })?;
         if let Some(s) = staged.as_mut().filter(|_| !taken.sends.is_empty()) {
             if let Err(e) = s.enqueue_sends(hs.flags.dev_addr(hs.start_flag), hs.stream_seq, &taken.sends, &mut waits) {
                 // The handshake is on the stream but the op is not submitted: release it.
+                if let Some(p) = &plan {
+                    p.abandon();
+                }
                 hs.flags.raise(hs.finish_flag, hs.stream_seq);
                 return Err(e.with_op(name));
             }

@@ -477,6 +477,8 @@ impl Communicator {
                     recvs.push(recv.part(off * es, len * es, q)?);
                 }
             }
+            // Whole streams on every rank: a rank's shard may be coded as one by its reduce step.
+            st.codec.whole_streams_next();
             if let Some(d) = drc {
                 st.codec.precompressed(Some(super::compressed::Precompressed {
                     stream: s,

@@ -17,9 +17,10 @@
 //! [`decompress_async`]): they enqueue work on `stream` and return at once. The compressed
 //! length and the decoder's verdict are written to device words the caller passes and reads
 //! after the stream reaches them ([`status_result`] turns a status word into a `Result`).
-//! On a device without CUDA (the host backend) the same calls run the CPU codec after
-//! synchronizing the stream: same bytes, same contract, not asynchronous.
-use crate::device::{DevPtr, Device, StreamHandle};
+//! On a device without CUDA (the host backend) the same calls queue the CPU codec on the
+//! stream (`Device::launch_host_fn`, run by a host thread in stream order): same bytes,
+//! same contract, asynchronous too.
+use crate::device::{host, DevPtr, Device, StreamHandle};
 use crate::error::{Error, Result};
 use crate::types::DataType;
 
@@ -193,7 +194,11 @@ fn check_ptr(op: &'static str, what: &str, p: DevPtr, align: u64, required: bool
     Ok(())
 }
 
-// The host backend: the stream is drained, then the CPU codec runs on copies.
+// The host backend: the CPU codec runs on a host thread in stream order
+// (`Device::launch_host_fn`), on copies of the buffers, so the call returns once enqueued
+// as on CUDA. The ranges are checked at the call; what still fails when the task runs (a
+// buffer freed meanwhile, the user's error) is logged and reported through the words the
+// caller reads: a length no range holds, a status that rejects the stream.
 #[allow(clippy::too_many_arguments)]
 fn host_compress(
     dev: &dyn Device,
@@ -205,15 +210,34 @@ fn host_compress(
     out_len: DevPtr,
     params: &Params,
 ) -> Result<()> {
-    dev.synchronize(s)?;
-    let mut host_in = vec![0u8; dtype.bytes_for("compress_async", n)?];
-    dev.copy_to_host(&mut host_in, input)?;
-    let out = compress(dtype, &host_in, params)?;
-    dev.copy_from_host(output, &out)?;
+    const OP: &str = "compress_async";
+    let in_len = dtype.bytes_for(OP, n)?;
+    let cap = max_compressed_len(dtype, n, params)?;
+    host::check(OP, input, in_len)?;
+    host::check(OP, output, cap)?;
     if !out_len.is_null() {
-        dev.copy_from_host(out_len, &(out.len() as u64).to_le_bytes())?;
+        host::check(OP, out_len, 8)?;
     }
-    Ok(())
+    let params = *params;
+    dev.launch_host_fn(
+        s,
+        Box::new(move || {
+            let run = || -> Result<u64> {
+                let mut host_in = vec![0u8; in_len];
+                host::read(input, &mut host_in)?;
+                let out = compress(dtype, &host_in, &params)?;
+                host::write(output, &out)?;
+                Ok(out.len() as u64)
+            };
+            let len = run().unwrap_or_else(|e| {
+                log::error!("hoccl: host backend: {OP}: {e}");
+                u64::MAX
+            });
+            if !out_len.is_null() {
+                let _ = host::write(out_len, &len.to_le_bytes());
+            }
+        }),
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -227,18 +251,35 @@ fn host_decompress(
     n: usize,
     status: DevPtr,
 ) -> Result<()> {
-    dev.synchronize(s)?;
-    let mut host_in = vec![0u8; input_len];
-    dev.copy_to_host(&mut host_in, input)?;
-    let word = match gpu::host_decode(&host_in, dtype, n) {
-        Ok(values) => {
-            dev.copy_from_host(output, &values)?;
-            0
-        }
-        Err(word) => word,
-    };
+    const OP: &str = "decompress_async";
+    host::check(OP, input, input_len)?;
+    host::check(OP, output, dtype.bytes_for(OP, n)?)?;
     if !status.is_null() {
-        dev.copy_from_host(status, &word.to_le_bytes())?;
+        host::check(OP, status, 4)?;
     }
-    Ok(())
+    dev.launch_host_fn(
+        s,
+        Box::new(move || {
+            let mut host_in = vec![0u8; input_len];
+            let word = match host::read(input, &mut host_in) {
+                Ok(()) => match gpu::host_decode(&host_in, dtype, n) {
+                    Ok(values) => host::write(output, &values).map_or_else(
+                        |e| {
+                            log::error!("hoccl: host backend: {OP}: {e}");
+                            gpu::Status::Corrupt.word(0)
+                        },
+                        |_| 0,
+                    ),
+                    Err(word) => word,
+                },
+                Err(e) => {
+                    log::error!("hoccl: host backend: {OP}: {e}");
+                    gpu::Status::Corrupt.word(0)
+                }
+            };
+            if !status.is_null() {
+                let _ = host::write(status, &word.to_le_bytes());
+            }
+        }),
+    )
 }

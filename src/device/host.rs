@@ -222,6 +222,8 @@ enum Task {
     Marker,
     /// Run a destroyed graph's release hooks (after its last launch, in stream order).
     Release(ReleaseHook),
+    /// A host function in stream order (`launch_host_fn`; never captured, so it runs once).
+    HostFn(ReleaseHook),
 }
 
 /// Run the hooks once; a panicking hook is logged, not propagated into a queue thread.
@@ -358,7 +360,7 @@ fn run_task(t: Task, st: &QueueState) {
             }
         }
         Task::Marker => {}
-        Task::Release(h) => run_release(&h),
+        Task::Release(h) | Task::HostFn(h) => run_release(&h),
     }
 }
 
@@ -557,6 +559,28 @@ impl HostDevice {
         }
         Self::check(op, p, 8)
     }
+}
+
+/// Check that `[p, p + len)` is host-backend device memory (an error naming `op` if not).
+pub fn check(op: &'static str, p: DevPtr, len: usize) -> Result<()> {
+    HostDevice::check(op, p, len)
+}
+
+/// Copy `dst.len()` bytes of host-backend device memory at `src` into `dst` (what
+/// `copy_to_host` does, without a device: for host functions run in stream order).
+pub fn read(src: DevPtr, dst: &mut [u8]) -> Result<()> {
+    HostDevice::check("host::read", src, dst.len())?;
+    // SAFETY: src range checked against a live region; dst is a distinct Rust slice.
+    unsafe { std::ptr::copy(src.0 as *const u8, dst.as_mut_ptr(), dst.len()) };
+    Ok(())
+}
+
+/// Copy `src` into host-backend device memory at `dst` (as `copy_from_host`).
+pub fn write(dst: DevPtr, src: &[u8]) -> Result<()> {
+    HostDevice::check("host::write", dst, src.len())?;
+    // SAFETY: dst range checked against a live region.
+    unsafe { std::ptr::copy(src.as_ptr(), dst.0 as *mut u8, src.len()) };
+    Ok(())
 }
 
 impl Drop for HostDevice {
@@ -785,18 +809,12 @@ impl Device for HostDevice {
 
     fn copy_to_host(&self, dst: &mut [u8], src: DevPtr) -> Result<()> {
         crate::device::calls::enter();
-        Self::check("HostDevice::copy_to_host", src, dst.len())?;
-        // SAFETY: src range checked against a live region; dst is a distinct Rust slice.
-        unsafe { std::ptr::copy(src.0 as *const u8, dst.as_mut_ptr(), dst.len()) };
-        Ok(())
+        read(src, dst)
     }
 
     fn copy_from_host(&self, dst: DevPtr, src: &[u8]) -> Result<()> {
         crate::device::calls::enter();
-        Self::check("HostDevice::copy_from_host", dst, src.len())?;
-        // SAFETY: dst range checked against a live region.
-        unsafe { std::ptr::copy(src.as_ptr(), dst.0 as *mut u8, src.len()) };
-        Ok(())
+        write(dst, src)
     }
 
     fn create_stream(&self) -> Result<StreamHandle> {
@@ -841,6 +859,15 @@ impl Device for HostDevice {
         const OP: &str = "HostDevice::mem_ops";
         Self::check_mem_ops(OP, ops)?;
         self.enqueue(OP, s, Task::MemOps(ops.to_vec()))
+    }
+
+    /// Queued like any task (memory it reads goes through [`read`] and [`write`]); refused
+    /// while `s` is captured, since a graph would run it once per launch.
+    fn launch_host_fn(&self, s: StreamHandle, f: Box<dyn FnOnce() + Send>) -> Result<()> {
+        crate::device::calls::enter();
+        const OP: &str = "HostDevice::launch_host_fn";
+        self.not_capturing(OP, s)?;
+        self.stream(OP, s)?.push(OP, Task::HostFn(Arc::new(Mutex::new(Some(f))))).map(|_| ())
     }
 
     fn synchronize(&self, s: StreamHandle) -> Result<()> {

@@ -242,6 +242,12 @@ pub trait Device: Send + Sync + 'static {
             MemOp::Write { flag, value } => self.write_value(s, flag, value),
         })
     }
+    /// Run `f` on a host thread once the stream reaches this point, before the stream's
+    /// later work (the host backend's codec runs so). The default refuses: CUDA streams
+    /// run kernels instead.
+    fn launch_host_fn(&self, _s: StreamHandle, _f: Box<dyn FnOnce() + Send>) -> Result<()> {
+        Err(crate::error::Error::invalid_usage("Device::launch_host_fn", format!("not supported by the {:?} backend", self.backend())))
+    }
     /// Block the calling thread until the stream drains.
     fn synchronize(&self, s: StreamHandle) -> Result<()>;
     /// Whether everything queued on the stream so far has completed (never blocks).

@@ -55,6 +55,27 @@ pub enum Fill {
     Word(usize),
     /// A receive that accepts any length up to `len`.
     UpTo,
+    /// One segment of a pipelined compressed send (`comm::compressed`): the caller's stream
+    /// codes it after the op's start, then raises word `flag` of the op's `len_words` to
+    /// `v`; the write starts once the proxy sees that, and moves as many bytes as word
+    /// `word` holds (at most `len`). Waiting on the flag never blocks a stream.
+    Coded { word: usize, flag: usize, v: u64 },
+    /// One segment of a pipelined compressed receive: accepts any length up to `len`, and
+    /// once it has landed the proxy raises word `flag` of the op's `len_words` to `v`, which
+    /// the caller's stream waits for before decoding it (between the op's start and
+    /// finish). The op's release raises it too, so a failed op never leaves its stream
+    /// waiting there.
+    Landed { flag: usize, v: u64 },
+}
+
+impl Fill {
+    /// Whether a receive of `len` bytes may deliver `got` bytes.
+    pub fn accepts(self, len: usize, got: usize) -> bool {
+        match self {
+            Fill::UpTo | Fill::Landed { .. } => got <= len,
+            Fill::Exact | Fill::Word(_) | Fill::Coded { .. } => got == len,
+        }
+    }
 }
 
 /// One operation as the proxy runs it.
@@ -74,16 +95,33 @@ pub struct Op {
     /// involve this rank and that peer. Both sides count the same calls, so this matches
     /// the peer's op even when other ranks take no part (point-to-point).
     pub pair_seqs: Vec<(usize, u64)>,
-    /// The words `Fill::Word` sends read their length from (host-visible, written by the
-    /// stream before it reaches the op).
+    /// The words `Fill::Word` and `Fill::Coded` sends read their length from (host-visible,
+    /// written by the stream), and the flags of `Fill::Coded` and `Fill::Landed`.
     pub len_words: Option<Arc<FlagSlab>>,
     /// The op's staged transfers (`transport::staged`), enqueued at the call: the proxy
     /// only watches their flags.
     pub staged: Vec<crate::transport::staged::StagedWait>,
 }
 
-/// How to release one op's stream: its flags, finish flag and stream seq.
-type Release = (Arc<FlagSlab>, usize, u64);
+/// `Fill::Landed` flags: their slab (the op's `len_words`) and (word, value) of each.
+type LandedFlags = (Arc<FlagSlab>, Vec<(usize, u64)>);
+
+/// How to release one op's stream: its flags, finish flag and stream seq, and the
+/// `Fill::Landed` flags its stream may wait for before the finish (raised first).
+struct Release {
+    flags: Arc<FlagSlab>,
+    finish: usize,
+    v: u64,
+    landed: Option<LandedFlags>,
+}
+
+impl Release {
+    fn of(op: &Op) -> Release {
+        let landed: Vec<(usize, u64)> = op.recvs.iter().filter_map(|x| if let Fill::Landed { flag, v } = x.fill { Some((flag, v)) } else { None }).collect();
+        let landed = op.len_words.clone().filter(|_| !landed.is_empty()).map(|w| (w, landed));
+        Release { flags: op.flags.clone(), finish: op.finish_flag, v: op.stream_seq, landed }
+    }
+}
 
 /// State shared between the communicator and its proxy.
 #[derive(Default)]
@@ -165,8 +203,11 @@ impl Shared {
     }
 
     /// Raise a removed entry's finish flag and count its op finished.
-    fn release(&self, (flags, finish, v): Release) {
-        flags.raise(finish, v);
+    fn release(&self, r: Release) {
+        if let Some((words, landed)) = &r.landed {
+            landed.iter().for_each(|&(i, v)| words.raise(i, v));
+        }
+        r.flags.raise(r.finish, r.v);
         self.finished.fetch_add(1, Ordering::AcqRel);
         crate::transport::ipc::op_released();
     }
@@ -275,7 +316,7 @@ impl Engine {
         let g = self.tx.lock().map_err(|_| Error::internal("Engine::submit", "poisoned"))?;
         let tx = g.as_ref().ok_or_else(|| Error::invalid_usage(op.name, "communicator was destroyed"))?;
         let seq = op.seq;
-        self.shared.releases().insert(seq, (op.flags.clone(), op.finish_flag, op.stream_seq));
+        self.shared.releases().insert(seq, Release::of(&op));
         crate::transport::ipc::op_submitted();
         self.shared.submitted.fetch_add(1, Ordering::AcqRel);
         tx.send(Cmd::Submit(op)).map_err(|_| {

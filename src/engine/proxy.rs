@@ -26,7 +26,9 @@
 //!
 //! **Waiting.** A turn that moved nothing spins for [`SPIN_TURNS`] turns, then yields until
 //! [`YIELD_FOR`] has passed since the last turn that moved something ([`STAGED_YIELD_FOR`]
-//! while staged ops are pending, whose completion only the proxy's store releases). Then, with nothing
+//! while staged ops are pending, whose completion only the proxy's store releases, and
+//! while pipelined compressed sends wait for their segments, each of which the proxy
+//! starts when it sees the stream's flag). Then, with nothing
 //! pending, the thread parks ([`IDLE_PARK`]; `Engine::submit` unparks it, so a new op is
 //! seen within microseconds), after the transport's [`Transport::idle`] (driver calls that
 //! may wait for the device, such as closing stale mappings, belong there); with ops waiting
@@ -158,6 +160,9 @@ impl OpState {
             return "the stream to reach the operation".into();
         }
         if let Some(s) = self.sends.iter().find(|s| s.phase == SendPhase::WaitReady) {
+            if s.remote.is_some() {
+                return format!("the stream to code its segment to rank {} (compressed engine)", s.x.peer);
+            }
             return format!("rank {}'s receive buffer (buffer-ready)", s.x.peer);
         }
         if let Some(s) = self.sends.iter().find(|s| s.phase == SendPhase::Copying) {
@@ -242,10 +247,11 @@ const SPIN_TURNS: u32 = 64;
 /// sleeping): a reply or completion this soon is seen at once.
 const YIELD_FOR: Duration = Duration::from_micros(50);
 /// How long after the last turn that moved something the proxy keeps yielding while staged
-/// ops are pending: their streams wait for the `finish` store the proxy makes once it sees
-/// the staged words, so a sleeping proxy (WAIT_SLEEP plus the kernel's timer slack, about
-/// 70 µs) would be the op's latency. Bounded so that ops queued far ahead of their streams
-/// do not keep a core busy.
+/// ops are pending (their streams wait for the `finish` store the proxy makes once it sees
+/// the staged words) or pipelined compressed sends wait for their segments' flags, so a
+/// sleeping proxy (WAIT_SLEEP plus the kernel's timer slack, about 70 µs) would be the op's
+/// latency (per segment). Bounded so that ops queued far ahead of their streams do not keep
+/// a core busy.
 const STAGED_YIELD_FOR: Duration = Duration::from_millis(2);
 /// The sleep per turn while ops wait on the GPU or a peer.
 const WAIT_SLEEP: Duration = Duration::from_micros(20);
@@ -304,6 +310,9 @@ pub(super) struct Proxy {
     released: Vec<crate::transport::staged::StagedWait>,
     /// An op failed: pending staged ops fail too (`staged.rs`).
     failed_any: bool,
+    /// Pipelined compressed sends (`Fill::Coded`) waiting for their stream to code their
+    /// segment: (op seq, send index).
+    coded: Vec<(u64, usize)>,
 }
 
 impl Proxy {
@@ -337,6 +346,7 @@ impl Proxy {
             staged_dirs: std::collections::HashMap::new(),
             released: Vec::new(),
             failed_any: false,
+            coded: Vec::new(),
         }
     }
 
@@ -361,6 +371,7 @@ impl Proxy {
             progressed |= self.progress_transport();
             progressed |= self.release_held_gated();
             progressed |= self.poll_staged();
+            progressed |= self.poll_coded();
             self.periodic_checks();
             if self.should_exit() {
                 break;
@@ -373,7 +384,7 @@ impl Proxy {
             idle = idle.saturating_add(1);
             if idle < SPIN_TURNS {
                 std::hint::spin_loop();
-            } else if last_active.elapsed() < YIELD_FOR || (!self.staged_ops.is_empty() && last_active.elapsed() < STAGED_YIELD_FOR) {
+            } else if last_active.elapsed() < YIELD_FOR || ((!self.staged_ops.is_empty() || !self.coded.is_empty()) && last_active.elapsed() < STAGED_YIELD_FOR) {
                 std::thread::yield_now();
             } else if self.ops.is_empty() && self.templates.is_empty() && !self.transport.data_in_flight() && !self.transport.signals_queued() && self.stopping.is_none() {
                 // Nothing pending: a command unparks the thread. Mappings retired meanwhile
@@ -656,20 +667,57 @@ impl Proxy {
         let s = &mut st.sends[idx];
         let (SendPhase::WaitReady, Some(remote), true, false) = (s.phase, s.remote, st.started, s.gated) else { return Ok(()) };
         let tag = Tag { pair_seq: pair_seq(&st.op, s.x.peer), k: s.k };
-        let len = match s.x.fill {
-            Fill::Word(i) => {
+        let word = match s.x.fill {
+            Fill::Word(i) => Some(i),
+            Fill::Coded { word, flag, v } => {
+                if st.op.len_words.as_ref().map_or(0, |w| w.load(flag)) < v {
+                    // The stream has not coded this segment yet: `poll_coded` tries again.
+                    self.coded.push((seq, idx));
+                    return Ok(());
+                }
+                Some(word)
+            }
+            Fill::Exact | Fill::UpTo | Fill::Landed { .. } => None,
+        };
+        let len = match word {
+            Some(i) => {
                 let n = st.op.len_words.as_ref().map_or(u64::MAX, |w| w.load(i));
                 if n > s.x.len as u64 {
                     return Err(Error::internal(st.op.name, format!("send of {n} bytes into a {}-byte range (length word {i})", s.x.len)));
                 }
                 n as usize
             }
-            Fill::Exact | Fill::UpTo => s.x.len,
+            None => s.x.len,
         };
         self.transport.start_write(FlowId { seq, idx }, s.x.peer, tag, s.x.ptr, &remote, len)?;
         s.phase = SendPhase::Copying;
         st.mark(Step::WriteHanded);
         Ok(())
+    }
+
+    /// Start the pipelined sends (`Fill::Coded`) whose segments the stream has coded since
+    /// they were last tried; the others stay listed. Visits only those sends. A segment
+    /// coded counts as the op's progress: the timeout bounds the coding of one segment, not
+    /// of all of them.
+    fn poll_coded(&mut self) -> bool {
+        if self.coded.is_empty() {
+            return false;
+        }
+        let waiting = std::mem::take(&mut self.coded);
+        let mut any = false;
+        for &(seq, idx) in &waiting {
+            let before = self.coded.len();
+            if let Err(e) = self.start_write(seq, idx) {
+                self.fail_op(seq, e);
+            }
+            if self.coded.len() == before {
+                any = true;
+                if let Some(st) = self.ops.get_mut(&seq) {
+                    st.last_progress = Instant::now();
+                }
+            }
+        }
+        any
     }
 
     fn finish_if_complete(&mut self, seq: u64) {
@@ -731,8 +779,12 @@ impl Proxy {
                 }
             }
             Signal::Landed { k, len } => match st.recvs.iter_mut().find(|r| r.x.peer == from && r.k == k) {
-                Some(r) if r.x.len == len as usize || (r.x.fill == Fill::UpTo && len as usize <= r.x.len) => {
+                Some(r) if r.x.fill.accepts(r.x.len, len as usize) => {
                     r.landed = true;
+                    if let (Fill::Landed { flag, v }, Some(w)) = (r.x.fill, &st.op.len_words) {
+                        // The stream decodes this segment once it sees the flag.
+                        w.raise(flag, v);
+                    }
                     if r.gated {
                         st.mark(Step::LandedSeen);
                     }

@@ -73,6 +73,9 @@ impl<H: Hooks> Device for Wrapped<H> {
     fn wait_value_geq(&self, s: StreamHandle, flag: DevPtr, v: u64) -> Result<()> {
         self.0.wait_value_geq(s, flag, v)
     }
+    fn launch_host_fn(&self, s: StreamHandle, f: Box<dyn FnOnce() + Send>) -> Result<()> {
+        self.0.launch_host_fn(s, f)
+    }
     fn synchronize(&self, s: StreamHandle) -> Result<()> {
         self.0.synchronize(s)
     }

@@ -106,7 +106,7 @@ impl Proxy {
     fn start_instance(&mut self, op: Op) {
         let seq = op.seq;
         log::debug!("rank {}: instance {seq} of template {} ({})", self.rank, split_key(op.pair_seqs[0].1).0, op.name);
-        self.shared.releases().insert(seq, (op.flags.clone(), op.finish_flag, 1));
+        self.shared.releases().insert(seq, super::super::Release { v: 1, ..super::super::Release::of(&op) });
         crate::transport::ipc::op_submitted();
         self.shared.submitted.fetch_add(1, Ordering::AcqRel);
         for &(peer, key) in &op.pair_seqs {
