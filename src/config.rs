@@ -48,6 +48,10 @@ pub enum BackendChoice {
     Host,
 }
 
+/// Segments per compressed transfer under `HOCCL_CODEC_SEGMENTS=auto` when ranks of the
+/// communicator are on different GPUs.
+pub const CODEC_SEGMENTS: usize = 8;
+
 #[derive(Clone, Debug)]
 pub struct Config {
     /// `HOCCL_ENGINE` = auto | ce | sm | compressed.
@@ -128,8 +132,10 @@ pub struct Config {
     /// segments' worth (4 MiB each) into at most this many independently coded segments, so
     /// that coding, moving and decoding overlap (docs/design.md, "Compressed engine"); 1
     /// moves every transfer as one stream, coded before the op and decoded after it. In
-    /// 1..=64, default 8. Every rank must use the same value (a mismatch fails the op).
-    pub codec_segments: usize,
+    /// 1..=64; `None` (`auto`, the default): 1 when every rank of the communicator is on one
+    /// GPU (the three share its memory, so overlap gains nothing), else
+    /// [`CODEC_SEGMENTS`]. Every rank must use the same value (a mismatch fails the op).
+    pub codec_segments: Option<usize>,
     /// The smallest such segment (no variable; default 4 MiB; tests lower it). Every rank
     /// must use the same value.
     #[doc(hidden)]
@@ -213,7 +219,7 @@ impl Default for Config {
             timeout: Duration::from_secs(120),
             log: None,
             codec_tickets: false,
-            codec_segments: 8,
+            codec_segments: None,
             codec_segment_bytes: 4 << 20,
             max_waiting_streams: None,
             serial_enqueue: None,
@@ -361,7 +367,10 @@ impl Config {
             self.log = Some(v);
         }
         if let Some(v) = get("HOCCL_CODEC_SEGMENTS") {
-            self.codec_segments = v.trim().parse().map_err(|_| Error::invalid_arg(OP, format!("HOCCL_CODEC_SEGMENTS={v}: want a count in 1..=64")))?;
+            self.codec_segments = match v.trim() {
+                "auto" => None,
+                n => Some(n.parse().map_err(|_| Error::invalid_arg(OP, format!("HOCCL_CODEC_SEGMENTS={v}: want auto or a count in 1..=64")))?),
+            };
         }
         if let Some(v) = get("HOCCL_CODEC_TICKETS") {
             self.codec_tickets = match v.trim() {
@@ -448,8 +457,8 @@ impl Config {
         if self.staged_bytes > most {
             return bad(format!("staged_bytes {} exceeds {} slots of the staged ring ({most} bytes): a call stages at most that much per peer", self.staged_bytes, crate::transport::staged::STAGED_CALL_CHUNKS));
         }
-        if !(1..=64).contains(&self.codec_segments) {
-            return bad(format!("codec_segments {} must be in 1..=64", self.codec_segments));
+        if let Some(n) = self.codec_segments.filter(|n| !(1..=64).contains(n)) {
+            return bad(format!("codec_segments {n} must be in 1..=64"));
         }
         if self.codec_segment_bytes < 4096 {
             return bad(format!("codec_segment_bytes {} must be at least 4096", self.codec_segment_bytes));
@@ -520,7 +529,9 @@ mod tests {
             ]))
             .unwrap();
         assert!(c.codec_tickets);
-        assert_eq!((c.codec_segments, Config::default().codec_segments), (3, 8));
+        assert_eq!((c.codec_segments, Config::default().codec_segments), (Some(3), None));
+        assert_eq!(Config::default().with_env(env(&[("HOCCL_CODEC_SEGMENTS", "auto")])).unwrap().codec_segments, None);
+        assert!(Config::default().with_env(env(&[("HOCCL_CODEC_SEGMENTS", "65")])).is_err());
         assert!(!Config::default().codec_tickets);
         let engine = |v: &str| Config::default().with_env(env(&[("HOCCL_ENGINE", v)])).unwrap().engine;
         assert_eq!(engine("sm"), EngineChoice::Sm);

@@ -28,7 +28,7 @@ fn config() -> Config {
 /// that the larger counts below cross in 2–4 segments (the last one shorter) and the
 /// smaller ones whole, in the same ops.
 fn pipelined() -> Config {
-    Config { codec_segments: 4, codec_segment_bytes: MIN, ..config() }
+    Config { codec_segments: Some(4), codec_segment_bytes: MIN, ..config() }
 }
 
 /// `len` bytes of `dtype` data: a real tensor (tiled, starting at a point chosen by `seed`)
@@ -379,7 +379,7 @@ fn ranks_that_cut_differently_fail_the_op() {
         .map(|(r, boot)| {
             std::thread::spawn(move || {
                 let dev = hoccl::device::open(hoccl::BackendChoice::Host, 0).expect("host backend");
-                let cfg = Config { codec_segments: if r == 0 { 4 } else { 1 }, timeout: std::time::Duration::from_secs(5), ..pipelined() };
+                let cfg = Config { codec_segments: Some(if r == 0 { 4 } else { 1 }), timeout: std::time::Duration::from_secs(5), ..pipelined() };
                 let c = hoccl::Communicator::with_bootstrap(Box::new(boot), Some(dev.clone()), cfg).expect("communicator");
                 let count = 4 * MIN;
                 let buf = dev.alloc(count * 2).unwrap();

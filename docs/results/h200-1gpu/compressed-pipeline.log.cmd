@@ -1,0 +1,2 @@
+# 2026-12-02T16:42Z, binaries of commit 7365b75, 1 GPU (h200-1gpu), 2 processes under MPS
+for v in "ce 8" "compressed 1" "compressed 8"; do set -- $v; HOCCL_ENGINE=$1 HOCCL_CODEC_SEGMENTS=$2 mpirun --bind-to none -x HOCCL_ENGINE -x HOCCL_CODEC_SEGMENTS -np 2 $HOCCL_BIN_DIR/bench --ops sendrecv,allgather --min 16M --max 256M --data tests/data/minilm-weight-l3-ffn-in.bf16 --json compressed-$1-$2.json; done
