@@ -5,13 +5,14 @@
 //! freed and reallocated, so a reused address is never served a stale mapping. Entries in
 //! use by in-flight copies are pinned (`refs > 0`).
 //!
-//! **Stale mappings.** CUDA maps an import at its owner's address, so while a mapping of an
-//! allocation the peer has freed stays open, a new allocation of that peer overlapping it
-//! cannot be imported (`CUDA_ERROR_ALREADY_MAPPED`, [`already_mapped`]). Such a failure
-//! proves the peer freed every cached allocation of its own that overlaps the new one (the
-//! new one was handed out over them): [`ImportCache::acquire`] then retires them (never
-//! served again) and reports [`Acquire::Stale`], and the transport moves that transfer
-//! without the import (`ipc_bounce`). Closing a mapping (`cuIpcCloseMemHandle`) can wait
+//! **Stale mappings.** A peer's new allocation that overlaps, in its owner's address space,
+//! an allocation this cache still maps proves the peer freed the old one (a process's live
+//! allocations never overlap). CUDA may map an import at its owner's address: then, while
+//! the stale mapping stays open, the new allocation cannot be imported
+//! (`CUDA_ERROR_ALREADY_MAPPED`, [`already_mapped`]); [`ImportCache::acquire`] retires the
+//! overlapping mappings (never served again) and reports [`Acquire::Stale`], and the
+//! transport moves that transfer without the import (`ipc_bounce`). When the import succeeds
+//! beside them (also seen on the H200), it retires them all the same. Closing a mapping (`cuIpcCloseMemHandle`) can wait
 //! for device work, and work of a pending op waits for the proxy, so retired mappings (and
 //! those evicted beyond [`IMPORT_CACHE_CAP`]) are closed only by
 //! [`ImportCache::close_retired`], which the proxy calls when no op of this communicator is
@@ -168,7 +169,24 @@ impl ImportCache {
         } else {
             let (lo, hi) = (m.base, m.base.saturating_add(m.alloc_len));
             match dev.import(&ExportHandle(m.handle), m.alloc_len as usize) {
-                Ok(p) => (p, true),
+                Ok(p) => {
+                    // A process's live allocations never overlap, so cached mappings of this
+                    // peer over the new one's range are of allocations it freed (CUDA may map
+                    // the new one beside them): retire them as when they block the import.
+                    let stale: Vec<(usize, u64)> = self
+                        .entries
+                        .iter()
+                        .filter(|(k, x)| k.0 == peer && x.imported && x.remote_base < hi && lo < x.remote_base + x.len as u64)
+                        .map(|(k, _)| *k)
+                        .collect();
+                    for k in stale {
+                        if let Some(x) = self.entries.remove(&k) {
+                            log::debug!("hoccl: rank {peer}'s allocation {} ({lo:#x}+{}) overlaps its freed allocation {} ({:#x}+{}): that mapping is retired", m.alloc_id, m.alloc_len, k.1, x.remote_base, x.len);
+                            self.retired.push((k, x));
+                        }
+                    }
+                    (p, true)
+                }
                 Err(e) => {
                     let overlaps = |k: &(usize, u64), x: &Entry| k.0 == peer && x.imported && x.remote_base < hi && lo < x.remote_base + x.len as u64;
                     let stale: Vec<(usize, u64)> = self.entries.iter().filter(|(k, x)| overlaps(k, x)).map(|(k, _)| *k).collect();
