@@ -456,11 +456,15 @@ impl Communicator {
         let adm = Admission { max: self.wait_limit, timeout: self.config.timeout, stop: &stop };
         let mut waits: Vec<StagedWait> = Vec::new();
         let State { streams, staged, .. } = &mut *st;
+        // An op the proxy moves nothing of completes without it: its stream waits on the
+        // staged queues' own words, not on the proxy's finish.
+        let direct = staged.as_ref().and_then(|s| s.direct_waits(&taken, sends.is_empty() && recvs.is_empty() && plan.is_none()));
+        let hop = direct.is_none();
         let mut staged_recvs = |b: &mut Batch<OnStream<'_>>| match staged.as_mut() {
-            Some(s) if !taken.recvs.is_empty() => s.enqueue_recvs(b, &taken.recvs, &mut waits),
+            Some(s) if !taken.recvs.is_empty() => s.enqueue_recvs(b, &taken.recvs, hop, &mut waits),
             _ => Ok(()),
         };
-        let hs = streams.enqueue_with(self.dev.as_ref(), stream, name, &local, &mut staged_recvs, &adm).inspect_err(|_| {
+        let hs = streams.enqueue_with(self.dev.as_ref(), stream, name, &local, &mut staged_recvs, direct.as_deref(), &adm).inspect_err(|_| {
             // The receives' last operations share a driver call with the handshake's finish:
             // after any failure the stream may hold part of them.
             if let Some(s) = staged.as_mut().filter(|_| !taken.recvs.is_empty()) {
@@ -468,7 +472,7 @@ impl Communicator {
             }
         })?;
         if let Some(s) = staged.as_mut().filter(|_| !taken.sends.is_empty()) {
-            if let Err(e) = s.enqueue_sends(hs.flags.dev_addr(hs.start_flag), hs.stream_seq, &taken.sends, &mut waits) {
+            if let Err(e) = s.enqueue_sends(hs.flags.dev_addr(hs.start_flag), hs.stream_seq, &taken.sends, hop, &mut waits) {
                 // The handshake is on the stream but the op is not submitted: release it.
                 hs.flags.raise(hs.finish_flag, hs.stream_seq);
                 return Err(e.with_op(name));
