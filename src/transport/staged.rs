@@ -13,22 +13,26 @@
 //! sides number the chunks of a direction alike: they count the same transfers in call order,
 //! each `ceil(len / S)` chunks.
 //!
-//! **At the call.** Sender, on its staged queue for that receiver (a copy queue of its own,
-//! FIFO): a wait for the user stream's start flag, then per chunk `wait drained >= g - R`,
-//! the copy into the slot, `write staged := g`. Receiver, on the user stream between the
-//! handshake's `write start` and `wait finish`: per chunk `wait staged >= g`, `wait drained >=
-//! g - 1` (the direction's chunks drain in call order over all of the receiver's streams, so
-//! `drained` only grows and frees slots in order), the copy out of the slot, `write drained
-//! := g`.
+//! **At the call.** A transfer's chunks move in copies of runs of consecutive slots
+//! ([`copies`]: never across the ring's end, at most `R / 2` slots; `g` below is a run's
+//! last chunk, `f` its first). Sender, on its staged queue for that receiver (a copy queue
+//! of its own, FIFO): a wait for the user stream's start flag, then per run `wait drained
+//! >= g - R`, the copy into the slots, `write copied := base + g` (its own word, see
+//! [`Staged::direct_waits`]), `write staged := g`. Receiver, on the user stream after the
+//! handshake's `write start`: per run `wait staged >= g`, `wait drained >= f - 1` (the
+//! direction's chunks drain in call order over all of the receiver's streams, so `drained`
+//! only grows and frees slots in order), the copy out of the slots, `write drained := g`.
+//! The stream then waits for the proxy's `finish`, or, for an op staged throughout, on the
+//! senders' `copied` words only ([`Staged::direct_waits`]).
 //!
 //! **Driver calls.** The waits and writes between two copies go to the driver as one batch
 //! (`device::batch`, `cuStreamBatchMemOp` on CUDA), on the stream together with the
-//! handshake's `write start` and `wait finish`. A sendrecv of one chunk each way is six
+//! handshake's `write start` and the completion wait. A sendrecv of one run each way is six
 //! enqueuing calls: on the stream `[write start, wait staged, wait drained]`, the copy out,
-//! `[write drained, wait finish]`; on the staged queue `[wait start, wait for the slot]`,
-//! the copy in, `[write staged]`. An op whose receives are `n` chunks in all is `2n + 1`
-//! calls on the stream (`n` copies, `n + 1` runs); a send of `n` chunks is at most `2n + 1`
-//! on its queue.
+//! `[write drained, wait copied]`; on the staged queue `[wait start, wait for the slot]`,
+//! the copy in, `[write copied, write staged]`. An op whose receives are `n` runs in all is
+//! `2n + 1` calls on the stream (`n` copies, `n + 1` runs of flag operations); a send of
+//! `n` runs is at most `2n + 1` on its queue.
 //!
 //! **Queue budget.** A staged queue holds at most [`STAGED_QUEUE_ENTRIES`] entries that
 //! have not run; the calling thread holds further entries back, in order, and the proxy
@@ -39,14 +43,15 @@
 //!
 //! **Completion.** The op goes to the proxy with one [`StagedWait`] per staged transfer: a
 //! flag word (host memory) and the value that completes it; the proxy loads it and writes
-//! the stream's finish flag (a host store). The receiver announces each staged receive's
+//! the stream's finish flag (a host store), which the stream waits for unless the op is
+//! staged throughout. The receiver announces each staged receive's
 //! length to the sender by message, so a length mismatch fails both sides as on the other
 //! paths. On a failure every wait is released by host stores, since a stream or queue that
 //! waits for ever keeps its context from being torn down and the process from exiting: the
 //! receiver's proxy raises its `staged` and `drained` words (its stream then copies its own
 //! slots into its own output: the failed op's output is undefined; the sender's queue waits
 //! on `drained`, so its slot waits pass too); the sender's proxy drops the held-back
-//! entries, and where the receiver is gone (its process exited, or it sent malformed
+//! entries and raises its own `copied` word, and where the receiver is gone (its process exited, or it sent malformed
 //! records), and at the communicator's end, raises
 //! the receiver's `drained` word for itself (its queue's start waits pass as the failure
 //! releases its stream). A word found raised fails the peer's op.
@@ -122,12 +127,12 @@ impl StagedWait {
 /// calling threads each block on a queue that waits for work the other has not enqueued yet
 /// would hang. So the calling thread enqueues while the queue holds fewer than this many
 /// entries that have not run, and leaves the rest, in order, to the proxy
-/// ([`Lane::flush`]). 256 entries are 64 single-chunk sends.
+/// ([`Lane::flush`]). 256 entries are 64 single-copy sends.
 pub const STAGED_QUEUE_ENTRIES: u64 = 256;
 
 /// Staged chunks per peer and direction in one call at most; further transfers of the call
-/// with that peer take the proxy's path. A receive puts four entries per chunk on the user's
-/// stream at the call: two ranks whose calls each fill their stream with receives before
+/// with that peer take the proxy's path. A receive puts four entries per copy, at most one
+/// per chunk, on the user's stream at the call: two ranks whose calls each fill their stream with receives before
 /// enqueuing their sends would block each other in the driver. Bounded so, one call puts at
 /// most 64 entries per peer on the stream. `HOCCL_STAGED_BYTES` may be at most this many
 /// slots.
@@ -201,13 +206,36 @@ impl Copied {
     }
 }
 
+/// The copies that move a transfer of `n` chunks whose first is chunk `prev + 1` of its
+/// direction, as (first chunk, chunks, index of the first within the transfer): runs of
+/// consecutive slots, never across the ring's end, of at most half the ring, so that a
+/// transfer longer than that still has a copy in and a copy out in flight at once. A copy
+/// and a flag hop cost microseconds whatever the size, so a transfer of up to half the ring
+/// that does not cross its end moves in one copy each way (1 MiB with the default ring).
+/// Both sides of a direction group alike: the same transfers in the same order.
+fn copies(prev: u64, n: u64, slots: u64) -> impl Iterator<Item = (u64, u64, u64)> {
+    let most = (slots / 2).max(1);
+    let mut c = 0;
+    std::iter::from_fn(move || {
+        if c >= n {
+            return None;
+        }
+        let g = prev + c + 1;
+        let k = (n - c).min(most).min(slots - (g - 1) % slots);
+        let item = (g, k, c);
+        c += k;
+        Some(item)
+    })
+}
+
 /// One entry of a staged queue, or a few for a chunk.
 #[derive(Clone, Copy)]
 enum Entry {
     /// Wait for the sending stream's start flag.
     Start { flag: DevPtr, value: u64 },
-    /// Chunk `g`: wait for its slot (when the ring has wrapped), copy, `write copied :=
-    /// base + g`, `write staged := g`.
+    /// The chunks up to `g` from where the last left off ([`copies`]): wait for their
+    /// slots (when the ring has wrapped), one copy, `write copied := base + g`, `write
+    /// staged := g`.
     Chunk { g: u64, dst: DevPtr, src: DevPtr, len: usize },
 }
 
@@ -608,27 +636,31 @@ impl Staged {
         peers.dedup();
         let mut waits = Vec::with_capacity(peers.len());
         for p in peers {
-            let n: u64 = taken.sends.iter().filter(|x| x.peer == p).map(|x| self.chunks(x.len)).sum();
-            if n == 0 {
-                continue;
-            }
             let peer = self.peers.get(p)?.as_ref()?;
             let mut l = peer.lane.as_ref()?.lock().ok()?;
-            // The op's entries on this queue: one start wait, then its chunks.
-            let cost = 1 + (peer.sent + 1..=peer.sent + n).map(|g| l.chunk_cost(g)).sum::<u64>();
+            // The op's entries on this queue: one start wait, then its copies.
+            let (mut sent, mut cost) = (peer.sent, 1);
+            for x in taken.sends.iter().filter(|x| x.peer == p) {
+                let n = self.chunks(x.len);
+                cost += copies(sent, n, self.slots as u64).map(|(g, k, _)| l.chunk_cost(g + k - 1)).sum::<u64>();
+                sent += n;
+            }
+            if sent == peer.sent {
+                continue;
+            }
             if !l.fits(cost) {
                 return None;
             }
-            waits.push(l.copied.as_ref()?.at(peer.sent + n));
+            waits.push(l.copied.as_ref()?.at(sent));
         }
         Some(waits)
     }
 
     /// Receiver, at the call, on the user's stream after its `write start`, through the
-    /// stream's batch: per chunk, wait for the sender's `staged` (and for the chunk before
-    /// to have drained), copy the slot out, write `drained`. The waits and the write between
-    /// two copies are one driver call: a receive of `n` chunks costs `n` copies and `n`
-    /// runs of memory operations, the first joined to the handshake's `write start`, the
+    /// stream's batch: per run of slots ([`copies`]), wait for the sender's `staged` (and
+    /// for the chunk before to have drained), copy the slots out, write `drained`. The waits
+    /// and the write between two copies are one driver call: a receive of `n` runs costs `n`
+    /// copies and `n` runs of memory operations, the first joined to the handshake's `write start`, the
     /// last's write to the stream's completion wait, if any. Returns one wait per receive
     /// for the proxy (`hop`: the stream waits for the proxy's `finish`). On a failure,
     /// [`Staged::abandon`] has run.
@@ -639,22 +671,22 @@ impl Staged {
             let (slots, slot, own_dev) = (self.slots as u64, self.slot, self.own_dev);
             let peer = peer_mut(&mut self.peers, x.peer)?;
             let (staged, drained) = (own_dev.add(Segment::staged_offset(peer.local)), own_dev.add(Segment::drained_offset(peer.local)));
-            for c in 0..n {
-                let g = peer.received + 1;
+            for (first, k, c) in copies(peer.received, n, slots) {
+                let last = first + k - 1;
                 let off = c as usize * slot;
-                let len = slot.min(x.len - off);
+                let len = (k as usize * slot).min(x.len - off);
                 // Chunks of a direction drain in order, over all of this rank's streams:
                 // `drained` then only grows, and a slot is free once it says so.
                 let r = b
-                    .wait_geq(staged, g)
-                    .and_then(|_| b.wait_geq(drained, g - 1))
-                    .and_then(|_| b.copy(x.ptr.add(off), peer.ring_in.add(((g - 1) % slots) as usize * slot), len))
-                    .and_then(|_| b.write(drained, g));
+                    .wait_geq(staged, last)
+                    .and_then(|_| b.wait_geq(drained, first - 1))
+                    .and_then(|_| b.copy(x.ptr.add(off), peer.ring_in.add(((first - 1) % slots) as usize * slot), len))
+                    .and_then(|_| b.write(drained, last));
                 if let Err(e) = r {
                     self.abandon(recvs);
                     return Err(e);
                 }
-                peer.received = g;
+                peer.received = last;
             }
             let area = self.own.clone();
             let peer = self.peer(x.peer)?;
@@ -690,8 +722,9 @@ impl Staged {
     }
 
     /// Sender, at the call, after the handshake was enqueued: on each receiver's staged
-    /// queue, a wait for the stream's `start >= start_value`, then per chunk a wait for a
-    /// free slot, the copy into it, `write copied := base + g` and `write staged := g`;
+    /// queue, a wait for the stream's `start >= start_value`, then per run of slots
+    /// ([`copies`]) a wait for them to be free, the copy into them, `write copied := base +
+    /// g` and `write staged := g` (its last chunk);
     /// what does not fit the queue's budget ([`STAGED_QUEUE_ENTRIES`]) is held back for the
     /// proxy. `hop`: the stream waits for the proxy's `finish`; without it the stream waits
     /// on the `copied` words ([`Staged::direct_waits`]), which promised that nothing is held
@@ -716,11 +749,11 @@ impl Staged {
                 if wait_start {
                     held |= l.submit(Entry::Start { flag: start_flag, value: start_value })?;
                 }
-                for c in 0..n {
-                    let g = sent + 1;
+                for (first, k, c) in copies(sent, n, slots) {
                     let off = c as usize * slot;
-                    held |= l.submit(Entry::Chunk { g, dst: peer.ring_out.add(((g - 1) % slots) as usize * slot), src: x.ptr.add(off), len: slot.min(x.len - off) })?;
-                    sent = g;
+                    let len = (k as usize * slot).min(x.len - off);
+                    held |= l.submit(Entry::Chunk { g: first + k - 1, dst: peer.ring_out.add(((first - 1) % slots) as usize * slot), src: x.ptr.add(off), len })?;
+                    sent = first + k - 1;
                 }
                 if held && !hop {
                     // Cannot happen: callers hold the communicator's lock, and the proxy only
@@ -911,6 +944,33 @@ mod tests {
         dev.unmap_host(area.area().0).unwrap();
         dev.free(ring).unwrap();
         dev.free(src).unwrap();
+    }
+
+    /// A transfer's runs of slots cover its chunks in order, each within the ring and at
+    /// most half of it; a transfer of half the ring that starts at a run boundary is one copy.
+    #[test]
+    fn copies_cover_chunks_in_runs() {
+        let runs = |prev, n, slots| copies(prev, n, slots).collect::<Vec<_>>();
+        assert_eq!(runs(0, 4, 8), [(1, 4, 0)]);
+        assert_eq!(runs(4, 4, 8), [(5, 4, 0)]);
+        assert_eq!(runs(6, 4, 8), [(7, 2, 0), (9, 2, 2)]);
+        assert_eq!(runs(0, 16, 8), [(1, 4, 0), (5, 4, 4), (9, 4, 8), (13, 4, 12)]);
+        assert_eq!(runs(3, 2, 1), [(4, 1, 0), (5, 1, 1)]);
+        assert!(runs(9, 0, 8).is_empty());
+        for slots in 1..=9u64 {
+            for prev in 0..2 * slots {
+                for n in 0..=20u64 {
+                    let (mut next, mut c) = (prev + 1, 0);
+                    for (g, k, at) in copies(prev, n, slots) {
+                        assert!(g == next && at == c && k >= 1 && k <= (slots / 2).max(1), "{slots} slots, after {prev}, {n} chunks: run ({g}, {k}, {at})");
+                        assert!((g - 1) % slots + k <= slots, "run ({g}, {k}) crosses the end of a ring of {slots}");
+                        next += k;
+                        c += k;
+                    }
+                    assert_eq!(c, n, "{slots} slots, after {prev}: {n} chunks");
+                }
+            }
+        }
     }
 
     /// A `copied` word returns to the pool with its count when the queue wrote its last
