@@ -179,21 +179,26 @@ fn gate_body(comm: &Communicator, dev: &Arc<dyn Device>) {
     let t0 = Instant::now();
     let completed = {
         let _gate = DriverGate::hold();
-        loop {
-            if dev.stream_query(s).expect("stream_query") {
-                break true;
-            }
-            if t0.elapsed() > Duration::from_millis(1500) {
-                break false;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        completes(dev, s, t0)
     };
     H.say(r, "gated_wait", &format!("{} {}", completed, t0.elapsed().as_millis()));
     sync(dev, s);
     comm.wait_idle().expect("the op completes once the gate is dropped");
     check(dev, r, p);
     H.say(r, "done", "");
+}
+
+/// Whether stream `s` completes within 1.5 s of `t0` (below the timeout).
+fn completes(dev: &Arc<dyn Device>, s: hoccl::StreamHandle, t0: Instant) -> bool {
+    loop {
+        if dev.stream_query(s).expect("stream_query") {
+            return true;
+        }
+        if t0.elapsed() > Duration::from_millis(1500) {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 /// A sendrecv above the staged limit (the proxy's to move) on one stream while the
@@ -222,16 +227,7 @@ fn stuck_body(comm: &Communicator, dev: &Arc<dyn Device>) {
             std::thread::sleep(Duration::from_millis(1));
         }
         let p_small = start(comm, dev, Op::SendRecv, 4096, 4, small);
-        let completed = loop {
-            if dev.stream_query(small).expect("stream_query") {
-                break true;
-            }
-            if t0.elapsed() > Duration::from_millis(1500) {
-                break false;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        };
-        (completed, p_big, p_small)
+        (completes(dev, small, t0), p_big, p_small)
     };
     H.say(r, "stuck_wait", &format!("{} {}", completed, t0.elapsed().as_millis()));
     [big, small].iter().for_each(|s| sync(dev, *s));
