@@ -363,7 +363,7 @@ mod tests {
         h1.flags.raise(h1.finish_flag, h1.stream_seq);
         assert_eq!(h1.flags.load(h1.finish_flag), h2.stream_seq, "a late finish lowered the flag");
         dev.destroy_stream(s).unwrap();
-        m.release(&dev, true);
+        m.release(&dev, false);
     }
 
     /// The communicator's stop condition (abort, async error) ends a blocked call at once.
