@@ -19,6 +19,11 @@
 //!   device call waits for it, as every driver call waits while another thread of the
 //!   context is in a pageable copy) while it waits for the op's stream. Staged: the op
 //!   completes. Path off: it cannot complete until the gate is dropped.
+//! - `proxy_stuck_*`: an op staged throughout completes without any proxy turn. Each
+//!   rank's proxy is held inside a device call (the driver gate, held by the application
+//!   thread, stops it in a call for a larger sendrecv that the proxy moves), and a staged
+//!   sendrecv on another stream must still complete: its streams wait on the staged
+//!   queues' own words, not on the proxy's `finish`. Path off: it cannot.
 //! - `peer_killed_*`: the receiver (stream held, so the sender's staged queue waits for a
 //!   free slot after filling the ring) or the sender (stream held, so the receiver's stream
 //!   waits for `staged`) is SIGKILLed; the survivor fails within `HOCCL_TIMEOUT_MS` + 1 s,
@@ -61,6 +66,7 @@ fn child_rank() {
         "death" => death_body(&H, &comm, &dev, victim, LIMIT),
         "mismatch" => mismatch_body(&H, &comm, &dev, false),
         "burst" => burst_body(&comm, &dev),
+        "stuck" => stuck_body(&comm, &dev),
         other => panic!("unknown case {other}"),
     }
 }
@@ -123,9 +129,10 @@ fn ops_body(comm: &Communicator, dev: &Arc<dyn Device>) {
 
 /// The calling thread's device calls per staged sendrecv of one chunk each way: on the user
 /// stream `[write start, wait staged, wait drained]`, the copy out of the slot, `[write
-/// drained, wait finish]`; on the staged queue `[wait start, wait for the slot]`, the copy
-/// into it, `[write staged]` (6 enqueues, each bracket one batch); and two lookups of the
-/// buffers' allocations; on CUDA also the capture query (`cuStreamIsCapturing`).
+/// drained, wait copied]`; on the staged queue `[wait start, wait for the slot]`, the copy
+/// into it, `[write copied, write staged]` (6 enqueues, each bracket one batch); and two
+/// lookups of the buffers' allocations; on CUDA also the capture query
+/// (`cuStreamIsCapturing`).
 fn staged_sendrecv_calls(dev: &dyn Device) -> u64 {
     6 + 2 + u64::from(dev.backend() == hoccl::device::Backend::Cuda)
 }
@@ -173,20 +180,61 @@ fn gate_body(comm: &Communicator, dev: &Arc<dyn Device>) {
     let t0 = Instant::now();
     let completed = {
         let _gate = DriverGate::hold();
-        loop {
-            if dev.stream_query(s).expect("stream_query") {
-                break true;
-            }
-            if t0.elapsed() > Duration::from_millis(1500) {
-                break false;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        completes(dev, s, t0)
     };
     H.say(r, "gated_wait", &format!("{} {}", completed, t0.elapsed().as_millis()));
     sync(dev, s);
     comm.wait_idle().expect("the op completes once the gate is dropped");
     check(dev, r, p);
+    H.say(r, "done", "");
+}
+
+/// Whether stream `s` completes within 1.5 s of `t0` (below the timeout).
+fn completes(dev: &Arc<dyn Device>, s: hoccl::StreamHandle, t0: Instant) -> bool {
+    loop {
+        if dev.stream_query(s).expect("stream_query") {
+            return true;
+        }
+        if t0.elapsed() > Duration::from_millis(1500) {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A sendrecv above the staged limit (the proxy's to move) on one stream while the
+/// application thread holds the driver gate: the proxy enters a device call for it and
+/// stays there. Then a staged sendrecv on another stream; reports whether that stream
+/// completed (1.5 s at most, below the timeout) while the proxy was held.
+fn stuck_body(comm: &Communicator, dev: &Arc<dyn Device>) {
+    let r = comm.rank();
+    let (big, small) = (new_stream(dev), new_stream(dev));
+    // Warm: the streams' flags and the peers' mappings exist before the gate.
+    for (i, (s, c)) in [(big, LIMIT + 4096), (small, 4096)].into_iter().enumerate() {
+        let p = start(comm, dev, Op::SendRecv, c, 1 + i as u64, s);
+        sync(dev, s);
+        check(dev, r, p);
+    }
+    comm.wait_idle().expect("wait_idle");
+    comm.bootstrap().barrier().unwrap();
+    let t0 = Instant::now();
+    let (completed, p_big, p_small) = {
+        let _gate = DriverGate::hold();
+        let before = counted();
+        let p_big = start(comm, dev, Op::SendRecv, LIMIT + 4096, 3, big);
+        // The proxy entered a device call (counted before it waits for the gate).
+        while counted() == before {
+            assert!(t0.elapsed() < Duration::from_millis(1000), "rank {r}: the proxy made no device call for the large sendrecv");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let p_small = start(comm, dev, Op::SendRecv, 4096, 4, small);
+        (completes(dev, small, t0), p_big, p_small)
+    };
+    H.say(r, "stuck_wait", &format!("{} {}", completed, t0.elapsed().as_millis()));
+    [big, small].iter().for_each(|s| sync(dev, *s));
+    comm.wait_idle().expect("both ops complete once the gate is dropped");
+    check(dev, r, p_big);
+    check(dev, r, p_small);
     H.say(r, "done", "");
 }
 
@@ -277,6 +325,17 @@ fn driver_gate(backend: Backend, staged: bool) {
     }
 }
 
+fn proxy_stuck(backend: Backend, staged: bool) {
+    let (events, stderr, _) = run_children(backend, "stuck", staged, None, Duration::from_secs(60));
+    for (r, ev) in events.iter().enumerate() {
+        let (_, _, d) = ev.iter().find(|e| e.0 == "stuck_wait").cloned().unwrap_or_else(|| panic!("rank {r}: no report: {}", stderr[r]));
+        eprintln!("proxy held in a device call, staged={staged}: rank {r}: completed, ms: {d}");
+        let completed = d.starts_with("true");
+        assert_eq!(completed, staged, "rank {r}: with its proxy held the staged sendrecv {} (staged={staged})", if completed { "completed" } else { "did not complete" });
+        assert!(ev.iter().any(|e| e.0 == "done"), "rank {r} did not finish: {}", stderr[r]);
+    }
+}
+
 fn peer_killed(backend: Backend, victim: usize) {
     H.peer_killed(backend, &env(true), victim);
 }
@@ -324,6 +383,22 @@ fn driver_gate_staged() {
 #[test]
 fn driver_gate_handshake() {
     driver_gate(Backend::Host, false);
+}
+
+#[test]
+fn proxy_stuck_staged() {
+    proxy_stuck(Backend::Host, true);
+}
+
+#[test]
+fn proxy_stuck_handshake() {
+    proxy_stuck(Backend::Host, false);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn cuda_proxy_stuck_staged() {
+    proxy_stuck(Backend::Cuda, true);
 }
 
 #[test]

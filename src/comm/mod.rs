@@ -471,6 +471,10 @@ impl Communicator {
         let adm = Admission { max: self.wait_limit, timeout: self.config.timeout, stop: &stop };
         let mut waits: Vec<StagedWait> = Vec::new();
         let State { streams, staged, .. } = &mut *st;
+        // An op the proxy moves nothing of completes without it: its stream waits on the
+        // staged queues' own words, not on the proxy's finish.
+        let direct = staged.as_ref().and_then(|s| s.direct_waits(&taken, sends.is_empty() && recvs.is_empty() && plan.is_none()));
+        let hop = direct.is_none();
         // Between the start and the finish: a pipelined compressed op's coding (its copies
         // wait for it), the staged receives, then the compressed receives' decoding.
         let mut between = |b: &mut Batch<OnStream<'_>>| {
@@ -478,12 +482,12 @@ impl Communicator {
                 p.enqueue_coding(b)?;
             }
             match staged.as_mut() {
-                Some(s) if !taken.recvs.is_empty() => s.enqueue_recvs(b, &taken.recvs, &mut waits)?,
+                Some(s) if !taken.recvs.is_empty() => s.enqueue_recvs(b, &taken.recvs, hop, &mut waits)?,
                 _ => {}
             }
             plan.as_ref().map_or(Ok(()), |p| p.enqueue_decoding(b))
         };
-        let hs = streams.enqueue_with(self.dev.as_ref(), stream, name, &local, &mut between, &adm).inspect_err(|_| {
+        let hs = streams.enqueue_with(self.dev.as_ref(), stream, name, &local, &mut between, direct.as_deref(), &adm).inspect_err(|_| {
             // The receives' last operations share a driver call with the handshake's finish:
             // after any failure the stream may hold part of them.
             if let Some(s) = staged.as_mut().filter(|_| !taken.recvs.is_empty()) {
@@ -494,7 +498,7 @@ impl Communicator {
             }
         })?;
         if let Some(s) = staged.as_mut().filter(|_| !taken.sends.is_empty()) {
-            if let Err(e) = s.enqueue_sends(hs.flags.dev_addr(hs.start_flag), hs.stream_seq, &taken.sends, &mut waits) {
+            if let Err(e) = s.enqueue_sends(hs.flags.dev_addr(hs.start_flag), hs.stream_seq, &taken.sends, hop, &mut waits) {
                 // The handshake is on the stream but the op is not submitted: release it.
                 if let Some(p) = &plan {
                     p.abandon();

@@ -26,9 +26,9 @@
 //!
 //! **Waiting.** A turn that moved nothing spins for [`SPIN_TURNS`] turns, then yields until
 //! [`YIELD_FOR`] has passed since the last turn that moved something ([`STAGED_YIELD_FOR`]
-//! while staged ops are pending, whose completion only the proxy's store releases, and
-//! while pipelined compressed sends wait for their segments, each of which the proxy
-//! starts when it sees the stream's flag). Then, with nothing
+//! while staged ops are pending whose streams only the proxy's store releases, and while
+//! pipelined compressed sends wait for their segments, each of which the proxy starts when
+//! it sees the stream's flag). Then, with nothing
 //! pending, the thread parks ([`IDLE_PARK`]; `Engine::submit` unparks it, so a new op is
 //! seen within microseconds), after the transport's [`Transport::idle`] (driver calls that
 //! may wait for the device, such as closing stale mappings, belong there); with ops waiting
@@ -247,11 +247,12 @@ const SPIN_TURNS: u32 = 64;
 /// sleeping): a reply or completion this soon is seen at once.
 const YIELD_FOR: Duration = Duration::from_micros(50);
 /// How long after the last turn that moved something the proxy keeps yielding while staged
-/// ops are pending (their streams wait for the `finish` store the proxy makes once it sees
-/// the staged words) or pipelined compressed sends wait for their segments' flags, so a
-/// sleeping proxy (WAIT_SLEEP plus the kernel's timer slack, about 70 µs) would be the op's
-/// latency (per segment). Bounded so that ops queued far ahead of their streams do not keep
-/// a core busy.
+/// ops whose streams wait for its `finish` store are pending (it writes it once it sees the
+/// staged words) or pipelined compressed sends wait for their segments' flags, so that a
+/// sleeping proxy (WAIT_SLEEP plus the kernel's timer slack, about 70 µs) is not the op's
+/// latency (per segment). Staged ops that complete without the proxy
+/// (`Staged::direct_waits`) do not keep it yielding. Bounded so that ops queued far ahead
+/// of their streams do not keep a core busy.
 const STAGED_YIELD_FOR: Duration = Duration::from_millis(2);
 /// The sleep per turn while ops wait on the GPU or a peer.
 const WAIT_SLEEP: Duration = Duration::from_micros(20);
@@ -304,6 +305,8 @@ pub(super) struct Proxy {
     /// Ops with staged transfers pending, and the receives whose streams a failure
     /// released (`staged.rs`).
     staged_ops: std::collections::BTreeSet<u64>,
+    /// Those of them whose streams wait for the proxy's `finish` store.
+    staged_hop: std::collections::BTreeSet<u64>,
     /// The pending staged transfers of each direction (peer, send), in call order:
     /// (op seq, index in the op's staged transfers).
     staged_dirs: std::collections::HashMap<(usize, bool), VecDeque<(u64, usize)>>,
@@ -343,6 +346,7 @@ impl Proxy {
             done: Vec::new(),
             advanced: Vec::new(),
             staged_ops: std::collections::BTreeSet::new(),
+            staged_hop: std::collections::BTreeSet::new(),
             staged_dirs: std::collections::HashMap::new(),
             released: Vec::new(),
             failed_any: false,
@@ -384,7 +388,7 @@ impl Proxy {
             idle = idle.saturating_add(1);
             if idle < SPIN_TURNS {
                 std::hint::spin_loop();
-            } else if last_active.elapsed() < YIELD_FOR || ((!self.staged_ops.is_empty() || !self.coded.is_empty()) && last_active.elapsed() < STAGED_YIELD_FOR) {
+            } else if last_active.elapsed() < YIELD_FOR || ((!self.staged_hop.is_empty() || !self.coded.is_empty()) && last_active.elapsed() < STAGED_YIELD_FOR) {
                 std::thread::yield_now();
             } else if self.ops.is_empty() && self.templates.is_empty() && !self.transport.data_in_flight() && !self.transport.signals_queued() && self.stopping.is_none() {
                 // Nothing pending: a command unparks the thread. Mappings retired meanwhile
@@ -852,6 +856,7 @@ impl Proxy {
     fn finish_op(&mut self, seq: u64, err: Option<&Error>) {
         let Some(mut st) = self.ops.remove(&seq) else { return };
         self.staged_ops.remove(&seq);
+        self.staged_hop.remove(&seq);
         for (peer, ps) in &st.op.pair_seqs {
             self.index.remove(&(*peer, *ps));
         }

@@ -9,6 +9,11 @@
 //! Nothing is ever reset, so several ops of one stream can be enqueued at once; the stream
 //! itself serialises them (op s+1's start is written only after op s's finish). Work before
 //! the call completes before start is written; work after the call waits for finish.
+//!
+//! An op that the proxy moves nothing of (every transfer staged, `transport::staged`) waits
+//! on other words instead of `finish` (or on none): its stream then passes it without the
+//! proxy, and op s+1's start may be written before the proxy wrote op s's finish. Finish
+//! flags only ever rise (`FlagSlab::raise`), so a late finish store never lowers them.
 use crate::device::batch::{Batch, OnStream};
 use crate::device::{Backend, DevPtr, Device, FlagSlab, StreamHandle};
 use crate::error::{Error, Result};
@@ -170,7 +175,11 @@ impl StreamManager {
     /// itself: on the caller's stream they run beside the proxy's transfers, on the stream's
     /// copy engine. `between` enqueues more work on `stream` through the batch (the staged
     /// path's receives); when it or any other part fails the handshake is not submitted.
-    /// With `adm`'s limit reached by other streams, first blocks until one is released.
+    /// `direct`: the op's completion does not need the proxy (the staged path's
+    /// `Staged::direct_waits`): the stream waits for each (word, value) of it instead of
+    /// `finish`. The proxy still writes `finish` when it has seen the op complete, which
+    /// the waiting-stream limit counts by. With `adm`'s limit reached by other streams,
+    /// first blocks until one is released.
     ///
     /// The waits and writes between two copies go to the driver in one call (`Batch`): an
     /// op with no copy on the stream is one call, start and finish together.
@@ -181,6 +190,7 @@ impl StreamManager {
         op: &'static str,
         local: &[(DevPtr, DevPtr, usize)],
         between: &mut dyn FnMut(&mut Batch<OnStream<'_>>) -> Result<()>,
+        direct: Option<&[(DevPtr, u64)]>,
         adm: &Admission,
     ) -> Result<Handshake> {
         if !self.slots.contains_key(&stream) {
@@ -196,7 +206,10 @@ impl StreamManager {
             .write(slot.slab.dev_addr(slot.start), s)
             .and_then(|_| local.iter().try_for_each(|&(dst, src, len)| b.copy(dst, src, len)))
             .and_then(|_| between(&mut b))
-            .and_then(|_| b.wait_geq(slot.slab.dev_addr(slot.start + 1), s))
+            .and_then(|_| match direct {
+                None => b.wait_geq(slot.slab.dev_addr(slot.start + 1), s),
+                Some(waits) => waits.iter().try_for_each(|&(word, value)| b.wait_geq(word, value)),
+            })
             .and_then(|_| b.flush());
         if let Err(e) = enqueued {
             // Not submitted: the stream waits for no more than before.
@@ -214,7 +227,7 @@ impl StreamManager {
     /// [`Self::enqueue_with`] with nothing between.
     #[cfg(test)]
     fn enqueue(&mut self, dev: &dyn Device, stream: StreamHandle, op: &'static str, local: &[(DevPtr, DevPtr, usize)], adm: &Admission) -> Result<Handshake> {
-        self.enqueue_with(dev, stream, op, local, &mut |_| Ok(()), adm)
+        self.enqueue_with(dev, stream, op, local, &mut |_| Ok(()), None, adm)
     }
 
     fn take_pair(&mut self, dev: &dyn Device) -> Result<(Arc<FlagSlab>, usize, u64)> {
@@ -322,6 +335,35 @@ mod tests {
             dev.destroy_stream(st).unwrap();
         }
         m.release(&dev, true);
+    }
+
+    /// An op given `direct` words waits on them, not on its finish flag: the stream passes
+    /// once they reach their values, with finish unwritten; with no words it does not wait
+    /// at all; a later op's start is then written ahead of the earlier op's finish, which a
+    /// late store of that finish (a raise) never lowers.
+    #[test]
+    fn direct_waits_replace_finish() {
+        let dev = HostDevice::new().unwrap();
+        let mut m = StreamManager::default();
+        let s = dev.create_stream().unwrap();
+        let words = dev.alloc_flags(2).unwrap();
+        let none = &adm(usize::MAX, 1);
+        let h1 = m.enqueue_with(&dev, s, "t", &[], &mut |_| Ok(()), Some(&[(words.dev_addr(0), 3), (words.dev_addr(1), 1)]), none).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!dev.stream_query(s).unwrap(), "passed its words before they were written");
+        words.store(0, 3);
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(!dev.stream_query(s).unwrap(), "passed with one word of two written");
+        words.store(1, 1);
+        let h2 = m.enqueue_with(&dev, s, "t", &[], &mut |_| Ok(()), Some(&[]), none).unwrap();
+        dev.synchronize(s).unwrap();
+        assert!(h1.flags.load(h1.finish_flag) < h1.stream_seq, "the finish flag was written");
+        assert_eq!(h2.flags.load(h2.start_flag), h2.stream_seq, "the second op's start");
+        h2.flags.raise(h2.finish_flag, h2.stream_seq);
+        h1.flags.raise(h1.finish_flag, h1.stream_seq);
+        assert_eq!(h1.flags.load(h1.finish_flag), h2.stream_seq, "a late finish lowered the flag");
+        dev.destroy_stream(s).unwrap();
+        m.release(&dev, false);
     }
 
     /// The communicator's stop condition (abort, async error) ends a blocked call at once.

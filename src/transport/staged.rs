@@ -13,22 +13,26 @@
 //! sides number the chunks of a direction alike: they count the same transfers in call order,
 //! each `ceil(len / S)` chunks.
 //!
-//! **At the call.** Sender, on its staged queue for that receiver (a copy queue of its own,
-//! FIFO): a wait for the user stream's start flag, then per chunk `wait drained >= g - R`,
-//! the copy into the slot, `write staged := g`. Receiver, on the user stream between the
-//! handshake's `write start` and `wait finish`: per chunk `wait staged >= g`, `wait drained >=
-//! g - 1` (the direction's chunks drain in call order over all of the receiver's streams, so
-//! `drained` only grows and frees slots in order), the copy out of the slot, `write drained
-//! := g`.
+//! **At the call.** A transfer's chunks move in copies of runs of consecutive slots
+//! ([`copies`]: never across the ring's end, at most `R / 2` slots; `g` below is a run's
+//! last chunk, `f` its first). Sender, on its staged queue for that receiver (a copy queue
+//! of its own, FIFO): a wait for the user stream's start flag, then per run `wait drained
+//! >= g - R`, the copy into the slots, `write copied := base + g` (its own word, see
+//! [`Staged::direct_waits`]), `write staged := g`. Receiver, on the user stream after the
+//! handshake's `write start`: per run `wait staged >= g`, `wait drained >= f - 1` (the
+//! direction's chunks drain in call order over all of the receiver's streams, so `drained`
+//! only grows and frees slots in order), the copy out of the slots, `write drained := g`.
+//! The stream then waits for the proxy's `finish`, or, for an op staged throughout, on the
+//! senders' `copied` words only ([`Staged::direct_waits`]).
 //!
 //! **Driver calls.** The waits and writes between two copies go to the driver as one batch
 //! (`device::batch`, `cuStreamBatchMemOp` on CUDA), on the stream together with the
-//! handshake's `write start` and `wait finish`. A sendrecv of one chunk each way is six
+//! handshake's `write start` and the completion wait. A sendrecv of one run each way is six
 //! enqueuing calls: on the stream `[write start, wait staged, wait drained]`, the copy out,
-//! `[write drained, wait finish]`; on the staged queue `[wait start, wait for the slot]`,
-//! the copy in, `[write staged]`. An op whose receives are `n` chunks in all is `2n + 1`
-//! calls on the stream (`n` copies, `n + 1` runs); a send of `n` chunks is at most `2n + 1`
-//! on its queue.
+//! `[write drained, wait copied]`; on the staged queue `[wait start, wait for the slot]`,
+//! the copy in, `[write copied, write staged]`. An op whose receives are `n` runs in all is
+//! `2n + 1` calls on the stream (`n` copies, `n + 1` runs of flag operations); a send of
+//! `n` runs is at most `2n + 1` on its queue.
 //!
 //! **Queue budget.** A staged queue holds at most [`STAGED_QUEUE_ENTRIES`] entries that
 //! have not run; the calling thread holds further entries back, in order, and the proxy
@@ -39,21 +43,22 @@
 //!
 //! **Completion.** The op goes to the proxy with one [`StagedWait`] per staged transfer: a
 //! flag word (host memory) and the value that completes it; the proxy loads it and writes
-//! the stream's finish flag (a host store). The receiver announces each staged receive's
+//! the stream's finish flag (a host store), which the stream waits for unless the op is
+//! staged throughout. The receiver announces each staged receive's
 //! length to the sender by message, so a length mismatch fails both sides as on the other
 //! paths. On a failure every wait is released by host stores, since a stream or queue that
 //! waits for ever keeps its context from being torn down and the process from exiting: the
 //! receiver's proxy raises its `staged` and `drained` words (its stream then copies its own
 //! slots into its own output: the failed op's output is undefined; the sender's queue waits
 //! on `drained`, so its slot waits pass too); the sender's proxy drops the held-back
-//! entries, and where the receiver is gone (its process exited, or it sent malformed
+//! entries and raises its own `copied` word, and where the receiver is gone (its process exited, or it sent malformed
 //! records), and at the communicator's end, raises
 //! the receiver's `drained` word for itself (its queue's start waits pass as the failure
 //! releases its stream). A word found raised fails the peer's op.
 use crate::bootstrap::Bootstrap;
 use crate::config::Config;
 use crate::device::batch::{Batch, OnStream};
-use crate::device::{CopyQueue, DevPtr, Device, ExportHandle};
+use crate::device::{Backend, CopyQueue, DevPtr, Device, ExportHandle, FlagSlab};
 use crate::engine::{Fill, Transfer};
 use crate::error::{Error, Result};
 use crate::topology::Topology;
@@ -88,6 +93,10 @@ pub struct StagedWait {
     /// Sender side: the staged queue to the peer, whose held-back entries the proxy
     /// enqueues ([`Lane::flush`]) and whose waits a failure releases ([`Lane::release`]).
     pub lane: Option<Arc<Mutex<Lane>>>,
+    /// The op's stream waits for the proxy's `finish` store (not every transfer of the op
+    /// is staged, or a send's entries did not all fit its queue at the call); otherwise it
+    /// completes without the proxy ([`Staged::direct_waits`]).
+    pub hop: bool,
 }
 
 impl StagedWait {
@@ -118,23 +127,115 @@ impl StagedWait {
 /// calling threads each block on a queue that waits for work the other has not enqueued yet
 /// would hang. So the calling thread enqueues while the queue holds fewer than this many
 /// entries that have not run, and leaves the rest, in order, to the proxy
-/// ([`Lane::flush`]). 256 entries are 64 single-chunk sends.
+/// ([`Lane::flush`]). 256 entries are 64 single-copy sends.
 pub const STAGED_QUEUE_ENTRIES: u64 = 256;
 
 /// Staged chunks per peer and direction in one call at most; further transfers of the call
-/// with that peer take the proxy's path. A receive puts four entries per chunk on the user's
-/// stream at the call: two ranks whose calls each fill their stream with receives before
+/// with that peer take the proxy's path. A receive puts four entries per copy, at most one
+/// per chunk, on the user's stream at the call: two ranks whose calls each fill their stream with receives before
 /// enqueuing their sends would block each other in the driver. Bounded so, one call puts at
 /// most 64 entries per peer on the stream. `HOCCL_STAGED_BYTES` may be at most this many
 /// slots.
 pub const STAGED_CALL_CHUNKS: u64 = 16;
+
+/// The sender's own word for one receiver: its staged queue writes `copied := base + g`
+/// right after chunk g's copy (and before `staged := g`), so that a sending stream whose
+/// op is staged throughout waits on this word instead of the proxy's `finish`
+/// ([`Staged::direct_waits`]). It is this process's memory: a failure may raise it at any
+/// time without touching a live receiver's words, and it stays mapped after the
+/// communicator's end (a stream may reach its wait later, behind the application's work):
+/// words return to a process-wide pool, like the streams' flag pairs, and the next user
+/// counts on from `base`.
+struct Copied {
+    slab: Arc<FlagSlab>,
+    idx: usize,
+    base: u64,
+}
+
+/// A pooled [`Copied`] word: its device and its last value.
+struct PooledCopied {
+    key: (Backend, usize),
+    slab: Arc<FlagSlab>,
+    idx: usize,
+    value: u64,
+}
+
+static COPIED_POOL: Mutex<Vec<PooledCopied>> = Mutex::new(Vec::new());
+
+/// Words per slab of [`Copied`] words (one per receiver of a communicator).
+const COPIED_SLAB: usize = 16;
+
+/// A word that counted this far is not reused: chunk numbers stay below 2^30, which the
+/// 32-bit fallback's comparison with [`RELEASED`] needs.
+const COPIED_REUSE_BELOW: u64 = 1 << 29;
+
+impl Copied {
+    fn take(dev: &dyn Device) -> Result<Copied> {
+        let key = (dev.backend(), dev.ordinal());
+        let mut pool = COPIED_POOL.lock().map_err(|_| Error::internal("Staged::setup", "staged word pool poisoned"))?;
+        if let Some(i) = pool.iter().position(|p| p.key == key) {
+            let p = pool.swap_remove(i);
+            return Ok(Copied { slab: p.slab, idx: p.idx, base: p.value });
+        }
+        let slab = Arc::new(dev.alloc_flags(COPIED_SLAB)?);
+        pool.extend((1..COPIED_SLAB).map(|idx| PooledCopied { key, slab: slab.clone(), idx, value: 0 }));
+        Ok(Copied { slab, idx: 0, base: 0 })
+    }
+
+    /// The word's device address and the value it holds once chunk `g` was copied.
+    fn at(&self, g: u64) -> (DevPtr, u64) {
+        (self.slab.dev_addr(self.idx), self.base + g)
+    }
+
+    fn raise(&self) {
+        self.slab.raise(self.idx, RELEASED);
+    }
+
+    /// At the communicator's end, with `sent` chunks queued in all: back to the pool when
+    /// the queue wrote the last of them (nothing can write the word any more, and every
+    /// stream's wait on it passes), else kept out of use, mapped, until the process exits.
+    fn give_back(self, key: (Backend, usize), sent: u64) {
+        let value = self.slab.load(self.idx);
+        if value == self.base + sent && value < COPIED_REUSE_BELOW {
+            if let Ok(mut pool) = COPIED_POOL.lock() {
+                pool.push(PooledCopied { key, slab: self.slab, idx: self.idx, value });
+                return;
+            }
+        }
+        std::mem::forget(self.slab);
+    }
+}
+
+/// The copies that move a transfer of `n` chunks whose first is chunk `prev + 1` of its
+/// direction, as (first chunk, chunks, index of the first within the transfer): runs of
+/// consecutive slots, never across the ring's end, of at most half the ring, so that a
+/// transfer longer than that still has a copy in and a copy out in flight at once. A copy
+/// and a flag hop cost microseconds whatever the size, so a transfer of up to half the ring
+/// that does not cross its end moves in one copy each way (1 MiB with the default ring).
+/// Both sides of a direction group alike: the same transfers in the same order.
+fn copies(prev: u64, n: u64, slots: u64) -> impl Iterator<Item = (u64, u64, u64)> {
+    let most = (slots / 2).max(1);
+    let mut c = 0;
+    std::iter::from_fn(move || {
+        if c >= n {
+            return None;
+        }
+        let g = prev + c + 1;
+        let k = (n - c).min(most).min(slots - (g - 1) % slots);
+        let item = (g, k, c);
+        c += k;
+        Some(item)
+    })
+}
 
 /// One entry of a staged queue, or a few for a chunk.
 #[derive(Clone, Copy)]
 enum Entry {
     /// Wait for the sending stream's start flag.
     Start { flag: DevPtr, value: u64 },
-    /// Chunk `g`: wait for its slot (when the ring has wrapped), copy, `write staged := g`.
+    /// The chunks up to `g` from where the last left off ([`copies`]): wait for their
+    /// slots (when the ring has wrapped), one copy, `write copied := base + g`, `write
+    /// staged := g`.
     Chunk { g: u64, dst: DevPtr, src: DevPtr, len: usize },
 }
 
@@ -150,6 +251,8 @@ pub struct Lane {
     me: usize,
     staged: DevPtr,
     drained: DevPtr,
+    /// This rank's own count of the chunks copied (None once given back at the end).
+    copied: Option<Copied>,
     slots: u64,
     /// Entries enqueued so far; per chunk enqueued and not yet seen written, its number and
     /// the entry count through its write; entries seen run.
@@ -158,16 +261,45 @@ pub struct Lane {
     ran: u64,
     /// Entries held back for the proxy, in queue order.
     held: VecDeque<Entry>,
-    /// A failure released the queue: nothing more is enqueued.
+    /// A failure released the queue: nothing more is held back (see [`Lane::submit`]).
     released: bool,
 }
 
 impl Lane {
+    fn new(queue: Box<dyn CopyQueue>, area: Arc<FlagArea>, area_dev: DevPtr, me: usize, copied: Copied, slots: u64) -> Lane {
+        Lane {
+            queue: Batch::new(queue),
+            area,
+            me,
+            staged: area_dev.add(Segment::staged_offset(me)),
+            drained: area_dev.add(Segment::drained_offset(me)),
+            copied: Some(copied),
+            slots,
+            entries: 0,
+            marks: VecDeque::new(),
+            ran: 0,
+            held: VecDeque::new(),
+            released: false,
+        }
+    }
+
     fn cost(&self, e: &Entry) -> u64 {
         match *e {
             Entry::Start { .. } => 1,
-            Entry::Chunk { g, .. } => 2 + u64::from(g > self.slots),
+            Entry::Chunk { g, .. } => self.chunk_cost(g),
         }
+    }
+
+    fn chunk_cost(&self, g: u64) -> u64 {
+        3 + u64::from(g > self.slots)
+    }
+
+    /// Whether entries costing `cost` in all would be enqueued at once, none held back:
+    /// nothing is held back and the queue has room for them. Until the next caller, only
+    /// the queue's running changes that, towards more room (the proxy enqueues only
+    /// held-back entries).
+    fn fits(&mut self, cost: u64) -> bool {
+        self.held.is_empty() && self.outstanding() + cost <= STAGED_QUEUE_ENTRIES
     }
 
     /// Entries enqueued that have not run (a chunk's write ran once the receiver's `staged`
@@ -191,6 +323,10 @@ impl Lane {
                     self.queue.wait_geq(self.drained, g - self.slots)?;
                 }
                 self.queue.copy(dst, src, len)?;
+                if let Some(c) = &self.copied {
+                    let (w, v) = c.at(g);
+                    self.queue.write(w, v)?;
+                }
                 self.queue.write(self.staged, g)?;
             }
         }
@@ -202,13 +338,18 @@ impl Lane {
     }
 
     /// Enqueue `e` now if nothing is held back and the queue has room (an empty queue takes
-    /// any entry), else hold it back for the proxy. Whether it was held back.
+    /// any entry), else hold it back for the proxy; on a released queue, drop it instead.
+    /// Whether it was held back. A released queue still takes what fits: a sending stream
+    /// that waits on the `copied` word ([`Staged::direct_waits`]) was promised at the call
+    /// that its op's entries are enqueued, and the queue's last write then releases it
+    /// for good once the queue runs to its end (a failure raises the receiver's `drained`
+    /// word); a host store could be overwritten by a write still queued.
     fn submit(&mut self, e: Entry) -> Result<bool> {
-        if self.released {
-            return Ok(false);
-        }
         if self.held.is_empty() && (self.outstanding() + self.cost(&e) <= STAGED_QUEUE_ENTRIES || self.entries == self.ran) {
             self.enqueue(e)?;
+            return Ok(false);
+        }
+        if self.released {
             return Ok(false);
         }
         self.held.push_back(e);
@@ -242,8 +383,11 @@ impl Lane {
         !self.held.is_empty()
     }
 
-    /// After a failure: drop the held-back entries (nothing more is enqueued). With
-    /// `raise`, also raise the receiver's `drained` word for this rank (this rank's own
+    /// After a failure: drop the held-back entries (nothing more is held back) and raise
+    /// this rank's `copied` word, which releases the sending streams that wait on it (a
+    /// write the queue still runs may lower it again: the proxy repeats the release, and
+    /// the queue's last write passes every such wait). With `raise`, also raise the
+    /// receiver's `drained` word for this rank (this rank's own
     /// mapping of its flag area, a host store), so the queue's slot waits pass and it runs to
     /// its end; its start waits pass once the sending stream runs on (a failure releases
     /// it). A queue that waits for ever keeps its context from being torn down: the process
@@ -254,6 +398,9 @@ impl Lane {
     pub fn release(&mut self, raise: bool) {
         self.released = true;
         self.held.clear();
+        if let Some(c) = &self.copied {
+            c.raise();
+        }
         if raise {
             self.area.word(Segment::drained_offset(self.me)).fetch_max(RELEASED, Ordering::AcqRel);
         }
@@ -427,20 +574,8 @@ impl Staged {
             }
             peer.ring_out = self.dev.import(&ExportHandle(h), len)?;
             peer.ring_out_len = len;
-            let me = self.me_local;
-            let lane = Lane {
-                queue: Batch::new(self.dev.create_copy_queue()?),
-                area: peer.area.clone(),
-                me,
-                staged: peer.area_dev.add(Segment::staged_offset(me)),
-                drained: peer.area_dev.add(Segment::drained_offset(me)),
-                slots: self.slots as u64,
-                entries: 0,
-                marks: VecDeque::new(),
-                ran: 0,
-                held: VecDeque::new(),
-                released: false,
-            };
+            let queue = self.dev.create_copy_queue()?;
+            let lane = Lane::new(queue, peer.area.clone(), peer.area_dev, self.me_local, Copied::take(self.dev.as_ref())?, self.slots as u64);
             peer.lane = Some(Arc::new(Mutex::new(lane)));
         }
         Ok(())
@@ -482,36 +617,76 @@ impl Staged {
         len.div_ceil(self.slot) as u64
     }
 
+    /// For an op that the proxy moves nothing of (`all_staged`: every transfer of it is in
+    /// `taken`): what its stream waits on instead of the handshake's `finish`, so that it
+    /// completes without the proxy. Receives need nothing: the stream's own copies out of
+    /// the slots order the data before the work after the call. Sends need their bytes out
+    /// of the send buffers: per receiver, the `copied` word at the op's last chunk to it.
+    /// None (the stream waits for `finish`) when nothing of the op is staged, or when a
+    /// receiver's queue cannot take all of the op's entries at the call: held-back entries
+    /// are the proxy's to enqueue, and a failure drops them, so the queue's writes could
+    /// never reach such a target. Callers hold the communicator's lock until
+    /// [`Staged::enqueue_sends`], so the answer still holds there.
+    pub fn direct_waits(&self, taken: &Taken, all_staged: bool) -> Option<Vec<(DevPtr, u64)>> {
+        if !all_staged || (taken.sends.is_empty() && taken.recvs.is_empty()) {
+            return None;
+        }
+        let mut peers: Vec<usize> = taken.sends.iter().map(|x| x.peer).collect();
+        peers.sort_unstable();
+        peers.dedup();
+        let mut waits = Vec::with_capacity(peers.len());
+        for p in peers {
+            let peer = self.peers.get(p)?.as_ref()?;
+            let mut l = peer.lane.as_ref()?.lock().ok()?;
+            // The op's entries on this queue: one start wait, then its copies.
+            let (mut sent, mut cost) = (peer.sent, 1);
+            for x in taken.sends.iter().filter(|x| x.peer == p) {
+                let n = self.chunks(x.len);
+                cost += copies(sent, n, self.slots as u64).map(|(g, k, _)| l.chunk_cost(g + k - 1)).sum::<u64>();
+                sent += n;
+            }
+            if sent == peer.sent {
+                continue;
+            }
+            if !l.fits(cost) {
+                return None;
+            }
+            waits.push(l.copied.as_ref()?.at(sent));
+        }
+        Some(waits)
+    }
+
     /// Receiver, at the call, on the user's stream after its `write start`, through the
-    /// stream's batch: per chunk, wait for the sender's `staged` (and for the chunk before
-    /// to have drained), copy the slot out, write `drained`. The waits and the write between
-    /// two copies are one driver call: a receive of `n` chunks costs `n` copies and `n`
-    /// runs of memory operations, the first joined to the handshake's `write start`, the
-    /// last's write to its `wait finish`. Returns one wait per receive for the proxy. On a
-    /// failure, [`Staged::abandon`] has run.
-    pub fn enqueue_recvs(&mut self, b: &mut Batch<OnStream<'_>>, recvs: &[Transfer], out: &mut Vec<StagedWait>) -> Result<()> {
+    /// stream's batch: per run of slots ([`copies`]), wait for the sender's `staged` (and
+    /// for the chunk before to have drained), copy the slots out, write `drained`. The waits
+    /// and the write between two copies are one driver call: a receive of `n` runs costs `n`
+    /// copies and `n` runs of memory operations, the first joined to the handshake's `write start`, the
+    /// last's write to the stream's completion wait, if any. Returns one wait per receive
+    /// for the proxy (`hop`: the stream waits for the proxy's `finish`). On a failure,
+    /// [`Staged::abandon`] has run.
+    pub fn enqueue_recvs(&mut self, b: &mut Batch<OnStream<'_>>, recvs: &[Transfer], hop: bool, out: &mut Vec<StagedWait>) -> Result<()> {
         for (i, x) in recvs.iter().enumerate() {
             let k = recvs[..i].iter().filter(|y| y.peer == x.peer).count() as u32;
             let n = self.chunks(x.len);
             let (slots, slot, own_dev) = (self.slots as u64, self.slot, self.own_dev);
             let peer = peer_mut(&mut self.peers, x.peer)?;
             let (staged, drained) = (own_dev.add(Segment::staged_offset(peer.local)), own_dev.add(Segment::drained_offset(peer.local)));
-            for c in 0..n {
-                let g = peer.received + 1;
+            for (first, k, c) in copies(peer.received, n, slots) {
+                let last = first + k - 1;
                 let off = c as usize * slot;
-                let len = slot.min(x.len - off);
+                let len = (k as usize * slot).min(x.len - off);
                 // Chunks of a direction drain in order, over all of this rank's streams:
                 // `drained` then only grows, and a slot is free once it says so.
                 let r = b
-                    .wait_geq(staged, g)
-                    .and_then(|_| b.wait_geq(drained, g - 1))
-                    .and_then(|_| b.copy(x.ptr.add(off), peer.ring_in.add(((g - 1) % slots) as usize * slot), len))
-                    .and_then(|_| b.write(drained, g));
+                    .wait_geq(staged, last)
+                    .and_then(|_| b.wait_geq(drained, first - 1))
+                    .and_then(|_| b.copy(x.ptr.add(off), peer.ring_in.add(((first - 1) % slots) as usize * slot), len))
+                    .and_then(|_| b.write(drained, last));
                 if let Err(e) = r {
                     self.abandon(recvs);
                     return Err(e);
                 }
-                peer.received = g;
+                peer.received = last;
             }
             let area = self.own.clone();
             let peer = self.peer(x.peer)?;
@@ -525,6 +700,7 @@ impl Staged {
                 target: peer.received,
                 release: Some(Segment::staged_offset(peer.local)),
                 lane: None,
+                hop,
             });
         }
         Ok(())
@@ -546,11 +722,14 @@ impl Staged {
     }
 
     /// Sender, at the call, after the handshake was enqueued: on each receiver's staged
-    /// queue, a wait for the stream's `start >= start_value`, then per chunk a wait for a
-    /// free slot, the copy into it and `write staged := g`; what does not fit the queue's
-    /// budget ([`STAGED_QUEUE_ENTRIES`]) is held back for the proxy. Returns one wait per
-    /// send.
-    pub fn enqueue_sends(&mut self, start_flag: DevPtr, start_value: u64, sends: &[Transfer], out: &mut Vec<StagedWait>) -> Result<()> {
+    /// queue, a wait for the stream's `start >= start_value`, then per run of slots
+    /// ([`copies`]) a wait for them to be free, the copy into them, `write copied := base +
+    /// g` and `write staged := g` (its last chunk);
+    /// what does not fit the queue's budget ([`STAGED_QUEUE_ENTRIES`]) is held back for the
+    /// proxy. `hop`: the stream waits for the proxy's `finish`; without it the stream waits
+    /// on the `copied` words ([`Staged::direct_waits`]), which promised that nothing is held
+    /// back. Returns one wait per send.
+    pub fn enqueue_sends(&mut self, start_flag: DevPtr, start_value: u64, sends: &[Transfer], hop: bool, out: &mut Vec<StagedWait>) -> Result<()> {
         let (slots, slot, me) = (self.slots as u64, self.slot, self.me_local);
         // Receivers whose queue already waits for this call's start.
         let mut started: Vec<usize> = Vec::new();
@@ -566,14 +745,21 @@ impl Staged {
             let mut l = lane.lock().map_err(|_| Error::internal("Staged::enqueue_sends", "staged queue lock poisoned"))?;
             let mut sent = peer.sent;
             let mut enqueue = || -> Result<()> {
+                let mut held = false;
                 if wait_start {
-                    l.submit(Entry::Start { flag: start_flag, value: start_value })?;
+                    held |= l.submit(Entry::Start { flag: start_flag, value: start_value })?;
                 }
-                for c in 0..n {
-                    let g = sent + 1;
+                for (first, k, c) in copies(sent, n, slots) {
                     let off = c as usize * slot;
-                    l.submit(Entry::Chunk { g, dst: peer.ring_out.add(((g - 1) % slots) as usize * slot), src: x.ptr.add(off), len: slot.min(x.len - off) })?;
-                    sent = g;
+                    let len = (k as usize * slot).min(x.len - off);
+                    held |= l.submit(Entry::Chunk { g: first + k - 1, dst: peer.ring_out.add(((first - 1) % slots) as usize * slot), src: x.ptr.add(off), len })?;
+                    sent = first + k - 1;
+                }
+                if held && !hop {
+                    // Cannot happen: callers hold the communicator's lock, and the proxy only
+                    // moves held-back entries onto the queue. The stream's wait on `copied`
+                    // then depends on the proxy's flush, as a held-back send's `finish` does.
+                    log::error!("hoccl: staged entries for rank {} held back although the queue had room at the call", x.peer);
                 }
                 l.commit()
             };
@@ -582,10 +768,18 @@ impl Staged {
             peer.sent = sent;
             if let Err(e) = r {
                 self.broken = true;
+                if !hop {
+                    // The stream waits on the `copied` words of the op's receivers, which
+                    // the queues may now never reach: raise them (the end of the
+                    // communicator, not clean after this, raises them once more).
+                    for p in sends.iter().filter_map(|y| self.peers.get(y.peer)?.as_ref()?.lane.as_ref()) {
+                        p.lock().unwrap_or_else(|e| e.into_inner()).release(false);
+                    }
+                }
                 return Err(e);
             }
             let peer = self.peer(x.peer)?;
-            out.push(StagedWait { peer: x.peer, k, len: x.len as u64, send: true, area: peer.area.clone(), word: Segment::staged_offset(me), target: peer.sent, release: None, lane: Some(lane) });
+            out.push(StagedWait { peer: x.peer, k, len: x.len as u64, send: true, area: peer.area.clone(), word: Segment::staged_offset(me), target: peer.sent, release: None, lane: Some(lane), hop });
         }
         Ok(())
     }
@@ -636,8 +830,17 @@ impl Staged {
                 log::warn!("hoccl: staged teardown: {what}: {e}");
             }
         };
+        let key = (dev.backend(), dev.ordinal());
         for p in self.peers.drain(..).flatten() {
-            drop(p.lane);
+            if let Some(lane) = p.lane {
+                let copied = lane.lock().ok().and_then(|mut l| l.copied.take());
+                match copied {
+                    // Nothing else can enqueue on the queue any more: the word's count is final.
+                    Some(c) if Arc::strong_count(&lane) == 1 => c.give_back(key, p.sent),
+                    Some(c) => std::mem::forget(c.slab),
+                    None => {}
+                }
+            }
             if !p.ring_out.is_null() {
                 warn("closing a peer's ring", dev.unimport(p.ring_out, p.ring_out_len));
             }
@@ -674,8 +877,10 @@ mod tests {
 
     /// A staged queue whose head waits takes entries up to its budget and holds the rest
     /// back; `flush` enqueues them, in order, as the queue runs (here a receiver that drains
-    /// every chunk at once). After a failure the held-back entries are dropped, and raising
-    /// the receiver's `drained` word lets a queue waiting for a slot run to its end.
+    /// every chunk at once), and each chunk's `copied` write precedes its `staged` write.
+    /// After a failure the held-back entries are dropped and `copied` is raised; raising
+    /// the receiver's `drained` word lets a queue waiting for a slot run to its end, whose
+    /// last `copied` write stands; a released queue still takes what fits.
     #[test]
     fn lane_budget_flush_and_release() {
         let dev: Arc<dyn Device> = Arc::new(crate::device::host::HostDevice::new().unwrap());
@@ -687,19 +892,7 @@ mod tests {
         let ring = dev.alloc(slots as usize * slot).unwrap();
         let src = dev.alloc(slot).unwrap();
         let start = dev.alloc_flags(1).unwrap();
-        let lane = |area: &Arc<FlagArea>| Lane {
-            queue: Batch::new(dev.create_copy_queue().unwrap()),
-            area: area.clone(),
-            me: 0,
-            staged: area_dev.add(Segment::staged_offset(0)),
-            drained: area_dev.add(Segment::drained_offset(0)),
-            slots,
-            entries: 0,
-            marks: VecDeque::new(),
-            ran: 0,
-            held: VecDeque::new(),
-            released: false,
-        };
+        let lane = |area: &Arc<FlagArea>| Lane::new(dev.create_copy_queue().unwrap(), area.clone(), area_dev, 0, Copied::take(dev.as_ref()).unwrap(), slots);
         let chunk = |g: u64| Entry::Chunk { g, dst: ring.add(((g - 1) % slots) as usize * slot), src, len: slot };
         let (staged, drained) = (area.word(Segment::staged_offset(0)), area.word(Segment::drained_offset(0)));
 
@@ -721,6 +914,9 @@ mod tests {
             assert!(t0.elapsed() < Duration::from_secs(10), "stuck at chunk {}", staged.load(Ordering::Acquire));
         }
         assert!(!l.holds());
+        let copied = |l: &Lane| l.copied.as_ref().map(|c| (c.slab.load(c.idx), c.base)).unwrap();
+        let (v, base) = copied(&l);
+        assert_eq!(v, base + n, "the copied word after {n} chunks");
         drained.store(n, Ordering::Release);
 
         // The receiver stops draining: the queue waits for a slot, the rest is held back.
@@ -730,16 +926,83 @@ mod tests {
         assert!(held > 0);
         until("the queue to fill the ring", || staged.load(Ordering::Acquire) == n + slots);
         let last = l.marks.back().map(|m| m.0).unwrap();
+        assert_eq!(copied(&l).0, base + n + slots);
         l.release(false);
+        assert!(copied(&l).0 >= RELEASED, "the release did not raise the copied word");
         assert!(!l.holds() && !l.submit(chunk(more + 1)).unwrap() && !l.holds(), "entries kept after the release");
         std::thread::sleep(Duration::from_millis(50));
         assert_eq!(staged.load(Ordering::Acquire), n + slots, "the queue passed a slot wait unreleased");
         l.release(true);
         until("the released queue to run to its end", || staged.load(Ordering::Acquire) == last);
+        until("the queue's last copied write", || copied(&l).0 == base + last);
+        // Released, with room: the entry is enqueued (a direct op's stream waits for it).
+        let entries = l.entries;
+        assert!(!l.submit(chunk(more + 2)).unwrap() && l.entries > entries, "a released queue with room refused an entry");
+        l.commit().unwrap();
+        until("the entry on the released queue", || staged.load(Ordering::Acquire) == more + 2 && copied(&l).0 == base + more + 2);
         drop(l);
         dev.unmap_host(area.area().0).unwrap();
         dev.free(ring).unwrap();
         dev.free(src).unwrap();
+    }
+
+    /// A transfer's runs of slots cover its chunks in order, each within the ring and at
+    /// most half of it; a transfer of half the ring that starts at a run boundary is one copy.
+    #[test]
+    fn copies_cover_chunks_in_runs() {
+        let runs = |prev, n, slots| copies(prev, n, slots).collect::<Vec<_>>();
+        assert_eq!(runs(0, 4, 8), [(1, 4, 0)]);
+        assert_eq!(runs(4, 4, 8), [(5, 4, 0)]);
+        assert_eq!(runs(6, 4, 8), [(7, 2, 0), (9, 2, 2)]);
+        assert_eq!(runs(0, 16, 8), [(1, 4, 0), (5, 4, 4), (9, 4, 8), (13, 4, 12)]);
+        assert_eq!(runs(3, 2, 1), [(4, 1, 0), (5, 1, 1)]);
+        assert!(runs(9, 0, 8).is_empty());
+        for slots in 1..=9u64 {
+            for prev in 0..2 * slots {
+                for n in 0..=20u64 {
+                    let (mut next, mut c) = (prev + 1, 0);
+                    for (g, k, at) in copies(prev, n, slots) {
+                        assert!(g == next && at == c && k >= 1 && k <= (slots / 2).max(1), "{slots} slots, after {prev}, {n} chunks: run ({g}, {k}, {at})");
+                        assert!((g - 1) % slots + k <= slots, "run ({g}, {k}) crosses the end of a ring of {slots}");
+                        next += k;
+                        c += k;
+                    }
+                    assert_eq!(c, n, "{slots} slots, after {prev}: {n} chunks");
+                }
+            }
+        }
+    }
+
+    /// A `copied` word returns to the pool with its count when the queue wrote its last
+    /// chunk, and the next user counts on from there; a word whose count is not final (or
+    /// was raised) never returns.
+    #[test]
+    fn copied_words_pool() {
+        let dev = crate::device::host::HostDevice::new().unwrap();
+        let key = (dev.backend(), dev.ordinal());
+        let pooled = |slab: &Arc<FlagSlab>, idx: usize| COPIED_POOL.lock().unwrap().iter().find(|p| Arc::ptr_eq(&p.slab, slab) && p.idx == idx).map(|p| p.value);
+        let c = Copied::take(&dev).unwrap();
+        let (slab, idx, base) = (c.slab.clone(), c.idx, c.base);
+        assert_eq!(c.at(5), (slab.dev_addr(idx), base + 5));
+        slab.store(idx, base + 5);
+        c.give_back(key, 5);
+        assert_eq!(pooled(&slab, idx), Some(base + 5), "a final count did not return to the pool");
+        // Take that very word back (the pool is shared by the tests of this process).
+        let c = {
+            let mut pool = COPIED_POOL.lock().unwrap();
+            let i = pool.iter().position(|p| Arc::ptr_eq(&p.slab, &slab) && p.idx == idx).unwrap();
+            let p = pool.swap_remove(i);
+            Copied { slab: p.slab, idx: p.idx, base: p.value }
+        };
+        assert_eq!(c.at(1).1, base + 6, "the next user does not count on");
+        slab.store(idx, base + 6);
+        c.give_back(key, 2);
+        assert_eq!(pooled(&slab, idx), None, "a word whose queue has a write pending returned to the pool");
+        let c = Copied::take(&dev).unwrap();
+        let (slab, idx) = (c.slab.clone(), c.idx);
+        c.raise();
+        c.give_back(key, 0);
+        assert_eq!(pooled(&slab, idx), None, "a raised word returned to the pool");
     }
 
     /// A released word passes every chunk wait: the 64-bit cyclic `>=` and the 32-bit

@@ -5,10 +5,14 @@
 //! peer (a message), checks the peer's announcements against its own staged transfers (a
 //! transfer is complete only once its peer's announcement matched: a receive must not
 //! complete on a shorter send), and loads the transfers' flag words to see progress and
-//! completion. On a failure it raises the words its own and its senders' device work waits
-//! on (host stores): its receives' `staged` and `drained` words; for its sends it drops the
-//! held-back entries and raises a receiver's `drained` word where the receiver's process is
-//! gone; so that no stream or queue waits for ever.
+//! completion. Only where a transfer is `hop` does the op's stream wait for the `finish`
+//! the proxy then writes; an op staged throughout completes on the device
+//! (`Staged::direct_waits`), and its `finish` serves the proxy's bookkeeping: the op's
+//! errors and timeout, `wait_idle`, the waiting-stream limit. On a failure it raises the
+//! words its own and its senders' device work waits on (host stores): its receives'
+//! `staged` and `drained` words; for its sends it drops the held-back entries, raises its
+//! own `copied` word for the receiver, and raises the receiver's `drained` word where the
+//! receiver's process is gone; so that no stream or queue waits for ever.
 //!
 //! **Cost.** A direction's (peer, send or receive) transfers complete in call order, so
 //! each turn loads one word per direction with transfers pending (the front of its queue,
@@ -70,6 +74,9 @@ impl Proxy {
             self.transport.post_ready(s.w.peer, tag, RemoteBuffer { len: s.w.len, wire });
         }
         self.staged_ops.insert(seq);
+        if st.staged.iter().any(|s| s.w.hop) {
+            self.staged_hop.insert(seq);
+        }
         for (i, s) in st.staged.iter().enumerate() {
             self.staged_dirs.entry((s.w.peer, s.w.send)).or_default().push_back((seq, i));
         }
