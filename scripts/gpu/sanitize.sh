@@ -12,6 +12,7 @@
 # Each run has its own time limit (a sanitized kernel runs 10-100x slower); a run that
 # reaches it is reported as such, not as clean. -> sanitize.log (one line per run + errors)
 #   SANITIZE_LIMIT  seconds per run (default 45)
+#   SANITIZE_RACE_LIMIT  seconds per racecheck run (default 240)
 set -uo pipefail
 # shellcheck source=common.sh
 source "$(dirname "$0")/common.sh"
@@ -22,8 +23,10 @@ log="$results/sanitize.log"
 log_dir="$logs/sanitize"
 rm -rf "$log_dir" && mkdir -p "$log_dir"
 limit=${SANITIZE_LIMIT:-45}
+# racecheck of the fused kernels' random test needs about 135 s on one H200
+race_limit=${SANITIZE_RACE_LIMIT:-240}
 : > "$log"
-record "$log" "bash scripts/gpu/sanitize.sh (compute-sanitizer --tool TOOL --error-exitcode 86 \$HOCCL_BIN_DIR/tests/BIN --ignored --exact TEST --test-threads=1, per run ${limit} s)"
+record "$log" "bash scripts/gpu/sanitize.sh (compute-sanitizer --tool TOOL --error-exitcode 86 \$HOCCL_BIN_DIR/tests/BIN --ignored --exact TEST --test-threads=1, per run ${limit} s, racecheck ${race_limit} s)"
 status=0
 runs=(
   "memcheck reduce_kernels every_dtype_op_and_count_bit_exact"
@@ -48,7 +51,8 @@ for r in "${runs[@]}"; do
   read -r tool b t <<< "$r"
   out="$log_dir/$tool-$b-${t//:/_}.log"
   t0=$SECONDS
-  timeout --kill-after=10 "$limit" "$san" --tool "$tool" --error-exitcode 86 --print-limit 20 \
+  l=$limit; [ "$tool" = racecheck ] && l=$race_limit
+  timeout --kill-after=10 "$l" "$san" --tool "$tool" --error-exitcode 86 --print-limit 20 \
     "$bin/tests/$b" --ignored --exact "$t" --test-threads=1 > "$out" 2>&1
   rc=$?
   summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out" | tail -n1)

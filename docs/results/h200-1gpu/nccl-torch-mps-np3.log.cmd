@@ -1,0 +1,2 @@
+# 2026-12-02T16:42Z, binaries of commit 7365b75, 1 GPU (h200-1gpu), 3 processes under MPS (CUDA_DEVICE_MAX_CONNECTIONS=16), the library's defaults (no HOCCL_STAGED_BYTES)
+LD_PRELOAD=$HOCCL_BIN_DIR/nccl/libnccl.so.2 NCCL_DEBUG=VERSION HOCCL_LOG=warn HOCCL_TIMEOUT_MS=30000 /opt/torch/.venv/bin/torchrun --nproc-per-node 3 tests/nccl/torch_check.py --expect-lib $HOCCL_BIN_DIR/nccl/libnccl.so.2 --timeout 85
