@@ -170,26 +170,12 @@ impl ImportCache {
             let (lo, hi) = (m.base, m.base.saturating_add(m.alloc_len));
             match dev.import(&ExportHandle(m.handle), m.alloc_len as usize) {
                 Ok(p) => {
-                    // A process's live allocations never overlap, so cached mappings of this
-                    // peer over the new one's range are of allocations it freed (CUDA may map
-                    // the new one beside them): retire them as when they block the import.
-                    let stale: Vec<(usize, u64)> = self
-                        .entries
-                        .iter()
-                        .filter(|(k, x)| k.0 == peer && x.imported && x.remote_base < hi && lo < x.remote_base + x.len as u64)
-                        .map(|(k, _)| *k)
-                        .collect();
-                    for k in stale {
-                        if let Some(x) = self.entries.remove(&k) {
-                            log::debug!("hoccl: rank {peer}'s allocation {} ({lo:#x}+{}) overlaps its freed allocation {} ({:#x}+{}): that mapping is retired", m.alloc_id, m.alloc_len, k.1, x.remote_base, x.len);
-                            self.retired.push((k, x));
-                        }
-                    }
+                    // CUDA may map the new allocation beside stale mappings of the peer's
+                    // freed ones: they are retired all the same.
+                    self.retire_overlapping(peer, lo, hi);
                     (p, true)
                 }
                 Err(e) => {
-                    let overlaps = |k: &(usize, u64), x: &Entry| k.0 == peer && x.imported && x.remote_base < hi && lo < x.remote_base + x.len as u64;
-                    let stale: Vec<(usize, u64)> = self.entries.iter().filter(|(k, x)| overlaps(k, x)).map(|(k, _)| *k).collect();
                     let near: Vec<String> = self
                         .entries
                         .iter()
@@ -198,14 +184,10 @@ impl ImportCache {
                         .map(|(k, x)| format!("peer {} id {} at {:#x}+{} (refs {})", k.0, k.1, x.remote_base, x.len, x.refs))
                         .collect();
                     if already_mapped(&e) {
-                        // The peer handed the new allocation out over these: it freed them.
-                        // (With none here, the mapping in the way is another communicator's
-                        // of this process, which only that one closes.)
-                        for k in &stale {
-                            if let Some(x) = self.entries.remove(k) {
-                                self.retired.push((*k, x));
-                            }
-                        }
+                        // Refused over mappings of the peer's freed allocations; with none
+                        // of this cache there, the one in the way is another communicator's
+                        // of this process, which only that one closes.
+                        self.retire_overlapping(peer, lo, hi);
                         log::debug!("hoccl: rank {peer}'s allocation {} ({lo:#x}+{}) overlaps mappings still open {near:?}: the overlapping ones of this cache are retired, the transfer takes another route", m.alloc_id, m.alloc_len);
                         return Ok(Acquire::Stale(e));
                     }
@@ -216,6 +198,24 @@ impl ImportCache {
         };
         self.entries.insert(key, Entry { base, remote_base: m.base, len: m.alloc_len as usize, refs: 1, last_use: self.clock, imported });
         Ok(Acquire::Mapped(Mapped { key, base }))
+    }
+
+    /// Retire this cache's mappings of `peer` that overlap `[lo, hi)` in the peer's address
+    /// space: a process's live allocations never overlap, so a new allocation there proves
+    /// the peer freed them.
+    fn retire_overlapping(&mut self, peer: usize, lo: u64, hi: u64) {
+        let stale: Vec<(usize, u64)> = self
+            .entries
+            .iter()
+            .filter(|(k, x)| k.0 == peer && x.imported && x.remote_base < hi && lo < x.remote_base + x.len as u64)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in stale {
+            if let Some(x) = self.entries.remove(&k) {
+                log::debug!("hoccl: rank {peer}'s allocation {k:?} ({:#x}+{}) lies under a newer one ({lo:#x}..{hi:#x}): its mapping is retired", x.remote_base, x.len);
+                self.retired.push((k, x));
+            }
+        }
     }
 
     pub fn release(&mut self, m: &Mapped) {
