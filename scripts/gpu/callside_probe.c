@@ -18,6 +18,12 @@
 // streams synchronized), the enqueue time per iteration, and whether every received byte
 // was right. Built by scripts/gpu/build.sh, run by scripts/gpu/driverlock.sh.
 //
+// A third mode, `calls`, times the driver calls an enqueue is made of, one kind at a time,
+// in both processes at once (the contention of a back-to-back sendrecv): per kind the mean
+// and median host time of one call over N calls, the stream synchronized every 128 calls
+// outside the timed calls. It gives the cost model of an enqueue under MPS: the sum of its
+// calls.
+//
 // usage: callside_probe MODE BYTES [N] [R]
 #include <cuda.h>
 #include <dlfcn.h>
@@ -41,6 +47,9 @@ F(cuMemcpyDtoDAsync_v2, CUdeviceptr, CUdeviceptr, size_t, CUstream) F(cuStreamSy
 F(cuIpcGetMemHandle, CUipcMemHandle*, CUdeviceptr) F(cuIpcOpenMemHandle_v2, CUdeviceptr*, CUipcMemHandle, unsigned)
 F(cuMemsetD8_v2, CUdeviceptr, unsigned char, size_t) F(cuMemcpyDtoH_v2, void*, CUdeviceptr, size_t) F(cuMemcpyHtoD_v2, CUdeviceptr, const void*, size_t)
 F(cuGetErrorName, CUresult, const char**)
+F(cuCtxGetCurrent, CUcontext*) F(cuPointerGetAttributes, unsigned, CUpointer_attribute*, void**, CUdeviceptr)
+F(cuMemGetAddressRange_v2, CUdeviceptr*, size_t*, CUdeviceptr) F(cuStreamIsCapturing, CUstream, CUstreamCaptureStatus*)
+F(cuStreamBatchMemOp_v2, CUstream, unsigned, CUstreamBatchMemOpParams*, unsigned)
 
 static void die(const char *what, CUresult r) {
   const char *n = "?";
@@ -65,7 +74,9 @@ struct Shared {
   volatile int ready[2], go, pad;
   double per_iter_us[2], enqueue_us[2];
   int wrong[2];
+  double call_mean_us[2][16], call_p50_us[2][16];
 };
+#define DEV_OF(sh, flags, field) ((flags) + (CUdeviceptr)((char *)&(field) - (char *)(sh)))
 
 static void load(void) {
   void *lib = dlopen("libcuda.so.1", RTLD_NOW);
@@ -75,6 +86,76 @@ static void load(void) {
   L(cuMemHostGetDevicePointer_v2) L(cuStreamCreate) L(cuStreamWaitValue64_v2) L(cuStreamWriteValue64_v2) L(cuEventCreate)
   L(cuEventRecord) L(cuStreamWaitEvent) L(cuMemcpyDtoDAsync_v2) L(cuStreamSynchronize) L(cuIpcGetMemHandle)
   L(cuIpcOpenMemHandle_v2) L(cuMemsetD8_v2) L(cuMemcpyDtoH_v2) L(cuMemcpyHtoD_v2) L(cuGetErrorName)
+  L(cuCtxGetCurrent) L(cuPointerGetAttributes) L(cuMemGetAddressRange_v2) L(cuStreamIsCapturing) L(cuStreamBatchMemOp_v2)
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+// The `calls` mode: each kind of call the enqueue of an op makes, timed alone, N times.
+enum { KINDS = 13 };
+static const char *kind_name[KINDS] = {
+  "cuCtxGetCurrent", "cuPointerGetAttributes x3", "cuPointerGetAttributes x5", "cuMemGetAddressRange",
+  "cuStreamIsCapturing", "cuStreamWriteValue64", "cuStreamWaitValue64 (met)", "cuStreamBatchMemOp 2 ops",
+  "cuStreamBatchMemOp 3 ops", "cuMemcpyDtoDAsync 4 KiB", "cuMemcpyDtoDAsync 1 MiB", "cuEventRecord", "cuStreamWaitEvent",
+};
+static void calls(struct Shared *sh, int me, int n) {
+  CUdevice dev; CUcontext ctx;
+  C(p_cuInit(0)); C(p_cuDeviceGet(&dev, 0)); C(p_cuDevicePrimaryCtxRetain(&ctx, dev)); C(p_cuCtxSetCurrent(ctx));
+  C(p_cuMemHostRegister_v2((void *)sh, (sizeof *sh + 4095) / 4096 * 4096, CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE));
+  CUdeviceptr flags; C(p_cuMemHostGetDevicePointer_v2(&flags, (void *)sh, 0));
+  CUdeviceptr a, b;
+  C(p_cuMemAlloc_v2(&a, 1 << 20)); C(p_cuMemAlloc_v2(&b, 1 << 20));
+  CUstream s; C(p_cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CUstream s2; C(p_cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
+  CUevent ev; C(p_cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+  struct Side *mine = &sh->side[me];
+  CUdeviceptr w = DEV_OF(sh, flags, mine->started), wt = DEV_OF(sh, flags, mine->landed);
+  double *d = malloc(sizeof(double) * n);
+  for (int k = 0; k < KINDS; ++k) {
+    __atomic_add_fetch(&sh->go, 1, __ATOMIC_SEQ_CST);
+    while (__atomic_load_n(&sh->go, __ATOMIC_SEQ_CST) < 2 * (k + 1)) {}
+    for (int i = 0; i < n + 64; ++i) {
+      if (i % 128 == 0) { C(p_cuStreamSynchronize(s)); C(p_cuStreamSynchronize(s2)); }
+      CUpointer_attribute at[5] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_BUFFER_ID, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                   CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+      uint64_t v[5] = {0}; void *vp[5] = {&v[0], &v[1], &v[2], &v[3], &v[4]};
+      CUstreamBatchMemOpParams ops[3];
+      memset(ops, 0, sizeof ops);
+      ops[0].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64; ops[0].writeValue.address = w; ops[0].writeValue.value64 = (cuuint64_t)i;
+      ops[1].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_64; ops[1].waitValue.address = w; ops[1].waitValue.value64 = 0;
+      ops[1].waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+      ops[2].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_64; ops[2].waitValue.address = wt; ops[2].waitValue.value64 = 0;
+      ops[2].waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+      CUcontext cur; CUdeviceptr base; size_t len; CUstreamCaptureStatus cs;
+      double t0 = now();
+      switch (k) {
+        case 0: C(p_cuCtxGetCurrent(&cur)); break;
+        case 1: C(p_cuPointerGetAttributes(3, at, vp, a + 4096)); break;
+        case 2: C(p_cuPointerGetAttributes(5, at, vp, a + 4096)); break;
+        case 3: C(p_cuMemGetAddressRange_v2(&base, &len, a + 4096)); break;
+        case 4: C(p_cuStreamIsCapturing(s, &cs)); break;
+        case 5: C(p_cuStreamWriteValue64_v2(s, w, (cuuint64_t)i, 0)); break;
+        case 6: C(p_cuStreamWaitValue64_v2(s, wt, 0, CU_STREAM_WAIT_VALUE_GEQ)); break;
+        case 7: C(p_cuStreamBatchMemOp_v2(s, 2, ops, 0)); break;
+        case 8: C(p_cuStreamBatchMemOp_v2(s, 3, ops, 0)); break;
+        case 9: C(p_cuMemcpyDtoDAsync_v2(b, a, 4096, s)); break;
+        case 10: C(p_cuMemcpyDtoDAsync_v2(b, a, 1 << 20, s)); break;
+        case 11: C(p_cuEventRecord(ev, s)); break;
+        case 12: C(p_cuStreamWaitEvent(s2, ev, 0)); break;
+      }
+      double t = now() - t0;
+      if (i >= 64) d[i - 64] = t;
+    }
+    C(p_cuStreamSynchronize(s)); C(p_cuStreamSynchronize(s2));
+    double sum = 0;
+    for (int i = 0; i < n; ++i) sum += d[i];
+    qsort(d, n, sizeof *d, cmp_double);
+    sh->call_mean_us[me][k] = sum / n * 1e6; sh->call_p50_us[me][k] = d[n / 2] * 1e6;
+  }
+  free(d);
 }
 
 static void run(struct Shared *sh, int me, int staged, size_t bytes, int n, int R) {
@@ -146,8 +227,8 @@ static void run(struct Shared *sh, int me, int staged, size_t bytes, int n, int 
 }
 
 int main(int argc, char **argv) {
-  if (argc < 3) { fprintf(stderr, "usage: callside_probe staged|direct BYTES [N] [R]\n"); return 2; }
-  int staged = !strcmp(argv[1], "staged");
+  if (argc < 3) { fprintf(stderr, "usage: callside_probe staged|direct|calls BYTES [N] [R]\n"); return 2; }
+  int staged = !strcmp(argv[1], "staged"), only_calls = !strcmp(argv[1], "calls");
   size_t bytes = strtoull(argv[2], 0, 0);
   int n = argc > 3 ? atoi(argv[3]) : 2000, R = argc > 4 ? atoi(argv[4]) : 4;
   load();
@@ -155,10 +236,20 @@ int main(int argc, char **argv) {
   if (sh == MAP_FAILED) { perror("mmap"); return 2; }
   memset(sh, 0, sizeof *sh);
   pid_t child = fork();
-  if (child == 0) { run(sh, 1, staged, bytes, n, R); _exit(0); }
-  run(sh, 0, staged, bytes, n, R);
+  if (child == 0) {
+    if (only_calls) calls(sh, 1, n); else run(sh, 1, staged, bytes, n, R);
+    _exit(0);
+  }
+  if (only_calls) calls(sh, 0, n); else run(sh, 0, staged, bytes, n, R);
   int st = 0; waitpid(child, &st, 0);
   if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) { fprintf(stderr, "callside_probe: the second process failed\n"); return 1; }
+  if (only_calls) {
+    printf("driver calls, 2 processes timing the same kind at once, %d calls each (us per call: mean / p50, process 0; process 1)\n", n);
+    for (int k = 0; k < KINDS; ++k)
+      printf("  %-28s %7.2f / %6.2f ; %7.2f / %6.2f\n", kind_name[k], sh->call_mean_us[0][k], sh->call_p50_us[0][k],
+             sh->call_mean_us[1][k], sh->call_p50_us[1][k]);
+    return 0;
+  }
   printf("%-6s %9zu B x %d (ring %d): %8.2f us per sendrecv (rank 0; rank 1 %.2f), %5.2f GB/s each way, enqueue %.2f us, wrong bytes %d/%d\n",
          argv[1], bytes, n, R, sh->per_iter_us[0], sh->per_iter_us[1], bytes / sh->per_iter_us[0] / 1e3, sh->enqueue_us[0],
          sh->wrong[0], sh->wrong[1]);

@@ -6,6 +6,8 @@
 #   2. two processes under MPS exchanging data with every copy and flag operation enqueued by
 #      the calling thread (scripts/gpu/callside_probe.c): staged through a receiver-owned ring,
 #      and direct into the peer's buffer, 4 KiB - 64 MiB -> callside.txt
+#   3. what each driver call of an enqueue costs the calling thread, two processes calling
+#      at once, without and with MPS (callside_probe calls)       -> driver-calls.txt
 # Both probes are built by scripts/gpu/build.sh (or here, from $CUDA_HOME/include/cuda.h).
 set -u
 # shellcheck source=common.sh
@@ -27,12 +29,16 @@ run_all() {
   done
 }
 run_all "no MPS" > "$out" 2>&1
+dc="$results/driver-calls.txt"
+record "$dc" "bash scripts/gpu/driverlock.sh (callside_probe calls 0 5000, without MPS, then under MPS)"
+{ echo "## no MPS"; timeout 60 "$side" calls 0 5000; } > "$dc" 2>&1
 mps_dir=$(mktemp -d "${TMPDIR:-/tmp}/hoccl-mps.XXXXXX")
 export CUDA_MPS_PIPE_DIRECTORY="$mps_dir/pipe" CUDA_MPS_LOG_DIRECTORY="$mps_dir/log"
 mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
 status=0
 if nvidia-cuda-mps-control -d; then
   run_all "MPS" >> "$out" 2>&1
+  { echo "## MPS"; timeout 60 "$side" calls 0 5000; } >> "$dc" 2>&1
   cs="$results/callside.txt"
   record "$cs" "bash scripts/gpu/driverlock.sh (under MPS: callside_probe staged|direct BYTES N 4)"
   for mode in staged direct; do
@@ -46,4 +52,5 @@ if nvidia-cuda-mps-control -d; then
 fi
 rm -rf "$mps_dir"
 grep -E "^##|BLOCKED|returned" "$out"
+cat "$dc"
 exit $status

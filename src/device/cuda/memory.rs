@@ -51,6 +51,31 @@ fn pointer_attributes<const N: usize>(op: &'static str, p: DevPtr, attrs: [PA; N
 fn device_memory(op: &'static str, p: DevPtr, ordinal: usize) -> Result<u64> {
     let [mem_type, id, dev] =
         pointer_attributes(op, p, [PA::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, PA::CU_POINTER_ATTRIBUTE_BUFFER_ID, PA::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL])?;
+    check_device_memory(op, p, ordinal, mem_type, dev)?;
+    Ok(id)
+}
+
+/// The allocation holding `p` (buffer id, start, length) in one driver call, or
+/// `InvalidArgument` unless `p` is device memory of GPU `ordinal`. Every collective validates
+/// its buffers with this, so it is one call, not two: under MPS each driver call of an
+/// enqueue costs about a microsecond or more (docs/design.md, "Where the time of an op goes").
+fn device_range(op: &'static str, p: DevPtr, ordinal: usize) -> Result<(u64, u64, usize)> {
+    let [mem_type, id, dev, base, len] = pointer_attributes(
+        op,
+        p,
+        [
+            PA::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            PA::CU_POINTER_ATTRIBUTE_BUFFER_ID,
+            PA::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            PA::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+            PA::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+        ],
+    )?;
+    check_device_memory(op, p, ordinal, mem_type, dev)?;
+    Ok((id, base, len as usize))
+}
+
+fn check_device_memory(op: &'static str, p: DevPtr, ordinal: usize, mem_type: u64, dev: u64) -> Result<()> {
     if mem_type != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u64 {
         let what = match mem_type {
             0 => "not memory known to CUDA",
@@ -62,7 +87,7 @@ fn device_memory(op: &'static str, p: DevPtr, ordinal: usize) -> Result<u64> {
     if dev as usize != ordinal {
         return Err(Error::invalid_arg(op, format!("{:#x} is memory of GPU {dev}, not of GPU {ordinal}", p.0)));
     }
-    Ok(id)
+    Ok(())
 }
 
 /// The owner of a flag slab's pinned memory: frees it when the slab drops.
@@ -130,7 +155,11 @@ impl CudaDevice {
     pub(super) fn mem_allocation(&self, p: DevPtr) -> Result<Allocation> {
         const OP: &str = "Device::allocation";
         let _g = self.enter(OP)?;
-        let id = device_memory(OP, p, self.info.ordinal)?;
+        let (id, base, len) = device_range(OP, p, self.info.ordinal)?;
+        if len > 0 && base <= p.0 && p.0 - base < len as u64 {
+            return Ok(Allocation { base: DevPtr(base), len, id });
+        }
+        // A driver that leaves the range attributes unset: ask for the range itself.
         let (mut base, mut len): (sys::CUdeviceptr, usize) = (0, 0);
         // SAFETY: valid out-pointers; p is device memory (checked above).
         let r = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut len, p.0) };
