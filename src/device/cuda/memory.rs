@@ -57,8 +57,8 @@ fn device_memory(op: &'static str, p: DevPtr, ordinal: usize) -> Result<u64> {
 
 /// The allocation holding `p` (buffer id, start, length) in one driver call, or
 /// `InvalidArgument` unless `p` is device memory of GPU `ordinal`. Every collective validates
-/// its buffers with this, so it is one call, not two: under MPS each driver call of an
-/// enqueue costs about a microsecond or more (docs/design.md, "Where the time of an op goes").
+/// its buffers with this on the calling thread, whose driver calls bound a small op's time
+/// (docs/design.md, "Small operations").
 fn device_range(op: &'static str, p: DevPtr, ordinal: usize) -> Result<(u64, u64, usize)> {
     let [mem_type, id, dev, base, len] = pointer_attributes(
         op,
