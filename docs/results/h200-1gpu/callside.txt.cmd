@@ -1,2 +1,2 @@
-# 2026-12-02T09:41:59Z, probes compiled from scripts/gpu/*_probe.c as committed with this file, 1 GPU(s) (h200-1gpu)
+# 2026-12-02T19:42:42Z, binaries of commit 2c8b401, 1 GPU(s) (h200-1gpu)
 bash scripts/gpu/driverlock.sh (under MPS: callside_probe staged|direct BYTES N 4)

@@ -1,2 +1,2 @@
-# 2026-12-02T09:41:15Z, probes compiled from scripts/gpu/*_probe.c as committed with this file, 1 GPU(s) (h200-1gpu)
+# 2026-12-02T19:41:58Z, binaries of commit 2c8b401, 1 GPU(s) (h200-1gpu)
 bash scripts/gpu/driverlock.sh (driver_lock_probe MODE [ctx2] for each mode, without and with MPS)

@@ -1,0 +1,2 @@
+# 2026-12-02T20:06Z, binaries of commit 2c8b401, 1 GPU (h200-1gpu), 4 processes under MPS (nvidia-cuda-mps-control -d), CUDA_DEVICE_MAX_CONNECTIONS=16
+for e in ce compressed; do HOCCL_VIRTUAL_NODES=2 HOCCL_NET_GBPS=1 HOCCL_ENGINE=$e HOCCL_BACKEND=cuda mpirun --oversubscribe -np 4 $HOCCL_BIN_DIR/net_bench --iters 3 --ops allgather,alltoall --sizes 16M --data tests/data/minilm-weight-word-emb.bf16; done
