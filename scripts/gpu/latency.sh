@@ -8,7 +8,8 @@
 #   2. under MPS (nvidia-cuda-mps-control -d, stopped when the script exits, whatever
 #      happened): 2, 3 and 4 processes on the GPU, sendrecv 4K..1G, the handshake probe and
 #      the copies of every process at once, appended to the same file (mps: true); the
-#      2-process rows again with HOCCL_GATED=0 (the handshake path for every size)
+#      2-process rows again on the gated path (HOCCL_GATED=1, off by default) and on the
+#      staged path (HOCCL_STAGED_BYTES=1M, off by default in the native API)
 #   3. under MPS, 2 processes, sendrecv 4K and 2M with HOCCL_TRACE_OPS: the proxies'
 #      per-step timelines of four ops in the middle of the timed loop   -> latency_timeline.log
 #   and every run's output                                              -> latency.log
@@ -76,10 +77,10 @@ if [ -n "$mps_np" ]; then
         [ "$np" -ge 3 ] && conn=(CUDA_DEVICE_MAX_CONNECTIONS=16)
         run 180 NCCL_NVLS_ENABLE=0 "${conn[@]}" -- -np "$np" "$BIN" --latency --mps --ops sendrecv --json "$json" --append
       done
-      # The same 2-process rows on the handshake path, beside the gated path's (records: path).
-      run 180 NCCL_NVLS_ENABLE=0 HOCCL_GATED=0 -- -np 2 "$BIN" --latency --mps --ops sendrecv --json "$json" --append
-      # And on the staged path (off by default until it has passed on a GPU; records: path):
-      # hundreds of back-to-back ops run into each staged queue's budget.
+      # The same 2-process rows on the gated path, beside the handshake's (records: path).
+      run 180 NCCL_NVLS_ENABLE=0 HOCCL_GATED=1 -- -np 2 "$BIN" --latency --mps --ops sendrecv --json "$json" --append
+      # And on the staged path (records: path): hundreds of back-to-back ops run into each
+      # staged queue's budget.
       run 180 NCCL_NVLS_ENABLE=0 HOCCL_STAGED_BYTES=1M -- -np 2 "$BIN" --latency --mps --ops sendrecv --json "$json" --append
       tl="$results/latency_timeline.log"
       : > "$tl"
