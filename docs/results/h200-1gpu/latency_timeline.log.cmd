@@ -1,2 +1,2 @@
-# 2026-12-02T19:41:57Z, binaries of commit 2c8b401, 1 GPU(s) (h200-1gpu)
+# 2026-12-03T07:09:26Z, binaries of commit e690f3a, 1 GPU(s) (h200-1gpu)
 bash scripts/gpu/latency.sh (under MPS: env NCCL_NVLS_ENABLE=0 HOCCL_LOG=hoccl=info HOCCL_TRACE_OPS=300-303 mpirun --oversubscribe --bind-to none -np 2 $HOCCL_BIN_DIR/bench --ops sendrecv --min 4K --max 4K; env NCCL_NVLS_ENABLE=0 HOCCL_LOG=hoccl=info HOCCL_TRACE_OPS=300-303 mpirun --oversubscribe --bind-to none -np 2 $HOCCL_BIN_DIR/bench --ops sendrecv --min 2M --max 2M)
