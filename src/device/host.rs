@@ -491,6 +491,8 @@ pub struct HostDevice {
     captures: Mutex<HashMap<u64, Capture>>,
     graphs: Mutex<HashMap<u64, HostGraph>>,
     next_graph: AtomicU64,
+    /// This device's number among the host devices of the process (`Device::queue_domain`).
+    instance: usize,
 }
 
 impl HostDevice {
@@ -504,6 +506,10 @@ impl HostDevice {
             captures: Mutex::new(HashMap::new()),
             graphs: Mutex::new(HashMap::new()),
             next_graph: AtomicU64::new(1),
+            instance: {
+                static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
+                NEXT.fetch_add(1, Ordering::Relaxed)
+            },
         })
     }
 
@@ -616,6 +622,9 @@ impl Device for HostDevice {
     }
     fn ordinal(&self) -> usize {
         0
+    }
+    fn queue_domain(&self) -> (Backend, usize) {
+        (Backend::Host, self.instance)
     }
     fn name(&self) -> String {
         "host".into()

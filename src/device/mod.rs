@@ -176,6 +176,10 @@ pub trait Device: Send + Sync + 'static {
     fn backend(&self) -> Backend;
     /// Device ordinal (GPU index; 0 on the host backend).
     fn ordinal(&self) -> usize;
+    /// What shares this device's hardware queues, unique in the process while any holder
+    /// of the key may still use it: a CUDA GPU's primary context (`(Cuda, ordinal)`), or one
+    /// host-backend device (`(Host, a process-wide instance number, never reused)`).
+    fn queue_domain(&self) -> (Backend, usize);
     /// Human-readable name and PCI bus id ("host" on the host backend).
     fn name(&self) -> String;
     fn pci_bus_id(&self) -> String;

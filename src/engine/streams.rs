@@ -81,12 +81,9 @@ pub struct Admission<'a> {
 }
 
 /// What shares hardware queues: a CUDA context (one per GPU in a process: the primary
-/// context); each host-backend device has its own.
+/// context); each host-backend device has its own, never confused with a dropped one.
 fn context_key(dev: &dyn Device) -> (Backend, usize) {
-    match dev.backend() {
-        Backend::Cuda => (Backend::Cuda, dev.ordinal()),
-        Backend::Host => (Backend::Host, dev as *const dyn Device as *const u8 as usize),
-    }
+    dev.queue_domain()
 }
 
 /// After dropping released entries: how many distinct streams of `key` wait (targets not
@@ -285,6 +282,17 @@ impl StreamManager {
     }
 }
 
+impl Drop for StreamManager {
+    /// A manager dropped without [`StreamManager::release`] (a failed creation, a test)
+    /// withdraws its waiting-stream entries too, so that they never count against the
+    /// limit of streams that outlive it.
+    fn drop(&mut self) {
+        if !self.slabs.is_empty() {
+            forget_waiters(&self.slabs);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -297,6 +305,38 @@ mod tests {
     /// Streams past the limit wait for a release, a stream that already waits does not, a
     /// wait that no release ends is a Timeout that names the setting, and a refused call
     /// leaves nothing enqueued.
+    /// A device and a manager dropped with streams still waiting (no release) leave nothing
+    /// that counts against another device's limit, even one the allocator puts at the
+    /// dropped one's address: every host device is its own queue domain.
+    #[test]
+    fn dropped_waiters_never_count() {
+        let (k0, k1) = {
+            let a = HostDevice::new().unwrap();
+            let ka = context_key(&a);
+            drop(a);
+            let b = HostDevice::new().unwrap();
+            (ka, context_key(&b))
+        };
+        assert_ne!(k0, k1, "a new host device shares a dropped one's queue domain");
+        let dev = HostDevice::new().unwrap();
+        let s: Vec<StreamHandle> = (0..2).map(|_| dev.create_stream().unwrap()).collect();
+        let key = context_key(&dev);
+        let hs = {
+            let mut m = StreamManager::default();
+            let hs: Vec<Handshake> = s.iter().map(|&st| m.enqueue(&dev, st, "t", &[], &adm(8, 5000)).unwrap()).collect();
+            assert_eq!(waiting_streams(&mut WAITERS.lock().unwrap(), key, s[0]), (2, true));
+            hs
+        };
+        assert_eq!(waiting_streams(&mut WAITERS.lock().unwrap(), key, s[0]), (0, false), "a dropped manager's waits still count");
+        for h in &hs {
+            h.flags.store(h.finish_flag, h.stream_seq);
+        }
+        for st in s {
+            dev.synchronize(st).unwrap();
+            dev.destroy_stream(st).unwrap();
+        }
+    }
+
     #[test]
     fn waiting_stream_limit() {
         let dev = HostDevice::new().unwrap();

@@ -218,6 +218,9 @@ impl Device for CudaDevice {
     fn ordinal(&self) -> usize {
         self.info.ordinal
     }
+    fn queue_domain(&self) -> (Backend, usize) {
+        (Backend::Cuda, self.info.ordinal)
+    }
     fn name(&self) -> String {
         self.info.name.clone()
     }
