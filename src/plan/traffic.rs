@@ -207,6 +207,16 @@ impl Loads {
         let ce = mx(&self.ce) / (cl.ce_bw * cl.ce_per_gpu as f64);
         Bound { nic_s: nic, nvlink_s: nvlink, ce_s: ce }
     }
+
+    /// The NIC bound if every node's bytes between nodes were spread evenly over its NICs:
+    /// max over nodes and directions of the node's NIC bytes / (NICs per node × NIC rate).
+    /// At most `bound().nic_s`; the gap is what choosing a route's NICs per route (rather
+    /// than through the per-GPU forwarding map) could gain on skewed traffic.
+    pub fn node_spread_nic_s(&self, cl: &Cluster) -> f64 {
+        let k = cl.nics_per_node;
+        let per_node = |v: &[f64]| v.chunks(k).map(|c| c.iter().sum::<f64>()).fold(0.0, f64::max);
+        per_node(&self.nic_out).max(per_node(&self.nic_in)) / (k as f64 * cl.nic_bw)
+    }
 }
 
 /// The lower bound split by domain; `total()` is the bound itself.
