@@ -28,7 +28,7 @@ pub const MAX_STAGES: usize = 512;
 /// count; None when the cluster is too large, nothing crosses, or it needs too many stages.
 pub fn schedule_nics(cl: &Cluster, routes: &[Route]) -> Option<(Vec<NicSlice>, usize)> {
     let n = cl.num_nics();
-    if n > MAX_NICS || n < 2 || routes.is_empty() {
+    if !(2..=MAX_NICS).contains(&n) || routes.is_empty() {
         return None;
     }
     let ix = Index::new(cl);
@@ -79,8 +79,7 @@ pub fn schedule_nics(cl: &Cluster, routes: &[Route]) -> Option<(Vec<NicSlice>, u
             return None;
         }
         let mut any = false;
-        for b in 0..n {
-            let a = matched[b];
+        for (b, &a) in matched.iter().enumerate() {
             let p = a * n + b;
             all[p] -= w;
             let mut take = w.min(real[p]);
