@@ -471,6 +471,8 @@ impl SimSetup {
             cl.nvlink_bw = copy_gbps * 1e9;
             cl.ce_bw = copy_gbps * 1e9;
             cl.ce_per_gpu = ctx.dev.copy_engine_count().max(1);
+            // As the communicator plans (`HOCCL_FORWARD_BALANCE`, nodes of several ranks).
+            cl.balance_nics = cfg.forward_balance && k > 1;
             cl
         });
         let model = Model { incast: Incast { loss: ctx.o.incast }, qps_per_peer: cfg.qps_per_peer.max(1), ..Model::default() };
@@ -508,6 +510,7 @@ impl SimSetup {
         // the host link's rate. Intra-node flows stay bounded by the copy rate through the
         // NVLink ports.
         let mut staged = cl.clone().with_identity_forwarding();
+        staged.balance_nics = false;
         let direct_model = match self.host_link {
             None => {
                 staged.ce_bw = 1e18;

@@ -14,13 +14,19 @@
 #      and the proxy's CPU per GB when nothing throttles it;
 #   4. AllReduce hierarchical (Sum) and flat (Avg) on 2 x 2, every rank owning a piece of
 #      the hierarchical plan (identity map) and the pieces on local rank 0 of each node
-#      (HOCCL_FORWARDING_PEERS=0,0).
+#      (HOCCL_FORWARDING_PEERS=0,0);
+#   5. AlltoAll, AlltoAllv uniform and Zipf on 4 virtual nodes x 2 ranks (8 ranks), direct
+#      and staged, at NET_BENCH_GBPS_4X2: eight ranks and their proxy threads on a 2-core
+#      host move about 0.4 GB/s per direction in all, so 0.25 per rank would not bind.
 # Every run's records (measured median, the simulator's direct and planned predictions) go
-# to docs/results/<machine>/internode.json, its table to internode.txt; each run starts
-# with the exact command.
+# to docs/results/<machine>/internode.json (NET_BENCH_PARTS=4x2: internode-4x2.json), its
+# table to internode.txt (internode-4x2.txt); each run starts with the exact command.
 #   NET_BENCH_MACHINE  folder under docs/results (default: host-<cores>core)
 #   NET_BENCH_GBPS     the NIC limit (default 0.25: the unlimited loopback transport moves
 #                      about 1 GB/s per rank on a 2-core host, so 1 GB/s would not bind)
+#   NET_BENCH_GBPS_4X2 the NIC limit of part 5 (default 0.05)
+#   NET_BENCH_PARTS    all (default: parts 1-5 into internode.{txt,json}) or 4x2 (part 5
+#                      alone into internode-4x2.{txt,json})
 #   NET_BENCH_SIZES    bytes per rank (default 1M,4M,16M)
 #   NET_BENCH_ITERS    timed iterations (default 5)
 #   NET_BENCH_BACKEND  host (default) or cuda: on a GPU machine the ranks share its GPUs
@@ -35,6 +41,9 @@ cd "$(dirname "$0")/.."
 source scripts/mpi-env.sh
 machine="${NET_BENCH_MACHINE:-host-$(nproc)core}"
 gbps="${NET_BENCH_GBPS:-0.25}"
+gbps8="${NET_BENCH_GBPS_4X2:-0.05}"
+parts="${NET_BENCH_PARTS:-all}"
+case "$parts" in all) name=internode ;; 4x2) name=internode-4x2 ;; *) echo "net-bench: NET_BENCH_PARTS=$parts: want all or 4x2" >&2; exit 2 ;; esac
 sizes="${NET_BENCH_SIZES:-1M,4M,16M}"
 iters="${NET_BENCH_ITERS:-5}"
 data=tests/data/minilm-weight-word-emb.bf16
@@ -69,24 +78,31 @@ run() { # run NODES NP ENGINE ARGS... (the limit: $limit, else $gbps; the path: 
   fi
   echo | tee -a "$tmp/table.txt"
 }
-all=(--ops allgather,alltoall,alltoallv,zipf --sizes "$sizes")
+if [ "$parts" = all ]; then
+  all=(--ops allgather,alltoall,alltoallv,zipf --sizes "$sizes")
+  for f in 0 1; do
+    fwd=$f run 2 4 ce "${all[@]}"
+    fwd=$f run 4 4 ce "${all[@]}"
+    fwd=$f run 2 2 ce "${all[@]}"
+  done
+  peers=1,0 run 2 4 ce "${all[@]}"
+  run 2 4 ce --ops allgather,alltoall --sizes "$sizes" --data "$data"
+  run 2 4 compressed --ops allgather,alltoall --sizes "$sizes" --data "$data"
+  limit=0 run 2 2 ce --ops alltoall,allgather --sizes 16M,64M
+  run 2 4 ce --ops allreduce,allreduce-flat --sizes "$sizes"
+  peers=0,0 run 2 4 ce --ops allreduce,allreduce-flat --sizes "$sizes"
+fi
 for f in 0 1; do
-  fwd=$f run 2 4 ce "${all[@]}"
-  fwd=$f run 4 4 ce "${all[@]}"
-  fwd=$f run 2 2 ce "${all[@]}"
+  limit=$gbps8 fwd=$f run 4 8 ce --ops alltoall,alltoallv,zipf --sizes "$sizes"
 done
-peers=1,0 run 2 4 ce "${all[@]}"
-run 2 4 ce --ops allgather,alltoall --sizes "$sizes" --data "$data"
-run 2 4 compressed --ops allgather,alltoall --sizes "$sizes" --data "$data"
-limit=0 run 2 2 ce --ops alltoall,allgather --sizes 16M,64M
-run 2 4 ce --ops allreduce,allreduce-flat --sizes "$sizes"
-peers=0,0 run 2 4 ce --ops allreduce,allreduce-flat --sizes "$sizes"
 {
   echo "# scripts/net-bench.sh on $(hostname) ($(nproc) cores), $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD)"
-  echo "# NET_BENCH_BACKEND=$backend NET_BENCH_GBPS=$gbps NET_BENCH_SIZES=$sizes NET_BENCH_ITERS=$iters"
+  echo "# NET_BENCH_BACKEND=$backend NET_BENCH_PARTS=$parts NET_BENCH_GBPS=$gbps NET_BENCH_GBPS_4X2=$gbps8 NET_BENCH_SIZES=$sizes NET_BENCH_ITERS=$iters"
   cat "$tmp/table.txt"
-} > "$out/internode.txt"
-python3 - "$out/internode.json" "$tmp" "$n" "$gbps" "$backend" <<'EOF'
+} > "$out/$name.txt"
+top_gbps=$gbps
+[ "$parts" = 4x2 ] && top_gbps=$gbps8
+python3 - "$out/$name.json" "$tmp" "$n" "$top_gbps" "$backend" <<'EOF'
 import json, sys, os, subprocess, socket, datetime
 path, tmp, n, gbps, backend = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
 runs = []
@@ -107,5 +123,5 @@ doc = {
 }
 json.dump(doc, open(path, "w"), indent=1)
 EOF
-echo "net-bench: wrote $out/internode.json and $out/internode.txt (exit $status)"
+echo "net-bench: wrote $out/$name.json and $out/$name.txt (exit $status)"
 exit $status

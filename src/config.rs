@@ -103,6 +103,12 @@ pub struct Config {
     /// between nodes, lie on the forwarding peers only (1) or on every rank (0).
     /// docs/design.md, "Staged plan", "Reductions across nodes".
     pub forwarding: bool,
+    /// `HOCCL_FORWARD_BALANCE`: on the staged path, a route between nodes may leave from
+    /// and land on any rank's NIC of its nodes, so a skewed exchange spreads its bytes over
+    /// a node's NICs (1, the default, on nodes whose ranks are all alike in number; every
+    /// rank of such a node then holds `HOCCL_FORWARD_STAGING`), or only on its ranks'
+    /// forwarding peers' (0). docs/design.md, "Staged plan".
+    pub forward_balance: bool,
     /// `HOCCL_FORWARD_STAGING`: bytes of device staging per forwarding rank (K/M/G
     /// suffixes; at least 64 KiB), allocated once per communicator at creation on the ranks
     /// that forward another rank's traffic: four slots (two to send, two to receive) bound a
@@ -212,6 +218,7 @@ impl Default for Config {
             virtual_nodes: 1,
             forwarding_peers: Vec::new(),
             forwarding: true,
+            forward_balance: true,
             forward_staging_bytes: 16 << 20,
             staged_min_flow_bytes: crate::transport::socket::CHUNK,
             stage_every_call: false,
@@ -345,6 +352,13 @@ impl Config {
                 "0" => false,
                 "1" => true,
                 _ => return Err(Error::invalid_arg(OP, format!("HOCCL_FORWARDING={v}: want 1|0"))),
+            };
+        }
+        if let Some(v) = get("HOCCL_FORWARD_BALANCE") {
+            self.forward_balance = match v.trim() {
+                "0" => false,
+                "1" => true,
+                _ => return Err(Error::invalid_arg(OP, format!("HOCCL_FORWARD_BALANCE={v}: want 1|0"))),
             };
         }
         if let Some(v) = get("HOCCL_FORWARD_STAGING") {
@@ -606,6 +620,7 @@ mod tests {
             ("HOCCL_NET_GBPS", "inf"),
             ("HOCCL_NET_STAGING", "4K"),
             ("HOCCL_FORWARDING", "yes"),
+            ("HOCCL_FORWARD_BALANCE", "on"),
             ("HOCCL_FORWARD_STAGING", "16K"),
             ("HOCCL_QPS_PER_PEER", "0"),
             ("HOCCL_QPS_PER_PEER", "65"),

@@ -287,3 +287,57 @@ fn native_work_only_fills_slack() {
     });
     assert!(checked.get() > 50, "only {} stages mixed NIC and native work", checked.get());
 }
+
+#[test]
+fn zipf_alltoallv_on_4x2_has_nic_headroom_only_across_a_nodes_nics() {
+    // Zipf-1.2 AlltoAllv (net_bench's matrix, seed 7) on 4 nodes x 2 GPUs with every GPU its
+    // own forwarder (virtual nodes): the busiest NIC port is a heavy receiver, 29.95 MiB of
+    // 16 MiB per GPU, and the plan, whose routes keep their GPUs' NICs, cannot beat it;
+    // spread over each node's two NICs the busiest port would carry 19.32 MiB (0.645x).
+    let cl = Cluster::new(4, 2).with_identity_forwarding();
+    let c = Collective::AlltoAllv { sizes: plan::zipf_sizes(8, 16 << 20, 1.2, 7) };
+    let p = plan::build(&cl, &c, &PlanOptions::default()).unwrap();
+    let loads = plan::Loads::of_traffic(&cl, &p.traffic);
+    let (port, spread) = (loads.bound(&cl).nic_s, loads.node_spread_nic_s(&cl));
+    let mib = |s: f64| s * cl.nic_bw / f64::from(1 << 20);
+    assert!((mib(port) - 29.95).abs() < 0.01 && (mib(spread) - 19.32).abs() < 0.01, "{} {}", mib(port), mib(spread));
+    assert!(p.estimate_s() >= port * (1.0 - 1e-9));
+    // Uniform traffic has nothing to spread.
+    let u = plan::build(&cl, &Collective::AlltoAll { bytes: 16 << 20 }, &PlanOptions::default()).unwrap();
+    let l = plan::Loads::of_traffic(&cl, &u.traffic);
+    assert!((l.node_spread_nic_s(&cl) - l.bound(&cl).nic_s).abs() <= 1e-12);
+}
+
+#[test]
+fn node_spread_never_exceeds_the_port_bound() {
+    for_cases(|seed, cl, _, p| {
+        let l = plan::Loads::of_traffic(cl, &p.traffic);
+        assert!(l.node_spread_nic_s(cl) <= l.bound(cl).nic_s * (1.0 + 1e-12), "seed {seed}");
+    });
+}
+
+#[test]
+fn balanced_nics_reach_the_node_spread_bound_on_zipf_and_leave_uniform_alone() {
+    // The same matrix with routes free to use either NIC of their nodes: the busiest port
+    // comes down to within a route of the even spread (19.32 MiB), so the plan beats the
+    // fixed-NIC port bound (29.95 MiB) by far; every route stays on its own nodes.
+    let fixed = Cluster::new(4, 2).with_identity_forwarding();
+    let mut cl = fixed.clone();
+    cl.balance_nics = true;
+    let sizes = plan::zipf_sizes(8, 16 << 20, 1.2, 7);
+    let biggest = *sizes.iter().max().unwrap() as f64 / f64::from(1 << 20);
+    let c = Collective::AlltoAllv { sizes };
+    let p = plan::build(&cl, &c, &PlanOptions::default()).unwrap();
+    assert!(p.traffic.routes.iter().any(|r| r.su != r.src || r.rv != r.dst), "no route moved");
+    for r in &p.traffic.routes {
+        assert_eq!((cl.node_of(r.su as usize), cl.node_of(r.rv as usize)), (cl.node_of(r.src as usize), cl.node_of(r.dst as usize)));
+    }
+    let port = plan::Loads::of_traffic(&fixed, &plan::build(&fixed, &c, &PlanOptions::default()).unwrap().traffic).bound(&fixed).nic_s;
+    let l = plan::Loads::of_traffic(&cl, &p.traffic);
+    let mib = |s: f64| s * cl.nic_bw / f64::from(1 << 20);
+    assert!(mib(l.bound(&cl).nic_s) <= 19.32 + biggest, "busiest port {} MiB", mib(l.bound(&cl).nic_s));
+    assert!(p.estimate_s() < 0.8 * port, "plan {} s against the fixed-NIC bound {} s", p.estimate_s(), port);
+    // Uniform traffic: no route moves, the plan is the fixed-NIC one.
+    let u = Collective::AlltoAll { bytes: 16 << 20 };
+    assert_eq!(plan::build(&cl, &u, &PlanOptions::default()).unwrap().traffic.routes, plan::build(&fixed, &u, &PlanOptions::default()).unwrap().traffic.routes);
+}

@@ -350,7 +350,7 @@ fn bench(a: &Args) -> Result<()> {
     let t0 = Instant::now();
     let traffic = plan::Traffic::build(&cl, &c);
     let t1 = Instant::now();
-    let (nic, nic_stages) = plan::schedule::schedule_nics(&cl, traffic.fan_out, &traffic.routes);
+    let (nic, nic_stages) = plan::schedule::schedule_nics(&cl, &traffic.routes);
     let t2 = Instant::now();
     let chunk = parse_size(a.get("--chunk").unwrap_or("4MiB"))?;
     let _ = plan::stages::assemble(&cl, &traffic, &nic, nic_stages, chunk);

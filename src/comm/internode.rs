@@ -87,6 +87,9 @@ impl Layout {
         cluster.ce_per_gpu = bw.copy_engines_per_gpu.max(1);
         let forwards = cluster.forwarding_peer.iter().enumerate().any(|(l, f)| l != *f);
         let even = nodes.iter().all(|r| r.len() == k);
+        // Routes may use any NIC of their nodes (every rank of a node serves one) when
+        // every cluster GPU is a rank: a padding GPU has no staging to carry them.
+        cluster.balance_nics = c.config.forward_balance && even && k > 1;
         Layout { cluster, gpu, rank, even, forwards }
     }
 }
@@ -133,6 +136,7 @@ fn predict(cl: &plan::Cluster, flows: &Flows, plan: &plan::Plan) -> (f64, f64) {
     };
     let mut identity = cl.clone().with_identity_forwarding();
     identity.ce_bw = 1e18;
+    identity.balance_nics = false;
     let direct = Loads::of_traffic(&identity, &Traffic::build(&identity, &direct_flows)).bound(&identity).total();
     (plan.estimate_s() * 1e6, direct * 1e6)
 }
@@ -272,8 +276,15 @@ impl Communicator {
         let opt = PlanOptions { chunk_bytes: (PLAN_CHUNK / es).max(1) as u64 };
         let plan = plan::build(&cl, &flows, &opt).map_err(|e| e.with_op(name))?;
         let (planned_us, direct_us) = predict(&cl, &flows, &plan);
-        let slot = lay.forwards.then(|| (slot_bytes(self.config.forward_staging_bytes) / es).max(1) as u64);
+        // Slots where some route stages on another GPU than its own ends.
+        let fan = plan.traffic.fan_out;
+        let staged = lay.forwards || plan.traffic.routes.iter().any(|r| r.su != r.src || (!fan && r.rv != r.dst));
+        let slot = staged.then(|| (slot_bytes(self.config.forward_staging_bytes) / es).max(1) as u64);
         let steps = exec::lower(&plan, slot);
+        // Each step is one op on every rank that has a move in it, the direct path one op:
+        // their fixed costs count (rank 0's model, so every rank decides alike).
+        let fixed = self.cost_model.ce_fixed_us;
+        let (planned_us, direct_us) = (planned_us + steps.ops.len() as f64 * fixed, direct_us + fixed);
         let me = lay.gpu[self.rank];
         let ops: Vec<Vec<Move>> = steps.ops.iter().map(|op| op.iter().filter(|m| m.from == me || m.to == me).copied().collect()).collect();
         let slots = ops.iter().flatten().any(|m| (m.from == me && matches!(m.src, At::Slot { .. })) || (m.to == me && matches!(m.dst, At::Slot { .. })));
@@ -296,8 +307,9 @@ impl Communicator {
         st.internode.layout.get_or_insert_with(|| Arc::new(Layout::of(self))).clone()
     }
 
-    /// Allocate the forwarding staging now if this rank forwards another rank's traffic
-    /// and the staged path is on. Creation calls it, so the staging never comes into being
+    /// Allocate the forwarding staging now if this rank forwards another rank's traffic, or
+    /// may carry routes moved to its NIC (`Cluster::balance_nics`: every rank of a node of
+    /// several ranks), and the staged path is on. Creation calls it, so the staging never comes into being
     /// while another rank's collective is pending (ranks that are threads of one process on
     /// one GPU would stall each other, docs/design.md, "Several ranks in one process on one
     /// GPU").
@@ -310,7 +322,7 @@ impl Communicator {
         let lay = self.layout(&mut st);
         let k = lay.cluster.gpus_per_node;
         let mine = lay.gpu[self.rank] as usize % k;
-        if lay.cluster.forwarding_peer.iter().enumerate().any(|(l, f)| l != *f && *f == mine) {
+        if lay.cluster.balance_nics || lay.cluster.forwarding_peer.iter().enumerate().any(|(l, f)| l != *f && *f == mine) {
             self.forward_staging(&mut st, OP)?;
         }
         Ok(())

@@ -23,6 +23,10 @@ pub struct Cluster {
     /// Bytes/s of one copy engine.
     pub ce_bw: f64,
     pub ce_per_gpu: usize,
+    /// Routes may leave from and land on any NIC of their nodes, not only their ranks'
+    /// forwarders' ([`super::traffic::Traffic::build`] spreads a skewed matrix's bytes over
+    /// each node's NICs). Needs staging on every GPU that serves a NIC.
+    pub balance_nics: bool,
 }
 
 impl Cluster {
@@ -46,6 +50,7 @@ impl Cluster {
             nvlink_bw: 400e9,
             ce_bw: 397e9,
             ce_per_gpu: 3,
+            balance_nics: false,
         }
     }
 
@@ -99,6 +104,13 @@ impl Cluster {
     /// ū: the staging GPU (same node) that carries `gpu`'s inter-node traffic.
     pub fn staging_gpu(&self, gpu: usize) -> usize {
         self.gpu(self.node_of(gpu), self.forwarding_peer[self.local_of(gpu)])
+    }
+    /// The local GPU whose staging serves local NIC `nic` when a route is moved there: a
+    /// GPU of that NIC that stages some GPU's traffic, else the first GPU of that NIC;
+    /// None when no GPU uses the NIC.
+    pub fn stager_of_nic(&self, nic: usize) -> Option<usize> {
+        let on = |l: &usize| self.nic_of_gpu[*l] == nic;
+        (0..self.gpus_per_node).filter(on).find(|l| self.forwarding_peer.contains(l)).or_else(|| (0..self.gpus_per_node).find(on))
     }
     /// The global NIC serving staging GPU `gpu`.
     pub fn nic_of(&self, gpu: usize) -> usize {

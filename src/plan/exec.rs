@@ -14,7 +14,6 @@
 //! on the NIC in op t and idle from op t + 1, and the next piece that uses it is filled no
 //! earlier than op t + 1. Stages whose NIC pieces exceed a slot are cut into several steps.
 //! Pure data: every rank lowers the same plan to the same steps.
-use super::cluster::Index;
 use super::Plan;
 
 /// Where a move reads or writes on its GPU.
@@ -61,7 +60,6 @@ pub struct Steps {
 /// and no slot is used).
 pub fn lower(plan: &Plan, slot: Option<u64>) -> Steps {
     let cl = &plan.cluster;
-    let ix = Index::new(cl);
     let fan = plan.traffic.fan_out;
     let k = cl.gpus_per_node as u32;
     // Steps: each stage's NIC slices, cut into pieces that fit a slot. The slices one NIC
@@ -84,7 +82,7 @@ pub fn lower(plan: &Plan, slot: Option<u64>) -> Steps {
             steps[first + i].nic.push(piece);
         };
         for x in nic {
-            let ub = ix.staging[plan.traffic.routes[x.route as usize].src as usize];
+            let ub = plan.traffic.routes[x.route as usize].su;
             let p = match pos.iter().position(|e| e.0 == ub) {
                 Some(i) => i,
                 None => {
@@ -121,8 +119,7 @@ pub fn lower(plan: &Plan, slot: Option<u64>) -> Steps {
         for &(r, off, bytes, so) in &st.nic {
             let route = plan.traffic.routes[r as usize];
             let u = route.src;
-            let ub = ix.staging[u as usize];
-            let vb = ix.recv_gpu(fan, u, route.dst) as u32;
+            let (ub, vb) = (route.su, route.rv);
             // The flow that names u's send range: fan-out reads the one payload.
             let v_named = if fan { vb } else { route.dst };
             let from_user = At::Send { src: u, dst: v_named, off };
@@ -244,6 +241,13 @@ mod tests {
             let mut star = Cluster::new(n, k);
             star.forwarding_peer = vec![0; k];
             v.push(star);
+            // Routes on any NIC of their nodes.
+            for fwd in [(0..k).collect(), Cluster::new(n, k).forwarding_peer] {
+                let mut b = Cluster::new(n, k);
+                b.forwarding_peer = fwd;
+                b.balance_nics = true;
+                v.push(b);
+            }
         }
         v
     }
@@ -261,7 +265,7 @@ mod tests {
             ];
             for c in &cs {
                 for slot in [Some(16), Some(7), None] {
-                    let fwd = cl.forwarding_peer.iter().enumerate().any(|(l, f)| l != *f);
+                    let fwd = cl.forwarding_peer.iter().enumerate().any(|(l, f)| l != *f) || cl.balance_nics;
                     if fwd && slot.is_none() {
                         continue;
                     }

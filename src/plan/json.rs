@@ -303,6 +303,7 @@ impl Cluster {
             ("nvlink_bw", Json::Num(self.nvlink_bw)),
             ("ce_bw", Json::Num(self.ce_bw)),
             ("ce_per_gpu", int(self.ce_per_gpu as u64)),
+            ("balance_nics", Json::Bool(self.balance_nics)),
         ])
     }
 
@@ -321,6 +322,11 @@ impl Cluster {
             nvlink_bw: num(v, "nvlink_bw")?,
             ce_bw: num(v, "ce_bw")?,
             ce_per_gpu: uint(v, "ce_per_gpu")? as usize,
+            balance_nics: match v.get("balance_nics") {
+                None => false,
+                Some(Json::Bool(b)) => *b,
+                Some(_) => return Err(Error::invalid_arg(OP, "`balance_nics` is not a boolean")),
+            },
         };
         cl.validate()?;
         Ok(cl)
@@ -339,7 +345,7 @@ impl Plan {
             ("cluster", self.cluster.to_json()),
             ("natives", Json::Arr(t.natives.iter().map(|n| row(&[n.src as u64, n.dst as u64, n.bytes])).collect())),
             ("fan_out", Json::Bool(t.fan_out)),
-            ("routes", Json::Arr(t.routes.iter().map(|r| row(&[r.src as u64, r.dst as u64, r.bytes])).collect())),
+            ("routes", Json::Arr(t.routes.iter().map(|r| row(&[r.src as u64, r.dst as u64, r.bytes, r.su as u64, r.rv as u64])).collect())),
             ("nic", Json::Arr(self.nic.iter().map(|x| row(&[x.route as u64, x.stage as u64, x.offset, x.bytes])).collect())),
             ("native_pieces", Json::Arr(self.native_pieces.iter().map(|p| row(&[p.native as u64, p.stage as u64, p.offset, p.bytes])).collect())),
             (
@@ -365,7 +371,7 @@ impl Plan {
     pub fn from_json(v: &Json) -> Result<Plan> {
         let u32s = |x: u64| x as u32;
         let natives = rows(v, "natives", 3, |t| Native { src: u32s(t[0]), dst: u32s(t[1]), bytes: t[2] })?;
-        let routes = rows(v, "routes", 3, |t| Route { src: u32s(t[0]), dst: u32s(t[1]), bytes: t[2] })?;
+        let routes = rows(v, "routes", 5, |t| Route { src: u32s(t[0]), dst: u32s(t[1]), bytes: t[2], su: u32s(t[3]), rv: u32s(t[4]) })?;
         let fan_out = match field(v, "fan_out")? {
             Json::Bool(b) => *b,
             _ => return Err(Error::invalid_arg(OP, "`fan_out` is not a boolean")),
@@ -389,6 +395,10 @@ impl Plan {
         let cross = |r: &Route| if fan_out { cluster.node_of(r.src as usize) != r.dst as usize } else { cluster.node_of(r.src as usize) != cluster.node_of(r.dst as usize) };
         if routes.iter().any(|r| r.src >= g || r.dst >= dst_limit || !cross(r)) || natives.iter().any(|n| n.src >= g || n.dst >= g) {
             return Err(Error::invalid_arg(OP, "a flow names a GPU outside the cluster"));
+        }
+        let dst_node = |r: &Route| if fan_out { r.dst as usize } else { cluster.node_of(r.dst as usize) };
+        if routes.iter().any(|r| r.su >= g || r.rv >= g || cluster.node_of(r.su as usize) != cluster.node_of(r.src as usize) || cluster.node_of(r.rv as usize) != dst_node(r)) {
+            return Err(Error::invalid_arg(OP, "a route's staging GPU is not on its node"));
         }
         if nic.iter().any(|x| x.route as usize >= routes.len()) || native_pieces.iter().any(|p| p.native as usize >= natives.len()) {
             return Err(Error::invalid_arg(OP, "a piece names a flow that does not exist"));

@@ -8,6 +8,7 @@
 //! give the same plan on every rank. See `docs/design.md` (Planner and simulator). Pure: no FFI, no I/O.
 #![forbid(unsafe_code)]
 
+pub mod bvn;
 pub mod cluster;
 pub mod collective;
 pub mod exec;
@@ -67,8 +68,16 @@ pub fn build(cl: &Cluster, c: &Collective, opt: &PlanOptions) -> Result<Plan> {
         return Err(Error::invalid_arg("plan::build", "chunk_bytes must be > 0"));
     }
     let traffic = Traffic::build(cl, c);
-    let (nic, nic_stages) = schedule::schedule_nics(cl, traffic.fan_out, &traffic.routes);
-    let (native_pieces, stages) = stages::assemble(cl, &traffic, &nic, nic_stages, opt.chunk_bytes);
+    let (mut nic, nic_stages) = schedule::schedule_nics(cl, &traffic.routes);
+    let (mut native_pieces, mut stages) = stages::assemble(cl, &traffic, &nic, nic_stages, opt.chunk_bytes);
+    // The exact decomposition where its stages are predicted faster (skewed matrices).
+    if let Some((bn, bs)) = bvn::schedule_nics(cl, &traffic.routes) {
+        let (bp, bst) = stages::assemble(cl, &traffic, &bn, bs, opt.chunk_bytes);
+        let est = |s: &[Stage]| s.iter().map(|x| x.cost.total()).sum::<f64>();
+        if est(&bst) < est(&stages) * (1.0 - 1e-9) {
+            (nic, native_pieces, stages) = (bn, bp, bst);
+        }
+    }
     Ok(Plan { cluster: cl.clone(), collective: c.name().to_string(), chunk_bytes: opt.chunk_bytes, traffic, nic, native_pieces, stages })
 }
 

@@ -38,7 +38,6 @@ pub struct NicSlice {
 /// traffic, where senders find every receiver).
 struct Entries<'a> {
     ix: Index,
-    fan_out: bool,
     routes: &'a [Route],
     /// Bytes not yet scheduled, per entry.
     remaining: Vec<u64>,
@@ -64,10 +63,10 @@ struct PortLoad {
 impl<'a> Entries<'a> {
     /// One pass over the routes: entries, the senders' lists, and per port the bytes and
     /// entries to move (`PortLoad`).
-    fn new(cl: &Cluster, fan_out: bool, routes: &'a [Route]) -> (Self, PortLoad) {
+    fn new(cl: &Cluster, routes: &'a [Route]) -> (Self, PortLoad) {
         let ix = Index::new(cl);
         let n = cl.num_nics();
-        let mut e = Entries { ix, fan_out, routes, remaining: Vec::with_capacity(routes.len()), start: None, next_out: Vec::with_capacity(routes.len()), head_out: vec![NONE; n], next_in: Vec::new(), head_in: Vec::new() };
+        let mut e = Entries { ix, routes, remaining: Vec::with_capacity(routes.len()), start: None, next_out: Vec::with_capacity(routes.len()), head_out: vec![NONE; n], next_in: Vec::new(), head_in: Vec::new() };
         let mut load = PortLoad { out_rem: vec![0; n], in_rem: vec![0; n], pend_out: vec![0; n], pend_in: vec![0; n] };
         let mut tail = vec![NONE; n];
         let mut start: Vec<u32> = Vec::new();
@@ -108,7 +107,7 @@ impl<'a> Entries<'a> {
     }
 
     fn route_ports(&self, r: &Route) -> (u32, u32) {
-        (self.ix.nic[self.ix.staging[r.src as usize] as usize], self.ix.nic[self.ix.recv_gpu(self.fan_out, r.src, r.dst)])
+        (self.ix.nic[r.su as usize], self.ix.nic[r.rv as usize])
     }
 
     fn routes(&self, e: usize) -> std::ops::Range<usize> {
@@ -428,9 +427,9 @@ impl Scheduler<'_> {
 
 /// Decomposes the routes' NIC transfers into stages. Returns the slices (sorted by stage,
 /// in start order inside a stage) and the number of stages.
-pub fn schedule_nics(cl: &Cluster, fan_out: bool, routes: &[Route]) -> (Vec<NicSlice>, usize) {
+pub fn schedule_nics(cl: &Cluster, routes: &[Route]) -> (Vec<NicSlice>, usize) {
     let n = cl.num_nics();
-    let (e, PortLoad { out_rem, in_rem, pend_out, pend_in }) = Entries::new(cl, fan_out, routes);
+    let (e, PortLoad { out_rem, in_rem, pend_out, pend_in }) = Entries::new(cl, routes);
     let (mut idle_out, mut idle_in) = (IdleSet::new(n), IdleSet::new(n));
     for p in 0..n {
         if out_rem[p] > 0 {

@@ -1,6 +1,6 @@
 //! Human-readable views of a plan: the matrices C, T and T^s as text, and stage matrices
 //! drawn as RGB images (blue: NIC cells, orange: NVLink cells, grey: local staging copies).
-use super::traffic::t_matrix;
+use super::traffic::{t_matrix, Loads};
 use super::Plan;
 use std::fmt::Write;
 
@@ -53,9 +53,10 @@ impl Plan {
         let g = cl.num_gpus();
         let mut s = String::new();
         let b = self.bound();
+        let spread = Loads::of_traffic(cl, &self.traffic).node_spread_nic_s(cl);
         writeln!(
             s,
-            "{} on {}x{} GPUs: {} routes, {} native flows, {} stages; estimate {:.3} ms, bound {:.3} ms (nic {:.3}, nvlink {:.3}, ce {:.3})",
+            "{} on {}x{} GPUs: {} routes, {} native flows, {} stages; estimate {:.3} ms, bound {:.3} ms (nic {:.3}, nvlink {:.3}, ce {:.3}; nic spread over each node's NICs {:.3})",
             self.collective,
             cl.nodes,
             cl.gpus_per_node,
@@ -66,7 +67,8 @@ impl Plan {
             b.total() * 1e3,
             b.nic_s * 1e3,
             b.nvlink_s * 1e3,
-            b.ce_s * 1e3
+            b.ce_s * 1e3,
+            spread * 1e3
         )
         .unwrap();
         if g <= 64 {

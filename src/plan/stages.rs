@@ -122,8 +122,7 @@ impl StageLoads {
     fn add_slice(&mut self, cl: &Cluster, t: &Traffic, s: &NicSlice) {
         let r = &t.routes[s.route as usize];
         let b = s.bytes as f64;
-        let su = self.ix.staging[r.src as usize] as usize;
-        let rv = self.ix.recv_gpu(t.fan_out, r.src, r.dst);
+        let (su, rv) = (r.su as usize, r.rv as usize);
         let (a, z) = (self.ix.nic[su] as usize, self.ix.nic[rv] as usize);
         self.add_nic(2 * a, b);
         self.add_nic(2 * z + 1, b);

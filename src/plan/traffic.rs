@@ -13,15 +13,19 @@ pub struct Native {
 }
 
 /// An inter-node logical flow u → v (or, with `Traffic::fan_out`, u's data for every GPU of
-/// node `dst`). Its staging GPUs follow from the cluster: ū = `staging_gpu(src)`, and
-/// v̄ = `staging_gpu(dst)` (fan-out: the GPU of node `dst` with ū's local index, so the NIC
-/// transfer stays on one rail).
+/// node `dst`) and its staging GPUs: ū = `staging_gpu(src)`, and v̄ = `staging_gpu(dst)`
+/// (fan-out: the GPU of node `dst` with ū's local index, so the NIC transfer stays on one
+/// rail), unless [`Cluster::balance_nics`] moved the route to other NICs of its nodes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Route {
     pub src: u32,
     /// v, or the destination node with fan-out.
     pub dst: u32,
     pub bytes: u64,
+    /// ū: the GPU whose NIC sends the route (on u's node).
+    pub su: u32,
+    /// v̄: the GPU whose NIC receives it (on v's node).
+    pub rv: u32,
 }
 
 /// One effective flow of T: a copy on one node, or a NIC transfer between staging GPUs.
@@ -54,14 +58,13 @@ impl Traffic {
                 if ix.node[u] == ix.node[v] {
                     t.natives.push(Native { src: u as u32, dst: v as u32, bytes: b });
                 } else {
-                    t.routes.push(Route { src: u as u32, dst: v as u32, bytes: b });
+                    t.routes.push(Route { src: u as u32, dst: v as u32, bytes: b, su: ix.staging[u], rv: ix.staging[v] });
                 }
             });
-            let key = |r: &Route| {
-                let (a, b) = (ix.nic[ix.staging[r.src as usize] as usize], ix.nic[ix.staging[r.dst as usize] as usize]);
-                (ix.shift_key(a as usize, b as usize), a, r.src, r.dst)
-            };
-            t.routes.sort_by_key(key);
+            if cl.balance_nics {
+                balance(cl, &ix, &mut t.routes);
+            }
+            sort_by_nic_pair(&ix, &mut t.routes);
             return t;
         }
         for node in 0..cl.nodes {
@@ -95,20 +98,24 @@ impl Traffic {
                             if t.fan_out {
                                 let b = (0..k).map(|lv| c.pair_bytes(g, u, j * k + lv)).max().unwrap_or(0);
                                 if b > 0 {
-                                    t.routes.push(Route { src: u as u32, dst: j as u32, bytes: b });
+                                    t.routes.push(Route { src: u as u32, dst: j as u32, bytes: b, su: ix.staging[u], rv: ix.recv_gpu(true, u as u32, j as u32) as u32 });
                                 }
                                 continue;
                             }
                             for &lv in &by_rail[rb] {
                                 let b = c.pair_bytes(g, u, j * k + lv);
                                 if b > 0 {
-                                    t.routes.push(Route { src: u as u32, dst: (j * k + lv) as u32, bytes: b });
+                                    let v = j * k + lv;
+                                    t.routes.push(Route { src: u as u32, dst: v as u32, bytes: b, su: ix.staging[u], rv: ix.staging[v] });
                                 }
                             }
                         }
                     }
                 }
             }
+        }
+        if cl.balance_nics && !t.fan_out && balance(cl, &ix, &mut t.routes) {
+            sort_by_nic_pair(&ix, &mut t.routes);
         }
         t
     }
@@ -118,17 +125,13 @@ impl Traffic {
     }
 
     /// ū of route `r`.
-    pub fn send_gpu(&self, cl: &Cluster, r: &Route) -> usize {
-        cl.staging_gpu(r.src as usize)
+    pub fn send_gpu(&self, _cl: &Cluster, r: &Route) -> usize {
+        r.su as usize
     }
 
     /// v̄ of route `r`.
-    pub fn recv_gpu(&self, cl: &Cluster, r: &Route) -> usize {
-        if self.fan_out {
-            cl.gpu(r.dst as usize, cl.local_of(cl.staging_gpu(r.src as usize)))
-        } else {
-            cl.staging_gpu(r.dst as usize)
-        }
+    pub fn recv_gpu(&self, _cl: &Cluster, r: &Route) -> usize {
+        r.rv as usize
     }
 
     /// Final destinations of route `r`.
@@ -153,6 +156,73 @@ impl Traffic {
         }
     }
 }
+/// Routes in the order the scheduler walks them: by NIC shift (node offset, then rail
+/// offset) of their (ū, v̄) NICs, then by sending NIC, so the routes of one NIC pair are
+/// adjacent.
+fn sort_by_nic_pair(ix: &Index, routes: &mut [Route]) {
+    routes.sort_by_key(|r| {
+        let (a, b) = (ix.nic[r.su as usize] as usize, ix.nic[r.rv as usize] as usize);
+        (ix.shift_key(a, b), a, r.src, r.dst)
+    });
+}
+
+/// Moves routes (whole) to other NICs of their nodes while that lowers the busiest NIC
+/// port (a NIC's sending or receiving side): take the busiest port, and of its routes and
+/// the other NICs of its node that serve a stager ([`Cluster::stager_of_nic`]), the move
+/// that leaves the lower of the two ports' new loads the smallest, provided the target
+/// stays below the busiest; repeat until no such move exists. Each move lowers the sum of
+/// the squared port loads, so this ends; a matrix whose ports are even (uniform traffic)
+/// moves nothing. Returns whether a route moved.
+fn balance(cl: &Cluster, ix: &Index, routes: &mut [Route]) -> bool {
+    let nics = cl.nics_per_node;
+    if nics < 2 || routes.is_empty() {
+        return false;
+    }
+    let stager: Vec<Option<usize>> = (0..nics).map(|n| cl.stager_of_nic(n)).collect();
+    let na = cl.num_nics();
+    // Port loads: [nic] sending, [na + nic] receiving.
+    let mut load = vec![0u64; 2 * na];
+    for r in routes.iter() {
+        load[ix.nic[r.su as usize] as usize] += r.bytes;
+        load[na + ix.nic[r.rv as usize] as usize] += r.bytes;
+    }
+    let mut moved = false;
+    for _ in 0..routes.len().min(4096) {
+        let (p, lmax) = load.iter().copied().enumerate().max_by_key(|&(i, l)| (l, std::cmp::Reverse(i))).unwrap_or((0, 0));
+        let sending = p < na;
+        let nic = p % na;
+        let node = nic / nics;
+        let mut best: Option<(u64, usize, usize)> = None; // (new max of the two ports, route, target NIC)
+        for (i, r) in routes.iter().enumerate() {
+            let at = if sending { ix.nic[r.su as usize] } else { ix.nic[r.rv as usize] } as usize;
+            if at != nic || r.bytes == 0 {
+                continue;
+            }
+            for q in (node * nics..(node + 1) * nics).filter(|&q| q != nic && stager[q % nics].is_some()) {
+                let target = load[if sending { q } else { na + q }] + r.bytes;
+                let m = target.max(lmax - r.bytes);
+                if target < lmax && best.is_none_or(|b| m < b.0) {
+                    best = Some((m, i, q));
+                }
+            }
+        }
+        let Some((_, i, q)) = best else { break };
+        let g = cl.gpu(node, stager[q % nics].unwrap_or(0)) as u32;
+        let r = &mut routes[i];
+        if sending {
+            load[nic] -= r.bytes;
+            load[q] += r.bytes;
+            r.su = g;
+        } else {
+            load[na + nic] -= r.bytes;
+            load[na + q] += r.bytes;
+            r.rv = g;
+        }
+        moved = true;
+    }
+    moved
+}
+
 
 /// Bytes through every resource: the inputs of the lower bound.
 #[derive(Clone, Debug)]
@@ -206,6 +276,16 @@ impl Loads {
         let nvlink = mx(&self.nvl_out).max(mx(&self.nvl_in)) / cl.nvlink_bw;
         let ce = mx(&self.ce) / (cl.ce_bw * cl.ce_per_gpu as f64);
         Bound { nic_s: nic, nvlink_s: nvlink, ce_s: ce }
+    }
+
+    /// The NIC bound if every node's bytes between nodes were spread evenly over its NICs:
+    /// max over nodes and directions of the node's NIC bytes / (NICs per node × NIC rate).
+    /// At most `bound().nic_s`; the gap is what choosing a route's NICs per route (rather
+    /// than through the per-GPU forwarding map) could gain on skewed traffic.
+    pub fn node_spread_nic_s(&self, cl: &Cluster) -> f64 {
+        let k = cl.nics_per_node;
+        let per_node = |v: &[f64]| v.chunks(k).map(|c| c.iter().sum::<f64>()).fold(0.0, f64::max);
+        per_node(&self.nic_out).max(per_node(&self.nic_in)) / (k as f64 * cl.nic_bw)
     }
 }
 
