@@ -2,7 +2,7 @@
 //! proxies' mailboxes (ranks of one node) and publish the socket addresses (ranks of
 //! different nodes).
 use crate::bootstrap::Bootstrap;
-use crate::config::{Config, EngineChoice};
+use crate::config::{Config, EngineChoice, NetChoice};
 use crate::cost::{CompressFrom, CostModel, LinkKind};
 use crate::types::DataType;
 use crate::transport::same_host::Links;
@@ -96,9 +96,22 @@ pub fn listen_for_peers(b: &dyn Bootstrap, topo: &Topology, cfg: &Config, comm_i
         return Ok(None);
     }
     let me = b.rank();
-    let mine = match cfg.net {
-        crate::config::NetChoice::Ib => Err(Error::invalid_usage(OP, "HOCCL_NET=ib: the verbs (RDMA) transport is not built yet; use HOCCL_NET=socket or auto")),
-        crate::config::NetChoice::Auto | crate::config::NetChoice::Socket => crate::transport::socket::listen(topo.nhosts() == 1, cfg.socket_ifname.as_deref()),
+    let nic = crate::transport::verbs::usable(cfg.ib_hca.as_deref(), cfg.ib_gid_index, cfg.verbs_fake);
+    let mine = match (cfg.net, &nic) {
+        (NetChoice::Ib, Err(why)) => Err(Error::invalid_usage(OP, format!("HOCCL_NET=ib: rank {me} has no usable RDMA device: {why}; use HOCCL_NET=socket or auto"))),
+        (NetChoice::Ib, Ok(dev)) => Err(Error::invalid_usage(
+            OP,
+            format!("HOCCL_NET=ib: rank {me} has {dev}, but the verbs transport is not built (only its NIC layer is); use HOCCL_NET=socket or auto"),
+        )),
+        (NetChoice::Auto | NetChoice::Socket, _) => {
+            let why = match (cfg.net, &nic) {
+                (NetChoice::Socket, _) => "HOCCL_NET=socket".to_string(),
+                (_, Ok(dev)) => format!("HOCCL_NET=auto; {dev} is usable but the verbs transport is not built"),
+                (_, Err(e)) => format!("HOCCL_NET=auto; no verbs NIC: {e}"),
+            };
+            log::info!("hoccl: rank {me}: inter-node transport: socket ({why})");
+            crate::transport::socket::listen(topo.nhosts() == 1, cfg.socket_ifname.as_deref())
+        }
     };
     // The host backend's device memory is host memory: the sockets use it directly.
     let staging = (backend != crate::device::Backend::Host || cfg.net_stage_host_memory).then_some(cfg.net_staging_bytes);
