@@ -500,7 +500,7 @@ fn ib_is_refused_with_the_reason() {
             .collect();
         for (r, h) in hs.into_iter().enumerate() {
             let e = h.join().unwrap().expect("creation fails");
-            assert!(e.contains("HOCCL_NET=ib") && e.contains(&format!("rank {r}")), "{e}");
+            assert!(e.contains("HOCCL_NET=ib") && e.contains(&format!("rank {r}:")), "{e}");
             if fake {
                 assert!(e.contains("HOCCL_VERBS_FAKE") && e.contains("not built"), "{e}");
             } else if no_device {

@@ -2,7 +2,7 @@
 //! proxies' mailboxes (ranks of one node) and publish the socket addresses (ranks of
 //! different nodes).
 use crate::bootstrap::Bootstrap;
-use crate::config::{Config, EngineChoice, NetChoice};
+use crate::config::{Config, EngineChoice};
 use crate::cost::{CompressFrom, CostModel, LinkKind};
 use crate::types::DataType;
 use crate::transport::same_host::Links;
@@ -96,20 +96,10 @@ pub fn listen_for_peers(b: &dyn Bootstrap, topo: &Topology, cfg: &Config, comm_i
         return Ok(None);
     }
     let me = b.rank();
-    let nic = crate::transport::verbs::usable(cfg.ib_hca.as_deref(), cfg.ib_gid_index, cfg.verbs_fake);
-    let mine = match (cfg.net, &nic) {
-        (NetChoice::Ib, Err(why)) => Err(Error::invalid_usage(OP, format!("HOCCL_NET=ib: rank {me} has no usable RDMA device: {why}; use HOCCL_NET=socket or auto"))),
-        (NetChoice::Ib, Ok(dev)) => Err(Error::invalid_usage(
-            OP,
-            format!("HOCCL_NET=ib: rank {me} has {dev}, but the verbs transport is not built (only its NIC layer is); use HOCCL_NET=socket or auto"),
-        )),
-        (NetChoice::Auto | NetChoice::Socket, _) => {
-            let why = match (cfg.net, &nic) {
-                (NetChoice::Socket, _) => "HOCCL_NET=socket".to_string(),
-                (_, Ok(dev)) => format!("HOCCL_NET=auto; {dev} is usable but the verbs transport is not built"),
-                (_, Err(e)) => format!("HOCCL_NET=auto; no verbs NIC: {e}"),
-            };
-            log::info!("hoccl: rank {me}: inter-node transport: socket ({why})");
+    let mine = match crate::transport::verbs::choose(cfg) {
+        Err(why) => Err(Error::invalid_usage(OP, format!("rank {me}: {why}"))),
+        Ok(line) => {
+            log::info!("hoccl: rank {me}: inter-node transport: {line}");
             crate::transport::socket::listen(topo.nhosts() == 1, cfg.socket_ifname.as_deref())
         }
     };

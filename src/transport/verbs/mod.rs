@@ -110,12 +110,36 @@ fn describe(name: &str) -> RdmaDeviceInfo {
 }
 
 /// The NIC the verbs layer would open on this rank, as one line for logs and errors, or
-/// why there is none: `fake` takes the in-memory test fabric; otherwise the first device of
-/// [`probe`] (named `hca`, when given) with an active port.
+/// why there is none: `fake` takes the in-memory test fabric; otherwise [`pick`].
 pub fn usable(hca: Option<&str>, gid_index: u8, fake: bool) -> std::result::Result<String, String> {
     if fake {
         return Ok("the in-memory test fabric (HOCCL_VERBS_FAKE=1)".into());
     }
+    let (d, p) = pick(hca)?;
+    Ok(match p.link_layer.as_str() {
+        "Ethernet" => format!("{} port {} (RoCE, GID index {gid_index})", d.name, p.port),
+        _ => format!("{} port {} (InfiniBand, LID {})", d.name, p.port, p.lid),
+    })
+}
+
+/// Which transport carries this rank's inter-node traffic under `cfg` and why, as one line
+/// ("socket: ..."), or why `cfg` cannot be met (`HOCCL_NET=ib`: no usable device, or no
+/// transport drives the verbs NIC layer).
+pub fn choose(cfg: &crate::config::Config) -> std::result::Result<String, String> {
+    use crate::config::NetChoice;
+    let nic = usable(cfg.ib_hca.as_deref(), cfg.ib_gid_index, cfg.verbs_fake);
+    match (cfg.net, nic) {
+        (NetChoice::Ib, Err(why)) => Err(format!("HOCCL_NET=ib: no usable RDMA device: {why}; use HOCCL_NET=socket or auto")),
+        (NetChoice::Ib, Ok(dev)) => Err(format!("HOCCL_NET=ib: {dev} is usable, but the verbs transport is not built (only its NIC layer is); use HOCCL_NET=socket or auto")),
+        (NetChoice::Socket, _) => Ok("socket (HOCCL_NET=socket)".into()),
+        (NetChoice::Auto, Ok(dev)) => Ok(format!("socket (HOCCL_NET=auto; {dev} is usable, but the verbs transport is not built)")),
+        (NetChoice::Auto, Err(why)) => Ok(format!("socket (HOCCL_NET=auto; no verbs NIC: {why})")),
+    }
+}
+
+/// The first device of [`probe`] (named `hca`, when given) with an active port, and that
+/// port; or why there is none.
+pub fn pick(hca: Option<&str>) -> std::result::Result<(RdmaDeviceInfo, RdmaPortInfo), String> {
     let devs = probe().map_err(|e| e.to_string())?;
     if devs.is_empty() {
         return Err("no RDMA device (libibverbs found none)".into());
@@ -127,8 +151,7 @@ pub fn usable(hca: Option<&str>, gid_index: u8, fake: bool) -> std::result::Resu
             continue;
         }
         match d.ports.iter().find(|p| p.state == "ACTIVE") {
-            Some(p) if p.link_layer == "Ethernet" => return Ok(format!("{} port {} (RoCE, GID index {gid_index})", d.name, p.port)),
-            Some(p) => return Ok(format!("{} port {} (InfiniBand, LID {})", d.name, p.port, p.lid)),
+            Some(p) => return Ok((d.clone(), p.clone())),
             None => why.push(format!("{}: no active port", d.name)),
         }
     }
