@@ -7,9 +7,11 @@
 //!
 //! [`nic`] puts what an RDMA transport needs (queue pairs, registered buffers, writes with
 //! immediate, small sends, completions) behind one trait, implemented over these bindings
-//! and by an in-memory test fabric. No [`crate::transport::Transport`] drives it yet: the
+//! and by an in-memory test fabric; [`channel`] is one peer's data path over it (slots,
+//! immediates, credits). No [`crate::transport::Transport`] drives them yet: the
 //! inter-node path is the socket transport, so unused items are allowed here.
 #![allow(dead_code, unused_imports)]
+pub mod channel;
 pub mod nic;
 pub mod result;
 pub mod safe;
