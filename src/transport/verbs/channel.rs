@@ -31,8 +31,10 @@ const OP: &str = "verbs channel";
 pub const HEADER: usize = 16;
 /// Bytes of one control receive (a credit is 4).
 const CTL: usize = 8;
-/// At most this many slots (the immediate's 8 bits).
-pub const MAX_SLOTS: usize = 256;
+/// At most this many slots: each queue pair then holds at most 2 × `MAX_SLOTS` posted
+/// receives and as many sends (writes and credits), its queues' depth
+/// ([`super::nic::QP_DEPTH`]); the immediate's 8 slot bits would take 256.
+pub const MAX_SLOTS: usize = super::nic::QP_DEPTH as usize / 2;
 
 const WR_WRITE: u64 = 1 << 60;
 const WR_CREDIT: u64 = 2 << 60;
@@ -331,6 +333,8 @@ mod tests {
         assert_eq!(Setup::from_bytes(&s.to_bytes()).unwrap(), s);
         assert_eq!(s.endpoints.len(), 3);
         assert!(Setup::from_bytes(&s.to_bytes()[..30]).is_err());
+        assert!(Channel::new(&mut n, 1, MAX_SLOTS + 1, 1024).is_err(), "more slots than a queue pair's depth holds");
+        assert!(Channel::new(&mut n, 1, 4, HEADER).is_err(), "a slot with no room for payload");
     }
 
     #[test]
