@@ -77,6 +77,15 @@ pub struct Config {
     pub qps_per_peer: usize,
     /// `HOCCL_NET` = auto | socket | ib: the transport between ranks of different nodes.
     pub net: NetChoice,
+    /// `HOCCL_IB_HCA`: the RDMA device the verbs NIC layer opens (exact name, e.g.
+    /// `mlx5_0`); `None`: the first device with an active port.
+    pub ib_hca: Option<String>,
+    /// `HOCCL_IB_GID_INDEX`: the GID index that addresses peers on an Ethernet (RoCE) port
+    /// (default 3, the usual RoCE v2 IPv4 entry); InfiniBand ports use the LID.
+    pub ib_gid_index: u8,
+    /// `HOCCL_VERBS_FAKE=1`: the verbs NIC layer uses the in-memory test fabric
+    /// (`transport::verbs::nic::fake`) instead of a device: thread ranks of one process only.
+    pub verbs_fake: bool,
     /// `HOCCL_NET_GBPS`: a rate limit of the inter-node transport, in GB/s (10^9 bytes) per
     /// rank and direction, 0 (the default) for none. A token bucket inside the transport
     /// (for measurements with several virtual nodes on one host), not Linux traffic control.
@@ -212,6 +221,9 @@ impl Default for Config {
             copy_queues: 3,
             qps_per_peer: 2,
             net: NetChoice::Auto,
+            ib_hca: None,
+            ib_gid_index: 3,
+            verbs_fake: false,
             net_gbps: 0.0,
             net_staging_bytes: 16 << 20,
             net_stage_host_memory: false,
@@ -329,6 +341,19 @@ impl Config {
                 "socket" => NetChoice::Socket,
                 "ib" => NetChoice::Ib,
                 _ => return Err(Error::invalid_arg(OP, format!("HOCCL_NET={v}: want auto|socket|ib"))),
+            };
+        }
+        if let Some(v) = get("HOCCL_IB_HCA") {
+            self.ib_hca = Some(v.trim().to_owned()).filter(|s| !s.is_empty());
+        }
+        if let Some(v) = get("HOCCL_IB_GID_INDEX") {
+            self.ib_gid_index = v.trim().parse::<u8>().map_err(|_| Error::invalid_arg(OP, format!("HOCCL_IB_GID_INDEX={v}: want 0..=255")))?;
+        }
+        if let Some(v) = get("HOCCL_VERBS_FAKE") {
+            self.verbs_fake = match v.trim() {
+                "0" => false,
+                "1" => true,
+                _ => return Err(Error::invalid_arg(OP, format!("HOCCL_VERBS_FAKE={v}: want 0|1"))),
             };
         }
         if let Some(v) = get("HOCCL_NET_GBPS") {
@@ -672,6 +697,15 @@ mod tests {
         let net = |v: &str| Config::default().with_env(env(&[("HOCCL_NET", v)])).unwrap().net;
         assert_eq!(net("ib"), NetChoice::Ib);
         assert_eq!(net("auto"), NetChoice::Auto);
+    }
+
+    #[test]
+    fn ib_settings() {
+        let d = Config::default();
+        assert_eq!((d.ib_hca.as_deref(), d.ib_gid_index, d.verbs_fake), (None, 3, false));
+        let c = Config::default().with_env(env(&[("HOCCL_IB_HCA", " mlx5_1 "), ("HOCCL_IB_GID_INDEX", "1"), ("HOCCL_VERBS_FAKE", "1")])).unwrap();
+        assert_eq!((c.ib_hca.as_deref(), c.ib_gid_index, c.verbs_fake), (Some("mlx5_1"), 1, true));
+        assert!(Config::default().with_env(env(&[("HOCCL_IB_GID_INDEX", "256")])).is_err());
     }
 
     #[test]

@@ -100,7 +100,7 @@ pub use types::DataType;
 /// RDMA devices as libibverbs reports them (loaded at run time; none is an empty list, a
 /// missing library an error). Diagnostics only: no transfer uses RDMA yet.
 pub mod rdma {
-    pub use crate::transport::verbs::{gid_string, probe, RdmaDeviceInfo, RdmaPortInfo};
+    pub use crate::transport::verbs::{choose, gid_string, probe, usable, RdmaDeviceInfo, RdmaPortInfo};
 }
 
 /// Counters of the same-host transport's peer mappings (process-wide): transfers moved

@@ -480,22 +480,32 @@ fn send_16mib(gbps: f64) -> Duration {
     t
 }
 
-/// `HOCCL_NET=ib` across nodes is refused on every rank, saying why.
+/// `HOCCL_NET=ib` across nodes is refused on every rank, naming the rank and why: without a
+/// verbs device, that there is none; with one (or the test fabric), that the verbs transport
+/// is not built.
 #[test]
-fn ib_is_refused() {
+fn ib_is_refused_with_the_reason() {
     logs::capture();
-    let hs: Vec<_> = hoccl::bootstrap::thread::ThreadBootstrap::group_with_timeout(2, Duration::from_secs(10))
-        .into_iter()
-        .enumerate()
-        .map(|(r, b)| {
-            std::thread::spawn(move || {
-                let cfg = Config { virtual_nodes: 2, net: hoccl::config::NetChoice::Ib, ..test_config() };
-                Communicator::with_bootstrap(Box::new(b), Some(open_device(Backend::Host, r)), cfg).err().map(|e| e.to_string())
+    let no_device = hoccl::rdma::usable(None, 3, false).is_err();
+    for fake in [false, true] {
+        let hs: Vec<_> = hoccl::bootstrap::thread::ThreadBootstrap::group_with_timeout(2, Duration::from_secs(10))
+            .into_iter()
+            .enumerate()
+            .map(|(r, b)| {
+                std::thread::spawn(move || {
+                    let cfg = Config { virtual_nodes: 2, net: hoccl::config::NetChoice::Ib, verbs_fake: fake, ..test_config() };
+                    Communicator::with_bootstrap(Box::new(b), Some(open_device(Backend::Host, r)), cfg).err().map(|e| e.to_string())
+                })
             })
-        })
-        .collect();
-    for h in hs {
-        let e = h.join().unwrap().expect("creation fails");
-        assert!(e.contains("verbs") && e.contains("not built"), "{e}");
+            .collect();
+        for (r, h) in hs.into_iter().enumerate() {
+            let e = h.join().unwrap().expect("creation fails");
+            assert!(e.contains("HOCCL_NET=ib") && e.contains(&format!("rank {r}:")), "{e}");
+            if fake {
+                assert!(e.contains("HOCCL_VERBS_FAKE") && e.contains("not built"), "{e}");
+            } else if no_device {
+                assert!(e.contains("no usable RDMA device"), "{e}");
+            }
+        }
     }
 }

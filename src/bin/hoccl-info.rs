@@ -29,6 +29,9 @@ const USAGE: &str = "usage: hoccl-info [--json] [--link same-gpu|nvlink|pcie|nic
 struct Report {
     cuda: Result<Probe, String>,
     rdma: Result<Vec<RdmaDeviceInfo>, String>,
+    /// The inter-node transport this environment's `HOCCL_NET` takes and why, or why it is
+    /// refused (`hoccl::rdma::choose`).
+    net: Result<String, String>,
     nics: HostNics,
     /// `HOCCL_FORWARDING_PEERS`, which replaces the sysfs choice (read as GPU i → map\[i\]).
     forwarding_override: Result<Vec<usize>, String>,
@@ -138,6 +141,7 @@ fn main() {
         forwarding_override: hoccl::Config::from_env().map(|c| c.forwarding_peers).map_err(|e| e.to_string()),
         cuda,
         rdma: verbs::probe().map_err(|e| e.to_string()),
+        net: hoccl::Config::from_env().map_err(|e| e.to_string()).and_then(|c| verbs::choose(&c)),
         fatbin_bytes: hoccl::device::kernels::fatbin().len(),
         fatbin: fatbin::embedded(),
         auto: AutoTable { model, link, why, ranks },
@@ -191,6 +195,10 @@ fn to_text(r: &Report) -> String {
             }
         }
     }
+    let _ = match &r.net {
+        Ok(line) => writeln!(s, "Inter-node transport: {line}"),
+        Err(why) => writeln!(s, "Inter-node transport: refused ({why})"),
+    };
     text_nics(&mut s, r);
     let _ = writeln!(s, "Kernels: fatbin {} bytes", r.fatbin_bytes);
     match &r.fatbin {
@@ -394,6 +402,10 @@ fn to_json(r: &Report) -> String {
         Err(why) => format!("{{\"ok\":false,\"reason\":{}}}", js(why)),
         Ok(devs) => format!("{{\"ok\":true,\"devices\":{}}}", list(devs, json_rdma)),
     };
+    let net = match &r.net {
+        Ok(line) => format!("{{\"ok\":true,\"choice\":{}}}", js(line)),
+        Err(why) => format!("{{\"ok\":false,\"reason\":{}}}", js(why)),
+    };
     let fat = match &r.fatbin {
         None => format!("{{\"bytes\":{},\"parsed\":false}}", r.fatbin_bytes),
         Some(c) => format!(
@@ -427,7 +439,7 @@ fn to_json(r: &Report) -> String {
         }
     };
     let nics = json_nics(r);
-    format!("{{\"version\":{},\"cuda\":{cuda},\"rdma\":{rdma},\"nics\":{nics},\"fatbin\":{fat},\"auto\":{auto}}}\n", js(env!("CARGO_PKG_VERSION")))
+    format!("{{\"version\":{},\"cuda\":{cuda},\"rdma\":{rdma},\"net\":{net},\"nics\":{nics},\"fatbin\":{fat},\"auto\":{auto}}}\n", js(env!("CARGO_PKG_VERSION")))
 }
 
 /// `{"nics": [...], "distance": [[class, ...] per GPU], "forwarding": [...] | null,

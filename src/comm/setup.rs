@@ -96,9 +96,12 @@ pub fn listen_for_peers(b: &dyn Bootstrap, topo: &Topology, cfg: &Config, comm_i
         return Ok(None);
     }
     let me = b.rank();
-    let mine = match cfg.net {
-        crate::config::NetChoice::Ib => Err(Error::invalid_usage(OP, "HOCCL_NET=ib: the verbs (RDMA) transport is not built yet; use HOCCL_NET=socket or auto")),
-        crate::config::NetChoice::Auto | crate::config::NetChoice::Socket => crate::transport::socket::listen(topo.nhosts() == 1, cfg.socket_ifname.as_deref()),
+    let mine = match crate::transport::verbs::choose(cfg) {
+        Err(why) => Err(Error::invalid_usage(OP, format!("rank {me}: {why}"))),
+        Ok(line) => {
+            log::info!("hoccl: rank {me}: inter-node transport: {line}");
+            crate::transport::socket::listen(topo.nhosts() == 1, cfg.socket_ifname.as_deref())
+        }
     };
     // The host backend's device memory is host memory: the sockets use it directly.
     let staging = (backend != crate::device::Backend::Host || cfg.net_stage_host_memory).then_some(cfg.net_staging_bytes);

@@ -5,9 +5,14 @@
 //! libibverbs is loaded at run time with `dlopen("libibverbs.so.1")`, so hosts without
 //! rdma-core build and run; code above this module has no `unsafe`.
 //!
-//! No transport drives these bindings yet (the inter-node path will): until then the crate
-//! reaches only [`probe`], so unused items are allowed here rather than pruned.
+//! [`nic`] puts what an RDMA transport needs (queue pairs, registered buffers, writes with
+//! immediate, small sends, completions) behind one trait, implemented over these bindings
+//! and by an in-memory test fabric; [`channel`] is one peer's data path over it (slots,
+//! immediates, credits). No [`crate::transport::Transport`] drives them yet: the
+//! inter-node path is the socket transport, so unused items are allowed here.
 #![allow(dead_code, unused_imports)]
+pub mod channel;
+pub mod nic;
 pub mod result;
 pub mod safe;
 pub mod sys;
@@ -106,6 +111,59 @@ fn describe(name: &str) -> RdmaDeviceInfo {
     info
 }
 
+/// The NIC the verbs layer would open on this rank, as one line for logs and errors, or
+/// why there is none: `fake` takes the in-memory test fabric; otherwise [`pick`].
+pub fn usable(hca: Option<&str>, gid_index: u8, fake: bool) -> std::result::Result<String, String> {
+    if fake {
+        return Ok("the in-memory test fabric (HOCCL_VERBS_FAKE=1)".into());
+    }
+    let (d, p) = pick(hca)?;
+    Ok(match p.link_layer.as_str() {
+        "Ethernet" => format!("{} port {} (RoCE, GID index {gid_index})", d.name, p.port),
+        _ => format!("{} port {} (InfiniBand, LID {})", d.name, p.port, p.lid),
+    })
+}
+
+/// Which transport carries this rank's inter-node traffic under `cfg` and why, as one line
+/// ("socket: ..."), or why `cfg` cannot be met (`HOCCL_NET=ib`: no usable device, or no
+/// transport drives the verbs NIC layer).
+pub fn choose(cfg: &crate::config::Config) -> std::result::Result<String, String> {
+    use crate::config::NetChoice;
+    let nic = usable(cfg.ib_hca.as_deref(), cfg.ib_gid_index, cfg.verbs_fake);
+    match (cfg.net, nic) {
+        (NetChoice::Ib, Err(why)) => Err(format!("HOCCL_NET=ib: no usable RDMA device: {why}; use HOCCL_NET=socket or auto")),
+        (NetChoice::Ib, Ok(dev)) => Err(format!("HOCCL_NET=ib: {dev} is usable, but the verbs transport is not built (only its NIC layer is); use HOCCL_NET=socket or auto")),
+        (NetChoice::Socket, _) => Ok("socket (HOCCL_NET=socket)".into()),
+        (NetChoice::Auto, Ok(dev)) => Ok(format!("socket (HOCCL_NET=auto; {dev} is usable, but the verbs transport is not built)")),
+        (NetChoice::Auto, Err(why)) => Ok(format!("socket (HOCCL_NET=auto; no verbs NIC: {why})")),
+    }
+}
+
+/// The first device of [`probe`] (named `hca`, when given) with an active port, and that
+/// port; or why there is none.
+pub fn pick(hca: Option<&str>) -> std::result::Result<(RdmaDeviceInfo, RdmaPortInfo), String> {
+    let devs = probe().map_err(|e| e.to_string())?;
+    if devs.is_empty() {
+        return Err("no RDMA device (libibverbs found none)".into());
+    }
+    let mut why = Vec::new();
+    for d in devs.iter().filter(|d| hca.is_none_or(|h| h == d.name)) {
+        if let Some(e) = &d.error {
+            why.push(format!("{}: {e}", d.name));
+            continue;
+        }
+        match d.ports.iter().find(|p| p.state == "ACTIVE") {
+            Some(p) => return Ok((d.clone(), p.clone())),
+            None => why.push(format!("{}: no active port", d.name)),
+        }
+    }
+    if why.is_empty() {
+        let names: Vec<&str> = devs.iter().map(|d| d.name.as_str()).collect();
+        return Err(format!("no RDMA device named {} (HOCCL_IB_HCA; found {})", hca.unwrap_or(""), names.join(", ")));
+    }
+    Err(why.join("; "))
+}
+
 /// A GID as the usual colon-separated hex (8 groups of 4 digits).
 pub fn gid_string(gid: &[u8; 16]) -> String {
     gid.chunks(2).map(|c| format!("{:02x}{:02x}", c[0], c[1])).collect::<Vec<_>>().join(":")
@@ -129,6 +187,18 @@ mod tests {
     fn library_loads_where_installed() {
         if std::path::Path::new("/usr/lib/x86_64-linux-gnu/libibverbs.so.1").exists() {
             assert!(sys::library().is_ok(), "{:?}", sys::library().err());
+        }
+    }
+
+    #[test]
+    fn usable_names_the_fake_and_explains_a_missing_device() {
+        assert!(usable(None, 3, true).unwrap().contains("HOCCL_VERBS_FAKE"));
+        if probe().unwrap().is_empty() {
+            assert!(usable(None, 3, false).unwrap_err().contains("no RDMA device"));
+        }
+        // A filter that matches nothing says so, whatever the host has.
+        if let Err(e) = usable(Some("no-such-hca"), 3, false) {
+            assert!(e.contains("no RDMA device"), "{e}");
         }
     }
 
