@@ -25,6 +25,9 @@ impl<H: Hooks> Device for Wrapped<H> {
     fn ordinal(&self) -> usize {
         self.0.ordinal()
     }
+    fn queue_domain(&self) -> (hoccl::Backend, usize) {
+        self.0.queue_domain()
+    }
     fn name(&self) -> String {
         self.0.name()
     }
