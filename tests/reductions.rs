@@ -374,6 +374,10 @@ fn premulsum(b: Backend) {
                     let bits = rng.next() & (u64::MAX >> (64 - 8 * dtype.size()));
                     let value = RedOp::PreMulSum(Scalar::Value(bits));
                     let op = if on_device {
+                        // A synchronous copy while a rank's collective is pending can wait on
+                        // that collective inside the driver (README, "Waiting inside the
+                        // driver"): every rank idle first.
+                        quiesce(c);
                         dev.copy_from_host(scalar, &bits.to_le_bytes()[..dtype.size()]).unwrap();
                         RedOp::PreMulSum(Scalar::Device(scalar.0))
                     } else {
