@@ -124,16 +124,6 @@ impl Traffic {
         self.natives.iter().map(|n| n.bytes).sum::<u64>() + self.routes.iter().map(|r| r.bytes).sum::<u64>()
     }
 
-    /// ū of route `r`.
-    pub fn send_gpu(&self, _cl: &Cluster, r: &Route) -> usize {
-        r.su as usize
-    }
-
-    /// v̄ of route `r`.
-    pub fn recv_gpu(&self, _cl: &Cluster, r: &Route) -> usize {
-        r.rv as usize
-    }
-
     /// Final destinations of route `r`.
     pub fn destinations(&self, cl: &Cluster, r: &Route) -> Vec<usize> {
         if self.fan_out {
@@ -148,7 +138,7 @@ impl Traffic {
     /// receiver copies v̄ → v. A copy whose source and destination coincide is a local copy
     /// into (or out of) the registered staging buffer: copy-engine work without NVLink.
     pub fn for_each_hop(&self, cl: &Cluster, r: &Route, mut f: impl FnMut(usize, usize, Hop)) {
-        let (su, rv) = (self.send_gpu(cl, r), self.recv_gpu(cl, r));
+        let (su, rv) = (r.su as usize, r.rv as usize);
         f(r.src as usize, su, Hop::Copy(CopyKind::Send));
         f(su, rv, Hop::Nic);
         for d in self.destinations(cl, r) {

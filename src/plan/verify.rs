@@ -51,11 +51,10 @@ impl Plan {
             let mut touched = Vec::new();
             for x in self.stage_nic(s) {
                 let r = &self.traffic.routes[x.route as usize];
-                let t = &self.traffic;
                 if x.stage as usize != s {
                     return Err(fail(format!("slice of route {} in stage {s} says stage {}", x.route, x.stage)));
                 }
-                let (a, b) = (cl.nic_of(t.send_gpu(cl, r)), cl.nic_of(t.recv_gpu(cl, r)));
+                let (a, b) = (cl.nic_of(r.su as usize), cl.nic_of(r.rv as usize));
                 if cl.node_of_nic(a) == cl.node_of_nic(b) {
                     return Err(fail(format!("route {} crosses no node boundary", x.route)));
                 }

@@ -110,7 +110,7 @@ impl NicOrder {
 /// sender copy must follow on the same engine. Returns the piece's last sender copy.
 fn add_piece(graph: &mut Graph, res: &Res, cl: &Cluster, m: &Model, chunk: u64, t: &Traffic, r: &Route, bytes: u64, order: Option<&mut NicOrder>, fifo: Option<u32>) -> u32 {
     let weighted = fifo.is_none() && order.is_some();
-    let (u, su, rv) = (r.src as usize, t.send_gpu(cl, r), t.recv_gpu(cl, r));
+    let (u, su, rv) = (r.src as usize, r.su as usize, r.rv as usize);
     let dsts = t.destinations(cl, r);
     let (a, b) = (cl.nic_of(su), cl.nic_of(rv));
     let w = if weighted { bytes as f64 } else { 1.0 };
@@ -216,7 +216,7 @@ pub fn naive_graph(plan: &Plan, m: &Model) -> Graph {
     // transfers and receiver copies all run at once, sharing fairly.
     let mut last_send: Vec<Option<u32>> = vec![None; cl.num_gpus() * cl.ce_per_gpu];
     for r in &plan.traffic.routes {
-        let (u, su) = (r.src as usize, plan.traffic.send_gpu(cl, r));
+        let (u, su) = (r.src as usize, r.su as usize);
         let slot = u * cl.ce_per_gpu + cl.engine_for(CopyKind::Send, su);
         let prev = last_send[slot].unwrap_or(u32::MAX);
         let fifo = if prev == u32::MAX { None } else { Some(prev) };
