@@ -94,6 +94,10 @@ fn check_one_as(c: &hoccl::Communicator, s: hoccl::device::StreamHandle, it: u64
     }
     .unwrap_or_else(|e| panic!("{what}: {e}"));
     sync(&dev, s);
+    // A synchronous copy to pageable memory holds a driver lock the other ranks' proxies
+    // need while their part of the call is pending (ranks share one CUDA context): read the
+    // results only once every rank is idle.
+    quiesce(c);
     let got_send = send.read_all();
     let expect = match kind {
         Kind::AllReduce => Some(reference(dtype, ref_op, &inputs, 0, len)),
@@ -241,6 +245,7 @@ fn mixed_two_streams(b: Backend) {
         }
         sync(&dev, streams[0]);
         sync(&dev, streams[1]);
+        quiesce(c);
         for (k, b) in bufs.iter().enumerate() {
             let k = k as u64;
             let ins: Vec<Vec<u8>> = (0..n).map(|p| (0..len).map(|i| pattern_byte(seed_of(k, p, 1), 3 + i as u64)).collect()).collect();
@@ -276,6 +281,7 @@ fn stream_ordering(b: Backend) {
             dev.memcpy_async(s, out.ptr.add(k * count), buf.ptr, count).unwrap();
         }
         sync(&dev, s);
+        quiesce(c);
         let got = out.read_all();
         let mut x: Vec<u8> = vec![0; count];
         for p in 0..n {
@@ -311,6 +317,7 @@ fn in_groups(b: Backend) {
         })
         .unwrap();
         sync(&dev, s);
+        quiesce(c);
         let ins: Vec<Vec<u8>> = (0..n).map(|p| input(1, p, 0, count * 2)).collect();
         assert_eq!(&ar.read_all()[..count * 2], &reference(DataType::BF16, RedOp::Sum, &ins, 0, count * 2)[..]);
         let ins: Vec<Vec<u8>> = (0..n).map(|p| (0..count * 2 * n).map(|i| pattern_byte(seed_of(1, p, 2), i as u64)).collect()).collect();
@@ -389,7 +396,9 @@ fn premulsum(b: Backend) {
                 }
             }
         }
-        // A scalar outside device memory is refused when the call is enqueued.
+        // A scalar outside device memory is refused when the call is enqueued (allocating
+        // and freeing with every rank idle, as above).
+        quiesce(c);
         let on_host = [0u8; 8];
         let bad = RedOp::PreMulSum(Scalar::Device(on_host.as_ptr() as u64));
         let buf = dev.alloc(64).unwrap();
@@ -397,6 +406,7 @@ fn premulsum(b: Backend) {
         assert_eq!(e.code(), hoccl::ErrorCode::InvalidArgument, "{e}");
         assert!(e.to_string().contains("PreMulSum scalar"), "{e}");
         sync(&dev, s);
+        quiesce(c);
         dev.free(buf).unwrap();
         dev.free(scalar).unwrap();
     });
