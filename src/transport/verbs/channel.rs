@@ -179,10 +179,31 @@ impl Channel {
         self.remote.ok_or_else(|| Error::invalid_usage(OP, "not connected"))
     }
 
+    /// Whether a chunk may be written now (a credit and a send slot are free).
+    pub fn can_send(&self) -> bool {
+        self.failed.is_none() && self.remote.is_some() && !self.free_send.is_empty() && !self.credits.is_empty()
+    }
+
     /// Write `data` (at most [`max_payload`](Self::max_payload) bytes) as the chunk of
     /// transfer `xfer` at `offset`; false when no credit or send slot is free now (poll,
     /// then try again).
     pub fn try_send(&mut self, nic: &mut dyn Nic, xfer: u32, offset: u64, data: &[u8]) -> Result<bool> {
+        let qp = self.next_qp % self.qps.len();
+        let sent = self.send_on(nic, qp, xfer, offset, data)?;
+        if sent {
+            self.next_qp += 1;
+        }
+        Ok(sent)
+    }
+
+    /// As [`try_send`](Self::try_send), always on the first queue pair: chunks sent this way
+    /// land in the order they were sent (an RC queue pair keeps its order; different queue
+    /// pairs do not), which the control messages above rely on.
+    pub fn try_send_ordered(&mut self, nic: &mut dyn Nic, xfer: u32, offset: u64, data: &[u8]) -> Result<bool> {
+        self.send_on(nic, 0, xfer, offset, data)
+    }
+
+    fn send_on(&mut self, nic: &mut dyn Nic, qp: usize, xfer: u32, offset: u64, data: &[u8]) -> Result<bool> {
         let (key, remote_slot_bytes) = self.check()?;
         if data.len() > self.max_payload() {
             return Err(Error::invalid_arg(OP, format!("a {}-byte chunk exceeds the {}-byte slot payload", data.len(), self.max_payload())));
@@ -195,14 +216,13 @@ impl Channel {
         let at = local * self.slot_bytes;
         nic.fill(self.send, at, &hdr)?;
         nic.fill(self.send, at + HEADER, data)?;
-        let qp = self.qps[self.next_qp % self.qps.len()];
+        let qp = self.qps[qp];
         let imm = ((remote as u32) << 24) | (xfer & 0x00ff_ffff);
         let wr = WR_WRITE | local as u64;
         nic.post_write_imm(qp, wr, self.send, at, HEADER + data.len(), key, (remote * remote_slot_bytes) as u64, imm)?;
         self.free_send.pop();
         self.credits.pop_front();
         self.writes.insert(wr, (local, xfer, data.len()));
-        self.next_qp += 1;
         Ok(true)
     }
 
