@@ -5,7 +5,8 @@
 //!
 //! **Messages.** Everything a peer receives is a chunk of its channel, in one of its
 //! receive slots and under the channel's credits, so nothing is ever overwritten: data
-//! chunks name their transfer (the receiver's token, 1..2^24) and offset; control messages
+//! chunks name their transfer (the receiver's token, 1..2^24), its length (at most the
+//! receive buffer's, as for the socket transport) and their offset; control messages
 //! are chunks of transfer [`CONTROL`] whose payload is a [`REC`]-byte record
 //! `kind | k | pair_seq | a | token`, little-endian. Kinds: `Ready` (a receive buffer: `a`
 //! its length, `token` its name at the receiver), `Failed` (`a` the error code), `Done`
@@ -135,6 +136,8 @@ struct Slot {
     /// The transfer it was announced for (set by `post_ready`).
     pair_seq: u64,
     k: u32,
+    /// The transfer's length (at most `len`), from its first chunk.
+    total: Option<u64>,
     received: u64,
     told: Instant,
 }
@@ -371,8 +374,8 @@ impl Verbs {
                 continue;
             };
             let end = a.offset.checked_add(a.len as u64);
-            if end.is_none_or(|e| e > slot.len as u64) || a.len > self.scratch.len() {
-                let why = format!("its verbs channel wrote {} bytes at {} of a {}-byte receive (corrupt chunk)", a.len, a.offset, slot.len);
+            if a.total > slot.len as u64 || end.is_none_or(|e| e > a.total) || slot.total.is_some_and(|t| t != a.total) || a.len > self.scratch.len() {
+                let why = format!("its verbs channel wrote {} bytes at {} of a {}-byte transfer into a {}-byte receive (corrupt chunk)", a.len, a.offset, a.total, slot.len);
                 self.mark_gone(i, why);
                 return true;
             }
@@ -394,7 +397,8 @@ impl Verbs {
             }
             self.recv_bucket.spend(a.len);
             slot.received += a.len as u64;
-            let (pair_seq, k, total) = (slot.pair_seq, slot.k, slot.len as u64);
+            slot.total = Some(a.total);
+            let (pair_seq, k, total) = (slot.pair_seq, slot.k, a.total);
             if slot.received < total {
                 if a.len > 0 && slot.told.elapsed() >= PROGRESS_EVERY {
                     slot.told = Instant::now();
@@ -420,7 +424,7 @@ impl Verbs {
             for i in 0..self.peers.len() {
                 let Some(p) = self.peers[i].as_mut().filter(|p| p.gone.is_none()) else { continue };
                 if let Some(rec) = p.ctrl.front() {
-                    match p.ch.try_send_ordered(self.nic.as_mut(), CONTROL, 0, rec) {
+                    match p.ch.try_send_ordered(self.nic.as_mut(), CONTROL, 0, REC as u64, rec) {
                         Ok(true) => {
                             p.ctrl.pop_front();
                             any = true;
@@ -448,7 +452,7 @@ impl Verbs {
                     self.failed.push_back((seq, e));
                     continue;
                 }
-                match p.ch.try_send(self.nic.as_mut(), f.token, f.next as u64, buf) {
+                match p.ch.try_send(self.nic.as_mut(), f.token, f.next as u64, f.len as u64, buf) {
                     Ok(true) => {}
                     Ok(false) => continue,
                     Err(e) => {
@@ -506,7 +510,7 @@ impl Transport for Verbs {
         }
         let token = self.token(peer);
         let p = self.peer(peer)?;
-        let slot = Slot { seq: region.seq, ptr: region.ptr, len: region.len, pair_seq: 0, k: 0, received: 0, told: Instant::now() };
+        let slot = Slot { seq: region.seq, ptr: region.ptr, len: region.len, pair_seq: 0, k: 0, total: None, received: 0, told: Instant::now() };
         p.slots.insert(token, slot);
         let wire = Wire { alloc_id: u64::from(token), ..Wire::empty(std::process::id()) };
         Ok(RemoteBuffer { len: region.len as u64, wire })
@@ -545,7 +549,7 @@ impl Transport for Verbs {
         let Some(token) = token else {
             return Err(Error::Remote { op: OP, peer, what: format!("announced receive {} is not a verbs transfer", remote.wire.alloc_id) });
         };
-        if len as u64 != remote.len {
+        if len as u64 > remote.len {
             return Err(Error::invalid_usage(OP, format!("{len} bytes to rank {peer}'s {}-byte receive", remote.len)));
         }
         self.peer(peer)?.flows.push_back(OutFlow { id, token, src, len, next: 0, begun: false });
