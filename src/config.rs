@@ -30,12 +30,14 @@ pub enum EngineChoice {
 /// Which transport carries the traffic between ranks of different nodes (`HOCCL_NET`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NetChoice {
-    /// The default: the best transport that is built and usable. Only the socket transport
-    /// is built, so `auto` takes it.
+    /// The default: the verbs transport when every rank can take it (a usable RDMA device,
+    /// host memory), else sockets (`transport::verbs::decide`).
     Auto,
     /// TCP sockets (`transport::socket`): several connections per peer, through host memory.
     Socket,
-    /// RDMA verbs. Refused at communicator creation: the verbs transport is not built.
+    /// RDMA verbs (`transport::verbs::transport`): several queue pairs per peer. Refused at
+    /// communicator creation, with the reason, without a usable device or on device memory
+    /// that is not host memory.
     Ib,
 }
 
@@ -72,8 +74,8 @@ pub struct Config {
     /// engines); a rank's copies to itself run on the caller's stream.
     pub copy_queues: usize,
     /// `HOCCL_QPS_PER_PEER`: queue pairs or sockets per remote peer (1..=64): the socket
-    /// transport opens this many TCP connections to each rank of another node and spreads
-    /// a transfer's chunks over them.
+    /// transport opens this many TCP connections to each rank of another node, the verbs
+    /// transport this many queue pairs, and each spreads a transfer's chunks over them.
     pub qps_per_peer: usize,
     /// `HOCCL_NET` = auto | socket | ib: the transport between ranks of different nodes.
     pub net: NetChoice,
@@ -90,9 +92,11 @@ pub struct Config {
     /// rank and direction, 0 (the default) for none. A token bucket inside the transport
     /// (for measurements with several virtual nodes on one host), not Linux traffic control.
     pub net_gbps: f64,
-    /// `HOCCL_NET_STAGING`: bytes of host staging per communicator for the inter-node
+    /// `HOCCL_NET_STAGING`: bytes of host staging per communicator for the socket
     /// transport's data when the device's memory is not host memory (accepts K/M/G
-    /// suffixes; at least 64 KiB); allocated once, split between sending and receiving.
+    /// suffixes; at least 64 KiB); allocated once, split between sending and receiving. The
+    /// verbs transport registers this many bytes of slots, split over its peers
+    /// (`transport::verbs::slots_for`).
     pub net_staging_bytes: usize,
     /// Stage the inter-node transport's data through host staging even when the device's
     /// memory is host memory (no variable): lets the host backend's tests run the path
