@@ -30,14 +30,13 @@ pub enum EngineChoice {
 /// Which transport carries the traffic between ranks of different nodes (`HOCCL_NET`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NetChoice {
-    /// The default: the verbs transport when every rank can take it (a usable RDMA device,
-    /// host memory), else sockets (`transport::verbs::decide`).
+    /// The default: the verbs transport when every rank can take it (a usable RDMA device),
+    /// else sockets (`transport::verbs::decide`).
     Auto,
     /// TCP sockets (`transport::socket`): several connections per peer, through host memory.
     Socket,
     /// RDMA verbs (`transport::verbs::transport`): several queue pairs per peer. Refused at
-    /// communicator creation, with the reason, without a usable device or on device memory
-    /// that is not host memory.
+    /// communicator creation, with the reason, without a usable device.
     Ib,
 }
 
@@ -92,11 +91,11 @@ pub struct Config {
     /// rank and direction, 0 (the default) for none. A token bucket inside the transport
     /// (for measurements with several virtual nodes on one host), not Linux traffic control.
     pub net_gbps: f64,
-    /// `HOCCL_NET_STAGING`: bytes of host staging per communicator for the socket
+    /// `HOCCL_NET_STAGING`: bytes of host staging per communicator for the inter-node
     /// transport's data when the device's memory is not host memory (accepts K/M/G
     /// suffixes; at least 64 KiB); allocated once, split between sending and receiving. The
-    /// verbs transport registers this many bytes of slots, split over its peers
-    /// (`transport::verbs::slots_for`).
+    /// verbs transport also registers this many bytes of slots with the NIC, split over
+    /// its peers (`transport::verbs::slots_for`), whatever the device.
     pub net_staging_bytes: usize,
     /// Stage the inter-node transport's data through host staging even when the device's
     /// memory is host memory (no variable): lets the host backend's tests run the path

@@ -257,37 +257,53 @@ fn every_op_staged() {
     }
 }
 
-backend_tests!(every_op, every_op_compressed, every_op_auto);
-
 /// The verbs transport between nodes (`HOCCL_NET=ib` over the in-memory test fabric,
-/// `HOCCL_VERBS_FAKE=1`): the same rounds, 1–3 queue pairs per peer.
+/// `HOCCL_VERBS_FAKE=1`): the same rounds, 1–3 queue pairs per peer (on CUDA through the
+/// pinned host staging).
 fn verbs_config(engine: EngineChoice) -> Config {
     Config { engine, net: hoccl::config::NetChoice::Ib, verbs_fake: true, ..test_config() }
 }
 
-#[test]
-fn every_op_verbs() {
+fn every_op_verbs(b: Backend) {
     for (nodes, per_node, seed) in [(2, 1, 41), (2, 2, 42), (3, 1, 43), (4, 1, 44), (2, 3, 45), (4, 2, 46)] {
-        every_op_with(Backend::Host, nodes, per_node, verbs_config(EngineChoice::CopyEngine), seed);
+        every_op_with(b, nodes, per_node, verbs_config(EngineChoice::CopyEngine), seed);
     }
-    every_op_with(Backend::Host, 3, 2, verbs_config(EngineChoice::Compressed), 47);
+    every_op_with(b, 3, 2, verbs_config(EngineChoice::Compressed), 47);
     // Small slots: every large transfer waits for credits.
-    every_op_with(Backend::Host, 2, 2, Config { net_staging_bytes: 64 << 10, ..verbs_config(EngineChoice::CopyEngine) }, 48);
+    every_op_with(b, 2, 2, Config { net_staging_bytes: 64 << 10, ..verbs_config(EngineChoice::CopyEngine) }, 48);
     // auto takes verbs when the test fabric is usable.
-    every_op_with(Backend::Host, 2, 1, Config { net: hoccl::config::NetChoice::Auto, ..verbs_config(EngineChoice::Auto) }, 49);
+    every_op_with(b, 2, 1, Config { net: hoccl::config::NetChoice::Auto, ..verbs_config(EngineChoice::Auto) }, 49);
 }
 
+/// The verbs transport through the host staging CUDA uses (here ordinary memory and the
+/// host backend's copy queues): 256 KiB of staging and of registered slots, so transfers
+/// cycle through both.
+#[test]
+fn every_op_verbs_staged() {
+    for (nodes, per_node, engine, seed) in [(2, 2, EngineChoice::CopyEngine, 51), (3, 1, EngineChoice::CopyEngine, 52), (2, 2, EngineChoice::Compressed, 53), (4, 1, EngineChoice::CopyEngine, 54)] {
+        let cfg = Config { net_stage_host_memory: true, net_staging_bytes: 256 << 10, ..verbs_config(engine) };
+        every_op_with(Backend::Host, nodes, per_node, cfg, seed);
+    }
+}
+
+backend_tests!(every_op, every_op_compressed, every_op_auto, every_op_verbs);
+
 /// Over verbs, a rank that aborts its communicator while its AllGather's data crosses
-/// (rate-limited so the transfer lasts): every survivor fails within the timeout, and a
-/// rank of the other node names the victim.
+/// (rate-limited so the transfer lasts; directly and through host staging): every survivor
+/// fails within the timeout; with one rank per node, the survivor's error names the victim
+/// (with more, a survivor may first learn of a failure from another survivor, whose error
+/// it names).
 #[test]
 fn verbs_peer_aborts_mid_transfer() {
-    for (nodes, per_node) in [(2, 1), (2, 2)] {
+    for (nodes, per_node, staged) in [(2, 1, false), (2, 2, false), (2, 2, true)] {
         let n = nodes * per_node;
         let victim = n - 1;
         let errors = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let errs = errors.clone();
-        let cfg = Config { virtual_nodes: nodes, net_gbps: 0.05, timeout: Duration::from_secs(3), ..verbs_config(EngineChoice::CopyEngine) };
+        // The victim keeps its buffers until every rank is done (a rank of its node may still
+        // be copying into them: thread ranks share the process's memory).
+        let end = std::sync::Arc::new(std::sync::Barrier::new(n));
+        let cfg = Config { virtual_nodes: nodes, net_gbps: 0.05, timeout: Duration::from_secs(3), net_stage_host_memory: staged, ..verbs_config(EngineChoice::CopyEngine) };
         run_ranks(Backend::Host, n, cfg, move |c| {
             let (r, dev) = (c.rank(), c.device().clone());
             let cnt = 1 << 20;
@@ -295,24 +311,34 @@ fn verbs_peer_aborts_mid_transfer() {
             let recv = Buf::new(&dev, n * cnt, 0, 2);
             let s = new_stream(&dev);
             quiesce(c);
-            let t0 = Instant::now();
-            let r1 = c.all_gather(send.ptr, recv.ptr, cnt, DataType::U8, s);
-            if r == victim {
-                std::thread::sleep(Duration::from_millis(10));
-                c.abort();
-                let _ = dev.synchronize(s);
-                return;
-            }
-            dev.synchronize(s).expect("synchronize returns");
-            let e = r1.and_then(|_| c.wait_idle()).expect_err("the AllGather fails");
-            assert!(t0.elapsed() < Duration::from_secs(5), "rank {r} failed after {:?}: {e}", t0.elapsed());
+            // The victim aborts 10 ms into its second AllGather; the others loop until one fails.
+            let mut iter = 0;
+            let (e, started) = loop {
+                assert!(iter < 100, "rank {r}: no error after {iter} AllGathers");
+                let started = Instant::now();
+                let r1 = c.all_gather(send.ptr, recv.ptr, cnt, DataType::U8, s);
+                if r == victim && iter == 1 {
+                    std::thread::sleep(Duration::from_millis(10));
+                    c.abort();
+                    let _ = dev.synchronize(s);
+                    end.wait();
+                    return;
+                }
+                dev.synchronize(s).expect("synchronize returns");
+                match r1.and_then(|_| c.wait_idle()) {
+                    Ok(()) => iter += 1,
+                    Err(e) => break (e, started),
+                }
+            };
+            assert!(started.elapsed() < Duration::from_secs(5), "rank {r} failed {:?} after its last AllGather began: {e}", started.elapsed());
             assert!(matches!(e.code(), hoccl::ErrorCode::Remote | hoccl::ErrorCode::Timeout), "rank {r}: {e}");
             errs.lock().unwrap().push((r, c.topology().same_node(r, victim), e.to_string()));
+            end.wait();
         });
         let errors = errors.lock().unwrap();
         assert_eq!(errors.len(), n - 1, "{errors:?}");
         let named = errors.iter().any(|(_, same, e)| !same && e.contains(&format!("peer rank {victim}")));
-        assert!(named, "no rank of the other node names rank {victim}: {errors:?}");
+        assert!(named || per_node > 1, "the other node's rank does not name rank {victim}: {errors:?}");
         eprintln!("verbs peer abort on {nodes} x {per_node}: {errors:?}");
     }
 }

@@ -94,15 +94,14 @@ pub fn connect_mailboxes(b: &dyn Bootstrap, topo: &Topology, comm_id: u64, local
 /// several nodes (every rank sees the same topology); a rank that cannot take part (its
 /// `HOCCL_NET` cannot be met, it cannot listen or open its NIC) fails every rank. On a
 /// `backend` whose memory is not host memory the socket transport stages through
-/// `HOCCL_NET_STAGING` bytes; the verbs transport takes only host memory.
+/// `HOCCL_NET_STAGING` bytes, and so does the verbs transport.
 pub fn listen_for_peers(b: &dyn Bootstrap, topo: &Topology, cfg: &Config, comm_id: u64, backend: crate::device::Backend) -> Result<Option<Far>> {
     const OP: &str = "Communicator::new";
     if topo.nnodes() <= 1 {
         return Ok(None);
     }
     let me = b.rank();
-    let host_memory = backend == crate::device::Backend::Host;
-    let mine = verbs::decide(cfg, host_memory).map_err(|why| Error::invalid_usage(OP, format!("rank {me}: {why}")));
+    let mine = verbs::decide(cfg).map_err(|why| Error::invalid_usage(OP, format!("rank {me}: {why}")));
     // Record: 1 sockets, 2 verbs (required), 3 verbs (or sockets); or 0 and the reason.
     let rec = match &mine {
         Ok(c) if !c.verbs => vec![1u8],
@@ -135,7 +134,7 @@ pub fn listen_for_peers(b: &dyn Bootstrap, topo: &Topology, cfg: &Config, comm_i
         (false, true) => log::info!("hoccl: rank {me}: inter-node transport: socket (HOCCL_NET=auto; rank {} takes sockets)", want[1].unwrap_or(0)),
     }
     if verbs {
-        connect_channels(b, topo, cfg).map(|l| Some(Far::Verbs(l)))
+        connect_channels(b, topo, cfg, backend).map(|l| Some(Far::Verbs(l)))
     } else {
         exchange_addresses(b, topo, cfg, comm_id, backend).map(|l| Some(Far::Socket(l)))
     }
@@ -183,7 +182,7 @@ fn exchange_addresses(b: &dyn Bootstrap, topo: &Topology, cfg: &Config, comm_id:
 /// pairs, slots from `HOCCL_NET_STAGING`) per rank of another node, all-gather every
 /// rank's setups (one per peer, each peer reads its own), connect, and all-gather the
 /// outcome, so no rank writes to a peer whose queue pairs are not connected yet.
-fn connect_channels(b: &dyn Bootstrap, topo: &Topology, cfg: &Config) -> Result<VerbsLinks> {
+fn connect_channels(b: &dyn Bootstrap, topo: &Topology, cfg: &Config, backend: crate::device::Backend) -> Result<VerbsLinks> {
     const OP: &str = "Communicator::new";
     let (me, n) = (b.rank(), topo.nranks());
     let remote: Vec<usize> = (0..n).filter(|r| !topo.same_node(me, *r)).collect();
@@ -250,7 +249,9 @@ fn connect_channels(b: &dyn Bootstrap, topo: &Topology, cfg: &Config) -> Result<
     if let Some(r) = all.iter().position(|x| x.first() != Some(&1)) {
         return Err(Error::Remote { op: OP, peer: r, what: format!("could not connect its verbs channels: {}", String::from_utf8_lossy(all[r].get(1..).unwrap_or_default())) });
     }
-    Ok(VerbsLinks { rank: me, nic, channels, gbps: cfg.net_gbps, nic_name })
+    // As for sockets: the host backend's device memory is host memory, copied directly.
+    let staging = (backend != crate::device::Backend::Host || cfg.net_stage_host_memory).then_some(cfg.net_staging_bytes);
+    Ok(VerbsLinks { rank: me, nic, channels, gbps: cfg.net_gbps, nic_name, staging })
 }
 
 /// The engine setting resolved for rank `b.rank()`: the link to every rank, the cost model

@@ -9,14 +9,15 @@
 //! immediate, small sends, completions) behind one trait, implemented over these bindings
 //! and by an in-memory test fabric; [`channel`] is one peer's data path over it (slots,
 //! immediates, credits); [`transport`] is the [`crate::transport::Transport`] over one
-//! channel per rank of another node (control messages, landing, failure), for the host
-//! backend. [`decide`] chooses between it and the socket transport; communicator creation
+//! channel per rank of another node (control messages, landing, failure; host staging on
+//! CUDA through [`pinned`]). [`decide`] chooses between it and the socket transport; communicator creation
 //! (`comm::setup`) makes the agreement collective, opens the NIC ([`open_nic`]) and
 //! exchanges every channel's [`channel::Setup`] over the bootstrap. The bindings cover
 //! more of libibverbs than the transport uses, so unused items are allowed here.
 #![allow(dead_code, unused_imports)]
 pub mod channel;
 pub mod nic;
+mod pinned;
 pub mod result;
 pub mod safe;
 pub mod sys;
@@ -140,24 +141,19 @@ pub struct Choice {
     pub line: String,
 }
 
-/// Which transport carries this rank's inter-node traffic under `cfg`, on a device whose
-/// memory is host memory (`host_memory`) or not, or why `cfg` cannot be met:
-/// `HOCCL_NET=ib` takes verbs when a device is usable (or the test fabric is asked for),
-/// `auto` takes verbs when usable and sockets otherwise, `socket` takes sockets. The verbs
-/// transport moves host memory only (the host backend), so device memory takes sockets.
-/// The ranks of a communicator then agree (`comm::setup`): verbs only if every rank wants
-/// it.
-pub fn decide(cfg: &crate::config::Config, host_memory: bool) -> std::result::Result<Choice, String> {
+/// Which transport carries this rank's inter-node traffic under `cfg`, or why `cfg` cannot
+/// be met: `HOCCL_NET=ib` takes verbs when a device is usable (or the test fabric is asked
+/// for), `auto` takes verbs when usable and sockets otherwise, `socket` takes sockets. The
+/// ranks of a communicator then agree (`comm::setup`): verbs only if every rank wants it.
+pub fn decide(cfg: &crate::config::Config) -> std::result::Result<Choice, String> {
     use crate::config::NetChoice;
-    let nic = match (cfg.net, host_memory) {
-        (NetChoice::Socket, _) => Err(String::new()),
-        (_, false) => Err("the verbs transport moves host memory only (the host backend), not device memory".into()),
+    let nic = match cfg.net {
+        NetChoice::Socket => Err(String::new()),
         _ => usable(cfg.ib_hca.as_deref(), cfg.ib_gid_index, cfg.verbs_fake),
     };
     let pick = |verbs: bool, forced: bool, line: String| Ok(Choice { verbs, forced, line });
     match (cfg.net, nic) {
-        (NetChoice::Ib, Err(why)) if host_memory => Err(format!("HOCCL_NET=ib: no usable RDMA device: {why}; use HOCCL_NET=socket or auto")),
-        (NetChoice::Ib, Err(why)) => Err(format!("HOCCL_NET=ib: {why}; use HOCCL_NET=socket or auto")),
+        (NetChoice::Ib, Err(why)) => Err(format!("HOCCL_NET=ib: no usable RDMA device: {why}; use HOCCL_NET=socket or auto")),
         (NetChoice::Ib, Ok(dev)) => pick(true, true, format!("verbs (HOCCL_NET=ib; {dev})")),
         (NetChoice::Socket, _) => pick(false, true, "socket (HOCCL_NET=socket)".into()),
         (NetChoice::Auto, Ok(dev)) => pick(true, false, format!("verbs (HOCCL_NET=auto; {dev})")),
@@ -165,15 +161,9 @@ pub fn decide(cfg: &crate::config::Config, host_memory: bool) -> std::result::Re
     }
 }
 
-/// [`decide`]'s line for `cfg` on the device `cfg.backend` opens here (`hoccl-info`).
+/// [`decide`]'s line for `cfg` (`hoccl-info`).
 pub fn choose(cfg: &crate::config::Config) -> std::result::Result<String, String> {
-    use crate::config::BackendChoice;
-    let host_memory = match cfg.backend {
-        BackendChoice::Host => true,
-        BackendChoice::Cuda => false,
-        BackendChoice::Auto => crate::device::cuda::probe().map_or(true, |p| p.count == 0),
-    };
-    decide(cfg, host_memory).map(|c| c.line)
+    decide(cfg).map(|c| c.line)
 }
 
 /// The NIC the verbs transport opens under `cfg`, with room for `max_qps` queue pairs, and
@@ -278,23 +268,19 @@ mod tests {
         use crate::config::{Config, NetChoice};
         let cfg = |net, fake| Config { net, verbs_fake: fake, ib_hca: Some("no-such-hca".into()), ..Config::default() };
         // The fake fabric is usable: ib and auto take verbs on host memory.
-        let c = decide(&cfg(NetChoice::Ib, true), true).unwrap();
+        let c = decide(&cfg(NetChoice::Ib, true)).unwrap();
         assert!(c.verbs && c.forced && c.line.starts_with("verbs (HOCCL_NET=ib") && c.line.contains("HOCCL_VERBS_FAKE"), "{c:?}");
-        let c = decide(&cfg(NetChoice::Auto, true), true).unwrap();
+        let c = decide(&cfg(NetChoice::Auto, true)).unwrap();
         assert!(c.verbs && !c.forced && c.line.starts_with("verbs (HOCCL_NET=auto"), "{c:?}");
+        assert_eq!(choose(&cfg(NetChoice::Auto, true)), Ok(c.line));
         // socket always takes sockets.
-        let c = decide(&cfg(NetChoice::Socket, true), true).unwrap();
+        let c = decide(&cfg(NetChoice::Socket, true)).unwrap();
         assert!(!c.verbs && c.forced && c.line == "socket (HOCCL_NET=socket)", "{c:?}");
         // No device: ib is refused with the reason, auto falls back to sockets.
-        let e = decide(&cfg(NetChoice::Ib, false), true).unwrap_err();
-        assert!(e.contains("HOCCL_NET=ib: no usable RDMA device") && e.contains("no-such-hca") || e.contains("no RDMA device"), "{e}");
-        let c = decide(&cfg(NetChoice::Auto, false), true).unwrap();
+        let e = decide(&cfg(NetChoice::Ib, false)).unwrap_err();
+        assert!(e.starts_with("HOCCL_NET=ib: no usable RDMA device") && (e.contains("no-such-hca") || e.contains("no RDMA device")), "{e}");
+        let c = decide(&cfg(NetChoice::Auto, false)).unwrap();
         assert!(!c.verbs && c.line.starts_with("socket (HOCCL_NET=auto; no verbs NIC"), "{c:?}");
-        // Device memory: verbs is never taken, even with the fake fabric.
-        let e = decide(&cfg(NetChoice::Ib, true), false).unwrap_err();
-        assert!(e.contains("host memory only"), "{e}");
-        let c = decide(&cfg(NetChoice::Auto, true), false).unwrap();
-        assert!(!c.verbs && c.line.contains("host memory only"), "{c:?}");
     }
 
     #[test]

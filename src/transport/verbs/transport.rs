@@ -23,14 +23,19 @@
 //! chunks keep arriving the receiver reports `Progress` at most every
 //! [`PROGRESS_EVERY`].
 //!
-//! **Memory.** Only the host backend, whose device memory is host memory: the sender
-//! copies each chunk from the user's buffer into a registered send slot, the receiver
-//! copies it from its registered receive slot into the user's buffer, through the host
-//! backend's checked copies; the slots are allocated once per peer at creation, nothing
-//! per chunk. Device memory that is not host memory (CUDA) would need the slots filled and
-//! drained by the copy queues (as the socket transport's staging is), or the device memory
-//! registered with the NIC (GPUDirect RDMA); neither is built, so a CUDA communicator
-//! takes the socket transport (`choose`).
+//! **Memory.** The NIC's registered slots are allocated once per peer at creation (the
+//! channel's), and nothing per chunk. On the host backend, whose device memory is host
+//! memory, the sender copies each chunk from the user's buffer into a send slot and the
+//! receiver from its receive slot into the user's buffer (the host backend's checked
+//! copies). On CUDA the chunks pass through host staging as the socket transport's do
+//! ([`Stage`]: `HOCCL_NET_STAGING` bytes of pinned memory allocated once, half send slots,
+//! half receive slots, and one copy queue): the copy queue fills a staging slot from the
+//! user's buffer (device to host) and, once its fence has completed, the CPU copies it into
+//! a registered send slot and writes it; a landed chunk is copied from its registered slot
+//! into a staging slot (returning the credit) and the copy queue drains that into the
+//! user's buffer, its bytes counting once the copy's fence has completed. Registering the
+//! staging itself with the NIC would save the CPU copy, and registering device memory
+//! (GPUDirect RDMA) the staging; neither is built.
 //!
 //! **Rate limit.** `HOCCL_NET_GBPS` caps this rank's payload bytes per second in each
 //! direction with the socket transport's token bucket ([`Bucket`]): a sender writes a chunk
@@ -44,7 +49,8 @@
 //! NIC's retries), or else by the engine's timeout.
 use super::channel::{Arrived, Channel};
 use super::nic::{Event, Nic};
-use crate::device::{DevPtr, Device};
+use super::pinned::Pinned;
+use crate::device::{CopyQueue, DevPtr, Device};
 use crate::error::{Error, Result};
 use crate::transport::socket::{Bucket, PROGRESS_EVERY};
 use crate::transport::{FlowId, Incoming, Region, RemoteBuffer, Signal, Tag, Transport, Wire};
@@ -151,10 +157,104 @@ struct Peer {
     /// Flows whose every chunk is written, waiting for the receiver's `Done`, by token.
     awaiting: HashMap<u32, FlowId>,
     slots: HashMap<u32, Slot>,
-    /// Data chunks that landed and wait for the receive rate limit, in order.
+    /// Data chunks that landed and wait for the receive rate limit (or, staged, a free
+    /// receive staging slot), in order.
     held: VecDeque<Arrived>,
+    /// Staged: chunks in host staging, ready for the channel, in order.
+    ready: VecDeque<Staged>,
     bye: bool,
     gone: Option<String>,
+}
+
+/// A chunk in host staging: `n` bytes of op `seq`'s transfer `token` (`total` bytes in
+/// all) at `offset`, in send slot `at`.
+#[derive(Clone, Copy, Debug)]
+struct Staged {
+    seq: u64,
+    token: u32,
+    offset: u64,
+    total: u64,
+    n: usize,
+    at: DevPtr,
+}
+
+/// A host-to-device copy of a drained chunk: `n` bytes of receive `token` (op `seq`,
+/// `total` bytes in all) from peer `peer`, from receive slot `at`, done at fence `ticket`.
+struct Drain {
+    ticket: u64,
+    peer: usize,
+    token: u32,
+    total: u64,
+    n: usize,
+    seq: u64,
+    at: DevPtr,
+}
+
+/// Host staging and the copy queue that fills and drains it, for device memory that is not
+/// host memory (CUDA): send slots the queue fills from the user's buffers, receive slots it
+/// drains into them.
+struct Stage {
+    dev: Arc<dyn Device>,
+    queue: Box<dyn CopyQueue>,
+    pinned: Pinned,
+    base: DevPtr,
+    slot: usize,
+    send_free: Vec<DevPtr>,
+    recv_free: Vec<DevPtr>,
+    /// Device-to-host copies in flight: (fence ticket, peer, chunk).
+    filling: VecDeque<(u64, usize, Staged)>,
+    draining: VecDeque<Drain>,
+    /// Ops cancelled while their chunks were being copied into staging.
+    cancelled: Vec<u64>,
+    /// The copy queue failed: copies it had may still write the staging.
+    broken: bool,
+}
+
+impl Stage {
+    /// `bytes` of host staging on `dev` in slots of `slot` bytes (at least two each way),
+    /// with one copy queue; made on the proxy thread.
+    fn new(dev: Arc<dyn Device>, bytes: usize, slot: usize) -> Result<Stage> {
+        let slot = slot.max(1);
+        let n = (bytes / slot / 2).max(2);
+        let base = dev.alloc_host(2 * n * slot)?;
+        let queue = match dev.create_copy_queue() {
+            Ok(q) => q,
+            Err(e) => {
+                let _ = dev.free_host(base);
+                return Err(e);
+            }
+        };
+        Ok(Stage {
+            pinned: Pinned::new(base, 2 * n * slot),
+            dev,
+            queue,
+            base,
+            slot,
+            send_free: (0..n).map(|i| base.add(i * slot)).collect(),
+            recv_free: (n..2 * n).map(|i| base.add(i * slot)).collect(),
+            filling: VecDeque::with_capacity(n),
+            draining: VecDeque::with_capacity(n),
+            cancelled: Vec::new(),
+            broken: false,
+        })
+    }
+
+    fn busy(&self) -> bool {
+        !self.filling.is_empty() || !self.draining.is_empty()
+    }
+}
+
+impl Drop for Stage {
+    fn drop(&mut self) {
+        if self.busy() || self.broken {
+            // Copies may still land in it: leave it allocated rather than free it under them.
+            log::warn!("hoccl: verbs transport: host staging left allocated, {} copies still in flight", self.filling.len() + self.draining.len());
+            return;
+        }
+        if let Err(e) = self.dev.free_host(self.base) {
+            log::warn!("hoccl: {e}");
+        }
+    }
 }
 
 /// What [`Verbs::new`] needs: this rank, its NIC and, by rank, the channel connected to
@@ -167,6 +267,10 @@ pub struct VerbsLinks {
     pub gbps: f64,
     /// The NIC, as one line for the log.
     pub nic_name: String,
+    /// Bytes of host staging (`Config::net_staging_bytes`), or None to copy between the
+    /// slots and the user buffers directly (the host backend, whose device memory is host
+    /// memory).
+    pub staging: Option<usize>,
 }
 
 pub struct Verbs {
@@ -174,6 +278,7 @@ pub struct Verbs {
     rank: usize,
     nic: Box<dyn Nic>,
     peers: Vec<Option<Peer>>,
+    stage: Option<Stage>,
     next_token: u32,
     send_bucket: Bucket,
     recv_bucket: Bucket,
@@ -188,13 +293,15 @@ pub struct Verbs {
 }
 
 impl Verbs {
-    /// The transport over `links`' connected channels. Needs the host backend (see the
-    /// module comment).
+    /// The transport over `links`' connected channels. Direct copies need the host
+    /// backend; any other device needs `links.staging`.
     pub fn new(dev: Arc<dyn Device>, links: VerbsLinks) -> Result<Verbs> {
-        if dev.backend() != crate::device::Backend::Host {
-            return Err(Error::invalid_usage(OP, "device memory that is not host memory needs host staging, which the verbs transport does not have; use HOCCL_NET=socket"));
-        }
         let payload = links.channels.iter().flatten().map(Channel::max_payload).max().unwrap_or(0);
+        let stage = match links.staging {
+            Some(bytes) => Some(Stage::new(dev.clone(), bytes, payload.min(bytes / 4).max(4096))?),
+            None if dev.backend() == crate::device::Backend::Host => None,
+            None => return Err(Error::invalid_usage(OP, "device memory that is not host memory needs host staging")),
+        };
         let peers: Vec<Option<Peer>> = links
             .channels
             .into_iter()
@@ -206,17 +313,19 @@ impl Verbs {
                     awaiting: HashMap::new(),
                     slots: HashMap::new(),
                     held: VecDeque::new(),
+                    ready: VecDeque::new(),
                     bye: false,
                     gone: None,
                 })
             })
             .collect();
         log::info!(
-            "rank {}: verbs transport on {}: {} rank(s) of other nodes, chunks of {} KiB, rate {}",
+            "rank {}: verbs transport on {}: {} rank(s) of other nodes, chunks of {} KiB, {}, rate {}",
             links.rank,
             links.nic_name,
             peers.iter().flatten().count(),
             payload >> 10,
+            stage.as_ref().map_or("direct copies".to_string(), |s| format!("{} staging slots of {} KiB", s.send_free.len() + s.recv_free.len(), s.slot >> 10)),
             if links.gbps > 0.0 { format!("{} GB/s", links.gbps) } else { "unlimited".into() }
         );
         Ok(Verbs {
@@ -224,6 +333,7 @@ impl Verbs {
             rank: links.rank,
             nic: links.nic,
             peers,
+            stage,
             next_token: 1,
             send_bucket: Bucket::new(links.gbps),
             recv_bucket: Bucket::new(links.gbps),
@@ -269,6 +379,12 @@ impl Verbs {
         let why = if p.bye { "its communicator was destroyed or aborted".to_string() } else { why };
         log::debug!("rank {}: rank {i} is gone: {why}", self.rank);
         let mut seqs: Vec<u64> = p.flows.drain(..).map(|f| f.id.seq).chain(p.awaiting.drain().map(|(_, id)| id.seq)).collect();
+        for c in p.ready.drain(..) {
+            seqs.push(c.seq);
+            if let Some(st) = self.stage.as_mut() {
+                st.send_free.push(c.at);
+            }
+        }
         seqs.sort_unstable();
         seqs.dedup();
         for seq in seqs {
@@ -357,8 +473,9 @@ impl Verbs {
         self.incoming.push(Incoming { from: i, pair_seq: c.pair_seq, signal });
     }
 
-    /// Drain peer `i`'s landed data chunks into their receive buffers, in order, while the
-    /// receive rate limit grants them; whether one was drained.
+    /// Drain peer `i`'s landed data chunks into their receive buffers (staged: into receive
+    /// staging, whose copy to the buffer the copy queue then makes), in order, while the
+    /// receive rate limit (and the staging) allows; whether one was drained.
     fn drain_held(&mut self, i: usize) -> bool {
         let mut any = false;
         loop {
@@ -379,7 +496,8 @@ impl Verbs {
                 self.mark_gone(i, why);
                 return true;
             }
-            if a.len > 0 && self.recv_bucket.grant(a.len) < a.len {
+            let stage = self.stage.as_mut().filter(|_| a.len > 0);
+            if stage.as_ref().is_some_and(|st| st.recv_free.is_empty() || a.len > st.slot) || (a.len > 0 && self.recv_bucket.grant(a.len) < a.len) {
                 return any;
             }
             p.held.pop_front();
@@ -389,29 +507,146 @@ impl Verbs {
                 self.mark_gone(i, format!("its verbs channel failed: {e}"));
                 return true;
             }
-            if let Err(e) = crate::device::host::write(slot.ptr.add(a.offset as usize), buf) {
+            self.recv_bucket.spend(a.len);
+            slot.total = Some(a.total);
+            let dst = slot.ptr.add(a.offset as usize);
+            let written = match stage {
+                None if a.len == 0 => Ok(()),
+                None => crate::device::host::write(dst, buf),
+                Some(st) => {
+                    let at = st.recv_free.pop().expect("checked above");
+                    let r = st.pinned.write(at, buf).and_then(|_| st.queue.copy(dst, at, a.len)).and_then(|_| st.queue.fence());
+                    match r {
+                        Ok(ticket) => {
+                            st.draining.push_back(Drain { ticket, peer: i, token: a.xfer, total: a.total, n: a.len, seq: slot.seq, at });
+                            continue;
+                        }
+                        Err(e) => {
+                            st.recv_free.push(at);
+                            Err(e)
+                        }
+                    }
+                }
+            };
+            if let Err(e) = written {
                 let seq = slot.seq;
                 p.slots.remove(&a.xfer);
                 self.failed.push_back((seq, e));
                 continue;
             }
-            self.recv_bucket.spend(a.len);
-            slot.received += a.len as u64;
-            slot.total = Some(a.total);
-            let (pair_seq, k, total) = (slot.pair_seq, slot.k, a.total);
-            if slot.received < total {
-                if a.len > 0 && slot.told.elapsed() >= PROGRESS_EVERY {
-                    slot.told = Instant::now();
-                    self.incoming.push(Incoming { from: i, pair_seq, signal: Signal::Progress { k } });
-                }
-                continue;
-            }
-            p.slots.remove(&a.xfer);
-            self.incoming.push(Incoming { from: i, pair_seq, signal: Signal::Landed { k, len: total } });
-            let mut d = Ctl::new(Kind::Done, pair_seq, k);
-            (d.a, d.token) = (total, a.xfer);
-            p.ctrl.push_back(d.encode());
+            self.count(i, a.xfer, a.len as u64, a.total);
         }
+    }
+
+    /// `n` more bytes of peer `i`'s transfer `token` (`total` bytes) are in place; when it
+    /// has them all, report `Landed` to this rank's engine and queue `Done` to the sender.
+    fn count(&mut self, i: usize, token: u32, n: u64, total: u64) {
+        let Some(p) = self.peers[i].as_mut().filter(|p| p.gone.is_none()) else { return };
+        let Some(slot) = p.slots.get_mut(&token) else { return };
+        slot.received += n;
+        let (pair_seq, k) = (slot.pair_seq, slot.k);
+        if slot.received < total {
+            if n > 0 && slot.told.elapsed() >= PROGRESS_EVERY {
+                slot.told = Instant::now();
+                self.incoming.push(Incoming { from: i, pair_seq, signal: Signal::Progress { k } });
+            }
+            return;
+        }
+        p.slots.remove(&token);
+        self.incoming.push(Incoming { from: i, pair_seq, signal: Signal::Landed { k, len: total } });
+        let mut d = Ctl::new(Kind::Done, pair_seq, k);
+        (d.a, d.token) = (total, token);
+        p.ctrl.push_back(d.encode());
+    }
+
+    /// Staged: copy the next chunks of the peers' flows into free send slots, one chunk per
+    /// peer per pass while slots (and the send rate limit) last, and reap the copies that
+    /// completed (filled slots go to their peer's `ready`, drained receive slots count
+    /// their bytes). Whether anything moved.
+    fn stage_work(&mut self) -> bool {
+        let Some(st) = self.stage.as_mut() else { return false };
+        let mut moved = false;
+        let mut progress = true;
+        while progress && !st.send_free.is_empty() {
+            progress = false;
+            for i in 0..self.peers.len() {
+                let Some(p) = self.peers[i].as_mut().filter(|p| p.gone.is_none()) else { continue };
+                let Some(f) = p.flows.front_mut() else { continue };
+                let mut n = (f.len - f.next).min(p.ch.max_payload()).min(st.slot);
+                if n > 0 {
+                    n = self.send_bucket.grant(n);
+                    if n == 0 {
+                        continue;
+                    }
+                }
+                let c = Staged { seq: f.id.seq, token: f.token, offset: f.next as u64, total: f.len as u64, n, at: DevPtr(0) };
+                if n == 0 {
+                    p.ready.push_back(c);
+                } else {
+                    let Some(at) = st.send_free.pop() else { break };
+                    match st.queue.copy(at, f.src.add(f.next), n).and_then(|_| st.queue.fence()) {
+                        Ok(ticket) => st.filling.push_back((ticket, i, Staged { at, ..c })),
+                        Err(e) => {
+                            st.send_free.push(at);
+                            p.flows.pop_front();
+                            self.failed.push_back((c.seq, e));
+                            continue;
+                        }
+                    }
+                    self.send_bucket.spend(n);
+                }
+                (f.next, f.begun) = (f.next + n, true);
+                if f.next == f.len {
+                    let f = p.flows.pop_front().expect("front exists");
+                    p.awaiting.insert(f.token, f.id);
+                }
+                moved = true;
+                progress = true;
+                if st.send_free.is_empty() {
+                    break;
+                }
+            }
+        }
+        if !st.busy() {
+            return moved;
+        }
+        let done = match st.queue.completed() {
+            Ok(t) => t,
+            Err(e) => {
+                // The queue is broken: every op with a copy on it fails, and those copies'
+                // slots are not used again (the device may still write them).
+                st.broken = true;
+                let mut seqs: Vec<u64> = st.filling.drain(..).map(|(_, _, c)| c.seq).chain(st.draining.drain(..).map(|d| d.seq)).collect();
+                seqs.sort_unstable();
+                seqs.dedup();
+                for seq in seqs {
+                    self.failed.push_back((seq, e.clone()));
+                }
+                return true;
+            }
+        };
+        while st.filling.front().is_some_and(|(t, _, _)| *t <= done) {
+            let (_, i, c) = st.filling.pop_front().expect("front exists");
+            moved = true;
+            match self.peers[i].as_mut().filter(|p| p.gone.is_none()) {
+                Some(p) if !st.cancelled.contains(&c.seq) => p.ready.push_back(c),
+                _ => st.send_free.push(c.at),
+            }
+        }
+        if st.filling.is_empty() {
+            st.cancelled.clear();
+        }
+        let mut drained = Vec::new();
+        while st.draining.front().is_some_and(|d| d.ticket <= done) {
+            let d = st.draining.pop_front().expect("front exists");
+            st.recv_free.push(d.at);
+            drained.push(d);
+        }
+        for d in drained {
+            moved = true;
+            self.count(d.peer, d.token, d.n as u64, d.total);
+        }
+        moved
     }
 
     /// Write what may be written: each peer's control records first, then its flows'
@@ -422,7 +657,7 @@ impl Verbs {
         loop {
             let mut any = false;
             for i in 0..self.peers.len() {
-                let Some(p) = self.peers[i].as_mut().filter(|p| p.gone.is_none()) else { continue };
+                let Some(mut p) = self.peers[i].as_mut().filter(|p| p.gone.is_none()) else { continue };
                 if let Some(rec) = p.ctrl.front() {
                     match p.ch.try_send_ordered(self.nic.as_mut(), CONTROL, 0, REC as u64, rec) {
                         Ok(true) => {
@@ -437,6 +672,31 @@ impl Verbs {
                 if !p.ch.can_send() {
                     continue;
                 }
+                if let Some(st) = self.stage.as_mut() {
+                    let Some(c) = p.ready.front().copied() else { continue };
+                    let buf = &mut self.scratch[..c.n];
+                    let read = if c.n == 0 { Ok(()) } else { st.pinned.read(c.at, buf) };
+                    let sent = read.map_err(|e| (false, e)).and_then(|_| p.ch.try_send(self.nic.as_mut(), c.token, c.offset, c.total, buf).map_err(|e| (true, e)));
+                    match sent {
+                        Ok(false) => continue,
+                        Ok(true) => {}
+                        Err((false, e)) => self.failed.push_back((c.seq, e)),
+                        Err((true, e)) => {
+                            self.mark_gone(i, format!("its verbs channel failed: {e}"));
+                            continue;
+                        }
+                    }
+                    p = self.peers[i].as_mut().expect("live peer");
+                    p.ready.pop_front();
+                    if c.n > 0 {
+                        self.stage.as_mut().expect("staged").send_free.push(c.at);
+                    }
+                    if self.advanced.last() != Some(&c.seq) {
+                        self.advanced.push(c.seq);
+                    }
+                    any = true;
+                    continue;
+                }
                 let Some(f) = p.flows.front_mut() else { continue };
                 let mut n = (f.len - f.next).min(p.ch.max_payload()).min(self.scratch.len());
                 if n > 0 {
@@ -446,7 +706,7 @@ impl Verbs {
                     }
                 }
                 let buf = &mut self.scratch[..n];
-                if let Err(e) = crate::device::host::read(f.src.add(f.next), buf) {
+                if let Err(e) = if n == 0 { Ok(()) } else { crate::device::host::read(f.src.add(f.next), buf) } {
                     let seq = f.id.seq;
                     p.flows.pop_front();
                     self.failed.push_back((seq, e));
@@ -557,10 +817,12 @@ impl Transport for Verbs {
     }
 
     fn progress(&mut self, done: &mut Vec<FlowId>, advanced: &mut Vec<u64>) -> std::result::Result<bool, (u64, Error)> {
-        let mut moved = self.reap();
+        let mut moved = self.stage_work();
+        moved |= self.reap();
         moved |= self.drain_all();
         moved |= self.push();
         // Landings just drained owe their senders a `Done`; credits just returned let more go.
+        moved |= self.stage_work();
         moved |= self.reap();
         moved |= self.drain_all();
         moved |= self.push();
@@ -584,6 +846,20 @@ impl Transport for Verbs {
                 keep
             });
             p.awaiting.retain(|_, id| id.seq != seq);
+            let mut freed = Vec::new();
+            p.ready.retain(|c| {
+                let keep = c.seq != seq;
+                if !keep && c.n > 0 {
+                    freed.push(c.at);
+                }
+                keep
+            });
+            if let Some(st) = self.stage.as_mut() {
+                st.send_free.extend(freed);
+                if st.filling.iter().any(|(_, _, c)| c.seq == seq) {
+                    st.cancelled.push(seq);
+                }
+            }
             // Chunks already written stay in the receiver's slots (its credits): it drops
             // them once it forgets the transfer.
             for token in cut {
@@ -599,9 +875,15 @@ impl Transport for Verbs {
     }
 
     fn data_in_flight(&self) -> bool {
-        self.peers.iter().flatten().filter(|p| p.gone.is_none()).any(|p| {
-            !p.flows.is_empty() || !p.awaiting.is_empty() || !p.held.is_empty() || p.ch.in_flight() > 0 || p.slots.values().any(|s| s.received > 0)
-        })
+        self.stage.as_ref().is_some_and(Stage::busy)
+            || self.peers.iter().flatten().filter(|p| p.gone.is_none()).any(|p| {
+                !p.flows.is_empty()
+                    || !p.ready.is_empty()
+                    || !p.awaiting.is_empty()
+                    || !p.held.is_empty()
+                    || p.ch.in_flight() > 0
+                    || p.slots.values().any(|s| s.received > 0)
+            })
     }
 
     fn signals_queued(&self) -> bool {
@@ -619,7 +901,8 @@ impl Transport for Verbs {
             writes += p.ch.in_flight();
         }
         let gone: Vec<usize> = (0..self.peers.len()).filter(|i| self.peer_health(*i).is_some()).collect();
-        format!("verbs: {flows} sends with chunks to go, {awaiting} waiting for their receivers' Done, {slots} receives open, {writes} writes in flight, {ctrl} signals queued out, ranks gone {gone:?}")
+        let staging = self.stage.as_ref().map_or(String::new(), |s| format!(", staging: {} copies in, {} out", s.filling.len(), s.draining.len()));
+        format!("verbs: {flows} sends with chunks to go, {awaiting} waiting for their receivers' Done, {slots} receives open, {writes} writes in flight, {ctrl} signals queued out{staging}, ranks gone {gone:?}")
     }
 
     fn close(&mut self) {
@@ -641,6 +924,13 @@ impl Transport for Verbs {
         for p in self.peers.iter_mut().flatten() {
             p.gone.get_or_insert_with(|| "this rank closed its communicator".into());
         }
+        // Copies still in flight (a forced exit) keep the staging allocated (`Stage::drop`).
+        while self.stage.as_ref().is_some_and(Stage::busy) && t0.elapsed() < 2 * CLOSE_FLUSH {
+            if !self.stage_work() {
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        }
+        self.stage = None;
     }
 }
 
@@ -658,6 +948,11 @@ mod tests {
     /// Ranks 0 and 1 on the fake fabric, `qps` queue pairs, `nslots` slots of `slot`
     /// bytes; `hurt` runs on rank 0's NIC before it is boxed (fault injection).
     fn pair(qps: usize, nslots: usize, slot: usize, gbps: f64, hurt: impl FnOnce(&FakeNic)) -> (Arc<dyn Device>, Verbs, Verbs) {
+        pair_staged(qps, nslots, slot, gbps, None, hurt)
+    }
+
+    /// As `pair`, through `staging` bytes of host staging on each side (the path CUDA takes).
+    fn pair_staged(qps: usize, nslots: usize, slot: usize, gbps: f64, staging: Option<usize>, hurt: impl FnOnce(&FakeNic)) -> (Arc<dyn Device>, Verbs, Verbs) {
         let dev = host();
         let (mut na, mut nb) = (FakeNic::new(), FakeNic::new());
         let (mut a, sa) = Channel::new(&mut na, qps, nslots, slot).unwrap();
@@ -668,7 +963,7 @@ mod tests {
         let links = |rank: usize, nic: FakeNic, ch: Channel| {
             let mut channels: Vec<Option<Channel>> = vec![None, None];
             channels[1 - rank] = Some(ch);
-            VerbsLinks { rank, nic: Box::new(nic), channels, gbps, nic_name: "fake".into() }
+            VerbsLinks { rank, nic: Box::new(nic), channels, gbps, nic_name: "fake".into(), staging }
         };
         let t0 = Verbs::new(dev.clone(), links(0, na, a)).unwrap();
         let t1 = Verbs::new(dev.clone(), links(1, nb, b)).unwrap();
@@ -701,7 +996,11 @@ mod tests {
     /// Rank 1 exposes a receive, announces it; rank 0 writes `len` bytes: the bytes land
     /// intact, rank 1 sees Ready's twin Landed, rank 0 reports the flow.
     fn write_lands(qps: usize, nslots: usize, slot: usize, len: usize) {
-        let (dev, mut t0, mut t1) = pair(qps, nslots, slot, 0.0, |_| ());
+        write_lands_via(qps, nslots, slot, len, None);
+    }
+
+    fn write_lands_via(qps: usize, nslots: usize, slot: usize, len: usize, staging: Option<usize>) {
+        let (dev, mut t0, mut t1) = pair_staged(qps, nslots, slot, 0.0, staging, |_| ());
         let (dst, reg) = region(&dev, 5, len);
         let data: Vec<u8> = (0..len).map(|i| (i * 31 + 7) as u8).collect();
         let (src, _) = region(&dev, 9, len);
@@ -728,6 +1027,9 @@ mod tests {
         write_lands(1, 2, 4096, 1);
         write_lands(3, 4, 1024, 100_000);
         write_lands(2, 8, 64 << 10, 1 << 20);
+        // Through host staging (two 4 KiB slots each way: chunks wait for them).
+        write_lands_via(1, 2, 4096, 0, Some(16 << 10));
+        write_lands_via(3, 4, 64 << 10, 1 << 20, Some(16 << 10));
     }
 
     #[test]
