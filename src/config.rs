@@ -102,6 +102,11 @@ pub struct Config {
     /// CUDA takes.
     #[doc(hidden)]
     pub net_stage_host_memory: bool,
+    /// With `verbs_fake`: this rank's `n`th send or write (counted from 1) on the test
+    /// fabric completes with an injected error, failing that connection (no variable; 0:
+    /// never). Lets tests fail a peer's channel mid-transfer.
+    #[doc(hidden)]
+    pub verbs_fake_fail_at: u64,
     /// `HOCCL_VIRTUAL_NODES`: split each host's ranks into this many nodes (testing).
     pub virtual_nodes: usize,
     /// `HOCCL_FORWARDING_PEERS`: comma list, entry i = forwarding peer of local GPU i.
@@ -230,6 +235,7 @@ impl Default for Config {
             net_gbps: 0.0,
             net_staging_bytes: 16 << 20,
             net_stage_host_memory: false,
+            verbs_fake_fail_at: 0,
             virtual_nodes: 1,
             forwarding_peers: Vec::new(),
             forwarding: true,

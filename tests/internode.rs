@@ -343,6 +343,45 @@ fn verbs_peer_aborts_mid_transfer() {
     }
 }
 
+/// Over verbs, an error completion on one rank's channel mid-transfer (the test fabric's
+/// injected fault on each rank's 40th send or write): both ranks fail the op within the timeout,
+/// each naming the other, and the next op fails at once the same way.
+#[test]
+fn verbs_error_completion_fails_both_sides() {
+    let errors = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let errs = errors.clone();
+    let cfg = Config { virtual_nodes: 2, timeout: Duration::from_secs(3), net_staging_bytes: 64 << 10, verbs_fake_fail_at: 40, ..verbs_config(EngineChoice::CopyEngine) };
+    run_ranks(Backend::Host, 2, cfg, move |c| {
+        let (r, dev) = (c.rank(), c.device().clone());
+        let cnt = 1 << 20;
+        let send = Buf::new(&dev, cnt, 0, 1);
+        let recv = Buf::new(&dev, 2 * cnt, 0, 2);
+        let s = new_stream(&dev);
+        quiesce(c);
+        let mut got = Vec::new();
+        for _ in 0..2 {
+            let t0 = Instant::now();
+            let r1 = c.all_gather(send.ptr, recv.ptr, cnt, DataType::U8, s);
+            dev.synchronize(s).expect("synchronize returns");
+            let e = r1.and_then(|_| c.wait_idle()).expect_err("the AllGather fails");
+            assert!(t0.elapsed() < Duration::from_secs(5), "rank {r} failed after {:?}: {e}", t0.elapsed());
+            got.push((e.code(), e.to_string()));
+        }
+        errs.lock().unwrap().push((r, got));
+    });
+    // 1 MiB through slots of at most 16 KiB takes more than 40 writes.
+    let errors = errors.lock().unwrap();
+    assert_eq!(errors.len(), 2);
+    for (r, got) in errors.iter() {
+        for (code, e) in got {
+            assert!(*code == hoccl::ErrorCode::Remote && e.contains(&format!("peer rank {}", 1 - r)), "rank {r}: {e}");
+        }
+    }
+    let text = format!("{errors:?}");
+    assert!(text.contains("channel failed"), "no rank says the channel failed: {text}");
+    eprintln!("verbs error completion: {errors:?}");
+}
+
 // ================================================================ processes ============
 
 use hoccl::bootstrap::tcp::UniqueId;

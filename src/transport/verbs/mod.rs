@@ -170,7 +170,9 @@ pub fn choose(cfg: &crate::config::Config) -> std::result::Result<String, String
 /// its description: the test fabric (`HOCCL_VERBS_FAKE=1`) or [`pick`]'s device.
 pub fn open_nic(cfg: &crate::config::Config, max_qps: usize) -> Result<(Box<dyn nic::Nic>, String)> {
     if cfg.verbs_fake {
-        return Ok((Box::new(nic::fake::FakeNic::new()), "the in-memory test fabric".into()));
+        let mut nic = nic::fake::FakeNic::new();
+        nic.fail_at(cfg.verbs_fake_fail_at, "injected: transport retry counter exceeded");
+        return Ok((Box::new(nic), "the in-memory test fabric".into()));
     }
     let (d, p) = pick(cfg.ib_hca.as_deref()).map_err(|why| crate::error::Error::invalid_usage("verbs::open_nic", why))?;
     let line = usable(Some(&d.name), cfg.ib_gid_index, false).unwrap_or_else(|_| d.name.clone());
