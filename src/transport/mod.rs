@@ -30,9 +30,12 @@
 //!   time): one channel of several queue pairs per peer, writes with immediate into
 //!   registered slots under credits; host backend only. Chosen instead of [`socket`] by
 //!   `HOCCL_NET` ([`verbs::decide`]).
+//! - [`host_staging`]: the pinned host staging and copy queue through which those two move
+//!   device memory that is not host memory (CUDA).
 //! - [`route`]: one transport over the same-host one and one of the two above, choosing
 //!   by peer.
 pub mod chunk_scheduler;
+pub mod host_staging;
 pub mod ipc;
 pub mod ipc_bounce;
 pub mod mailbox;

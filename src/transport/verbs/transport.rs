@@ -50,7 +50,8 @@
 use super::channel::{Arrived, Channel};
 use super::nic::{Event, Nic};
 use super::pinned::Pinned;
-use crate::device::{CopyQueue, DevPtr, Device};
+use crate::device::{DevPtr, Device};
+use crate::transport::host_staging::HostStaging;
 use crate::error::{Error, Result};
 use crate::transport::socket::{Bucket, PROGRESS_EVERY};
 use crate::transport::{FlowId, Incoming, Region, RemoteBuffer, Signal, Tag, Transport, Wire};
@@ -194,11 +195,8 @@ struct Drain {
 /// host memory (CUDA): send slots the queue fills from the user's buffers, receive slots it
 /// drains into them.
 struct Stage {
-    dev: Arc<dyn Device>,
-    queue: Box<dyn CopyQueue>,
+    host: HostStaging,
     pinned: Pinned,
-    base: DevPtr,
-    slot: usize,
     send_free: Vec<DevPtr>,
     recv_free: Vec<DevPtr>,
     /// Device-to-host copies in flight: (fence ticket, peer, chunk).
@@ -211,31 +209,18 @@ struct Stage {
 }
 
 impl Stage {
-    /// `bytes` of host staging on `dev` in slots of `slot` bytes (at least two each way),
-    /// with one copy queue; made on the proxy thread.
     fn new(dev: Arc<dyn Device>, bytes: usize, slot: usize) -> Result<Stage> {
-        let slot = slot.max(1);
-        let n = (bytes / slot / 2).max(2);
-        let base = dev.alloc_host(2 * n * slot)?;
-        let queue = match dev.create_copy_queue() {
-            Ok(q) => q,
-            Err(e) => {
-                let _ = dev.free_host(base);
-                return Err(e);
-            }
-        };
+        let host = HostStaging::new(dev, bytes, slot)?;
+        let n = host.n;
         Ok(Stage {
-            pinned: Pinned::new(base, 2 * n * slot),
-            dev,
-            queue,
-            base,
-            slot,
-            send_free: (0..n).map(|i| base.add(i * slot)).collect(),
-            recv_free: (n..2 * n).map(|i| base.add(i * slot)).collect(),
+            pinned: Pinned::new(host.base, host.len()),
+            send_free: (0..n).map(|i| host.slot_ptr(i)).collect(),
+            recv_free: (n..2 * n).map(|i| host.slot_ptr(i)).collect(),
             filling: VecDeque::with_capacity(n),
             draining: VecDeque::with_capacity(n),
             cancelled: Vec::new(),
             broken: false,
+            host,
         })
     }
 
@@ -246,14 +231,7 @@ impl Stage {
 
 impl Drop for Stage {
     fn drop(&mut self) {
-        if self.busy() || self.broken {
-            // Copies may still land in it: leave it allocated rather than free it under them.
-            log::warn!("hoccl: verbs transport: host staging left allocated, {} copies still in flight", self.filling.len() + self.draining.len());
-            return;
-        }
-        if let Err(e) = self.dev.free_host(self.base) {
-            log::warn!("hoccl: {e}");
-        }
+        self.host.release("verbs transport", self.filling.len() + self.draining.len(), self.broken);
     }
 }
 
@@ -325,7 +303,7 @@ impl Verbs {
             links.nic_name,
             peers.iter().flatten().count(),
             payload >> 10,
-            stage.as_ref().map_or("direct copies".to_string(), |s| format!("{} staging slots of {} KiB", s.send_free.len() + s.recv_free.len(), s.slot >> 10)),
+            stage.as_ref().map_or("direct copies".to_string(), |s| format!("{} staging slots of {} KiB", s.send_free.len() + s.recv_free.len(), s.host.slot >> 10)),
             if links.gbps > 0.0 { format!("{} GB/s", links.gbps) } else { "unlimited".into() }
         );
         Ok(Verbs {
@@ -497,7 +475,7 @@ impl Verbs {
                 return true;
             }
             let stage = self.stage.as_mut().filter(|_| a.len > 0);
-            if stage.as_ref().is_some_and(|st| st.recv_free.is_empty() || a.len > st.slot) || (a.len > 0 && self.recv_bucket.grant(a.len) < a.len) {
+            if stage.as_ref().is_some_and(|st| st.recv_free.is_empty() || a.len > st.host.slot) || (a.len > 0 && self.recv_bucket.grant(a.len) < a.len) {
                 return any;
             }
             p.held.pop_front();
@@ -515,7 +493,7 @@ impl Verbs {
                 None => crate::device::host::write(dst, buf),
                 Some(st) => {
                     let at = st.recv_free.pop().expect("checked above");
-                    let r = st.pinned.write(at, buf).and_then(|_| st.queue.copy(dst, at, a.len)).and_then(|_| st.queue.fence());
+                    let r = st.pinned.write(at, buf).and_then(|_| st.host.queue.copy(dst, at, a.len)).and_then(|_| st.host.queue.fence());
                     match r {
                         Ok(ticket) => {
                             st.draining.push_back(Drain { ticket, peer: i, token: a.xfer, total: a.total, n: a.len, seq: slot.seq, at });
@@ -572,7 +550,7 @@ impl Verbs {
             for i in 0..self.peers.len() {
                 let Some(p) = self.peers[i].as_mut().filter(|p| p.gone.is_none()) else { continue };
                 let Some(f) = p.flows.front_mut() else { continue };
-                let mut n = (f.len - f.next).min(p.ch.max_payload()).min(st.slot);
+                let mut n = (f.len - f.next).min(p.ch.max_payload()).min(st.host.slot);
                 if n > 0 {
                     n = self.send_bucket.grant(n);
                     if n == 0 {
@@ -584,7 +562,7 @@ impl Verbs {
                     p.ready.push_back(c);
                 } else {
                     let Some(at) = st.send_free.pop() else { break };
-                    match st.queue.copy(at, f.src.add(f.next), n).and_then(|_| st.queue.fence()) {
+                    match st.host.queue.copy(at, f.src.add(f.next), n).and_then(|_| st.host.queue.fence()) {
                         Ok(ticket) => st.filling.push_back((ticket, i, Staged { at, ..c })),
                         Err(e) => {
                             st.send_free.push(at);
@@ -610,7 +588,7 @@ impl Verbs {
         if !st.busy() {
             return moved;
         }
-        let done = match st.queue.completed() {
+        let done = match st.host.queue.completed() {
             Ok(t) => t,
             Err(e) => {
                 // The queue is broken: every op with a copy on it fails, and those copies'
