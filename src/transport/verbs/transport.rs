@@ -635,7 +635,7 @@ impl Verbs {
         loop {
             let mut any = false;
             for i in 0..self.peers.len() {
-                let Some(mut p) = self.peers[i].as_mut().filter(|p| p.gone.is_none()) else { continue };
+                let Some(p) = self.peers[i].as_mut().filter(|p| p.gone.is_none()) else { continue };
                 if let Some(rec) = p.ctrl.front() {
                     match p.ch.try_send_ordered(self.nic.as_mut(), CONTROL, 0, REC as u64, rec) {
                         Ok(true) => {
@@ -650,29 +650,8 @@ impl Verbs {
                 if !p.ch.can_send() {
                     continue;
                 }
-                if let Some(st) = self.stage.as_mut() {
-                    let Some(c) = p.ready.front().copied() else { continue };
-                    let buf = &mut self.scratch[..c.n];
-                    let read = if c.n == 0 { Ok(()) } else { st.pinned.read(c.at, buf) };
-                    let sent = read.map_err(|e| (false, e)).and_then(|_| p.ch.try_send(self.nic.as_mut(), c.token, c.offset, c.total, buf).map_err(|e| (true, e)));
-                    match sent {
-                        Ok(false) => continue,
-                        Ok(true) => {}
-                        Err((false, e)) => self.failed.push_back((c.seq, e)),
-                        Err((true, e)) => {
-                            self.mark_gone(i, format!("its verbs channel failed: {e}"));
-                            continue;
-                        }
-                    }
-                    p = self.peers[i].as_mut().expect("live peer");
-                    p.ready.pop_front();
-                    if c.n > 0 {
-                        self.stage.as_mut().expect("staged").send_free.push(c.at);
-                    }
-                    if self.advanced.last() != Some(&c.seq) {
-                        self.advanced.push(c.seq);
-                    }
-                    any = true;
+                if self.stage.is_some() {
+                    any |= self.send_staged(i);
                     continue;
                 }
                 let Some(f) = p.flows.front_mut() else { continue };
@@ -714,6 +693,38 @@ impl Verbs {
             }
             moved = true;
         }
+    }
+
+    /// Staged: write peer `i`'s next filled staging slot (the channel has a credit); whether
+    /// one went.
+    fn send_staged(&mut self, i: usize) -> bool {
+        let (Some(st), Some(p)) = (self.stage.as_mut(), self.peers[i].as_mut()) else { return false };
+        let Some(c) = p.ready.front().copied() else { return false };
+        let buf = &mut self.scratch[..c.n];
+        let sent = match if c.n == 0 { Ok(()) } else { st.pinned.read(c.at, buf) } {
+            Ok(()) => p.ch.try_send(self.nic.as_mut(), c.token, c.offset, c.total, buf),
+            Err(e) => {
+                // The chunk cannot be read: it is dropped and its op fails.
+                self.failed.push_back((c.seq, e));
+                Ok(true)
+            }
+        };
+        match sent {
+            Ok(true) => {}
+            Ok(false) => return false,
+            Err(e) => {
+                self.mark_gone(i, format!("its verbs channel failed: {e}"));
+                return true;
+            }
+        }
+        p.ready.pop_front();
+        if c.n > 0 {
+            st.send_free.push(c.at);
+        }
+        if self.advanced.last() != Some(&c.seq) {
+            self.advanced.push(c.seq);
+        }
+        true
     }
 
     /// Drain what the receive rate limit held back; whether anything was drained.
