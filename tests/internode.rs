@@ -608,7 +608,8 @@ fn send_16mib(gbps: f64, verbs: bool) -> Duration {
 
 /// `HOCCL_NET=ib` across nodes without a usable verbs device is refused on every rank,
 /// naming the rank and why; ranks that disagree (one requires verbs, one takes sockets) are
-/// refused naming the one that takes sockets.
+/// refused naming the one that takes sockets; under `auto`, one rank without verbs makes
+/// every rank take sockets.
 #[test]
 fn ib_is_refused_with_the_reason() {
     logs::capture();
@@ -631,8 +632,14 @@ fn ib_is_refused_with_the_reason() {
     }
     let ib = Config { virtual_nodes: 2, ..verbs_config(EngineChoice::CopyEngine) };
     let socket = Config { net: hoccl::config::NetChoice::Socket, ..ib.clone() };
-    for e in create([ib, socket]) {
+    for e in create([ib.clone(), socket]) {
         let e = e.expect("creation fails");
         assert!(e.contains("peer rank 1") && e.contains("requires verbs"), "{e}");
+    }
+    // auto on both, verbs usable on one only: both take sockets.
+    if no_device {
+        let auto = Config { net: hoccl::config::NetChoice::Auto, ..ib };
+        let plain = Config { verbs_fake: false, ..auto.clone() };
+        assert_eq!(create([auto, plain]), vec![None, None]);
     }
 }

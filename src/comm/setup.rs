@@ -128,10 +128,10 @@ pub fn listen_for_peers(b: &dyn Bootstrap, topo: &Topology, cfg: &Config, comm_i
         (None, _) => true,
         (Some(_), None) => false,
     };
-    match (verbs, mine.verbs) {
-        (true, _) => log::info!("hoccl: rank {me}: inter-node transport: {}", mine.line),
-        (false, false) => log::info!("hoccl: rank {me}: inter-node transport: {}", mine.line),
-        (false, true) => log::info!("hoccl: rank {me}: inter-node transport: socket (HOCCL_NET=auto; rank {} takes sockets)", want[1].unwrap_or(0)),
+    if verbs == mine.verbs {
+        log::info!("hoccl: rank {me}: inter-node transport: {}", mine.line);
+    } else {
+        log::info!("hoccl: rank {me}: inter-node transport: socket (HOCCL_NET=auto; rank {} takes sockets)", want[1].unwrap_or(0));
     }
     if verbs {
         connect_channels(b, topo, cfg, backend).map(|l| Some(Far::Verbs(l)))
