@@ -30,12 +30,13 @@ pub enum EngineChoice {
 /// Which transport carries the traffic between ranks of different nodes (`HOCCL_NET`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NetChoice {
-    /// The default: the best transport that is built and usable. Only the socket transport
-    /// is built, so `auto` takes it.
+    /// The default: the verbs transport when every rank can take it (a usable RDMA device),
+    /// else sockets (`transport::verbs::decide`).
     Auto,
     /// TCP sockets (`transport::socket`): several connections per peer, through host memory.
     Socket,
-    /// RDMA verbs. Refused at communicator creation: the verbs transport is not built.
+    /// RDMA verbs (`transport::verbs::transport`): several queue pairs per peer. Refused at
+    /// communicator creation, with the reason, without a usable device.
     Ib,
 }
 
@@ -72,8 +73,8 @@ pub struct Config {
     /// engines); a rank's copies to itself run on the caller's stream.
     pub copy_queues: usize,
     /// `HOCCL_QPS_PER_PEER`: queue pairs or sockets per remote peer (1..=64): the socket
-    /// transport opens this many TCP connections to each rank of another node and spreads
-    /// a transfer's chunks over them.
+    /// transport opens this many TCP connections to each rank of another node, the verbs
+    /// transport this many queue pairs, and each spreads a transfer's chunks over them.
     pub qps_per_peer: usize,
     /// `HOCCL_NET` = auto | socket | ib: the transport between ranks of different nodes.
     pub net: NetChoice,
@@ -92,13 +93,20 @@ pub struct Config {
     pub net_gbps: f64,
     /// `HOCCL_NET_STAGING`: bytes of host staging per communicator for the inter-node
     /// transport's data when the device's memory is not host memory (accepts K/M/G
-    /// suffixes; at least 64 KiB); allocated once, split between sending and receiving.
+    /// suffixes; at least 64 KiB); allocated once, split between sending and receiving. The
+    /// verbs transport also registers this many bytes of slots with the NIC, split over
+    /// its peers (`transport::verbs::slots_for`), whatever the device.
     pub net_staging_bytes: usize,
     /// Stage the inter-node transport's data through host staging even when the device's
     /// memory is host memory (no variable): lets the host backend's tests run the path
     /// CUDA takes.
     #[doc(hidden)]
     pub net_stage_host_memory: bool,
+    /// With `verbs_fake`: this rank's `n`th send or write (counted from 1) on the test
+    /// fabric completes with an injected error, failing that connection (no variable; 0:
+    /// never). Lets tests fail a peer's channel mid-transfer.
+    #[doc(hidden)]
+    pub verbs_fake_fail_at: u64,
     /// `HOCCL_VIRTUAL_NODES`: split each host's ranks into this many nodes (testing).
     pub virtual_nodes: usize,
     /// `HOCCL_FORWARDING_PEERS`: comma list, entry i = forwarding peer of local GPU i.
@@ -227,6 +235,7 @@ impl Default for Config {
             net_gbps: 0.0,
             net_staging_bytes: 16 << 20,
             net_stage_host_memory: false,
+            verbs_fake_fail_at: 0,
             virtual_nodes: 1,
             forwarding_peers: Vec::new(),
             forwarding: true,

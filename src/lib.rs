@@ -98,7 +98,8 @@ pub use reduce::RedOp;
 pub use types::DataType;
 
 /// RDMA devices as libibverbs reports them (loaded at run time; none is an empty list, a
-/// missing library an error). Diagnostics only: no transfer uses RDMA yet.
+/// missing library an error), and the inter-node transport `HOCCL_NET` takes (`choose`):
+/// diagnostics for the devices the verbs transport opens.
 pub mod rdma {
     pub use crate::transport::verbs::{choose, gid_string, probe, usable, RdmaDeviceInfo, RdmaPortInfo};
 }

@@ -257,7 +257,130 @@ fn every_op_staged() {
     }
 }
 
-backend_tests!(every_op, every_op_compressed, every_op_auto);
+/// The verbs transport between nodes (`HOCCL_NET=ib` over the in-memory test fabric,
+/// `HOCCL_VERBS_FAKE=1`): the same rounds, 1–3 queue pairs per peer (on CUDA through the
+/// pinned host staging).
+fn verbs_config(engine: EngineChoice) -> Config {
+    Config { engine, net: hoccl::config::NetChoice::Ib, verbs_fake: true, ..test_config() }
+}
+
+fn every_op_verbs(b: Backend) {
+    for (nodes, per_node, seed) in [(2, 1, 41), (2, 2, 42), (3, 1, 43), (4, 1, 44), (2, 3, 45), (4, 2, 46)] {
+        every_op_with(b, nodes, per_node, verbs_config(EngineChoice::CopyEngine), seed);
+    }
+    every_op_with(b, 3, 2, verbs_config(EngineChoice::Compressed), 47);
+    // Small slots: every large transfer waits for credits.
+    every_op_with(b, 2, 2, Config { net_staging_bytes: 64 << 10, ..verbs_config(EngineChoice::CopyEngine) }, 48);
+    // auto takes verbs when the test fabric is usable.
+    every_op_with(b, 2, 1, Config { net: hoccl::config::NetChoice::Auto, ..verbs_config(EngineChoice::Auto) }, 49);
+}
+
+/// The verbs transport through the host staging CUDA uses (here ordinary memory and the
+/// host backend's copy queues): 256 KiB of staging and of registered slots, so transfers
+/// cycle through both.
+#[test]
+fn every_op_verbs_staged() {
+    for (nodes, per_node, engine, seed) in [(2, 2, EngineChoice::CopyEngine, 51), (3, 1, EngineChoice::CopyEngine, 52), (2, 2, EngineChoice::Compressed, 53), (4, 1, EngineChoice::CopyEngine, 54)] {
+        let cfg = Config { net_stage_host_memory: true, net_staging_bytes: 256 << 10, ..verbs_config(engine) };
+        every_op_with(Backend::Host, nodes, per_node, cfg, seed);
+    }
+}
+
+backend_tests!(every_op, every_op_compressed, every_op_auto, every_op_verbs);
+
+/// Over verbs, a rank that aborts its communicator while its AllGather's data crosses
+/// (rate-limited so the transfer lasts; directly and through host staging): every survivor
+/// fails within the timeout; with one rank per node, the survivor's error names the victim
+/// (with more, a survivor may first learn of a failure from another survivor, whose error
+/// it names).
+#[test]
+fn verbs_peer_aborts_mid_transfer() {
+    for (nodes, per_node, staged) in [(2, 1, false), (2, 2, false), (2, 2, true)] {
+        let n = nodes * per_node;
+        let victim = n - 1;
+        let errors = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let errs = errors.clone();
+        // The victim keeps its buffers until every rank is done (a rank of its node may still
+        // be copying into them: thread ranks share the process's memory).
+        let end = std::sync::Arc::new(std::sync::Barrier::new(n));
+        let cfg = Config { virtual_nodes: nodes, net_gbps: 0.05, timeout: Duration::from_secs(3), net_stage_host_memory: staged, ..verbs_config(EngineChoice::CopyEngine) };
+        run_ranks(Backend::Host, n, cfg, move |c| {
+            let (r, dev) = (c.rank(), c.device().clone());
+            let cnt = 1 << 20;
+            let send = Buf::new(&dev, cnt, 0, 1);
+            let recv = Buf::new(&dev, n * cnt, 0, 2);
+            let s = new_stream(&dev);
+            quiesce(c);
+            // The victim aborts 10 ms into its second AllGather; the others loop until one fails.
+            let mut iter = 0;
+            let (e, started) = loop {
+                assert!(iter < 100, "rank {r}: no error after {iter} AllGathers");
+                let started = Instant::now();
+                let r1 = c.all_gather(send.ptr, recv.ptr, cnt, DataType::U8, s);
+                if r == victim && iter == 1 {
+                    std::thread::sleep(Duration::from_millis(10));
+                    c.abort();
+                    let _ = dev.synchronize(s);
+                    end.wait();
+                    return;
+                }
+                dev.synchronize(s).expect("synchronize returns");
+                match r1.and_then(|_| c.wait_idle()) {
+                    Ok(()) => iter += 1,
+                    Err(e) => break (e, started),
+                }
+            };
+            assert!(started.elapsed() < Duration::from_secs(5), "rank {r} failed {:?} after its last AllGather began: {e}", started.elapsed());
+            assert!(matches!(e.code(), hoccl::ErrorCode::Remote | hoccl::ErrorCode::Timeout), "rank {r}: {e}");
+            errs.lock().unwrap().push((r, c.topology().same_node(r, victim), e.to_string()));
+            end.wait();
+        });
+        let errors = errors.lock().unwrap();
+        assert_eq!(errors.len(), n - 1, "{errors:?}");
+        let named = errors.iter().any(|(_, same, e)| !same && e.contains(&format!("peer rank {victim}")));
+        assert!(named || per_node > 1, "the other node's rank does not name rank {victim}: {errors:?}");
+        eprintln!("verbs peer abort on {nodes} x {per_node}: {errors:?}");
+    }
+}
+
+/// Over verbs, an error completion on one rank's channel mid-transfer (the test fabric's
+/// injected fault on each rank's 40th send or write): both ranks fail the op within the timeout,
+/// each naming the other, and the next op fails at once the same way.
+#[test]
+fn verbs_error_completion_fails_both_sides() {
+    let errors = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let errs = errors.clone();
+    let cfg = Config { virtual_nodes: 2, timeout: Duration::from_secs(3), net_staging_bytes: 64 << 10, verbs_fake_fail_at: 40, ..verbs_config(EngineChoice::CopyEngine) };
+    run_ranks(Backend::Host, 2, cfg, move |c| {
+        let (r, dev) = (c.rank(), c.device().clone());
+        let cnt = 1 << 20;
+        let send = Buf::new(&dev, cnt, 0, 1);
+        let recv = Buf::new(&dev, 2 * cnt, 0, 2);
+        let s = new_stream(&dev);
+        quiesce(c);
+        let mut got = Vec::new();
+        for _ in 0..2 {
+            let t0 = Instant::now();
+            let r1 = c.all_gather(send.ptr, recv.ptr, cnt, DataType::U8, s);
+            dev.synchronize(s).expect("synchronize returns");
+            let e = r1.and_then(|_| c.wait_idle()).expect_err("the AllGather fails");
+            assert!(t0.elapsed() < Duration::from_secs(5), "rank {r} failed after {:?}: {e}", t0.elapsed());
+            got.push((e.code(), e.to_string()));
+        }
+        errs.lock().unwrap().push((r, got));
+    });
+    // 1 MiB through slots of at most 16 KiB takes more than 40 writes.
+    let errors = errors.lock().unwrap();
+    assert_eq!(errors.len(), 2);
+    for (r, got) in errors.iter() {
+        for (code, e) in got {
+            assert!(*code == hoccl::ErrorCode::Remote && e.contains(&format!("peer rank {}", 1 - r)), "rank {r}: {e}");
+        }
+    }
+    let text = format!("{errors:?}");
+    assert!(text.contains("channel failed"), "no rank says the channel failed: {text}");
+    eprintln!("verbs error completion: {errors:?}");
+}
 
 // ================================================================ processes ============
 
@@ -446,17 +569,20 @@ fn peer_killed_mid_transfer() {
 /// ~65 ms (67 ms at exactly the rate, less its 2 ms burst), whatever the unlimited rate.
 #[test]
 fn rate_limit_bounds_throughput() {
-    let unlimited = send_16mib(0.0);
-    let limited = send_16mib(0.25);
-    eprintln!("16 MiB between two virtual nodes: {unlimited:?} unlimited, {limited:?} at HOCCL_NET_GBPS=0.25");
-    assert!(limited >= Duration::from_millis(60), "16 MiB crossed in {limited:?}: faster than 0.25 GB/s");
-    assert!(limited < Duration::from_secs(5), "16 MiB took {limited:?} at a 0.25 GB/s limit");
+    for verbs in [false, true] {
+        let unlimited = send_16mib(0.0, verbs);
+        let limited = send_16mib(0.25, verbs);
+        eprintln!("16 MiB between two virtual nodes (verbs {verbs}): {unlimited:?} unlimited, {limited:?} at HOCCL_NET_GBPS=0.25");
+        assert!(limited >= Duration::from_millis(60), "16 MiB crossed in {limited:?}: faster than 0.25 GB/s");
+        assert!(limited < Duration::from_secs(5), "16 MiB took {limited:?} at a 0.25 GB/s limit");
+    }
 }
 
 /// How long 16 MiB take from rank 0 to rank 1 of another virtual node at `gbps` (the
-/// slower rank's time).
-fn send_16mib(gbps: f64) -> Duration {
-    let cfg = Config { virtual_nodes: 2, net_gbps: gbps, engine: EngineChoice::CopyEngine, ..test_config() };
+/// slower rank's time), over sockets or `verbs` (the test fabric).
+fn send_16mib(gbps: f64, verbs: bool) -> Duration {
+    let base = if verbs { verbs_config(EngineChoice::CopyEngine) } else { test_config() };
+    let cfg = Config { virtual_nodes: 2, net_gbps: gbps, engine: EngineChoice::CopyEngine, ..base };
     let took = std::sync::Arc::new(std::sync::Mutex::new(Duration::ZERO));
     let t2 = took.clone();
     run_ranks(Backend::Host, 2, cfg, move |c| {
@@ -480,32 +606,40 @@ fn send_16mib(gbps: f64) -> Duration {
     t
 }
 
-/// `HOCCL_NET=ib` across nodes is refused on every rank, naming the rank and why: without a
-/// verbs device, that there is none; with one (or the test fabric), that the verbs transport
-/// is not built.
+/// `HOCCL_NET=ib` across nodes without a usable verbs device is refused on every rank,
+/// naming the rank and why; ranks that disagree (one requires verbs, one takes sockets) are
+/// refused naming the one that takes sockets; under `auto`, one rank without verbs makes
+/// every rank take sockets.
 #[test]
 fn ib_is_refused_with_the_reason() {
     logs::capture();
     let no_device = hoccl::rdma::usable(None, 3, false).is_err();
-    for fake in [false, true] {
+    let create = |cfgs: [Config; 2]| -> Vec<Option<String>> {
         let hs: Vec<_> = hoccl::bootstrap::thread::ThreadBootstrap::group_with_timeout(2, Duration::from_secs(10))
             .into_iter()
+            .zip(cfgs)
             .enumerate()
-            .map(|(r, b)| {
-                std::thread::spawn(move || {
-                    let cfg = Config { virtual_nodes: 2, net: hoccl::config::NetChoice::Ib, verbs_fake: fake, ..test_config() };
-                    Communicator::with_bootstrap(Box::new(b), Some(open_device(Backend::Host, r)), cfg).err().map(|e| e.to_string())
-                })
-            })
+            .map(|(r, (b, cfg))| std::thread::spawn(move || Communicator::with_bootstrap(Box::new(b), Some(open_device(Backend::Host, r)), cfg).err().map(|e| e.to_string())))
             .collect();
-        for (r, h) in hs.into_iter().enumerate() {
-            let e = h.join().unwrap().expect("creation fails");
-            assert!(e.contains("HOCCL_NET=ib") && e.contains(&format!("rank {r}:")), "{e}");
-            if fake {
-                assert!(e.contains("HOCCL_VERBS_FAKE") && e.contains("not built"), "{e}");
-            } else if no_device {
-                assert!(e.contains("no usable RDMA device"), "{e}");
-            }
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    };
+    if no_device {
+        let cfg = || Config { virtual_nodes: 2, net: hoccl::config::NetChoice::Ib, verbs_fake: false, ..test_config() };
+        for (r, e) in create([cfg(), cfg()]).into_iter().enumerate() {
+            let e = e.expect("creation fails");
+            assert!(e.contains("HOCCL_NET=ib") && e.contains(&format!("rank {r}:")) && e.contains("no usable RDMA device"), "{e}");
         }
+    }
+    let ib = Config { virtual_nodes: 2, ..verbs_config(EngineChoice::CopyEngine) };
+    let socket = Config { net: hoccl::config::NetChoice::Socket, ..ib.clone() };
+    for e in create([ib.clone(), socket]) {
+        let e = e.expect("creation fails");
+        assert!(e.contains("peer rank 1") && e.contains("requires verbs"), "{e}");
+    }
+    // auto on both, verbs usable on one only: both take sockets.
+    if no_device {
+        let auto = Config { net: hoccl::config::NetChoice::Auto, ..ib };
+        let plain = Config { verbs_fake: false, ..auto.clone() };
+        assert_eq!(create([auto, plain]), vec![None, None]);
     }
 }

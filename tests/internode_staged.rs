@@ -126,6 +126,16 @@ fn every_op_with(b: Backend, nodes: usize, ranks: usize, cfg: Config, seed: u64)
     });
 }
 
+/// The staged path over the verbs transport (`HOCCL_NET=ib`, the in-memory test fabric),
+/// with and without forwarding peers.
+#[test]
+fn staged_over_verbs() {
+    let verbs = |cfg: Config| Config { net: hoccl::config::NetChoice::Ib, verbs_fake: true, qps_per_peer: 2, ..cfg };
+    every_op_with(Backend::Host, 2, 4, verbs(fwd_config(&[])), 61);
+    every_op_with(Backend::Host, 4, 4, verbs(fwd_config(&[])), 62);
+    every_op_with(Backend::Host, 2, 3, verbs(Config { forwarding: false, ..fwd_config(&[]) }), 63);
+}
+
 fn fwd_config(peers: &[usize]) -> Config {
     // 16 KiB slots: a large flow takes many steps through them.
     // Every call staged, however small and whatever the prediction.

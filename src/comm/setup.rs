@@ -1,6 +1,6 @@
 //! Communicator creation steps: exchange what each rank is, agree on an id, connect the
-//! proxies' mailboxes (ranks of one node) and publish the socket addresses (ranks of
-//! different nodes).
+//! proxies' mailboxes (ranks of one node) and set up the transport between nodes (publish
+//! the socket addresses, or exchange the verbs channels' setups).
 use crate::bootstrap::Bootstrap;
 use crate::config::{Config, EngineChoice};
 use crate::cost::{CompressFrom, CostModel, LinkKind};
@@ -11,6 +11,8 @@ use crate::topology::{RankRecord, Topology};
 use crate::transport::mailbox::{FlagArea, Segment};
 use crate::transport::staged::FlagMaps;
 use crate::transport::socket::{self, NetLinks};
+use crate::transport::verbs::{self, channel::{Channel, Setup}, transport::VerbsLinks};
+use crate::transport::Far;
 
 /// All-gather every rank's record (host, pid, GPUs seen, requested GPU, its PCI id) and
 /// build the topology: nodes (virtual nodes included), local ranks, GPU per rank, peer
@@ -84,25 +86,66 @@ pub fn connect_mailboxes(b: &dyn Bootstrap, topo: &Topology, comm_id: u64, local
     Ok((Links { rank, inbox, peers, local_index, local_of }, areas))
 }
 
-/// When ranks span several nodes: choose the transport between nodes (`HOCCL_NET`), listen
-/// for this rank's peers of other nodes and all-gather every rank's address and secret.
+/// When ranks span several nodes: choose the transport between nodes (`HOCCL_NET`,
+/// collectively), and set it up: for sockets, listen for this rank's peers of other nodes
+/// and all-gather every rank's address and secret; for verbs, open the NIC, make one
+/// channel per rank of another node and all-gather every channel's setup, then connect.
 /// None when every rank is on this rank's node. Collective whenever the topology has
-/// several nodes (every rank sees the same topology); a rank that cannot listen, or whose
-/// `HOCCL_NET` asks for a transport that is not built, fails every rank. On a `backend`
-/// whose memory is not host memory the transport stages through `HOCCL_NET_STAGING` bytes.
-pub fn listen_for_peers(b: &dyn Bootstrap, topo: &Topology, cfg: &Config, comm_id: u64, backend: crate::device::Backend) -> Result<Option<NetLinks>> {
+/// several nodes (every rank sees the same topology); a rank that cannot take part (its
+/// `HOCCL_NET` cannot be met, it cannot listen or open its NIC) fails every rank. On a
+/// `backend` whose memory is not host memory the socket transport stages through
+/// `HOCCL_NET_STAGING` bytes, and so does the verbs transport.
+pub fn listen_for_peers(b: &dyn Bootstrap, topo: &Topology, cfg: &Config, comm_id: u64, backend: crate::device::Backend) -> Result<Option<Far>> {
     const OP: &str = "Communicator::new";
     if topo.nnodes() <= 1 {
         return Ok(None);
     }
     let me = b.rank();
-    let mine = match crate::transport::verbs::choose(cfg) {
-        Err(why) => Err(Error::invalid_usage(OP, format!("rank {me}: {why}"))),
-        Ok(line) => {
-            log::info!("hoccl: rank {me}: inter-node transport: {line}");
-            crate::transport::socket::listen(topo.nhosts() == 1, cfg.socket_ifname.as_deref())
-        }
+    let mine = verbs::decide(cfg).map_err(|why| Error::invalid_usage(OP, format!("rank {me}: {why}")));
+    // Record: 1 sockets, 2 verbs (required), 3 verbs (or sockets); or 0 and the reason.
+    let rec = match &mine {
+        Ok(c) if !c.verbs => vec![1u8],
+        Ok(c) => vec![if c.forced { 2u8 } else { 3 }],
+        Err(e) => [&[0u8][..], e.to_string().as_bytes()].concat(),
     };
+    let all = b.all_gather(&rec).map_err(|e| e.with_op(OP))?;
+    let mine = mine?;
+    let mut want = [None::<usize>; 4];
+    for (r, rec) in all.iter().enumerate() {
+        match rec.split_first() {
+            Some((&k @ 1..=3, _)) => {
+                want[k as usize].get_or_insert(r);
+            }
+            Some((_, why)) => return Err(Error::Remote { op: OP, peer: r, what: format!("cannot take part across nodes: {}", String::from_utf8_lossy(why)) }),
+            None => return Err(Error::Remote { op: OP, peer: r, what: "sent an empty transport record".into() }),
+        }
+    }
+    let verbs = match (want[1], want[2]) {
+        (Some(s), Some(v)) => {
+            let what = format!("it takes the socket transport between nodes, and rank {v} requires verbs (HOCCL_NET=ib); set HOCCL_NET alike on every rank");
+            return Err(Error::Remote { op: OP, peer: s, what });
+        }
+        (None, _) => true,
+        (Some(_), None) => false,
+    };
+    if verbs == mine.verbs {
+        log::info!("hoccl: rank {me}: inter-node transport: {}", mine.line);
+    } else {
+        log::info!("hoccl: rank {me}: inter-node transport: socket (HOCCL_NET=auto; rank {} takes sockets)", want[1].unwrap_or(0));
+    }
+    if verbs {
+        connect_channels(b, topo, cfg, backend).map(|l| Some(Far::Verbs(l)))
+    } else {
+        exchange_addresses(b, topo, cfg, comm_id, backend).map(|l| Some(Far::Socket(l)))
+    }
+}
+
+/// The socket transport's setup: listen, all-gather every rank's address, secret and
+/// largest payload taken.
+fn exchange_addresses(b: &dyn Bootstrap, topo: &Topology, cfg: &Config, comm_id: u64, backend: crate::device::Backend) -> Result<NetLinks> {
+    const OP: &str = "Communicator::new";
+    let me = b.rank();
+    let mine = socket::listen(topo.nhosts() == 1, cfg.socket_ifname.as_deref());
     // The host backend's device memory is host memory: the sockets use it directly.
     let staging = (backend != crate::device::Backend::Host || cfg.net_stage_host_memory).then_some(cfg.net_staging_bytes);
     let addr = mine.as_ref().ok().map(|(l, _)| l.local_addr());
@@ -132,7 +175,83 @@ pub fn listen_for_peers(b: &dyn Bootstrap, topo: &Topology, cfg: &Config, comm_i
             None => return Err(Error::Remote { op: OP, peer: r, what: "sent an empty address record".into() }),
         }
     }
-    Ok(Some(NetLinks { rank: me, comm_id, listener, peers, secret, qps: cfg.qps_per_peer, gbps: cfg.net_gbps, staging, timeout: cfg.timeout }))
+    Ok(NetLinks { rank: me, comm_id, listener, peers, secret, qps: cfg.qps_per_peer, gbps: cfg.net_gbps, staging, timeout: cfg.timeout })
+}
+
+/// The verbs transport's setup: open the NIC, make a channel (`HOCCL_QPS_PER_PEER` queue
+/// pairs, slots from `HOCCL_NET_STAGING`) per rank of another node, all-gather every
+/// rank's setups (one per peer, each peer reads its own), connect, and all-gather the
+/// outcome, so no rank writes to a peer whose queue pairs are not connected yet.
+fn connect_channels(b: &dyn Bootstrap, topo: &Topology, cfg: &Config, backend: crate::device::Backend) -> Result<VerbsLinks> {
+    const OP: &str = "Communicator::new";
+    let (me, n) = (b.rank(), topo.nranks());
+    let remote: Vec<usize> = (0..n).filter(|r| !topo.same_node(me, *r)).collect();
+    let (nslots, slot_bytes) = verbs::slots_for(cfg.net_staging_bytes, remote.len());
+    let opened = (|| -> Result<_> {
+        let (mut nic, name) = verbs::open_nic(cfg, cfg.qps_per_peer * remote.len())?;
+        let mut channels: Vec<Option<Channel>> = (0..n).map(|_| None).collect();
+        let mut setups: Vec<Vec<u8>> = vec![Vec::new(); n];
+        for &r in &remote {
+            let (ch, setup) = Channel::new(nic.as_mut(), cfg.qps_per_peer, nslots, slot_bytes)?;
+            channels[r] = Some(ch);
+            setups[r] = setup.to_bytes();
+        }
+        Ok((nic, name, channels, setups))
+    })();
+    // Record: 1 and, per rank, a u32 length and the setup of the channel to it; or 0 and
+    // the reason.
+    let rec = match &opened {
+        Ok((_, _, _, setups)) => {
+            let mut v = vec![1u8];
+            for s in setups {
+                v.extend_from_slice(&(s.len() as u32).to_le_bytes());
+                v.extend_from_slice(s);
+            }
+            v
+        }
+        Err(e) => [&[0u8][..], format!("cannot open its verbs NIC: {e}").as_bytes()].concat(),
+    };
+    let all = b.all_gather(&rec).map_err(|e| e.with_op(OP))?;
+    let mut theirs: Vec<Option<&[u8]>> = vec![None; n];
+    for (r, rec) in all.iter().enumerate() {
+        match rec.split_first() {
+            Some((1, mut rest)) => {
+                for q in 0..n {
+                    let len = rest.get(..4).map(|l| u32::from_le_bytes(l.try_into().expect("4 bytes")) as usize);
+                    let Some(s) = len.and_then(|l| rest.get(4..4 + l)) else {
+                        return Err(Error::Remote { op: OP, peer: r, what: "sent a truncated verbs setup record".into() });
+                    };
+                    if q == me {
+                        theirs[r] = Some(s);
+                    }
+                    rest = &rest[4 + s.len()..];
+                }
+            }
+            Some((_, why)) => return Err(Error::Remote { op: OP, peer: r, what: String::from_utf8_lossy(why).into_owned() }),
+            None => return Err(Error::Remote { op: OP, peer: r, what: "sent an empty verbs setup record".into() }),
+        }
+    }
+    let (mut nic, nic_name, mut channels, _) = opened?;
+    let connected = (|| -> Result<()> {
+        for &r in &remote {
+            let setup = Setup::from_bytes(theirs[r].unwrap_or_default()).map_err(|e| Error::Remote { op: OP, peer: r, what: format!("its verbs setup: {e}") })?;
+            let ch = channels[r].as_mut().expect("made above");
+            ch.connect(nic.as_mut(), &setup).map_err(|e| Error::Remote { op: OP, peer: r, what: format!("connecting to its queue pairs: {e}") })?;
+        }
+        Ok(())
+    })();
+    let rec = match &connected {
+        Ok(()) => vec![1u8],
+        Err(e) => [&[0u8][..], e.to_string().as_bytes()].concat(),
+    };
+    let all = b.all_gather(&rec).map_err(|e| e.with_op(OP))?;
+    connected?;
+    if let Some(r) = all.iter().position(|x| x.first() != Some(&1)) {
+        return Err(Error::Remote { op: OP, peer: r, what: format!("could not connect its verbs channels: {}", String::from_utf8_lossy(all[r].get(1..).unwrap_or_default())) });
+    }
+    // As for sockets: the host backend's device memory is host memory, copied directly.
+    let staging = (backend != crate::device::Backend::Host || cfg.net_stage_host_memory).then_some(cfg.net_staging_bytes);
+    Ok(VerbsLinks { rank: me, nic, channels, gbps: cfg.net_gbps, nic_name, staging })
 }
 
 /// The engine setting resolved for rank `b.rank()`: the link to every rank, the cost model

@@ -7,8 +7,9 @@
 //! the stream handshake that orders it on the caller's stream. The engine knows nothing of
 //! collectives, of which device backend it drives, or of how a transport reaches a peer;
 //! [`Engine::start`] is the one place that names transports: the same-host one for the
-//! ranks of this node and, when ranks span nodes, the socket one for the others, joined by
-//! a [`Route`] into the one transport the proxy holds.
+//! ranks of this node and, when ranks span nodes, the socket or the verbs one for the
+//! others (as communicator creation chose), joined by a [`Route`] into the one transport
+//! the proxy holds.
 //!
 //! - `proxy`: the proxy thread and the op state machine.
 //! - [`streams`]: the per-stream flag pairs and the handshake enqueued on the user's stream.
@@ -18,7 +19,9 @@ use crate::device::{Allocation, DevPtr, Device, FlagSlab};
 use crate::error::{Error, Result};
 use crate::transport::route::Route;
 use crate::transport::same_host::{Links, SameHost};
-use crate::transport::socket::{NetLinks, Socket};
+use crate::transport::socket::Socket;
+use crate::transport::verbs::transport::Verbs;
+use crate::transport::Far;
 use crate::transport::Transport;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -254,8 +257,8 @@ impl Engine {
     /// Start the proxy thread, reaching the ranks of this node through `links` and those of
     /// other nodes through `net` (None: every peer is on this node); returns once the thread
     /// has bound the device and its transports are connected (the socket connections are
-    /// made there, bounded by `net.timeout`).
-    pub fn start(dev: Arc<dyn Device>, links: Links, net: Option<NetLinks>, cfg: EngineConfig) -> Result<Engine> {
+    /// made there, bounded by the socket links' timeout; verbs channels arrive connected).
+    pub fn start(dev: Arc<dyn Device>, links: Links, net: Option<Far>, cfg: EngineConfig) -> Result<Engine> {
         const OP: &str = "Engine::start";
         let shared = Arc::new(Shared::default());
         let (tx, rx) = channel();
@@ -268,10 +271,20 @@ impl Engine {
         let connect = move || -> Result<Box<dyn Transport>> {
             dev.bind_thread()?;
             let near = Box::new(SameHost::connect(dev.clone(), links, cfg.copy_queues, cfg.chunk_bytes, cfg.gated)?);
-            let Some(net) = net else { return Ok(near) };
-            let far = Socket::connect(dev, net)?;
-            let is_far = (0..nranks).map(|p| far.reaches(p)).collect();
-            Ok(Box::new(Route::new(near, Box::new(far), is_far)))
+            let (far, is_far): (Box<dyn Transport>, Vec<bool>) = match net {
+                None => return Ok(near),
+                Some(Far::Socket(net)) => {
+                    let far = Socket::connect(dev, net)?;
+                    let is_far = (0..nranks).map(|p| far.reaches(p)).collect();
+                    (Box::new(far), is_far)
+                }
+                Some(Far::Verbs(net)) => {
+                    let far = Verbs::new(dev, net)?;
+                    let is_far = (0..nranks).map(|p| far.reaches(p)).collect();
+                    (Box::new(far), is_far)
+                }
+            };
+            Ok(Box::new(Route::new(near, far, is_far)))
         };
         let body = move || match connect() {
             Ok(t) => {

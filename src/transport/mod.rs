@@ -26,9 +26,16 @@
 //!   operation the calling threads enqueue during their calls (receive rings and flags);
 //!   not a [`Transport`]: the communicator drives it at the call, the proxy only reads its
 //!   flags.
-//! - [`route`]: one transport over the two above, choosing by peer.
-//! - [`verbs`]: RDMA (rdma-core via bindgen, loaded at run time); not a transport yet.
+//! - [`verbs`]: ranks of other nodes over RDMA (rdma-core via bindgen, loaded at run
+//!   time): one channel of several queue pairs per peer, writes with immediate into
+//!   registered slots under credits; host backend only. Chosen instead of [`socket`] by
+//!   `HOCCL_NET` ([`verbs::decide`]).
+//! - [`host_staging`]: the pinned host staging and copy queue through which those two move
+//!   device memory that is not host memory (CUDA).
+//! - [`route`]: one transport over the same-host one and one of the two above, choosing
+//!   by peer.
 pub mod chunk_scheduler;
+pub mod host_staging;
 pub mod ipc;
 pub mod ipc_bounce;
 pub mod mailbox;
@@ -40,6 +47,13 @@ pub mod verbs;
 
 use crate::device::{Allocation, DevPtr};
 use crate::error::{Error, Result};
+
+/// How this rank reaches the ranks of other nodes, as communicator creation set it up
+/// (`comm::setup::listen_for_peers`); the engine makes the transport from it.
+pub enum Far {
+    Socket(socket::NetLinks),
+    Verbs(verbs::transport::VerbsLinks),
+}
 
 /// One flow: op `seq` (the communicator's call order), send index `idx` within the op.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -149,7 +163,7 @@ pub struct Incoming {
 }
 
 /// A way of reaching a class of peers (the ranks of this node, the ranks of other nodes
-/// over TCP; later, over RDMA). The engine's proxy thread owns it and is the only caller, on that thread; no
+/// over TCP or RDMA). The engine's proxy thread owns it and is the only caller, on that thread; no
 /// method waits for the device or for a peer: a transport that cannot go on now keeps the
 /// work and continues on a later call.
 ///

@@ -44,7 +44,8 @@
 //! on it. A peer that closed its communicator says `Bye` first.
 mod raw;
 
-use crate::device::{CopyQueue, DevPtr, Device};
+use crate::device::{DevPtr, Device};
+use crate::transport::host_staging::HostStaging;
 use crate::error::{Error, Result};
 use crate::transport::{FlowId, Incoming, Region, RemoteBuffer, Signal, Tag, Transport, Wire};
 use raw::Span;
@@ -291,10 +292,8 @@ struct Peer {
 /// Host staging and the copy queue that fills and drains it (CUDA: device memory is not
 /// host memory).
 pub struct Staging {
-    dev: Arc<dyn Device>,
-    queue: Box<dyn CopyQueue>,
-    /// The one allocation, split into slots: send slots below `split`, receive slots from it.
-    base: DevPtr,
+    host: HostStaging,
+    /// Receive slots from here.
     split: DevPtr,
     slot: usize,
     send_free: Vec<Span>,
@@ -313,22 +312,11 @@ impl Staging {
     /// `bytes` of host staging on `dev` (at least four slots), with one copy queue; made
     /// on the proxy thread.
     pub fn new(dev: Arc<dyn Device>, bytes: usize) -> Result<Staging> {
-        let slot = slot_bytes(bytes);
-        let n = (bytes / slot / 2).max(2);
-        let base = dev.alloc_host(2 * n * slot)?;
-        let queue = match dev.create_copy_queue() {
-            Ok(q) => q,
-            Err(e) => {
-                let _ = dev.free_host(base);
-                return Err(e);
-            }
-        };
-        let span = |i: usize| Span::staging(base.add(i * slot), slot);
+        let host = HostStaging::new(dev, bytes, slot_bytes(bytes))?;
+        let (n, slot) = (host.n, host.slot);
+        let span = |i: usize| Span::staging(host.slot_ptr(i), slot);
         Ok(Staging {
-            dev,
-            queue,
-            base,
-            split: base.add(n * slot),
+            split: host.slot_ptr(n),
             slot,
             send_free: (0..n).map(span).collect(),
             recv_free: (n..2 * n).map(span).collect(),
@@ -336,6 +324,7 @@ impl Staging {
             draining: VecDeque::with_capacity(n),
             cancelled: Vec::new(),
             broken: false,
+            host,
         })
     }
 
@@ -346,14 +335,8 @@ impl Staging {
 
 impl Drop for Staging {
     fn drop(&mut self) {
-        if self.busy() || self.broken {
-            // Copies may still land in it: leave it allocated rather than free it under them.
-            log::warn!("hoccl: socket transport: host staging left allocated, {} copies still in flight", self.filling.len() + self.draining.len());
-            return;
-        }
-        if let Err(e) = self.dev.free_host(self.base) {
-            log::warn!("hoccl: {e}");
-        }
+        // Copies may still land in it: then it stays allocated rather than freed under them.
+        self.host.release("socket transport", self.filling.len() + self.draining.len(), self.broken);
     }
 }
 
@@ -562,7 +545,7 @@ impl Socket {
                     p.staged.push_back(OutFrame { seq: Some(seq), ..OutFrame::control(h) });
                 } else {
                     let Some(slot) = st.send_free.pop() else { break };
-                    let r = st.queue.copy(slot.ptr(), f.src.add(f.next), n).and_then(|_| st.queue.fence());
+                    let r = st.host.queue.copy(slot.ptr(), f.src.add(f.next), n).and_then(|_| st.host.queue.fence());
                     match r {
                         Ok(ticket) => {
                             let frame = OutFrame { src: Some(slot), len: n, seq: Some(seq), slot: Some(slot), ..OutFrame::control(h) };
@@ -591,7 +574,7 @@ impl Socket {
         if !st.busy() {
             return moved;
         }
-        let done = match st.queue.completed() {
+        let done = match st.host.queue.completed() {
             Ok(t) => t,
             Err(e) => {
                 // The queue is broken: every op with a copy on it fails, and those copies'
@@ -1135,7 +1118,7 @@ impl Reader<'_> {
     /// bytes count once the copy's fence has completed (`Socket::stage_work`).
     fn drain(&mut self, token: u64, to: DevPtr, s: Span, bytes: usize) {
         let st = self.stage.as_mut().expect("staged receive");
-        match st.queue.copy(to, s.ptr(), bytes).and_then(|_| st.queue.fence()) {
+        match st.host.queue.copy(to, s.ptr(), bytes).and_then(|_| st.host.queue.fence()) {
             Ok(ticket) => st.draining.push_back((ticket, self.from, token, bytes as u64, s)),
             Err(e) => {
                 st.recv_free.push(s);

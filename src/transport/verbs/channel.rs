@@ -6,8 +6,8 @@
 //!
 //! **Layout.** Each side registers `slots` × `slot_bytes` of send staging, the same of
 //! receive staging (the peer's write target) and a control buffer. A slot starts with a
-//! 16-byte header (transfer u32, offset u64, payload length u32, little-endian), then the
-//! payload. The immediate names the slot (high 8 bits) and the low 24 bits of the transfer;
+//! 24-byte header (transfer u32, payload length u32, offset u64, the transfer's total
+//! length u64, little-endian), then the payload. The immediate names the slot (high 8 bits) and the low 24 bits of the transfer;
 //! the receiver checks them against the header.
 //!
 //! **Credits.** The sender starts with one credit per receive slot of the peer and spends
@@ -28,7 +28,7 @@ use std::collections::{HashMap, VecDeque};
 
 const OP: &str = "verbs channel";
 /// Bytes of a slot's header.
-pub const HEADER: usize = 16;
+pub const HEADER: usize = 24;
 /// Bytes of one control receive (a credit is 4).
 const CTL: usize = 8;
 /// At most this many slots: each queue pair then holds at most 2 × `MAX_SLOTS` posted
@@ -77,13 +77,14 @@ impl Setup {
     }
 }
 
-/// A chunk that landed in a receive slot: `len` bytes of transfer `xfer` at `offset`. The
-/// caller copies it out with [`Channel::take`].
+/// A chunk that landed in a receive slot: `len` bytes of transfer `xfer` (of `total` bytes
+/// in all) at `offset`. The caller copies it out with [`Channel::take`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Arrived {
     pub slot: usize,
     pub xfer: u32,
     pub offset: u64,
+    pub total: u64,
     pub len: usize,
 }
 
@@ -179,10 +180,31 @@ impl Channel {
         self.remote.ok_or_else(|| Error::invalid_usage(OP, "not connected"))
     }
 
+    /// Whether a chunk may be written now (a credit and a send slot are free).
+    pub fn can_send(&self) -> bool {
+        self.failed.is_none() && self.remote.is_some() && !self.free_send.is_empty() && !self.credits.is_empty()
+    }
+
     /// Write `data` (at most [`max_payload`](Self::max_payload) bytes) as the chunk of
-    /// transfer `xfer` at `offset`; false when no credit or send slot is free now (poll,
-    /// then try again).
-    pub fn try_send(&mut self, nic: &mut dyn Nic, xfer: u32, offset: u64, data: &[u8]) -> Result<bool> {
+    /// transfer `xfer` (`total` bytes in all) at `offset`; false when no credit or send slot
+    /// is free now (poll, then try again).
+    pub fn try_send(&mut self, nic: &mut dyn Nic, xfer: u32, offset: u64, total: u64, data: &[u8]) -> Result<bool> {
+        let qp = self.next_qp % self.qps.len();
+        let sent = self.send_on(nic, qp, xfer, offset, total, data)?;
+        if sent {
+            self.next_qp += 1;
+        }
+        Ok(sent)
+    }
+
+    /// As [`try_send`](Self::try_send), always on the first queue pair: chunks sent this way
+    /// land in the order they were sent (an RC queue pair keeps its order; different queue
+    /// pairs do not), which the control messages above rely on.
+    pub fn try_send_ordered(&mut self, nic: &mut dyn Nic, xfer: u32, offset: u64, total: u64, data: &[u8]) -> Result<bool> {
+        self.send_on(nic, 0, xfer, offset, total, data)
+    }
+
+    fn send_on(&mut self, nic: &mut dyn Nic, qp: usize, xfer: u32, offset: u64, total: u64, data: &[u8]) -> Result<bool> {
         let (key, remote_slot_bytes) = self.check()?;
         if data.len() > self.max_payload() {
             return Err(Error::invalid_arg(OP, format!("a {}-byte chunk exceeds the {}-byte slot payload", data.len(), self.max_payload())));
@@ -190,19 +212,19 @@ impl Channel {
         let (Some(&local), Some(&remote)) = (self.free_send.last(), self.credits.front()) else { return Ok(false) };
         let mut hdr = [0u8; HEADER];
         hdr[0..4].copy_from_slice(&xfer.to_le_bytes());
-        hdr[4..12].copy_from_slice(&offset.to_le_bytes());
-        hdr[12..16].copy_from_slice(&(data.len() as u32).to_le_bytes());
+        hdr[4..8].copy_from_slice(&(data.len() as u32).to_le_bytes());
+        hdr[8..16].copy_from_slice(&offset.to_le_bytes());
+        hdr[16..24].copy_from_slice(&total.to_le_bytes());
         let at = local * self.slot_bytes;
         nic.fill(self.send, at, &hdr)?;
         nic.fill(self.send, at + HEADER, data)?;
-        let qp = self.qps[self.next_qp % self.qps.len()];
+        let qp = self.qps[qp];
         let imm = ((remote as u32) << 24) | (xfer & 0x00ff_ffff);
         let wr = WR_WRITE | local as u64;
         nic.post_write_imm(qp, wr, self.send, at, HEADER + data.len(), key, (remote * remote_slot_bytes) as u64, imm)?;
         self.free_send.pop();
         self.credits.pop_front();
         self.writes.insert(wr, (local, xfer, data.len()));
-        self.next_qp += 1;
         Ok(true)
     }
 
@@ -243,12 +265,13 @@ impl Channel {
                 let mut hdr = [0u8; HEADER];
                 nic.read(self.recv, slot * self.slot_bytes, &mut hdr)?;
                 let xfer = u32::from_le_bytes(hdr[0..4].try_into().unwrap_or_default());
-                let offset = u64::from_le_bytes(hdr[4..12].try_into().unwrap_or_default());
-                let len = u32::from_le_bytes(hdr[12..16].try_into().unwrap_or_default()) as usize;
+                let len = u32::from_le_bytes(hdr[4..8].try_into().unwrap_or_default()) as usize;
+                let offset = u64::from_le_bytes(hdr[8..16].try_into().unwrap_or_default());
+                let total = u64::from_le_bytes(hdr[16..24].try_into().unwrap_or_default());
                 if xfer & 0x00ff_ffff != imm & 0x00ff_ffff || len > self.slot_bytes - HEADER {
                     return self.corrupt(format!("slot {slot}'s header (transfer {xfer}, {len} bytes) disagrees with immediate {imm:#x}"));
                 }
-                arrived.push(Arrived { slot, xfer, offset, len });
+                arrived.push(Arrived { slot, xfer, offset, total, len });
                 Ok(())
             }
             Event::Received { qp, wr_id, len } => {
@@ -348,7 +371,7 @@ mod tests {
             // The sender writes until credits run out: never more than 3 chunks ahead.
             while off < data.len() {
                 let n = (data.len() - off).min(a.max_payload());
-                if !a.try_send(&mut na, 7, off as u64, &data[off..off + n]).unwrap() {
+                if !a.try_send(&mut na, 7, off as u64, data.len() as u64, &data[off..off + n]).unwrap() {
                     stalls += 1;
                     break;
                 }
@@ -357,7 +380,7 @@ mod tests {
             assert!(a.in_flight() <= 3);
             pump(&mut nb, &mut b, &mut arrived, &mut sent_b).unwrap();
             for c in arrived.drain(..) {
-                assert_eq!(c.xfer, 7);
+                assert_eq!((c.xfer, c.total), (7, 1000));
                 b.take(&mut nb, &c, &mut got[c.offset as usize..c.offset as usize + c.len]).unwrap();
                 landed += c.len;
             }
@@ -372,32 +395,32 @@ mod tests {
 
     #[test]
     fn without_credits_returned_the_sender_stops() {
-        let (mut na, mut a, mut nb, mut b) = pair(1, 2, 32);
+        let (mut na, mut a, mut nb, mut b) = pair(1, 2, HEADER + 16);
         let chunk = [1u8; 16];
-        assert!(a.try_send(&mut na, 1, 0, &chunk).unwrap());
-        assert!(a.try_send(&mut na, 1, 16, &chunk).unwrap());
-        assert!(!a.try_send(&mut na, 1, 32, &chunk).unwrap());
+        assert!(a.try_send(&mut na, 1, 0, 48, &chunk).unwrap());
+        assert!(a.try_send(&mut na, 1, 16, 48, &chunk).unwrap());
+        assert!(!a.try_send(&mut na, 1, 32, 48, &chunk).unwrap());
         let (mut arrived, mut sent) = (Vec::new(), Vec::new());
         pump(&mut nb, &mut b, &mut arrived, &mut sent).unwrap();
         pump(&mut na, &mut a, &mut Vec::new(), &mut sent).unwrap();
         // Writes completed, slots freed locally, but the peer has not drained: still no credit.
         assert_eq!(sent.len(), 2);
-        assert!(!a.try_send(&mut na, 1, 32, &chunk).unwrap());
+        assert!(!a.try_send(&mut na, 1, 32, 48, &chunk).unwrap());
         let mut out = [0u8; 16];
         b.take(&mut nb, &arrived[0], &mut out).unwrap();
         pump(&mut na, &mut a, &mut Vec::new(), &mut sent).unwrap();
-        assert!(a.try_send(&mut na, 1, 32, &chunk).unwrap());
-        assert!(a.try_send(&mut na, 1, 0, &[0u8; 17]).is_err(), "a chunk larger than the slot payload is refused");
+        assert!(a.try_send(&mut na, 1, 32, 48, &chunk).unwrap());
+        assert!(a.try_send(&mut na, 1, 0, 48, &[0u8; 17]).is_err(), "a chunk larger than the slot payload is refused");
     }
 
     #[test]
     fn an_error_completion_fails_both_sides() {
         let (mut na, mut a, mut nb, mut b) = pair(2, 2, 64);
         na.inject_error(0, "transport retry counter exceeded");
-        assert!(a.try_send(&mut na, 3, 0, &[5u8; 8]).unwrap());
+        assert!(a.try_send(&mut na, 3, 0, 48, &[5u8; 8]).unwrap());
         let e = pump(&mut na, &mut a, &mut Vec::new(), &mut Vec::new()).unwrap_err();
         assert!(e.to_string().contains("data write failed: transport retry counter exceeded"), "{e}");
-        assert!(a.try_send(&mut na, 3, 8, &[5u8; 8]).is_err());
+        assert!(a.try_send(&mut na, 3, 8, 48, &[5u8; 8]).is_err());
         // The peer's receives on that connection are flushed: it fails too.
         assert!(pump(&mut nb, &mut b, &mut Vec::new(), &mut Vec::new()).is_err());
         assert!(b.failed().is_some());

@@ -8,14 +8,20 @@
 //! [`nic`] puts what an RDMA transport needs (queue pairs, registered buffers, writes with
 //! immediate, small sends, completions) behind one trait, implemented over these bindings
 //! and by an in-memory test fabric; [`channel`] is one peer's data path over it (slots,
-//! immediates, credits). No [`crate::transport::Transport`] drives them yet: the
-//! inter-node path is the socket transport, so unused items are allowed here.
+//! immediates, credits); [`transport`] is the [`crate::transport::Transport`] over one
+//! channel per rank of another node (control messages, landing, failure; host staging on
+//! CUDA through [`pinned`]). [`decide`] chooses between it and the socket transport; communicator creation
+//! (`comm::setup`) makes the agreement collective, opens the NIC ([`open_nic`]) and
+//! exchanges every channel's [`channel::Setup`] over the bootstrap. The bindings cover
+//! more of libibverbs than the transport uses, so unused items are allowed here.
 #![allow(dead_code, unused_imports)]
 pub mod channel;
 pub mod nic;
+mod pinned;
 pub mod result;
 pub mod safe;
 pub mod sys;
+pub mod transport;
 
 pub use safe::{
     Access, Completion, CompletionQueue, Context, DeviceAttr, Endpoint, MemoryRegion, PathConfig, PortAttr,
@@ -124,20 +130,68 @@ pub fn usable(hca: Option<&str>, gid_index: u8, fake: bool) -> std::result::Resu
     })
 }
 
-/// Which transport carries this rank's inter-node traffic under `cfg` and why, as one line
-/// ("socket: ..."), or why `cfg` cannot be met (`HOCCL_NET=ib`: no usable device, or no
-/// transport drives the verbs NIC layer).
-pub fn choose(cfg: &crate::config::Config) -> std::result::Result<String, String> {
+/// The inter-node transport a rank wants: what [`decide`] returns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Choice {
+    /// The verbs transport (else sockets).
+    pub verbs: bool,
+    /// `HOCCL_NET` names the transport: the communicator fails rather than take the other.
+    pub forced: bool,
+    /// Which and why, as one line ("verbs: ...", "socket (...)").
+    pub line: String,
+}
+
+/// Which transport carries this rank's inter-node traffic under `cfg`, or why `cfg` cannot
+/// be met: `HOCCL_NET=ib` takes verbs when a device is usable (or the test fabric is asked
+/// for), `auto` takes verbs when usable and sockets otherwise, `socket` takes sockets. The
+/// ranks of a communicator then agree (`comm::setup`): verbs only if every rank wants it.
+pub fn decide(cfg: &crate::config::Config) -> std::result::Result<Choice, String> {
     use crate::config::NetChoice;
-    let nic = usable(cfg.ib_hca.as_deref(), cfg.ib_gid_index, cfg.verbs_fake);
+    let nic = match cfg.net {
+        NetChoice::Socket => Err(String::new()),
+        _ => usable(cfg.ib_hca.as_deref(), cfg.ib_gid_index, cfg.verbs_fake),
+    };
+    let pick = |verbs: bool, forced: bool, line: String| Ok(Choice { verbs, forced, line });
     match (cfg.net, nic) {
         (NetChoice::Ib, Err(why)) => Err(format!("HOCCL_NET=ib: no usable RDMA device: {why}; use HOCCL_NET=socket or auto")),
-        (NetChoice::Ib, Ok(dev)) => Err(format!("HOCCL_NET=ib: {dev} is usable, but the verbs transport is not built (only its NIC layer is); use HOCCL_NET=socket or auto")),
-        (NetChoice::Socket, _) => Ok("socket (HOCCL_NET=socket)".into()),
-        (NetChoice::Auto, Ok(dev)) => Ok(format!("socket (HOCCL_NET=auto; {dev} is usable, but the verbs transport is not built)")),
-        (NetChoice::Auto, Err(why)) => Ok(format!("socket (HOCCL_NET=auto; no verbs NIC: {why})")),
+        (NetChoice::Ib, Ok(dev)) => pick(true, true, format!("verbs (HOCCL_NET=ib; {dev})")),
+        (NetChoice::Socket, _) => pick(false, true, "socket (HOCCL_NET=socket)".into()),
+        (NetChoice::Auto, Ok(dev)) => pick(true, false, format!("verbs (HOCCL_NET=auto; {dev})")),
+        (NetChoice::Auto, Err(why)) => pick(false, false, format!("socket (HOCCL_NET=auto; no verbs NIC: {why})")),
     }
 }
+
+/// [`decide`]'s line for `cfg` (`hoccl-info`).
+pub fn choose(cfg: &crate::config::Config) -> std::result::Result<String, String> {
+    decide(cfg).map(|c| c.line)
+}
+
+/// The NIC the verbs transport opens under `cfg`, with room for `max_qps` queue pairs, and
+/// its description: the test fabric (`HOCCL_VERBS_FAKE=1`) or [`pick`]'s device.
+pub fn open_nic(cfg: &crate::config::Config, max_qps: usize) -> Result<(Box<dyn nic::Nic>, String)> {
+    if cfg.verbs_fake {
+        let mut nic = nic::fake::FakeNic::new();
+        nic.fail_at(cfg.verbs_fake_fail_at, "injected: transport retry counter exceeded");
+        return Ok((Box::new(nic), "the in-memory test fabric".into()));
+    }
+    let (d, p) = pick(cfg.ib_hca.as_deref()).map_err(|why| crate::error::Error::invalid_usage("verbs::open_nic", why))?;
+    let line = usable(Some(&d.name), cfg.ib_gid_index, false).unwrap_or_else(|_| d.name.clone());
+    Ok((Box::new(nic::VerbsNic::open(&d.name, p.port, cfg.ib_gid_index, max_qps)?), line))
+}
+
+/// Slots of one channel (count, bytes each, header included) when `staging` bytes of
+/// registered memory serve `peers` ranks of other nodes: per peer and direction a quarter
+/// of its share, in slots of at most [`SLOT_PAYLOAD`] payload bytes (at least 4 KiB), 4 to
+/// [`channel::MAX_SLOTS`] of them.
+pub fn slots_for(staging: usize, peers: usize) -> (usize, usize) {
+    let per_dir = staging / 2 / peers.max(1);
+    let payload = (per_dir / 4).clamp(4096, SLOT_PAYLOAD);
+    let n = (per_dir / payload).clamp(4, channel::MAX_SLOTS);
+    (n, payload + channel::HEADER)
+}
+
+/// The largest payload of one verbs chunk.
+pub const SLOT_PAYLOAD: usize = 256 << 10;
 
 /// The first device of [`probe`] (named `hca`, when given) with an active port, and that
 /// port; or why there is none.
@@ -209,5 +263,33 @@ mod tests {
         g[1] = 0x80;
         g[15] = 1;
         assert_eq!(gid_string(&g), "fe80:0000:0000:0000:0000:0000:0000:0001");
+    }
+
+    #[test]
+    fn decide_takes_verbs_when_usable_and_says_why_not() {
+        use crate::config::{Config, NetChoice};
+        let cfg = |net, fake| Config { net, verbs_fake: fake, ib_hca: Some("no-such-hca".into()), ..Config::default() };
+        // The fake fabric is usable: ib and auto take verbs on host memory.
+        let c = decide(&cfg(NetChoice::Ib, true)).unwrap();
+        assert!(c.verbs && c.forced && c.line.starts_with("verbs (HOCCL_NET=ib") && c.line.contains("HOCCL_VERBS_FAKE"), "{c:?}");
+        let c = decide(&cfg(NetChoice::Auto, true)).unwrap();
+        assert!(c.verbs && !c.forced && c.line.starts_with("verbs (HOCCL_NET=auto"), "{c:?}");
+        assert_eq!(choose(&cfg(NetChoice::Auto, true)), Ok(c.line));
+        // socket always takes sockets.
+        let c = decide(&cfg(NetChoice::Socket, true)).unwrap();
+        assert!(!c.verbs && c.forced && c.line == "socket (HOCCL_NET=socket)", "{c:?}");
+        // No device: ib is refused with the reason, auto falls back to sockets.
+        let e = decide(&cfg(NetChoice::Ib, false)).unwrap_err();
+        assert!(e.starts_with("HOCCL_NET=ib: no usable RDMA device") && (e.contains("no-such-hca") || e.contains("no RDMA device")), "{e}");
+        let c = decide(&cfg(NetChoice::Auto, false)).unwrap();
+        assert!(!c.verbs && c.line.starts_with("socket (HOCCL_NET=auto; no verbs NIC"), "{c:?}");
+    }
+
+    #[test]
+    fn slots_fit_the_staging_and_the_queue_depth() {
+        assert_eq!(slots_for(16 << 20, 1), (32, SLOT_PAYLOAD + channel::HEADER));
+        assert_eq!(slots_for(16 << 20, 7), (4, SLOT_PAYLOAD + channel::HEADER));
+        assert_eq!(slots_for(64 << 10, 64), (4, 4096 + channel::HEADER));
+        assert_eq!(slots_for(1 << 40, 1).0, channel::MAX_SLOTS);
     }
 }

@@ -170,6 +170,8 @@ pub struct FakeNic {
     id: u64,
     qpns: Vec<u32>,
     bufs: Vec<(u32, Mem)>,
+    /// Sends and writes to post before one fails ([`FakeNic::fail_at`]), and with what.
+    fail_at: Option<(u64, String)>,
 }
 
 impl FakeNic {
@@ -177,7 +179,26 @@ impl FakeNic {
         let mut f = fabric();
         let id = f.next_nic;
         f.next_nic += 1;
-        FakeNic { id, qpns: Vec::new(), bufs: Vec::new() }
+        FakeNic { id, qpns: Vec::new(), bufs: Vec::new(), fail_at: None }
+    }
+
+    /// The `n`th send or write posted from now on (counted from 1) completes with the error
+    /// `why`, as [`inject_error`](Self::inject_error) on its queue pair would make it.
+    pub fn fail_at(&mut self, n: u64, why: &str) {
+        self.fail_at = (n > 0).then(|| (n, why.to_string()));
+    }
+
+    /// Count a send or write about to be posted on `qp`: the one [`fail_at`](Self::fail_at)
+    /// names gets the injected error.
+    fn count_post(&mut self, qp: QpId) {
+        if let Some((n, why)) = self.fail_at.as_mut() {
+            *n -= 1;
+            if *n == 0 {
+                let why = std::mem::take(why);
+                self.fail_at = None;
+                self.inject_error(qp, &why);
+            }
+        }
     }
 
     /// The next work request posted on `qp` completes with the error `why`, and the
@@ -296,6 +317,7 @@ impl Nic for FakeNic {
     fn post_write_imm(&mut self, qp: QpId, wr_id: u64, buf: BufId, offset: usize, len: usize, remote: RemoteKey, remote_offset: u64, imm: u32) -> Result<()> {
         const OP: &str = "verbs::FakeNic::post_write_imm";
         let qpn = self.qpn(OP, qp)?;
+        self.count_post(qp);
         let data = self.gather(OP, buf, offset, len)?;
         let mut f = fabric();
         let Some(peer) = f.sendable(qpn, wr_id) else { return Ok(()) };
@@ -328,6 +350,7 @@ impl Nic for FakeNic {
     fn post_send(&mut self, qp: QpId, wr_id: u64, buf: BufId, offset: usize, len: usize) -> Result<()> {
         const OP: &str = "verbs::FakeNic::post_send";
         let qpn = self.qpn(OP, qp)?;
+        self.count_post(qp);
         let data = self.gather(OP, buf, offset, len)?;
         let mut f = fabric();
         let Some(peer) = f.sendable(qpn, wr_id) else { return Ok(()) };
@@ -453,6 +476,21 @@ mod tests {
         assert!(matches!(&poll(&mut a)[..], [Event::Failed { wr_id: 4, why, .. }] if why == "retry exceeded"));
         assert!(matches!(&poll(&mut b)[..], [Event::Failed { wr_id: 1, .. }]));
         assert_eq!(b.qp_state(qb), QpState::Error);
+    }
+
+    #[test]
+    fn fail_at_counts_sends_and_writes() {
+        let (mut a, mut b, qa, qb) = pair();
+        let (src, ctl) = (a.alloc(8).unwrap(), b.alloc(64).unwrap());
+        for i in 0..3 {
+            b.post_recv(qb, i, ctl, 8 * i as usize, 8).unwrap();
+        }
+        a.fail_at(2, "injected");
+        a.post_send(qa, 10, src, 0, 8).unwrap();
+        a.post_send(qa, 11, src, 0, 8).unwrap();
+        let evs = poll(&mut a);
+        assert_eq!(evs[0], Event::Sent { qp: qa, wr_id: 10 });
+        assert!(matches!(&evs[1], Event::Failed { wr_id: 11, why, .. } if why == "injected"), "{evs:?}");
     }
 
     #[test]
