@@ -137,7 +137,7 @@ fn predict(cl: &plan::Cluster, flows: &Flows, plan: &plan::Plan) -> (f64, f64) {
     let mut identity = cl.clone().with_identity_forwarding();
     identity.ce_bw = 1e18;
     identity.balance_nics = false;
-    let direct = Loads::of_traffic(&identity, &Traffic::build(&identity, &direct_flows)).bound(&identity).total();
+    let direct = Loads::of_traffic(&identity, &Traffic::build(&identity, &direct_flows, 1)).bound(&identity).total();
     (plan.estimate_s() * 1e6, direct * 1e6)
 }
 
