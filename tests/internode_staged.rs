@@ -192,23 +192,31 @@ fn forwarder_carries_the_traffic(b: Backend) {
     assert!(ops_to_other_node(b, false, 30_000).iter().all(|x| *x > 0), "direct: rank 0 receives from every remote rank");
 }
 
+/// Runs `body` on `ranks` thread ranks under `cfg`, then `count` on rank 0 once it is idle.
+fn count_on_rank0(b: Backend, ranks: usize, cfg: Config, body: impl Fn(&Communicator) + Send + Sync + 'static, count: fn(&Communicator) -> hoccl::Result<u64>) -> u64 {
+    let out = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX));
+    let o = out.clone();
+    run_ranks(b, ranks, cfg, move |c| {
+        body(c);
+        c.wait_idle().unwrap();
+        if c.rank() == 0 {
+            o.store(count(c).unwrap(), std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    out.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Calls of one `op` with `cnt` i32 elements on `nodes` virtual nodes of `ranks` ranks
 /// under the default choice of path that ran staged, as rank 0 counts them.
 fn staged_under_default(b: Backend, nodes: usize, ranks: usize, op: Op, cnt: usize) -> u64 {
-    let out = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX));
-    let o = out.clone();
     let cfg = Config { virtual_nodes: nodes, engine: EngineChoice::CopyEngine, ..test_config() };
-    run_ranks(b, ranks, cfg, move |c| {
+    let body = move |c: &Communicator| {
         let s = new_stream(c.device());
         let check = start(c, op, DataType::I32, 3, &mut Rng(9), Some((cnt, 0)), s);
         sync(c.device(), s);
         check();
-        c.wait_idle().unwrap();
-        if c.rank() == 0 {
-            o.store(c.staged_calls().unwrap(), std::sync::atomic::Ordering::Relaxed);
-        }
-    });
-    out.load(std::sync::atomic::Ordering::Relaxed)
+    };
+    count_on_rank0(b, ranks, cfg, body, Communicator::staged_calls)
 }
 
 /// The default choice: below one socket chunk per flow, direct; an AllGather over nodes of
@@ -226,10 +234,8 @@ fn default_choice(b: Backend) {
 /// several NIC pairs in some calls, and every byte still lands where the reference puts it.
 /// Returns the calls whose plan split a flow, as rank 0 counts them.
 fn split_calls(b: Backend, nodes: usize, ranks: usize, peers: &'static [usize], seed: u64) -> u64 {
-    let out = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let o = out.clone();
     let cfg = Config { virtual_nodes: nodes, ..fwd_config(peers) };
-    run_ranks(b, ranks, cfg, move |c| {
+    let body = move |c: &Communicator| {
         let (dev, s) = (c.device().clone(), new_stream(c.device()));
         let mut rng = Rng(seed);
         for i in 0..10u64 {
@@ -240,12 +246,8 @@ fn split_calls(b: Backend, nodes: usize, ranks: usize, peers: &'static [usize], 
             sync(&dev, s);
             check();
         }
-        c.wait_idle().unwrap();
-        if c.rank() == 0 {
-            o.store(c.staged_split_calls().unwrap(), std::sync::atomic::Ordering::Relaxed);
-        }
-    });
-    out.load(std::sync::atomic::Ordering::Relaxed)
+    };
+    count_on_rank0(b, ranks, cfg, body, Communicator::staged_split_calls)
 }
 
 /// Splits on 2 and 4 nodes, with identity and paired forwarding; at least one call splits.
