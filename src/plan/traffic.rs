@@ -272,6 +272,8 @@ fn split(cl: &Cluster, ix: &Index, routes: &mut Vec<Route>, chunk: u64) -> bool 
         let sending = gi < cl.nodes;
         let node = gi % cl.nodes;
         let group: Vec<usize> = (0..nics).filter(|&l| stager[l].is_some()).map(|l| gi * nics + l).collect();
+        // The routes on this group's ports (new parts join it).
+        let mut on: Vec<usize> = (0..routes.len()).filter(|&i| port_of(&routes[i], sending) / nics == gi).collect();
         for _ in 0..4 * group.len() * group.len() + 64 {
             let p = group.iter().copied().max_by_key(|&x| (load[x], std::cmp::Reverse(x))).unwrap_or(0);
             let q = group.iter().copied().filter(|&x| x != p).min_by_key(|&x| (load[x], x)).unwrap_or(p);
@@ -281,7 +283,11 @@ fn split(cl: &Cluster, ix: &Index, routes: &mut Vec<Route>, chunk: u64) -> bool 
             }
             // (bytes, index) of the largest route of p that fits in `need`, and of the largest.
             let (mut fit, mut big): (Option<(u64, usize)>, Option<(u64, usize)>) = (None, None);
-            for (i, r) in routes.iter().enumerate().filter(|(_, r)| r.bytes > 0 && port_of(r, sending) == p) {
+            for &i in &on {
+                let r = &routes[i];
+                if r.bytes == 0 || port_of(r, sending) != p {
+                    continue;
+                }
                 let key = Some((r.bytes, i));
                 if r.bytes <= need && fit.is_none_or(|f| r.bytes > f.0) {
                     fit = key;
@@ -309,6 +315,7 @@ fn split(cl: &Cluster, ix: &Index, routes: &mut Vec<Route>, chunk: u64) -> bool 
             if r.bytes == 0 {
                 *r = part;
             } else {
+                on.push(routes.len());
                 routes.push(part);
             }
             load[p] -= x;
