@@ -371,6 +371,10 @@ fn balanced_nics_split_a_dominant_flow_down_to_the_node_spread() {
     assert!(biggest > spread + chunk, "the heaviest flow ({biggest} B) fits within a chunk of the spread ({spread} B)");
     assert!(port <= spread + chunk, "busiest port {port} B, spread {spread} B");
     assert!(p.traffic.routes.iter().any(|r| r.offset > 0), "no route split");
+    // A part that overlaps the one before it breaks the plan.
+    let mut shifted = p.clone();
+    shifted.traffic.routes.iter_mut().find(|r| r.offset > 0).unwrap().offset -= 1;
+    assert!(shifted.verify().is_err());
     // Parts start at whole chunks of their flow, but for the last cut of a move.
     let cuts = p.traffic.routes.iter().filter(|r| r.offset > 0);
     assert!(cuts.clone().filter(|r| r.offset % opt.chunk_bytes == 0).count() * 2 >= cuts.count());
