@@ -122,7 +122,7 @@ pub struct Config {
     pub forwarding: bool,
     /// `HOCCL_FORWARD_BALANCE`: on the staged path, a route between nodes may leave from
     /// and land on any rank's NIC of its nodes, so a skewed exchange spreads its bytes over
-    /// a node's NICs (1, the default, on nodes whose ranks are all alike in number; every
+    /// a node's NICs, a large flow in parts over several (1, the default, on nodes whose ranks are all alike in number; every
     /// rank of such a node then holds `HOCCL_FORWARD_STAGING`), or only on its ranks'
     /// forwarding peers' (0). docs/design.md, "Staged plan".
     pub forward_balance: bool,

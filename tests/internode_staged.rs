@@ -5,7 +5,8 @@
 //! small enough that large flows take many steps, against references computed from the
 //! inputs; the direct path (`HOCCL_FORWARDING=0`) on the same draws; a rank that forwards
 //! through its peer receives nothing straight from another node; the default choice of
-//! path (size floor, predicted gain); two streams sharing the staging. The same
+//! path (size floor, predicted gain); flows split over several NIC pairs; two streams
+//! sharing the staging. The same
 //! bodies run on CUDA with `--ignored`.
 mod common;
 use common::ops::{Op, OPS};
@@ -201,23 +202,31 @@ fn forwarder_carries_the_traffic(b: Backend) {
     assert!(ops_to_other_node(b, false, 30_000).iter().all(|x| *x > 0), "direct: rank 0 receives from every remote rank");
 }
 
+/// Runs `body` on `ranks` thread ranks under `cfg`, then `count` on rank 0 once it is idle.
+fn count_on_rank0(b: Backend, ranks: usize, cfg: Config, body: impl Fn(&Communicator) + Send + Sync + 'static, count: fn(&Communicator) -> hoccl::Result<u64>) -> u64 {
+    let out = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX));
+    let o = out.clone();
+    run_ranks(b, ranks, cfg, move |c| {
+        body(c);
+        c.wait_idle().unwrap();
+        if c.rank() == 0 {
+            o.store(count(c).unwrap(), std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    out.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Calls of one `op` with `cnt` i32 elements on `nodes` virtual nodes of `ranks` ranks
 /// under the default choice of path that ran staged, as rank 0 counts them.
 fn staged_under_default(b: Backend, nodes: usize, ranks: usize, op: Op, cnt: usize) -> u64 {
-    let out = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX));
-    let o = out.clone();
     let cfg = Config { virtual_nodes: nodes, engine: EngineChoice::CopyEngine, ..test_config() };
-    run_ranks(b, ranks, cfg, move |c| {
+    let body = move |c: &Communicator| {
         let s = new_stream(c.device());
         let check = start(c, op, DataType::I32, 3, &mut Rng(9), Some((cnt, 0)), s);
         sync(c.device(), s);
         check();
-        c.wait_idle().unwrap();
-        if c.rank() == 0 {
-            o.store(c.staged_calls().unwrap(), std::sync::atomic::Ordering::Relaxed);
-        }
-    });
-    out.load(std::sync::atomic::Ordering::Relaxed)
+    };
+    count_on_rank0(b, ranks, cfg, body, Communicator::staged_calls)
 }
 
 /// The default choice: below one socket chunk per flow, direct; an AllGather over nodes of
@@ -228,6 +237,34 @@ fn default_choice(b: Backend) {
     assert_eq!(staged_under_default(b, 2, 4, Op::AllGather, 30_000), 0, "120 KB blocks: direct");
     assert_eq!(staged_under_default(b, 2, 4, Op::AllGather, 200_000), 1, "800 KB blocks, fan-out: staged");
     assert_eq!(staged_under_default(b, 4, 4, Op::AllToAll, 200_000), 0, "uniform, one rank per node: direct");
+}
+
+/// AlltoAllv and AllGather on nodes whose every rank may carry routes
+/// (`HOCCL_FORWARD_BALANCE`, the default): the skewed AlltoAllv counts split flows over
+/// several NIC pairs in some calls, and every byte still lands where the reference puts it.
+/// Returns the calls whose plan split a flow, as rank 0 counts them.
+fn split_calls(b: Backend, nodes: usize, ranks: usize, peers: &'static [usize], seed: u64) -> u64 {
+    let cfg = Config { virtual_nodes: nodes, ..fwd_config(peers) };
+    let body = move |c: &Communicator| {
+        let (dev, s) = (c.device().clone(), new_stream(c.device()));
+        let mut rng = Rng(seed);
+        for i in 0..10u64 {
+            quiesce(c);
+            let it = seed * 100 + i;
+            let (op, dt) = if i % 5 == 4 { (Op::AllGather, DataType::BF16) } else { (Op::AllToAllV, if i % 2 == 0 { DataType::I32 } else { DataType::BF16 }) };
+            let check = start(c, op, dt, it, &mut rng, None, s);
+            sync(&dev, s);
+            check();
+        }
+    };
+    count_on_rank0(b, ranks, cfg, body, Communicator::staged_split_calls)
+}
+
+/// Splits on 2 and 4 nodes, with identity and paired forwarding; at least one call splits.
+fn staged_split(b: Backend) {
+    let runs = [(2, 4, &[][..], 31), (2, 6, &[1, 0, 2][..], 32), (4, 8, &[][..], 33), (2, 8, &[1, 0, 3, 2][..], 34)];
+    let splits: Vec<u64> = runs.iter().map(|&(nodes, ranks, peers, seed)| split_calls(b, nodes, ranks, peers, seed)).collect();
+    assert!(splits.iter().any(|n| *n > 0), "no staged call split a flow: {splits:?}");
 }
 
 /// Two streams of one rank: two staged ops enqueued back to back on different streams share
@@ -255,7 +292,7 @@ fn two_streams() {
     });
 }
 
-backend_tests!(staged_identity, staged_forwarding, staged_compressed, direct, forwarder_carries_the_traffic, default_choice);
+backend_tests!(staged_identity, staged_forwarding, staged_compressed, staged_split, direct, forwarder_carries_the_traffic, default_choice);
 
 /// AlltoAllv counts that disagree between two ranks fail every rank with the same error
 /// (the staged path all-gathers the counts before validating), and the communicator goes on.

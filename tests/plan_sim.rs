@@ -94,3 +94,23 @@ fn model_validation_rejects_nonsense() {
     let m = Model { segments: 0, ..Model::default() };
     assert!(simulate_naive(&p, &m).is_err());
 }
+
+#[test]
+fn split_routes_simulate_above_the_bound_and_below_fixed_nics() {
+    // The planner's dominant-flow case (plan_props): Zipf-3 on 2 nodes x 4 GPUs, routes free
+    // to split over each node's NICs. Every part is simulated as its own route; the plan
+    // cannot beat its bound and finishes well before the plan whose routes keep their NICs.
+    let fixed = Cluster::new(2, 4).with_identity_forwarding();
+    let mut cl = fixed.clone();
+    cl.balance_nics = true;
+    let c = Collective::AlltoAllv { sizes: zipf_sizes(cl.num_gpus(), 16 << 20, 3.0, 7) };
+    let opt = PlanOptions { chunk_bytes: 1 << 20 };
+    let p = plan::build(&cl, &c, &opt).unwrap();
+    assert!(p.traffic.split_flows() > 0);
+    let m = Model::default();
+    let split = simulate_plan(&p, &m).unwrap().completion_s;
+    assert!(split >= p.bound().total() * (1.0 - 1e-9), "plan {split} below its bound {}", p.bound().total());
+    assert!(simulate_naive(&p, &m).unwrap().completion_s >= p.bound().total() * (1.0 - 1e-9));
+    let whole = simulate_plan(&plan::build(&fixed, &c, &opt).unwrap(), &m).unwrap().completion_s;
+    assert!(split < 0.8 * whole, "split {split} s, fixed NICs {whole} s");
+}

@@ -265,6 +265,7 @@ fn simulate(a: &Args) -> Result<()> {
         ("estimate_s", Json::Num(p.estimate_s())),
         ("stages", Json::Int(p.stages.len() as i128)),
         ("routes", Json::Int(p.traffic.routes.len() as i128)),
+        ("split_flows", Json::Int(p.traffic.split_flows() as i128)),
         ("plan_ms", Json::Num(plan_ms)),
         ("sim_ms", Json::Num(sim_ms)),
     ]);
@@ -347,12 +348,12 @@ fn bench(a: &Args) -> Result<()> {
     // One more build, phase by phase (the same calls `plan::build` makes).
     let cl = cluster(a)?;
     let c = collective(a, &cl)?;
+    let chunk = parse_size(a.get("--chunk").unwrap_or("4MiB"))?;
     let t0 = Instant::now();
-    let traffic = plan::Traffic::build(&cl, &c);
+    let traffic = plan::Traffic::build(&cl, &c, chunk);
     let t1 = Instant::now();
     let (nic, nic_stages) = plan::schedule::schedule_nics(&cl, &traffic.routes);
     let t2 = Instant::now();
-    let chunk = parse_size(a.get("--chunk").unwrap_or("4MiB"))?;
     let _ = plan::stages::assemble(&cl, &traffic, &nic, nic_stages, chunk);
     let t3 = Instant::now();
     let ms = |a: Instant, b: Instant| Json::Num((b - a).as_secs_f64() * 1e3);

@@ -110,6 +110,8 @@ struct Mine {
     ops: Vec<Vec<Move>>,
     /// Whether any of them reads or writes this rank's staging.
     slots: bool,
+    /// Whether the plan splits a flow over several NIC pairs (`Route::offset`).
+    split: bool,
     stages: usize,
     steps: usize,
     /// Predicted completion of the plan and of the direct path's sends ([`predict`]).
@@ -137,7 +139,7 @@ fn predict(cl: &plan::Cluster, flows: &Flows, plan: &plan::Plan) -> (f64, f64) {
     let mut identity = cl.clone().with_identity_forwarding();
     identity.ce_bw = 1e18;
     identity.balance_nics = false;
-    let direct = Loads::of_traffic(&identity, &Traffic::build(&identity, &direct_flows)).bound(&identity).total();
+    let direct = Loads::of_traffic(&identity, &Traffic::build(&identity, &direct_flows, 1)).bound(&identity).total();
     (plan.estimate_s() * 1e6, direct * 1e6)
 }
 
@@ -150,6 +152,8 @@ pub(super) struct Staged {
     staging: Option<Guarded>,
     /// Calls that ran staged.
     calls: u64,
+    /// Staged calls whose plan split a flow over several NIC pairs.
+    split_calls: u64,
 }
 
 /// The element counts every rank sends and expects in an AlltoAllv, from the exchange.
@@ -288,7 +292,8 @@ impl Communicator {
         let me = lay.gpu[self.rank];
         let ops: Vec<Vec<Move>> = steps.ops.iter().map(|op| op.iter().filter(|m| m.from == me || m.to == me).copied().collect()).collect();
         let slots = ops.iter().flatten().any(|m| (m.from == me && matches!(m.src, At::Slot { .. })) || (m.to == me && matches!(m.dst, At::Slot { .. })));
-        let mine = Arc::new(Mine { ops, slots, stages: steps.stages, steps: steps.steps, planned_us, direct_us });
+        let split = plan.traffic.split_flows() > 0;
+        let mine = Arc::new(Mine { ops, slots, split, stages: steps.stages, steps: steps.steps, planned_us, direct_us });
         if st.internode.cache.len() >= CACHE_PLANS {
             st.internode.cache.clear();
         }
@@ -300,6 +305,12 @@ impl Communicator {
     /// collectives sent directly): which path ran, for tests and diagnostics.
     pub fn staged_calls(&self) -> Result<u64> {
         Ok(self.lock("staged_calls")?.internode.calls)
+    }
+
+    /// How many of the staged calls split a flow between nodes over several NIC pairs
+    /// (`HOCCL_FORWARD_BALANCE`), as this rank counts them; every rank runs the same plan.
+    pub fn staged_split_calls(&self) -> Result<u64> {
+        Ok(self.lock("staged_split_calls")?.internode.split_calls)
     }
 
     /// The layout, computed once.
@@ -358,6 +369,7 @@ impl Communicator {
             return self.submit(name, op.stream, op.dtype, sends, recvs);
         }
         st.internode.calls += 1;
+        st.internode.split_calls += u64::from(mine.split);
         let n = self.size;
         let mut send_of: Vec<Option<Transfer>> = vec![None; n];
         let mut recv_of: Vec<Option<Transfer>> = vec![None; n];
@@ -378,12 +390,13 @@ impl Communicator {
         }
         let slots = if mine.slots { Some(self.forward_staging(&mut st, name)?) } else { None };
         log::debug!(
-            "rank {}: {name} staged: {} stages, {} steps, {} ops with this rank, forwarding {}, predicted {:.1} µs ({:.1} µs direct)",
+            "rank {}: {name} staged: {} stages, {} steps, {} ops with this rank, forwarding {}{}, predicted {:.1} µs ({:.1} µs direct)",
             self.rank,
             mine.stages,
             mine.steps,
             mine.ops.iter().filter(|o| !o.is_empty()).count(),
             if lay.forwards { "on" } else { "identity" },
+            if mine.split { ", flows split over NIC pairs" } else { "" },
             mine.planned_us,
             mine.direct_us
         );

@@ -13,6 +13,8 @@
 //! receive slots (by step parity) are all a forwarder needs: a slot is filled in op t − 1,
 //! on the NIC in op t and idle from op t + 1, and the next piece that uses it is filled no
 //! earlier than op t + 1. Stages whose NIC pieces exceed a slot are cut into several steps.
+//! A route that is one part of a split flow reads and writes the flow's send and receive
+//! ranges at its offset in the flow (`Route::offset`); its slot ranges are its own.
 //! Pure data: every rank lowers the same plan to the same steps.
 use super::Plan;
 
@@ -116,8 +118,10 @@ pub fn lower(plan: &Plan, slot: Option<u64>) -> Steps {
     let mut ops: Vec<Vec<Move>> = vec![Vec::new(); nops];
     for (t, st) in steps.iter().enumerate() {
         let par = (t % 2) as u8;
-        for &(r, off, bytes, so) in &st.nic {
+        for &(r, at, bytes, so) in &st.nic {
             let route = plan.traffic.routes[r as usize];
+            // The piece's place in the flow: a split route's part starts at its offset.
+            let off = route.offset + at;
             let u = route.src;
             let (ub, vb) = (route.su, route.rv);
             // The flow that names u's send range: fan-out reads the one payload.
@@ -159,10 +163,13 @@ mod tests {
     type Tag = (u32, u32, u64);
 
     /// Executes `steps` on symbolic memory and checks that every byte of every logical
-    /// flow of `c` arrives, that no op reads what it writes or writes a byte twice, and that
-    /// a slot is never overwritten before its piece has left.
-    fn check(cl: &Cluster, c: &Collective, slot: Option<u64>) -> Steps {
+    /// flow of `c` arrives at its place, written there once, that no op reads what it
+    /// writes or writes a byte twice, and that a slot is never overwritten before its piece
+    /// has left. Returns the steps and how many routes are parts of a split flow.
+    fn check(cl: &Cluster, c: &Collective, slot: Option<u64>) -> (Steps, usize) {
         let plan = build(cl, c, &PlanOptions { chunk_bytes: 16 }).unwrap();
+        plan.verify().unwrap();
+        let parts = plan.traffic.routes.iter().filter(|r| r.offset > 0 || plan.traffic.routes.iter().any(|o| (o.src, o.dst) == (r.src, r.dst) && o.offset > 0)).count();
         let steps = lower(&plan, slot);
         let g = cl.num_gpus();
         let shared = c.shared_payload();
@@ -218,7 +225,7 @@ mod tests {
                         slot_mem.insert((gpu, slot, i), Some(v));
                     }
                     _ => {
-                        mem.insert((gpu, at), v);
+                        assert!(mem.insert((gpu, at), v).is_none(), "byte written twice: {gpu} {at:?}");
                     }
                 }
             }
@@ -229,7 +236,7 @@ mod tests {
                 assert_eq!(got, Some(&tag(u as u32, v as u32, i)), "flow {u} -> {v} byte {i} ({})", c.name());
             }
         });
-        steps
+        (steps, parts)
     }
 
     fn clusters() -> Vec<Cluster> {
@@ -279,10 +286,30 @@ mod tests {
     #[test]
     fn slots_only_with_forwarding() {
         let c = Collective::AlltoAll { bytes: 64 * 4 };
-        let direct = check(&Cluster::new(2, 2).with_identity_forwarding(), &c, Some(16));
+        let direct = check(&Cluster::new(2, 2).with_identity_forwarding(), &c, Some(16)).0;
         assert!(direct.ops.iter().flatten().all(|m| !m.staged()));
-        let fwd = check(&Cluster::new(2, 2), &c, Some(16));
+        let fwd = check(&Cluster::new(2, 2), &c, Some(16)).0;
         assert!(fwd.ops.iter().flatten().any(|m| m.staged()));
         assert!(fwd.steps > fwd.stages, "64-byte pieces in 16-byte slots take several steps");
+    }
+
+    /// Flows split over several NIC pairs (balanced NICs, one dominant flow per node pair):
+    /// each part's bytes land at their offsets in the flow, through the slots or directly.
+    #[test]
+    fn split_routes_arrive_at_their_offsets() {
+        let mut split = 0;
+        for cl in clusters().into_iter().filter(|c| c.balance_nics && c.nodes > 1) {
+            let g = cl.num_gpus();
+            let k = cl.gpus_per_node;
+            // GPU u sends 300 + 41·u bytes to the first GPU of the next node, 3 to the others.
+            let sizes = (0..g * g).map(|i| if i / g == i % g { 0 } else if i % g == ((i / g) / k + 1) % cl.nodes * k { 300 + 41 * (i / g) as u64 } else { 3 }).collect();
+            let skewed = Collective::AlltoAllv { sizes };
+            for c in [&skewed, &Collective::AlltoAllv { sizes: zipf_sizes(g, 400, 3.0, 5) }] {
+                for slot in [Some(16), Some(7), Some(1000)] {
+                    split += check(&cl, c, slot).1;
+                }
+            }
+        }
+        assert!(split > 0, "no flow was split");
     }
 }

@@ -285,9 +285,10 @@ fn uint(v: &Json, k: &str) -> Result<u64> {
     field(v, k)?.as_u64().ok_or_else(|| Error::invalid_arg(OP, format!("`{k}` is not a non-negative integer")))
 }
 
-fn rows<T>(v: &Json, k: &str, n: usize, f: impl Fn(&[u64]) -> T) -> Result<Vec<T>> {
+/// The rows of array `k`, each of one of the lengths `n` (the first named in errors).
+fn rows<T>(v: &Json, k: &str, n: &[usize], f: impl Fn(&[u64]) -> T) -> Result<Vec<T>> {
     let a = field(v, k)?.as_arr().ok_or_else(|| Error::invalid_arg(OP, format!("`{k}` is not an array")))?;
-    a.iter().map(|x| tuple(x, n).map(|t| f(&t))).collect()
+    a.iter().map(|x| tuple(x, x.as_arr().map(|r| r.len()).filter(|l| n.contains(l)).unwrap_or(n[0])).map(|t| f(&t))).collect()
 }
 
 impl Cluster {
@@ -345,7 +346,7 @@ impl Plan {
             ("cluster", self.cluster.to_json()),
             ("natives", Json::Arr(t.natives.iter().map(|n| row(&[n.src as u64, n.dst as u64, n.bytes])).collect())),
             ("fan_out", Json::Bool(t.fan_out)),
-            ("routes", Json::Arr(t.routes.iter().map(|r| row(&[r.src as u64, r.dst as u64, r.bytes, r.su as u64, r.rv as u64])).collect())),
+            ("routes", Json::Arr(t.routes.iter().map(|r| row(&[r.src as u64, r.dst as u64, r.bytes, r.su as u64, r.rv as u64, r.offset])).collect())),
             ("nic", Json::Arr(self.nic.iter().map(|x| row(&[x.route as u64, x.stage as u64, x.offset, x.bytes])).collect())),
             ("native_pieces", Json::Arr(self.native_pieces.iter().map(|p| row(&[p.native as u64, p.stage as u64, p.offset, p.bytes])).collect())),
             (
@@ -370,14 +371,15 @@ impl Plan {
 
     pub fn from_json(v: &Json) -> Result<Plan> {
         let u32s = |x: u64| x as u32;
-        let natives = rows(v, "natives", 3, |t| Native { src: u32s(t[0]), dst: u32s(t[1]), bytes: t[2] })?;
-        let routes = rows(v, "routes", 5, |t| Route { src: u32s(t[0]), dst: u32s(t[1]), bytes: t[2], su: u32s(t[3]), rv: u32s(t[4]) })?;
+        let natives = rows(v, "natives", &[3], |t| Native { src: u32s(t[0]), dst: u32s(t[1]), bytes: t[2] })?;
+        // A route's offset in its flow is the sixth column; plans of whole routes may omit it.
+        let routes = rows(v, "routes", &[6, 5], |t| Route { src: u32s(t[0]), dst: u32s(t[1]), offset: t.get(5).copied().unwrap_or(0), bytes: t[2], su: u32s(t[3]), rv: u32s(t[4]) })?;
         let fan_out = match field(v, "fan_out")? {
             Json::Bool(b) => *b,
             _ => return Err(Error::invalid_arg(OP, "`fan_out` is not a boolean")),
         };
-        let nic = rows(v, "nic", 4, |t| NicSlice { route: u32s(t[0]), stage: u32s(t[1]), offset: t[2], bytes: t[3] })?;
-        let native_pieces = rows(v, "native_pieces", 4, |t| NativePiece { native: u32s(t[0]), stage: u32s(t[1]), offset: t[2], bytes: t[3] })?;
+        let nic = rows(v, "nic", &[4], |t| NicSlice { route: u32s(t[0]), stage: u32s(t[1]), offset: t[2], bytes: t[3] })?;
+        let native_pieces = rows(v, "native_pieces", &[4], |t| NativePiece { native: u32s(t[0]), stage: u32s(t[1]), offset: t[2], bytes: t[3] })?;
         let st = field(v, "stages")?.as_arr().ok_or_else(|| Error::invalid_arg(OP, "`stages` is not an array"))?;
         let mut stages = Vec::with_capacity(st.len());
         for s in st {

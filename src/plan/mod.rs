@@ -67,7 +67,7 @@ pub fn build(cl: &Cluster, c: &Collective, opt: &PlanOptions) -> Result<Plan> {
     if opt.chunk_bytes == 0 {
         return Err(Error::invalid_arg("plan::build", "chunk_bytes must be > 0"));
     }
-    let traffic = Traffic::build(cl, c);
+    let traffic = Traffic::build(cl, c, opt.chunk_bytes);
     let (mut nic, nic_stages) = schedule::schedule_nics(cl, &traffic.routes);
     let (mut native_pieces, mut stages) = stages::assemble(cl, &traffic, &nic, nic_stages, opt.chunk_bytes);
     // The exact decomposition where its stages are predicted faster (skewed matrices).

@@ -7,7 +7,8 @@ use super::traffic::Hop;
 use super::Plan;
 
 /// One chunk copy on a copy engine. `item` is a route index for `Send`/`Recv`, a native
-/// flow index for `Native`; `offset` is the byte offset inside that flow's payload.
+/// flow index for `Native`; `offset` is the byte offset inside that route's bytes (add
+/// `Route::offset` for the flow's payload) or native flow.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CopyChunk {
     pub stage: u32,
@@ -19,8 +20,8 @@ pub struct CopyChunk {
     pub bytes: u64,
 }
 
-/// One chunk sent by a NIC: route `route`'s bytes `[offset, offset + bytes)` from staging
-/// GPU `src` to staging GPU `dst`.
+/// One chunk sent by a NIC: route `route`'s bytes `[offset, offset + bytes)` (from the
+/// route's start) from staging GPU `src` to staging GPU `dst`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NicChunk {
     pub stage: u32,

@@ -56,11 +56,12 @@ impl Plan {
         let spread = Loads::of_traffic(cl, &self.traffic).node_spread_nic_s(cl);
         writeln!(
             s,
-            "{} on {}x{} GPUs: {} routes, {} native flows, {} stages; estimate {:.3} ms, bound {:.3} ms (nic {:.3}, nvlink {:.3}, ce {:.3}; nic spread over each node's NICs {:.3})",
+            "{} on {}x{} GPUs: {} routes ({} flows split over several NIC pairs), {} native flows, {} stages; estimate {:.3} ms, bound {:.3} ms (nic {:.3}, nvlink {:.3}, ce {:.3}; nic spread over each node's NICs {:.3})",
             self.collective,
             cl.nodes,
             cl.gpus_per_node,
             self.traffic.routes.len(),
+            self.traffic.split_flows(),
             self.traffic.natives.len(),
             self.stages.len(),
             self.estimate_s() * 1e3,

@@ -13,14 +13,18 @@ pub struct Native {
 }
 
 /// An inter-node logical flow u → v (or, with `Traffic::fan_out`, u's data for every GPU of
-/// node `dst`) and its staging GPUs: ū = `staging_gpu(src)`, and v̄ = `staging_gpu(dst)`
-/// (fan-out: the GPU of node `dst` with ū's local index, so the NIC transfer stays on one
-/// rail), unless [`Cluster::balance_nics`] moved the route to other NICs of its nodes.
+/// node `dst`), or a part of one, and its staging GPUs: ū = `staging_gpu(src)`, and
+/// v̄ = `staging_gpu(dst)` (fan-out: the GPU of node `dst` with ū's local index, so the NIC
+/// transfer stays on one rail), unless [`Cluster::balance_nics`] moved the route to other
+/// NICs of its nodes. A route carries the flow's bytes `[offset, offset + bytes)`; a flow
+/// split over several NIC pairs is several routes whose ranges tile `[0, flow bytes)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Route {
     pub src: u32,
     /// v, or the destination node with fan-out.
     pub dst: u32,
+    /// Where this route's bytes start in the flow's payload (0 unless the flow is split).
+    pub offset: u64,
     pub bytes: u64,
     /// ū: the GPU whose NIC sends the route (on u's node).
     pub su: u32,
@@ -37,7 +41,8 @@ pub enum Hop {
 
 /// The effective traffic of a collective: the paper's matrix T in list form. Routes are
 /// ordered by NIC shift (node offset, then rail offset), then by sending NIC, so the routes
-/// of one NIC pair are adjacent and the scheduler walks them in memory order.
+/// of one NIC pair are adjacent and the scheduler walks them in memory order (the parts of
+/// one flow by offset).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Traffic {
     /// Every flow from one source carries the same payload: routes fan out on arrival.
@@ -47,8 +52,9 @@ pub struct Traffic {
 }
 
 impl Traffic {
-    /// Expands collective `c` on cluster `cl` (both validated by the caller).
-    pub fn build(cl: &Cluster, c: &Collective) -> Traffic {
+    /// Expands collective `c` on cluster `cl` (both validated by the caller). `chunk`: the
+    /// planner's chunk, the preferred cut of a split route ([`Cluster::balance_nics`]).
+    pub fn build(cl: &Cluster, c: &Collective, chunk: u64) -> Traffic {
         let g = cl.num_gpus();
         let ix = Index::new(cl);
         let mut t = Traffic { fan_out: c.shared_payload(), ..Default::default() };
@@ -58,9 +64,11 @@ impl Traffic {
                 if ix.node[u] == ix.node[v] {
                     t.natives.push(Native { src: u as u32, dst: v as u32, bytes: b });
                 } else {
-                    t.routes.push(Route { src: u as u32, dst: v as u32, bytes: b, su: ix.staging[u], rv: ix.staging[v] });
+                    t.routes.push(Route { src: u as u32, dst: v as u32, offset: 0, bytes: b, su: ix.staging[u], rv: ix.staging[v] });
                 }
             });
+            // Routes move whole: a batch may send one pair several transfers, and parts of
+            // them could not be told apart.
             if cl.balance_nics {
                 balance(cl, &ix, &mut t.routes);
             }
@@ -98,7 +106,7 @@ impl Traffic {
                             if t.fan_out {
                                 let b = (0..k).map(|lv| c.pair_bytes(g, u, j * k + lv)).max().unwrap_or(0);
                                 if b > 0 {
-                                    t.routes.push(Route { src: u as u32, dst: j as u32, bytes: b, su: ix.staging[u], rv: ix.recv_gpu(true, u as u32, j as u32) as u32 });
+                                    t.routes.push(Route { src: u as u32, dst: j as u32, offset: 0, bytes: b, su: ix.staging[u], rv: ix.recv_gpu(true, u as u32, j as u32) as u32 });
                                 }
                                 continue;
                             }
@@ -106,7 +114,7 @@ impl Traffic {
                                 let b = c.pair_bytes(g, u, j * k + lv);
                                 if b > 0 {
                                     let v = j * k + lv;
-                                    t.routes.push(Route { src: u as u32, dst: v as u32, bytes: b, su: ix.staging[u], rv: ix.staging[v] });
+                                    t.routes.push(Route { src: u as u32, dst: v as u32, offset: 0, bytes: b, su: ix.staging[u], rv: ix.staging[v] });
                                 }
                             }
                         }
@@ -114,10 +122,21 @@ impl Traffic {
                 }
             }
         }
-        if cl.balance_nics && !t.fan_out && balance(cl, &ix, &mut t.routes) {
-            sort_by_nic_pair(&ix, &mut t.routes);
+        if cl.balance_nics && !t.fan_out {
+            let moved = balance(cl, &ix, &mut t.routes);
+            if split(cl, &ix, &mut t.routes, chunk) || moved {
+                sort_by_nic_pair(&ix, &mut t.routes);
+            }
         }
         t
+    }
+
+    /// How many flows are split over several routes (parts after the first start past 0).
+    pub fn split_flows(&self) -> usize {
+        let mut split: Vec<(u32, u32)> = self.routes.iter().filter(|r| r.offset > 0).map(|r| (r.src, r.dst)).collect();
+        split.sort_unstable();
+        split.dedup();
+        split.len()
     }
 
     pub fn total_bytes(&self) -> u64 {
@@ -152,7 +171,7 @@ impl Traffic {
 fn sort_by_nic_pair(ix: &Index, routes: &mut [Route]) {
     routes.sort_by_key(|r| {
         let (a, b) = (ix.nic[r.su as usize] as usize, ix.nic[r.rv as usize] as usize);
-        (ix.shift_key(a, b), a, r.src, r.dst)
+        (ix.shift_key(a, b), a, r.src, r.dst, r.offset)
     });
 }
 
@@ -213,6 +232,99 @@ fn balance(cl: &Cluster, ix: &Index, routes: &mut [Route]) -> bool {
     moved
 }
 
+
+/// Splits routes where moving them whole ([`balance`]) leaves a NIC port above the level
+/// that spreading every node's bytes evenly over its NICs reaches: the level G is the
+/// largest over nodes and directions of ⌈the node's NIC bytes / its NICs that serve a
+/// stager⌉. Per node and direction, while its busiest port p is above G: with q the
+/// least loaded other port and need = min(p − G, G − q), the largest route of p that fits
+/// in need moves whole; else the largest route of p gives its first `need` bytes (cut at a
+/// multiple of `chunk` from the route's start when need ≥ `chunk`, so parts stay whole
+/// chunks) to a new route on q, provided need is at least `tol / (ports − 1)`, with
+/// tol = min(chunk, ⌈G / 64⌉): every port ends below G + tol, within one chunk of the even
+/// spread. The sending and the receiving side are independent (a route's ū only loads its
+/// node's sending ports). A matrix whose ports are even (uniform traffic) splits nothing.
+/// Returns whether a route moved or split.
+fn split(cl: &Cluster, ix: &Index, routes: &mut Vec<Route>, chunk: u64) -> bool {
+    let nics = cl.nics_per_node;
+    if nics < 2 || routes.is_empty() {
+        return false;
+    }
+    let chunk = chunk.max(1);
+    let stager: Vec<Option<usize>> = (0..nics).map(|n| cl.stager_of_nic(n)).collect();
+    let ports = stager.iter().filter(|s| s.is_some()).count() as u64;
+    if ports < 2 {
+        return false;
+    }
+    let na = cl.num_nics();
+    let port_of = |r: &Route, sending: bool| if sending { ix.nic[r.su as usize] as usize } else { na + ix.nic[r.rv as usize] as usize };
+    let mut load = vec![0u64; 2 * na];
+    for r in routes.iter() {
+        load[port_of(r, true)] += r.bytes;
+        load[port_of(r, false)] += r.bytes;
+    }
+    let level = (0..2 * cl.nodes).map(|gi| load[gi * nics..(gi + 1) * nics].iter().sum::<u64>().div_ceil(ports)).max().unwrap_or(0);
+    let tol = chunk.min(level.div_ceil(64).max(1));
+    let min_part = (tol / (ports - 1)).max(1);
+    let mut changed = false;
+    // Groups of ports: the sending ports of each node, then the receiving ports of each.
+    for gi in 0..2 * cl.nodes {
+        let sending = gi < cl.nodes;
+        let node = gi % cl.nodes;
+        let group: Vec<usize> = (0..nics).filter(|&l| stager[l].is_some()).map(|l| gi * nics + l).collect();
+        // The routes on this group's ports (new parts join it).
+        let mut on: Vec<usize> = (0..routes.len()).filter(|&i| port_of(&routes[i], sending) / nics == gi).collect();
+        for _ in 0..4 * group.len() * group.len() + 64 {
+            let p = group.iter().copied().max_by_key(|&x| (load[x], std::cmp::Reverse(x))).unwrap_or(0);
+            let q = group.iter().copied().filter(|&x| x != p).min_by_key(|&x| (load[x], x)).unwrap_or(p);
+            let need = load[p].saturating_sub(level).min(level.saturating_sub(load[q]));
+            if need == 0 {
+                break;
+            }
+            // (bytes, index) of the largest route of p that fits in `need`, and of the largest.
+            let (mut fit, mut big): (Option<(u64, usize)>, Option<(u64, usize)>) = (None, None);
+            for &i in &on {
+                let r = &routes[i];
+                if r.bytes == 0 || port_of(r, sending) != p {
+                    continue;
+                }
+                let key = Some((r.bytes, i));
+                if r.bytes <= need && fit.is_none_or(|f| r.bytes > f.0) {
+                    fit = key;
+                }
+                if big.is_none_or(|b| r.bytes > b.0) {
+                    big = key;
+                }
+            }
+            let (i, x) = match (fit, big) {
+                (Some((b, i)), _) => (i, b),
+                (None, Some((_, i))) if need >= min_part => (i, if need >= chunk { need / chunk * chunk } else { need }),
+                _ => break,
+            };
+            let g = cl.gpu(node, stager[(q - gi * nics) % nics].unwrap_or(0)) as u32;
+            let r = &mut routes[i];
+            let mut part = *r;
+            part.bytes = x;
+            r.offset += x;
+            r.bytes -= x;
+            if sending {
+                part.su = g;
+            } else {
+                part.rv = g;
+            }
+            if r.bytes == 0 {
+                *r = part;
+            } else {
+                on.push(routes.len());
+                routes.push(part);
+            }
+            load[p] -= x;
+            load[q] += x;
+            changed = true;
+        }
+    }
+    changed
+}
 
 /// Bytes through every resource: the inputs of the lower bound.
 #[derive(Clone, Debug)]

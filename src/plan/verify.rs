@@ -29,8 +29,9 @@ fn check_cover(what: &str, mut pieces: Vec<(u32, u64, u64)>, sizes: &[u64]) -> R
 }
 
 impl Plan {
-    /// Every invariant of a plan: per-stage NIC degree ≤ 1 each way; NIC pieces and native
-    /// pieces tile every flow exactly once; the queues deliver every byte of every route once
+    /// Every invariant of a plan: per-stage NIC degree ≤ 1 each way; the parts of a split
+    /// flow (its routes) tile its bytes from 0 without gap or overlap; NIC pieces and native
+    /// pieces tile every route and native flow exactly once; the queues deliver every byte of every route once
     /// through its sender copy, its NIC transfer and each of its receiver copies, with the
     /// three hops of a chunk in the same stage and every queue in stage order.
     pub fn verify(&self) -> Result<()> {
@@ -38,9 +39,28 @@ impl Plan {
         let t = &self.traffic;
         let rsize: Vec<u64> = t.routes.iter().map(|r| r.bytes).collect();
         let nsize: Vec<u64> = t.natives.iter().map(|n| n.bytes).collect();
+        self.verify_parts()?;
         check_cover("route", self.nic.iter().map(|x| (x.route, x.offset, x.bytes)).collect(), &rsize)?;
         check_cover("native", self.native_pieces.iter().map(|p| (p.native, p.offset, p.bytes)).collect(), &nsize)?;
         self.verify_queues()
+    }
+
+    /// The routes of each flow (src, dst), by offset, follow each other from 0; a flow whose
+    /// routes all start at 0 is whole (point-to-point batches may send one pair several
+    /// transfers, each its own route).
+    fn verify_parts(&self) -> Result<()> {
+        let mut parts: Vec<(u32, u32, u64, u64)> = self.traffic.routes.iter().map(|r| (r.src, r.dst, r.offset, r.bytes)).collect();
+        parts.sort_unstable();
+        for flow in parts.chunk_by(|a, b| (a.0, a.1) == (b.0, b.1)).filter(|f| f.iter().any(|p| p.2 > 0)) {
+            let mut at = 0;
+            for &(src, dst, off, len) in flow {
+                if off != at {
+                    return Err(fail(format!("flow {src} → {dst}: part at {off} (+{len}) but the parts before end at {at}")));
+                }
+                at += len;
+            }
+        }
+        Ok(())
     }
 
     fn verify_degree(&self) -> Result<()> {
