@@ -399,6 +399,41 @@ pub struct Socket {
     freed: Vec<Span>,
     /// Peers found gone while reading or writing, with why.
     lost: Vec<(usize, String)>,
+    /// The peer each pass over the peers starts at when writing, reading and filling send
+    /// slots ([`Fair`]).
+    out_first: Fair,
+    in_first: Fair,
+    fill_first: Fair,
+}
+
+/// Where a pass over the peers starts: after the last peer that moved bytes in the pass
+/// before, and, before any pass, after this rank. A pass gives each peer in turn what the
+/// buckets, the sockets and the staging slots allow, so a fixed start would hand every turn's
+/// tokens (or free slots) to the lowest-numbered peer with data, and every rank would send
+/// to (and read from) the same rank first: that rank's link then carries several ranks'
+/// traffic while the others idle, and a uniform exchange ends on the last rank's link
+/// alone, up to twice the time the rates allow. Rotating the start shares each rank's
+/// rate evenly between its peers with data, as the simulator's fair sharing assumes.
+#[derive(Clone, Copy)]
+struct Fair {
+    start: usize,
+}
+
+impl Fair {
+    fn new(rank: usize) -> Fair {
+        Fair { start: rank + 1 }
+    }
+
+    /// The peers of one pass, in order, for `n` peers.
+    fn order(self, n: usize) -> impl Iterator<Item = usize> {
+        let s = if n == 0 { 0 } else { self.start % n };
+        (0..n).map(move |k| (s + k) % n)
+    }
+
+    /// Peer `i` moved bytes in this pass: the next pass starts after it.
+    fn moved(&mut self, i: usize) {
+        self.start = i + 1;
+    }
 }
 
 impl Socket {
@@ -451,6 +486,9 @@ impl Socket {
             failed: VecDeque::new(),
             freed: Vec::new(),
             lost: Vec::new(),
+            out_first: Fair::new(links.rank),
+            in_first: Fair::new(links.rank),
+            fill_first: Fair::new(links.rank),
         })
     }
 
@@ -534,7 +572,7 @@ impl Socket {
         let mut progress = true;
         while progress && !st.send_free.is_empty() {
             progress = false;
-            for i in 0..self.peers.len() {
+            for i in self.fill_first.order(self.peers.len()) {
                 let Some(p) = self.peers[i].as_mut().filter(|p| p.gone.is_none()) else { continue };
                 let Some(f) = p.flows.front_mut() else { continue };
                 let n = (f.len - f.next).min(p.chunk);
@@ -564,6 +602,7 @@ impl Socket {
                     let f = p.flows.pop_front().expect("front exists");
                     p.awaiting.insert(f.token, f.id);
                 }
+                self.fill_first.moved(i);
                 moved = true;
                 progress = true;
                 if st.send_free.is_empty() {
@@ -618,7 +657,8 @@ impl Socket {
     fn pump_out(&mut self) -> bool {
         let mut any = false;
         let staged = self.stage.is_some();
-        for i in 0..self.peers.len() {
+        let mut last = None;
+        for i in self.out_first.order(self.peers.len()) {
             let Some(p) = self.peers[i].as_mut().filter(|p| p.gone.is_none()) else { continue };
             let n = p.conns.len();
             let first = p.next_conn;
@@ -627,13 +667,19 @@ impl Socket {
                 let c = (first + j) % n;
                 let mut w = Writer { peer: p, staged, bucket: &mut self.send_bucket, pad: &self.pad, advanced: &mut self.advanced, freed: &mut self.freed };
                 match w.write_conn(c) {
-                    Ok(moved) => any |= moved,
+                    Ok(moved) => {
+                        any |= moved;
+                        last = if moved { Some(i) } else { last };
+                    }
                     Err(e) => {
                         self.lost.push((i, format!("connection {c} failed: {e}")));
                         break;
                     }
                 }
             }
+        }
+        if let Some(i) = last {
+            self.out_first.moved(i);
         }
         self.settle();
         any
@@ -642,7 +688,8 @@ impl Socket {
     /// Read on every connection of every peer; whether a byte moved.
     fn pump_in(&mut self) -> bool {
         let mut any = false;
-        for i in 0..self.peers.len() {
+        let mut last = None;
+        for i in self.in_first.order(self.peers.len()) {
             let n = self.peers[i].as_ref().map_or(0, |p| p.conns.len());
             for c in 0..n {
                 let Some(p) = self.peers[i].as_mut().filter(|p| p.gone.is_none()) else { break };
@@ -658,13 +705,19 @@ impl Socket {
                     failed: &mut self.failed,
                 };
                 match r.read_conn(c) {
-                    Ok(moved) => any |= moved,
+                    Ok(moved) => {
+                        any |= moved;
+                        last = if moved { Some(i) } else { last };
+                    }
                     Err(why) => {
                         self.lost.push((i, why));
                         break;
                     }
                 }
             }
+        }
+        if let Some(i) = last {
+            self.in_first.moved(i);
         }
         self.settle();
         any
@@ -1323,20 +1376,26 @@ mod tests {
     /// Ranks 0 and 1 of communicator `comm`, connected over loopback, each staging through
     /// `staging[r]` bytes (None: direct I/O).
     fn pair(comm: u64, qps: usize, staging: [Option<usize>; 2], gbps: f64) -> (Arc<dyn Device>, Socket, Socket) {
+        let (dev, mut v) = ranks(comm, qps, &staging, gbps);
+        let t1 = v.pop().unwrap();
+        (dev, v.pop().unwrap(), t1)
+    }
+
+    /// Ranks 0..staging.len() of communicator `comm`, each on a node of its own, connected
+    /// over loopback, rank r staging through `staging[r]` bytes (None: direct I/O).
+    fn ranks(comm: u64, qps: usize, staging: &[Option<usize>], gbps: f64) -> (Arc<dyn Device>, Vec<Socket>) {
+        let n = staging.len();
         let dev: Arc<dyn Device> = Arc::new(HostDevice::new().unwrap());
-        let ls: Vec<(TcpListener, [u8; 16])> = (0..2).map(|_| listen(true, None).unwrap()).collect();
+        let ls: Vec<(TcpListener, [u8; 16])> = (0..n).map(|_| listen(true, None).unwrap()).collect();
         let addrs: Vec<Remote> = ls.iter().enumerate().map(|(r, (l, s))| Remote { addr: l.local_addr().unwrap(), secret: *s, max_chunk: max_chunk(staging[r]) }).collect();
         let mut hs = Vec::new();
         for (r, (listener, secret)) in ls.into_iter().enumerate() {
-            let mut peers = vec![None, None];
-            peers[1 - r] = Some(addrs[1 - r]);
+            let peers = (0..n).map(|q| (q != r).then_some(addrs[q])).collect();
             let links = NetLinks { rank: r, comm_id: comm, listener, peers, secret, qps, gbps, staging: staging[r], timeout: Duration::from_secs(10) };
             let dev = dev.clone();
             hs.push(std::thread::spawn(move || Socket::connect(dev, links).unwrap()));
         }
-        let mut v: Vec<Socket> = hs.into_iter().map(|h| h.join().unwrap()).collect();
-        let t1 = v.pop().unwrap();
-        (dev, v.pop().unwrap(), t1)
+        (dev, hs.into_iter().map(|h| h.join().unwrap()).collect())
     }
 
     /// Turn both transports until `until` holds (or fail after a while); the flows each
@@ -1479,6 +1538,67 @@ mod tests {
         let mut b = h.encode();
         b[3] ^= 0x40;
         assert!(Header::decode(&b).is_none(), "an unknown kind is refused");
+    }
+
+    /// A rate-limited rank sending as much to each of two peers at once shares its rate
+    /// between them (`Fair`): both transfers land at about the same time. Served in a fixed
+    /// order, the first would land at half the time and the second at the end.
+    fn shares_rate(staging: Option<usize>, comm: u64) {
+        const LEN: usize = 2 << 20;
+        let (dev, mut t) = ranks(comm, 2, &[staging, staging, staging], 0.05);
+        let src = dev.alloc(LEN).unwrap();
+        dev.copy_from_host(src, &vec![0x5a; LEN]).unwrap();
+        let dst: Vec<DevPtr> = (0..2).map(|_| dev.alloc(LEN).unwrap()).collect();
+        let tag = Tag { pair_seq: 1, k: 0 };
+        for r in 1..3 {
+            let region = Region { seq: 1, ptr: dst[r - 1], len: LEN, alloc: Some(dev.allocation(dst[r - 1]).unwrap()) };
+            let remote = t[r].expose(0, region).unwrap();
+            t[r].post_ready(0, tag, remote);
+        }
+        let mut remotes = Vec::new();
+        let t0 = Instant::now();
+        let mut landed = [None, None];
+        while landed.iter().any(Option::is_none) {
+            for (r, tr) in t.iter_mut().enumerate() {
+                let (mut sig, mut done, mut adv) = (Vec::new(), Vec::new(), Vec::new());
+                tr.poll_signals(&mut sig);
+                tr.progress(&mut done, &mut adv).unwrap();
+                for m in sig {
+                    match m.signal {
+                        Signal::Ready { remote, .. } if r == 0 => remotes.push((m.from, remote)),
+                        Signal::Landed { .. } if r > 0 => landed[r - 1] = Some(t0.elapsed()),
+                        _ => {}
+                    }
+                }
+            }
+            if remotes.len() == 2 {
+                for (i, (to, remote)) in remotes.drain(..).enumerate() {
+                    t[0].start_write(FlowId { seq: 1, idx: i }, to, tag, src, &remote, LEN).unwrap();
+                }
+            }
+            assert!(t0.elapsed() < Duration::from_secs(20), "no progress: {}", t[0].describe());
+        }
+        let [a, b] = landed.map(|l| l.unwrap().as_secs_f64());
+        let last = a.max(b);
+        // 4 MiB at 50 MB/s: 84 ms; sharing, the two land within a few quanta of each other.
+        assert!((a - b).abs() < 0.25 * last, "landed at {a:.3} s and {b:.3} s: the rate was not shared");
+        for tr in &mut t {
+            tr.close();
+        }
+        dev.free(src).unwrap();
+        for d in dst {
+            dev.free(d).unwrap();
+        }
+    }
+
+    #[test]
+    fn direct_sender_shares_rate() {
+        shares_rate(None, 0x50c0_0005);
+    }
+
+    #[test]
+    fn staged_sender_shares_rate() {
+        shares_rate(Some(1 << 20), 0x50c0_0006);
     }
 
     #[test]
