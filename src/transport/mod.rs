@@ -35,6 +35,7 @@
 //! - [`route`]: one transport over the same-host one and one of the two above, choosing
 //!   by peer.
 pub mod chunk_scheduler;
+pub mod fair;
 pub mod host_staging;
 pub mod ipc;
 pub mod ipc_bounce;

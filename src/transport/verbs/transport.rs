@@ -51,6 +51,7 @@ use super::channel::{Arrived, Channel};
 use super::nic::{Event, Nic};
 use super::pinned::Pinned;
 use crate::device::{DevPtr, Device};
+use crate::transport::fair::Fair;
 use crate::transport::host_staging::HostStaging;
 use crate::error::{Error, Result};
 use crate::transport::socket::{Bucket, PROGRESS_EVERY};
@@ -268,6 +269,11 @@ pub struct Verbs {
     done: Vec<FlowId>,
     advanced: Vec<u64>,
     failed: VecDeque<(u64, Error)>,
+    /// The peer each pass starts at when writing, filling send slots and draining what the
+    /// receive rate limit held back ([`Fair`]).
+    out_first: Fair,
+    fill_first: Fair,
+    drain_first: Fair,
 }
 
 impl Verbs {
@@ -321,6 +327,9 @@ impl Verbs {
             done: Vec::new(),
             advanced: Vec::new(),
             failed: VecDeque::new(),
+            out_first: Fair::new(links.rank),
+            fill_first: Fair::new(links.rank),
+            drain_first: Fair::new(links.rank),
         })
     }
 
@@ -547,7 +556,7 @@ impl Verbs {
         let mut progress = true;
         while progress && !st.send_free.is_empty() {
             progress = false;
-            for i in 0..self.peers.len() {
+            for i in self.fill_first.order(self.peers.len()) {
                 let Some(p) = self.peers[i].as_mut().filter(|p| p.gone.is_none()) else { continue };
                 let Some(f) = p.flows.front_mut() else { continue };
                 let mut n = (f.len - f.next).min(p.ch.max_payload()).min(st.host.slot);
@@ -578,6 +587,7 @@ impl Verbs {
                     let f = p.flows.pop_front().expect("front exists");
                     p.awaiting.insert(f.token, f.id);
                 }
+                self.fill_first.moved(i);
                 moved = true;
                 progress = true;
                 if st.send_free.is_empty() {
@@ -634,7 +644,8 @@ impl Verbs {
         let mut moved = false;
         loop {
             let mut any = false;
-            for i in 0..self.peers.len() {
+            let mut last = None;
+            for i in self.out_first.order(self.peers.len()) {
                 let Some(p) = self.peers[i].as_mut().filter(|p| p.gone.is_none()) else { continue };
                 if let Some(rec) = p.ctrl.front() {
                     match p.ch.try_send_ordered(self.nic.as_mut(), CONTROL, 0, REC as u64, rec) {
@@ -651,7 +662,9 @@ impl Verbs {
                     continue;
                 }
                 if self.stage.is_some() {
-                    any |= self.send_staged(i);
+                    if self.send_staged(i) {
+                        (any, last) = (true, Some(i));
+                    }
                     continue;
                 }
                 let Some(f) = p.flows.front_mut() else { continue };
@@ -686,7 +699,10 @@ impl Verbs {
                     let f = p.flows.pop_front().expect("front exists");
                     p.awaiting.insert(f.token, f.id);
                 }
-                any = true;
+                (any, last) = (true, Some(i));
+            }
+            if let Some(i) = last {
+                self.out_first.moved(i);
             }
             if !any {
                 return moved;
@@ -730,8 +746,11 @@ impl Verbs {
     /// Drain what the receive rate limit held back; whether anything was drained.
     fn drain_all(&mut self) -> bool {
         let mut any = false;
-        for i in 0..self.peers.len() {
-            any |= self.drain_held(i);
+        for i in self.drain_first.order(self.peers.len()) {
+            if self.drain_held(i) {
+                any = true;
+                self.drain_first.moved(i);
+            }
         }
         any
     }
@@ -1008,6 +1027,75 @@ mod tests {
         dev.copy_to_host(&mut got, dst).unwrap();
         assert!(got == data, "the bytes differ");
         assert!(!t0.data_in_flight() && !t1.data_in_flight(), "{} / {}", t0.describe(), t1.describe());
+    }
+
+    /// A rate-limited rank 0 (of 3, on the fake fabric) writing as much to ranks 1 and 2
+    /// at once shares its rate between them (`Fair`): both transfers land at about the
+    /// same time. Served in a fixed order, the first would land at half the time.
+    fn shares_rate(staging: Option<usize>) {
+        const LEN: usize = 2 << 20;
+        let dev = host();
+        let mut nics: Vec<FakeNic> = (0..3).map(|_| FakeNic::new()).collect();
+        let mut chans: Vec<Vec<Option<Channel>>> = (0..3).map(|_| (0..3).map(|_| None).collect()).collect();
+        for a in 0..3 {
+            for b in a + 1..3 {
+                let (mut ca, sa) = Channel::new(&mut nics[a], 2, 8, 64 << 10).unwrap();
+                let (mut cb, sb) = Channel::new(&mut nics[b], 2, 8, 64 << 10).unwrap();
+                ca.connect(&mut nics[a], &Setup::from_bytes(&sb.to_bytes()).unwrap()).unwrap();
+                cb.connect(&mut nics[b], &Setup::from_bytes(&sa.to_bytes()).unwrap()).unwrap();
+                (chans[a][b], chans[b][a]) = (Some(ca), Some(cb));
+            }
+        }
+        let mut t: Vec<Verbs> = nics
+            .into_iter()
+            .zip(chans)
+            .enumerate()
+            .map(|(rank, (nic, channels))| Verbs::new(dev.clone(), VerbsLinks { rank, nic: Box::new(nic), channels, gbps: 0.05, nic_name: "fake".into(), staging }).unwrap())
+            .collect();
+        let (src, _) = region(&dev, 1, LEN);
+        let tag = Tag { pair_seq: 1, k: 0 };
+        let mut dst = Vec::new();
+        for r in 1..3 {
+            let (d, reg) = region(&dev, 1, LEN);
+            let remote = t[r].expose(0, reg).unwrap();
+            t[r].post_ready(0, tag, remote);
+            dst.push(d);
+        }
+        let (mut remotes, mut landed) = (Vec::new(), [None, None]);
+        let t0 = Instant::now();
+        while landed.iter().any(Option::is_none) {
+            for (r, tr) in t.iter_mut().enumerate() {
+                let mut sig = Vec::new();
+                tr.poll_signals(&mut sig);
+                tr.progress(&mut Vec::new(), &mut Vec::new()).unwrap();
+                for m in sig {
+                    match m.signal {
+                        Signal::Ready { remote, .. } if r == 0 => remotes.push((m.from, remote)),
+                        Signal::Landed { .. } if r > 0 => landed[r - 1] = Some(t0.elapsed()),
+                        _ => {}
+                    }
+                }
+            }
+            if remotes.len() == 2 {
+                for (i, (to, remote)) in remotes.drain(..).enumerate() {
+                    t[0].start_write(FlowId { seq: 1, idx: i }, to, tag, src, &remote, LEN).unwrap();
+                }
+            }
+            assert!(t0.elapsed() < Duration::from_secs(20), "no progress: {}", t[0].describe());
+        }
+        let [a, b] = landed.map(|l| l.unwrap().as_secs_f64());
+        // 4 MiB at 50 MB/s: 84 ms; sharing, the two land within a few chunks of each other.
+        assert!((a - b).abs() < 0.25 * a.max(b), "landed at {a:.3} s and {b:.3} s: the rate was not shared");
+        dev.free(src).unwrap();
+        for d in dst {
+            dev.free(d).unwrap();
+        }
+    }
+
+    #[test]
+    fn sender_shares_rate() {
+        shares_rate(None);
+        shares_rate(Some(1 << 20));
     }
 
     #[test]
