@@ -549,9 +549,21 @@ fn cuda_processes_every_op() {
 /// transfer lasts): every survivor, on its node and on the other, fails within the timeout.
 #[test]
 fn peer_killed_mid_transfer() {
+    killed_mid_transfer(Backend::Host);
+}
+
+/// The same on CUDA (`--ignored`; on one GPU under MPS): the victim's chunks pass through
+/// pinned staging and the survivors' copy queues when it dies.
+#[test]
+#[ignore = "needs a GPU: run with --ignored"]
+fn cuda_peer_killed_mid_transfer() {
+    killed_mid_transfer(Backend::Cuda);
+}
+
+fn killed_mid_transfer(backend: Backend) {
     const TMO_MS: u64 = 3000;
     let env = [("HOCCL_VIRTUAL_NODES", "2"), ("HOCCL_NET_GBPS", "0.5"), ("HOCCL_TIMEOUT_MS", "3000"), ("HOCCL_ENGINE", "ce")];
-    let (lines, killed) = children(4, "kill:2", &env, Some(2));
+    let (lines, killed) = children_on(backend, 4, "kill:2", &env, Some(2));
     let killed = killed.expect("the victim reached its kill point");
     for r in [0, 1, 3] {
         let l = lines[r].iter().find(|l| l.contains(" error ")).unwrap_or_else(|| panic!("rank {r} saw no error: {:?}", lines[r]));

@@ -14,7 +14,9 @@
 #      pieces and hops between nodes on the forwarding peers only, ce and compressed
 #   4. with one GPU, under MPS (nvidia-cuda-mps-control -d, stopped when the script exits):
 #      the internode binary's process cases, 2 virtual nodes x 1 and x 2 ranks, every op,
-#      ce and compressed (cuda_processes_every_op)
+#      ce and compressed (cuda_processes_every_op), and a rank SIGKILLed while its
+#      AllGather crosses the sockets: the survivors fail within the timeout
+#      (cuda_peer_killed_mid_transfer)
 #   5. the measurement, direct against staged, and the hierarchical AllReduce with every
 #      rank or local rank 0 owning its pieces (scripts/net-bench.sh with the CUDA backend,
 #      2-4 processes on this GPU with virtual nodes, NIC limited to NET_BENCH_GBPS, 1 by
@@ -63,6 +65,7 @@ if [ "$ngpu" -le 1 ] && command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
   echo "# processes under MPS" | tee -a "$summary"
 fi
 check processes "$t" cuda_processes_every_op --exact --ignored --nocapture --test-threads=1
+check peer-killed "$t" cuda_peer_killed_mid_transfer --exact --ignored --nocapture --test-threads=1
 # The measurement's thirteen runs take longer than one test binary: a limit of their own.
 TEST_LIMIT="${NET_BENCH_LIMIT:-900}" check net-bench env NET_BENCH_BIN="$bin/net_bench" NET_BENCH_BACKEND=cuda \
   NET_BENCH_MACHINE="$machine" NET_BENCH_GBPS="${NET_BENCH_GBPS:-1}" NET_BENCH_SIZES="${NET_BENCH_SIZES:-4M,16M}" bash scripts/net-bench.sh
