@@ -1,2 +1,2 @@
-# 2026-12-02, binaries of commit 5cd5740, 1 GPU (h200-1gpu)
-HOCCL_LOG=warn build/gpu-bin/tests/reductions --ignored --test-threads=1
+# 2026-12-04T03:06Z, binaries of commit 447a385, 1 GPU(s) (h200-1gpu); HOCCL_LOG=warn
+$HOCCL_BIN_DIR/tests/reductions cuda:: --ignored --test-threads=1
