@@ -405,6 +405,10 @@ pub struct Socket {
     out_first: Fair,
     in_first: Fair,
     fill_first: Fair,
+    /// The connections `pump_in` polls, and (peer, connection) of each; kept to reuse
+    /// their capacity.
+    poll_fds: Vec<libc::pollfd>,
+    poll_at: Vec<(usize, usize)>,
 }
 
 impl Socket {
@@ -460,6 +464,8 @@ impl Socket {
             out_first: Fair::new(links.rank),
             in_first: Fair::new(links.rank),
             fill_first: Fair::new(links.rank),
+            poll_fds: Vec::new(),
+            poll_at: Vec::new(),
         })
     }
 
@@ -660,30 +666,46 @@ impl Socket {
     fn pump_in(&mut self) -> bool {
         let mut any = false;
         let mut last = None;
+        // One poll tells which connections have bytes, an end or an error to read: a read
+        // on each would mostly find nothing, and those calls are most of an idle turn's
+        // cost with many peers.
+        self.poll_fds.clear();
+        self.poll_at.clear();
         for i in self.in_first.order(self.peers.len()) {
-            let n = self.peers[i].as_ref().map_or(0, |p| p.conns.len());
-            for c in 0..n {
-                let Some(p) = self.peers[i].as_mut().filter(|p| p.gone.is_none()) else { break };
-                let mut r = Reader {
-                    from: i,
-                    peer: p,
-                    stage: self.stage.as_mut(),
-                    bucket: &mut self.recv_bucket,
-                    pad: &mut self.pad,
-                    incoming: &mut self.incoming,
-                    done: &mut self.done,
-                    advanced: &mut self.advanced,
-                    failed: &mut self.failed,
-                };
-                match r.read_conn(c) {
-                    Ok(moved) => {
-                        any |= moved;
-                        last = if moved { Some(i) } else { last };
-                    }
-                    Err(why) => {
-                        self.lost.push((i, why));
-                        break;
-                    }
+            let Some(p) = self.peers[i].as_ref().filter(|p| p.gone.is_none()) else { continue };
+            for (c, conn) in p.conns.iter().enumerate().filter(|(_, conn)| !conn.ended) {
+                self.poll_fds.push(raw::poll_in(conn.fd));
+                self.poll_at.push((i, c));
+            }
+        }
+        // Should the poll fail (an interrupt), every connection is read, as without it.
+        let every = raw::readable(&mut self.poll_fds).is_err();
+        let mut failed = None;
+        for k in 0..self.poll_at.len() {
+            let (i, c) = self.poll_at[k];
+            if (!every && self.poll_fds[k].revents == 0) || failed == Some(i) {
+                continue;
+            }
+            let Some(p) = self.peers[i].as_mut().filter(|p| p.gone.is_none()) else { continue };
+            let mut r = Reader {
+                from: i,
+                peer: p,
+                stage: self.stage.as_mut(),
+                bucket: &mut self.recv_bucket,
+                pad: &mut self.pad,
+                incoming: &mut self.incoming,
+                done: &mut self.done,
+                advanced: &mut self.advanced,
+                failed: &mut self.failed,
+            };
+            match r.read_conn(c) {
+                Ok(moved) => {
+                    any |= moved;
+                    last = if moved { Some(i) } else { last };
+                }
+                Err(why) => {
+                    self.lost.push((i, why));
+                    failed = Some(i);
                 }
             }
         }

@@ -1,7 +1,7 @@
 //! The socket transport's one contact with raw memory: `send`/`recv` between a TCP socket
 //! and a byte range named by address (a user buffer of the host backend, or the
-//! transport's own host staging). Every [`Span`] is checked when it is made; the I/O calls
-//! take offsets inside it.
+//! transport's own host staging), and `poll` over its connections. Every [`Span`] is
+//! checked when it is made; the I/O calls take offsets inside it.
 use crate::device::{Allocation, DevPtr};
 use crate::error::{Error, Result};
 use std::os::fd::RawFd;
@@ -80,5 +80,23 @@ pub(super) fn recv(fd: RawFd, span: Span, off: usize, n: usize) -> std::io::Resu
         Err(std::io::Error::last_os_error())
     } else {
         Ok(r as usize)
+    }
+}
+
+/// A poll record asking whether `fd` has something to read.
+pub(super) fn poll_in(fd: RawFd) -> libc::pollfd {
+    libc::pollfd { fd, events: libc::POLLIN, revents: 0 }
+}
+
+/// Fill each record's `revents` (readable, closed or failed) without waiting: one system
+/// call for every connection.
+pub(super) fn readable(fds: &mut [libc::pollfd]) -> std::io::Result<()> {
+    // SAFETY: `fds` is an exclusively borrowed array of `fds.len()` initialised records,
+    // which poll only writes the `revents` of; a timeout of 0 never blocks.
+    let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
     }
 }
