@@ -302,7 +302,7 @@ fn verbs_peer_aborts_mid_transfer() {
         let errs = errors.clone();
         // The victim keeps its buffers until every rank is done (a rank of its node may still
         // be copying into them: thread ranks share the process's memory).
-        let end = std::sync::Arc::new(std::sync::Barrier::new(n));
+        let end = std::sync::Arc::new(Gate::new(n));
         let cfg = Config { virtual_nodes: nodes, net_gbps: 0.05, timeout: Duration::from_secs(3), net_stage_host_memory: staged, ..verbs_config(EngineChoice::CopyEngine) };
         run_ranks(Backend::Host, n, cfg, move |c| {
             let (r, dev) = (c.rank(), c.device().clone());
@@ -321,7 +321,7 @@ fn verbs_peer_aborts_mid_transfer() {
                     std::thread::sleep(Duration::from_millis(10));
                     c.abort();
                     let _ = dev.synchronize(s);
-                    end.wait();
+                    end.wait(Duration::from_secs(30));
                     return;
                 }
                 dev.synchronize(s).expect("synchronize returns");
@@ -333,7 +333,7 @@ fn verbs_peer_aborts_mid_transfer() {
             assert!(started.elapsed() < Duration::from_secs(5), "rank {r} failed {:?} after its last AllGather began: {e}", started.elapsed());
             assert!(matches!(e.code(), hoccl::ErrorCode::Remote | hoccl::ErrorCode::Timeout), "rank {r}: {e}");
             errs.lock().unwrap().push((r, c.topology().same_node(r, victim), e.to_string()));
-            end.wait();
+            end.wait(Duration::from_secs(30));
         });
         let errors = errors.lock().unwrap();
         assert_eq!(errors.len(), n - 1, "{errors:?}");

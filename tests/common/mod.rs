@@ -81,6 +81,30 @@ where
     assert!(failed.is_empty(), "ranks {failed:?} failed");
 }
 
+/// A barrier of `n` thread ranks whose wait fails after `limit` instead of waiting for
+/// good: a rank that panicked never arrives, and the test must then fail with its panic
+/// (`run_ranks` reports it) rather than hang.
+pub struct Gate {
+    n: usize,
+    arrived: std::sync::Mutex<usize>,
+    cv: std::sync::Condvar,
+}
+
+impl Gate {
+    pub fn new(n: usize) -> Gate {
+        Gate { n, arrived: std::sync::Mutex::new(0), cv: std::sync::Condvar::new() }
+    }
+
+    /// Arrive and wait for every rank (at most `limit`, else panic).
+    pub fn wait(&self, limit: Duration) {
+        let mut a = self.arrived.lock().unwrap_or_else(|e| e.into_inner());
+        *a += 1;
+        self.cv.notify_all();
+        let (a, t) = self.cv.wait_timeout_while(a, limit, |a| *a < self.n).unwrap_or_else(|e| e.into_inner());
+        assert!(!t.timed_out() || *a >= self.n, "{} of {} ranks reached the gate within {limit:?}", *a, self.n);
+    }
+}
+
 /// Wait until this rank has no collective pending and every rank has reached this point.
 /// Ranks that are threads of one process share one CUDA context, where allocation, free and
 /// synchronous copies may wait for every stream, including another rank's stream blocked in
