@@ -30,3 +30,51 @@ impl Fair {
         self.start = i + 1;
     }
 }
+
+/// Test support for both NIC transports: rank 0 of `t` (three ranks on the host device
+/// `dev`, each on a node of its own, rate-limited to 50 MB/s) writes `len` bytes to each of
+/// ranks 1 and 2 at once; both transfers must land at about the same time. Served in a
+/// fixed order, the first would land at half the time and the second at the end.
+#[cfg(test)]
+pub(crate) fn assert_shares_rate<T: super::Transport>(dev: &std::sync::Arc<dyn crate::device::Device>, t: &mut [T], len: usize) {
+    use super::{FlowId, Region, Signal, Tag};
+    use std::time::{Duration, Instant};
+    let src = dev.alloc(len).unwrap();
+    dev.copy_from_host(src, &vec![0x5a; len]).unwrap();
+    let dst: Vec<_> = (0..2).map(|_| dev.alloc(len).unwrap()).collect();
+    let tag = Tag { pair_seq: 1, k: 0 };
+    for r in 1..3 {
+        let region = Region { seq: 1, ptr: dst[r - 1], len, alloc: Some(dev.allocation(dst[r - 1]).unwrap()) };
+        let remote = t[r].expose(0, region).unwrap();
+        t[r].post_ready(0, tag, remote);
+    }
+    let (mut remotes, mut landed) = (Vec::new(), [None, None]);
+    let t0 = Instant::now();
+    while landed.iter().any(Option::is_none) {
+        for (r, tr) in t.iter_mut().enumerate() {
+            let mut sig = Vec::new();
+            tr.poll_signals(&mut sig);
+            tr.progress(&mut Vec::new(), &mut Vec::new()).unwrap();
+            for m in sig {
+                match m.signal {
+                    Signal::Ready { remote, .. } if r == 0 => remotes.push((m.from, remote)),
+                    Signal::Landed { .. } if r > 0 => landed[r - 1] = Some(t0.elapsed()),
+                    _ => {}
+                }
+            }
+        }
+        if remotes.len() == 2 {
+            for (i, (to, remote)) in remotes.drain(..).enumerate() {
+                t[0].start_write(FlowId { seq: 1, idx: i }, to, tag, src, &remote, len).unwrap();
+            }
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "no progress: {}", t[0].describe());
+    }
+    let [a, b] = landed.map(|l| l.unwrap().as_secs_f64());
+    // Sharing, the two land within a few grants of each other.
+    assert!((a - b).abs() < 0.25 * a.max(b), "landed at {a:.3} s and {b:.3} s: the rate was not shared");
+    dev.free(src).unwrap();
+    for d in dst {
+        dev.free(d).unwrap();
+    }
+}

@@ -1534,53 +1534,12 @@ mod tests {
     }
 
     /// A rate-limited rank sending as much to each of two peers at once shares its rate
-    /// between them (`Fair`): both transfers land at about the same time. Served in a fixed
-    /// order, the first would land at half the time and the second at the end.
+    /// between them (`Fair`).
     fn shares_rate(staging: Option<usize>, comm: u64) {
-        const LEN: usize = 2 << 20;
         let (dev, mut t) = ranks(comm, 2, &[staging, staging, staging], 0.05);
-        let src = dev.alloc(LEN).unwrap();
-        dev.copy_from_host(src, &vec![0x5a; LEN]).unwrap();
-        let dst: Vec<DevPtr> = (0..2).map(|_| dev.alloc(LEN).unwrap()).collect();
-        let tag = Tag { pair_seq: 1, k: 0 };
-        for r in 1..3 {
-            let region = Region { seq: 1, ptr: dst[r - 1], len: LEN, alloc: Some(dev.allocation(dst[r - 1]).unwrap()) };
-            let remote = t[r].expose(0, region).unwrap();
-            t[r].post_ready(0, tag, remote);
-        }
-        let mut remotes = Vec::new();
-        let t0 = Instant::now();
-        let mut landed = [None, None];
-        while landed.iter().any(Option::is_none) {
-            for (r, tr) in t.iter_mut().enumerate() {
-                let (mut sig, mut done, mut adv) = (Vec::new(), Vec::new(), Vec::new());
-                tr.poll_signals(&mut sig);
-                tr.progress(&mut done, &mut adv).unwrap();
-                for m in sig {
-                    match m.signal {
-                        Signal::Ready { remote, .. } if r == 0 => remotes.push((m.from, remote)),
-                        Signal::Landed { .. } if r > 0 => landed[r - 1] = Some(t0.elapsed()),
-                        _ => {}
-                    }
-                }
-            }
-            if remotes.len() == 2 {
-                for (i, (to, remote)) in remotes.drain(..).enumerate() {
-                    t[0].start_write(FlowId { seq: 1, idx: i }, to, tag, src, &remote, LEN).unwrap();
-                }
-            }
-            assert!(t0.elapsed() < Duration::from_secs(20), "no progress: {}", t[0].describe());
-        }
-        let [a, b] = landed.map(|l| l.unwrap().as_secs_f64());
-        let last = a.max(b);
-        // 4 MiB at 50 MB/s: 84 ms; sharing, the two land within a few quanta of each other.
-        assert!((a - b).abs() < 0.25 * last, "landed at {a:.3} s and {b:.3} s: the rate was not shared");
+        crate::transport::fair::assert_shares_rate(&dev, &mut t, 2 << 20);
         for tr in &mut t {
             tr.close();
-        }
-        dev.free(src).unwrap();
-        for d in dst {
-            dev.free(d).unwrap();
         }
     }
 
