@@ -3,12 +3,13 @@
 
 /// Where a pass over the peers starts: after the last peer that moved bytes in the pass
 /// before, and, before any pass, after this rank. A pass gives each peer in turn what the
-/// rate limit, the connections (or credits) and the staging slots allow, so a fixed start would hand every turn's
-/// tokens (or free slots) to the lowest-numbered peer with data, and every rank would send
-/// to (and read from) the same rank first: that rank's link then carries several ranks'
-/// traffic while the others idle, and a uniform exchange ends on the last rank's link
-/// alone, up to twice the time the rates allow. Rotating the start shares each rank's
-/// rate evenly between its peers with data, as the simulator's fair sharing assumes.
+/// rate limit, the connections (or credits) and the staging slots allow, so a fixed start
+/// would hand every turn's tokens (or free slots) to the lowest-numbered peer with data,
+/// and every rank would send to (and read from) the same rank first: that rank's link then
+/// carries several ranks' traffic while the others idle, and a uniform exchange ends on
+/// the last rank's link alone, up to twice the time the rates allow. Rotating the start
+/// shares each rank's rate evenly between its peers with data, as the simulator's fair
+/// sharing assumes.
 #[derive(Clone, Copy)]
 pub struct Fair {
     start: usize,

@@ -83,7 +83,7 @@ where
 
 /// A barrier of `n` thread ranks whose wait fails after `limit` instead of waiting for
 /// good: a rank that panicked never arrives, and the test must then fail with its panic
-/// (`run_ranks` reports it) rather than hang.
+/// (`run_ranks` reports it) rather than hang. One use: each rank waits once.
 pub struct Gate {
     n: usize,
     arrived: std::sync::Mutex<usize>,

@@ -662,7 +662,8 @@ impl Socket {
         any
     }
 
-    /// Read on every connection of every peer; whether a byte moved.
+    /// Read every connection that has bytes, an end or an error to read; whether a byte
+    /// moved.
     fn pump_in(&mut self) -> bool {
         let mut any = false;
         let mut last = None;
