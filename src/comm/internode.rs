@@ -28,7 +28,7 @@ use super::guard::Guarded;
 use super::op::{Collective, OpDesc};
 use super::{Communicator, Region, State};
 use crate::device::StreamHandle;
-use crate::engine::{Fill, Transfer};
+use crate::engine::{Dep, Fill, Order, Transfer};
 use crate::error::{Error, Result};
 use crate::plan::exec::{self, At, Move};
 use crate::plan::{self, Collective as Flows, Loads, PlanOptions, Traffic};
@@ -105,18 +105,30 @@ struct Key {
 }
 
 /// This rank's part of a lowered plan: per op, the moves it sends or receives, in the
-/// plan's order.
+/// plan's order, and the same moves as one op whose transfers wait for each other.
 struct Mine {
     ops: Vec<Vec<Move>>,
+    flow: exec::Dataflow,
     /// Whether any of them reads or writes this rank's staging.
     slots: bool,
     /// Whether the plan splits a flow over several NIC pairs (`Route::offset`).
     split: bool,
     stages: usize,
     steps: usize,
-    /// Predicted completion of the plan and of the direct path's sends ([`predict`]).
+    /// Predicted completion of the plan and of the direct path's sends ([`predict`]),
+    /// without the ops' fixed costs.
     planned_us: f64,
     direct_us: f64,
+}
+
+impl Mine {
+    /// The predicted completion of the staged and the direct path, in µs, each op's fixed
+    /// cost `fixed_us` included: the staged plan in one op (`ordered`) or one op per step,
+    /// the direct path in one.
+    fn predicted(&self, ordered: bool, fixed_us: f64) -> (f64, f64) {
+        let ops = if ordered { 1 } else { self.ops.len() };
+        (self.planned_us + ops as f64 * fixed_us, self.direct_us + fixed_us)
+    }
 }
 
 /// The staged path must be predicted at least this much faster than the direct one.
@@ -285,15 +297,12 @@ impl Communicator {
         let staged = lay.forwards || plan.traffic.routes.iter().any(|r| r.su != r.src || (!fan && r.rv != r.dst));
         let slot = staged.then(|| (slot_bytes(self.config.forward_staging_bytes) / es).max(1) as u64);
         let steps = exec::lower(&plan, slot);
-        // Each step is one op on every rank that has a move in it, the direct path one op:
-        // their fixed costs count (rank 0's model, so every rank decides alike).
-        let fixed = self.cost_model.ce_fixed_us;
-        let (planned_us, direct_us) = (planned_us + steps.ops.len() as f64 * fixed, direct_us + fixed);
         let me = lay.gpu[self.rank];
+        let flow = exec::dataflow(&steps, lay.cluster.gpus_per_node, me);
         let ops: Vec<Vec<Move>> = steps.ops.iter().map(|op| op.iter().filter(|m| m.from == me || m.to == me).copied().collect()).collect();
         let slots = ops.iter().flatten().any(|m| (m.from == me && matches!(m.src, At::Slot { .. })) || (m.to == me && matches!(m.dst, At::Slot { .. })));
         let split = plan.traffic.split_flows() > 0;
-        let mine = Arc::new(Mine { ops, slots, split, stages: steps.stages, steps: steps.steps, planned_us, direct_us });
+        let mine = Arc::new(Mine { ops, flow, slots, split, stages: steps.stages, steps: steps.steps, planned_us, direct_us });
         if st.internode.cache.len() >= CACHE_PLANS {
             st.internode.cache.clear();
         }
@@ -360,11 +369,17 @@ impl Communicator {
             return self.submit(name, op.stream, op.dtype, sends, recvs);
         }
         let mine = self.plan_for(&mut st, &lay, name, flows, key)?;
+        // Uncompressed, the plan runs as one op whose transfers wait for each other (each
+        // slot's state); the compressed engine codes each hop's data on the stream when it
+        // reaches the op, so a slot must be filled by an earlier op: one op per step.
+        let ordered = self.compress_from.for_dtype(op.dtype).is_none();
+        // Each op's fixed cost counts (rank 0's model, so every rank decides alike).
+        let (planned_us, direct_us) = mine.predicted(ordered, self.cost_model.ce_fixed_us);
         // Only where a gain is predicted: a uniform exchange with every rank its own
         // forwarder moves the same bytes either way, and its stages would only make the
-        // ranks wait for each other step by step.
-        if !self.config.stage_every_call && mine.planned_us >= STAGED_GAIN * mine.direct_us {
-            log::debug!("rank {}: {name} direct: predicted {:.1} µs staged, {:.1} µs direct", self.rank, mine.planned_us, mine.direct_us);
+        // ranks wait for each other.
+        if !self.config.stage_every_call && planned_us >= STAGED_GAIN * direct_us {
+            log::debug!("rank {}: {name} direct: predicted {planned_us:.1} µs staged, {direct_us:.1} µs direct", self.rank);
             drop(st);
             return self.submit(name, op.stream, op.dtype, sends, recvs);
         }
@@ -390,15 +405,17 @@ impl Communicator {
         }
         let slots = if mine.slots { Some(self.forward_staging(&mut st, name)?) } else { None };
         log::debug!(
-            "rank {}: {name} staged: {} stages, {} steps, {} ops with this rank, forwarding {}{}, predicted {:.1} µs ({:.1} µs direct)",
+            "rank {}: {name} staged: {} stages, {} steps, {}, forwarding {}{}, predicted {planned_us:.1} µs ({direct_us:.1} µs direct)",
             self.rank,
             mine.stages,
             mine.steps,
-            mine.ops.iter().filter(|o| !o.is_empty()).count(),
+            if ordered {
+                format!("one op of {} sends and {} receives", mine.flow.sends.len(), mine.flow.recvs.len())
+            } else {
+                format!("{} ops with this rank", mine.ops.iter().filter(|o| !o.is_empty()).count())
+            },
             if lay.forwards { "on" } else { "identity" },
             if mine.split { ", flows split over NIC pairs" } else { "" },
-            mine.planned_us,
-            mine.direct_us
         );
         let s = op.stream;
         if slots.is_some() {
@@ -423,6 +440,24 @@ impl Communicator {
         };
         let me = lay.gpu[self.rank];
         let mut submitted = false;
+        let mut run_ordered = |st: &mut State| -> Result<()> {
+            let f = &mine.flow;
+            let dep = |d: &exec::Dep| match *d {
+                exec::Dep::Send(i) => Dep::Send(i as usize),
+                exec::Dep::Recv(i) => Dep::Recv(i as usize),
+            };
+            let order = Order { send_after: f.send_after.iter().map(|a| a.iter().map(dep).collect()).collect(), recv_after: f.recv_after.iter().map(|a| a.iter().map(dep).collect()).collect() };
+            let mut sends = f.sends.iter().map(|m| place(m.src, m.bytes as usize * es, rank_of(m.to)?)).collect::<Result<Vec<_>>>()?;
+            let mut recvs = f.recvs.iter().map(|m| place(m.dst, m.bytes as usize * es, rank_of(m.from)?)).collect::<Result<Vec<_>>>()?;
+            // The copies to self go last: the order indexes the transfers to peers.
+            sends.append(&mut own_sends);
+            recvs.append(&mut own_recvs);
+            self.launch_ordered(st, name, s, sends, recvs, order)
+        };
+        if ordered {
+            run_ordered(&mut st)?;
+            return self.staging_used(&mut st, name, s, slots.is_some());
+        }
         let mut run = |st: &mut State| -> Result<()> {
             let mut first = true;
             for ops in &mine.ops {
@@ -458,7 +493,13 @@ impl Communicator {
             self.engine.shared.set_error(e.clone());
         }
         r?;
-        if slots.is_some() {
+        self.staging_used(&mut st, name, s, slots.is_some())
+    }
+
+    /// After a staged call's ops on `s`: when they use the staging (`used`), raise its flag
+    /// behind them, so a staged op on another stream waits for them.
+    fn staging_used(&self, st: &mut State, name: &'static str, s: StreamHandle, used: bool) -> Result<()> {
+        if used {
             let sg = st.internode.staging.as_mut().ok_or_else(|| Error::internal(name, "staging vanished"))?;
             sg.last = Some(s);
             self.dev.write_value(s, sg.flag.dev_addr(0), sg.uses + 1).map_err(|e| e.with_op(name))?;

@@ -414,7 +414,7 @@ impl Communicator {
             None => crate::config::CODEC_SEGMENTS,
         };
         st.codec.segment_next(compressed::Segmenting { count, min_bytes: self.config.codec_segment_bytes });
-        let plan = self.launch_op(st, name, stream, dtype, sends, recvs);
+        let plan = self.launch_op(st, name, stream, dtype, sends, recvs, None);
         st.codec.segment_none();
         match plan? {
             Some(p) => p.finish(self.dev.as_ref(), stream).map_err(|e| e.with_op(name)),
@@ -422,9 +422,20 @@ impl Communicator {
         }
     }
 
+    /// Enqueue one op whose transfers to peers wait for each other as `order` says (a
+    /// staged plan as one op, `internode`), uncompressed. Its transfers to self, if any,
+    /// come after all the others in `sends` and `recvs`.
+    fn launch_ordered(&self, st: &mut State, name: &'static str, stream: StreamHandle, sends: Vec<Transfer>, recvs: Vec<Transfer>, order: crate::engine::Order) -> Result<()> {
+        self.launch_op(st, name, stream, None, sends, recvs, Some(order)).map(|_| ())
+    }
+
     /// [`Self::launch`] without the compressed receives' decompression: the compressed
     /// engine's plan, when there is one, is returned for the caller to finish (or to hand
     /// its streams to a fused kernel, as the reductions do).
+    /// `order`: waits between the transfers to peers (indices into `sends` and `recvs` once
+    /// the transfers to self are taken out); such an op moves its data uncompressed and
+    /// without the staged transport, every transfer through the proxy.
+    #[allow(clippy::too_many_arguments)]
     fn launch_op(
         &self,
         st: &mut State,
@@ -433,12 +444,21 @@ impl Communicator {
         dtype: Option<DataType>,
         mut sends: Vec<Transfer>,
         mut recvs: Vec<Transfer>,
+        order: Option<crate::engine::Order>,
     ) -> Result<Option<compressed::Plan>> {
         // No proxy closes a mapping between this op's stream work and its submission
         // (`transport::ipc::quiet`).
         let _enqueue = crate::transport::ipc::enqueue_guard();
         let local = take_local(name, self.rank, &mut sends, &mut recvs)?;
+        if let Some(o) = &order {
+            if !o.fits(sends.len(), recvs.len()) {
+                return Err(Error::internal(name, "an op's order does not fit its transfers to peers"));
+            }
+        }
         if self.capturing(name, stream, !sends.is_empty() || !recvs.is_empty())? {
+            if order.is_some() {
+                return Err(Error::internal(name, "an ordered op cannot be captured"));
+            }
             return self.launch_captured(st, name, stream, dtype, sends, recvs, &local).map(|_| None);
         }
         if sends.is_empty() && recvs.is_empty() {
@@ -447,7 +467,7 @@ impl Communicator {
             local.iter().try_for_each(|&(dst, src, len)| self.dev.memcpy_async(stream, dst, src, len).map_err(|e| e.with_op(name)))?;
             return Ok(None);
         }
-        let plan = match dtype.and_then(|dt| Some((dt, self.compress_from.for_dtype(dt)?))) {
+        let plan = match dtype.filter(|_| order.is_none()).and_then(|dt| Some((dt, self.compress_from.for_dtype(dt)?))) {
             Some((dt, from)) => {
                 let dev = self.dev.as_ref();
                 let plan = st.codec.prepare(dev, stream, dt, self.rank, from, &mut sends, &mut recvs).map_err(|e| e.with_op(name))?;
@@ -463,7 +483,7 @@ impl Communicator {
         };
         // Staged transfers: every device operation enqueued here, on the stream (receives)
         // and the staged queues (sends); the proxy only watches their flags.
-        let taken = st.staged.as_ref().map(|s| s.split(&mut sends, &mut recvs)).unwrap_or_default();
+        let taken = st.staged.as_ref().filter(|_| order.is_none()).map(|s| s.split(&mut sends, &mut recvs)).unwrap_or_default();
         let mut peers: Vec<usize> = sends.iter().chain(&recvs).chain(&taken.sends).chain(&taken.recvs).map(|x| x.peer).collect();
         peers.sort_unstable();
         peers.dedup();
@@ -528,6 +548,7 @@ impl Communicator {
             pair_seqs,
             len_words: plan.as_ref().and_then(|p| p.len_words.clone()),
             staged: waits,
+            order: order.map(Box::new),
         })?;
         Ok(plan)
     }

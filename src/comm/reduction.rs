@@ -374,7 +374,7 @@ impl Communicator {
             // Under the compressed engine the exchange's plan holds the received streams;
             // they are decompressed below, by the fused kernel or by `finish`.
             let plan = if exchanges {
-                let p = self.launch_op(st, name, s, Some(red.dtype), sends, recvs)?;
+                let p = self.launch_op(st, name, s, Some(red.dtype), sends, recvs, None)?;
                 *submitted = true;
                 p
             } else {

@@ -104,6 +104,39 @@ pub struct Op {
     /// The op's staged transfers (`transport::staged`), enqueued at the call: the proxy
     /// only watches their flags.
     pub staged: Vec<crate::transport::staged::StagedWait>,
+    /// Waits between the op's transfers ([`Order`]); None: every transfer may go at once.
+    pub order: Option<Box<Order>>,
+}
+
+/// A transfer of an op that others wait for ([`Order`]): its send or receive of that index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dep {
+    Send(usize),
+    Recv(usize),
+}
+
+/// Waits between an op's transfers: a send starts, and a receive's buffer is offered to its
+/// sender, only once the transfers listed for it are complete (a send done, a receive
+/// landed). A staged plan runs as one op this way, each staging slot's state kept by these
+/// waits (docs/design.md, "Staged plan"). The lists index the op's `sends` and `recvs`; an
+/// op with an order has no transfer to itself, none gated and none staged (the proxy keeps
+/// the waits, so it moves every transfer), and every wait must point at a transfer that
+/// needs no wait of its own to complete first, directly or not (else the op times out).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Order {
+    pub send_after: Vec<Vec<Dep>>,
+    pub recv_after: Vec<Vec<Dep>>,
+}
+
+impl Order {
+    /// Whether the order fits an op of `sends` sends and `recvs` receives.
+    pub fn fits(&self, sends: usize, recvs: usize) -> bool {
+        let ok = |d: &Dep| match *d {
+            Dep::Send(i) => i < sends,
+            Dep::Recv(i) => i < recvs,
+        };
+        self.send_after.len() == sends && self.recv_after.len() == recvs && self.send_after.iter().chain(&self.recv_after).flatten().all(ok)
+    }
 }
 
 /// `Fill::Landed` flags: their slab (the op's `len_words`) and (word, value) of each.
@@ -329,6 +362,11 @@ impl Engine {
         let g = self.tx.lock().map_err(|_| Error::internal("Engine::submit", "poisoned"))?;
         let tx = g.as_ref().ok_or_else(|| Error::invalid_usage(op.name, "communicator was destroyed"))?;
         let seq = op.seq;
+        if let Some(o) = &op.order {
+            if !o.fits(op.sends.len(), op.recvs.len()) || !op.staged.is_empty() || op.sends.iter().chain(&op.recvs).any(|x| x.fill != Fill::Exact) {
+                return Err(Error::internal(op.name, "an op's order does not fit its transfers"));
+            }
+        }
         self.shared.releases().insert(seq, Release::of(&op));
         crate::transport::ipc::op_submitted();
         self.shared.submitted.fetch_add(1, Ordering::AcqRel);

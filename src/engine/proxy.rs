@@ -40,7 +40,7 @@
 //!
 //! The proxy reaches peers only through [`Transport`]; which transport it holds is decided
 //! where the engine starts.
-use super::{Cmd, Fill, Op, Shared, Transfer};
+use super::{Cmd, Dep, Fill, Op, Shared, Transfer};
 use crate::error::{Error, Result};
 use crate::transport::{FlowId, GatedWrite, Incoming, Region, RemoteBuffer, Signal, Tag, Transport};
 use std::collections::{HashMap, VecDeque};
@@ -73,6 +73,8 @@ struct RecvState {
     x: Transfer,
     k: u32,
     landed: bool,
+    /// Its buffer was offered to the sender (ready sent or announced).
+    offered: bool,
     /// Announced at submission (the transport's gated path).
     gated: bool,
 }
@@ -87,6 +89,12 @@ struct OpState {
     recvs: Vec<RecvState>,
     /// The op's staged transfers (`staged.rs`).
     staged: Vec<staged::StagedState>,
+    /// The op's [`Order`]: per send and receive, how many of its waits are not complete
+    /// yet, and the transfers that wait for it (all empty without an order).
+    send_waits: Vec<u32>,
+    recv_waits: Vec<u32>,
+    after_send: Vec<Vec<Dep>>,
+    after_recv: Vec<Vec<Dep>>,
 }
 
 impl OpState {
@@ -94,10 +102,41 @@ impl OpState {
     fn new(mut op: Op, counts: &mut [u32]) -> Self {
         let sends: Vec<SendState> = op.sends.iter().map(|x| SendState { x: *x, k: next_k(counts, x.peer), remote: None, phase: SendPhase::WaitReady, gated: false }).collect();
         op.sends.iter().for_each(|x| counts[x.peer] = 0);
-        let recvs: Vec<RecvState> = op.recvs.iter().map(|x| RecvState { x: *x, k: next_k(counts, x.peer), landed: false, gated: false }).collect();
+        let recvs: Vec<RecvState> = op.recvs.iter().map(|x| RecvState { x: *x, k: next_k(counts, x.peer), landed: false, offered: false, gated: false }).collect();
         op.recvs.iter().for_each(|x| counts[x.peer] = 0);
         let staged = std::mem::take(&mut op.staged).into_iter().map(staged::StagedState::new).collect();
-        OpState { op, trace: None, started: false, last_progress: Instant::now(), sends, recvs, staged }
+        let (mut send_waits, mut recv_waits, mut after_send, mut after_recv) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        if let Some(o) = op.order.take() {
+            // `Engine::submit` checked that the order fits.
+            (after_send, after_recv) = (vec![Vec::new(); sends.len()], vec![Vec::new(); recvs.len()]);
+            send_waits = o.send_after.iter().map(|a| a.len() as u32).collect();
+            recv_waits = o.recv_after.iter().map(|a| a.len() as u32).collect();
+            let waiters = o.send_after.iter().enumerate().map(|(i, a)| (Dep::Send(i), a)).chain(o.recv_after.iter().enumerate().map(|(i, a)| (Dep::Recv(i), a)));
+            for (waiter, after) in waiters {
+                for d in after {
+                    match *d {
+                        Dep::Send(j) => after_send[j].push(waiter),
+                        Dep::Recv(j) => after_recv[j].push(waiter),
+                    }
+                }
+            }
+        }
+        OpState { op, trace: None, started: false, last_progress: Instant::now(), sends, recvs, staged, send_waits, recv_waits, after_send, after_recv }
+    }
+
+    /// Whether send `i` still waits for other transfers of the op ([`Order`]).
+    fn send_held(&self, i: usize) -> bool {
+        self.send_waits.get(i).is_some_and(|w| *w > 0)
+    }
+
+    /// Whether receive `i` still waits for other transfers of the op ([`Order`]).
+    fn recv_held(&self, i: usize) -> bool {
+        self.recv_waits.get(i).is_some_and(|w| *w > 0)
+    }
+
+    /// Whether the op has an [`Order`].
+    fn ordered(&self) -> bool {
+        !self.send_waits.is_empty() || !self.recv_waits.is_empty()
     }
 
     /// Which stream the op runs on: its start flag.
@@ -126,8 +165,13 @@ impl OpState {
     fn describe(&self) -> String {
         let (start, finish) = (self.op.flags.load(self.op.start_flag), self.op.flags.load(self.op.finish_flag));
         let g = |gated: bool| if gated { "(gated)" } else { "" };
-        let sends: Vec<String> = self.sends.iter().map(|s| format!("{}:{:?}{}", s.x.peer, s.phase, g(s.gated))).collect();
-        let recvs: Vec<String> = self.recvs.iter().map(|r| format!("{}:{}{}", r.x.peer, if r.landed { "landed" } else { "waiting" }, g(r.gated))).collect();
+        let held = |n: Option<&u32>| match n {
+            Some(&w) if w > 0 => format!("(after {w})"),
+            _ => String::new(),
+        };
+        let sends: Vec<String> = self.sends.iter().enumerate().map(|(i, s)| format!("{}:{:?}{}{}", s.x.peer, s.phase, g(s.gated), held(self.send_waits.get(i)))).collect();
+        let recvs: Vec<String> =
+            self.recvs.iter().enumerate().map(|(i, r)| format!("{}:{}{}{}", r.x.peer, if r.landed { "landed" } else { "waiting" }, g(r.gated), held(self.recv_waits.get(i)))).collect();
         let staged: Vec<String> = self.staged.iter().map(|s| format!("{}{}:{}/{}", if s.w.send { "to " } else { "from " }, s.w.peer, s.w.value(), s.w.target)).collect();
         format!(
             "op {} {}: stream seq {} (stream flags start {start} finish {finish}), {}, idle {:.1?}, sends [{}], recvs [{}], staged [{}]",
@@ -159,7 +203,7 @@ impl OpState {
         if !self.started {
             return "the stream to reach the operation".into();
         }
-        if let Some(s) = self.sends.iter().find(|s| s.phase == SendPhase::WaitReady) {
+        if let Some(s) = self.sends.iter().enumerate().find(|(i, s)| s.phase == SendPhase::WaitReady && !self.send_held(*i)).map(|x| x.1) {
             if s.remote.is_some() {
                 return format!("the stream to code its segment to rank {} (compressed engine)", s.x.peer);
             }
@@ -171,8 +215,12 @@ impl OpState {
             }
             return format!("copies to rank {} to complete", s.x.peer);
         }
-        match self.recvs.iter().find(|r| !r.landed) {
+        match self.recvs.iter().enumerate().find(|(i, r)| !r.landed && !self.recv_held(*i)).map(|x| x.1) {
             Some(r) => format!("data from rank {} (data-landed)", r.x.peer),
+            None if self.ordered() => {
+                let held = |w: &[u32]| w.iter().filter(|w| **w > 0).count();
+                format!("earlier transfers of the operation ({} sends and {} receives wait for them)", held(&self.send_waits), held(&self.recv_waits))
+            }
             None => self.staged_waiting_for().unwrap_or_else(|| "completion".into()),
         }
     }
@@ -469,10 +517,13 @@ impl Proxy {
         }
         let mut st = OpState::new(op, &mut self.counts);
         let me = self.rank;
-        for s in st.sends.iter_mut().filter(|s| s.x.peer != me && s.x.fill == Fill::Exact) {
+        // An ordered op's waits are the proxy's: none of its transfers is gated (its peers'
+        // ops of the same plan are ordered too, so both ends agree).
+        let gate = !st.ordered();
+        for s in st.sends.iter_mut().filter(|s| gate && s.x.peer != me && s.x.fill == Fill::Exact) {
             s.gated = self.transport.gated(s.x.peer, s.x.len);
         }
-        for r in st.recvs.iter_mut().filter(|r| r.x.peer != me && r.x.fill == Fill::Exact) {
+        for r in st.recvs.iter_mut().filter(|r| gate && r.x.peer != me && r.x.fill == Fill::Exact) {
             r.gated = self.transport.gated(r.x.peer, r.x.len);
         }
         if self.trace.is_some_and(|(a, b)| (a..=b).contains(&seq)) {
@@ -518,9 +569,10 @@ impl Proxy {
     fn announce(&mut self, seq: u64) -> Result<()> {
         let Some(st) = self.ops.get_mut(&seq) else { return Ok(()) };
         let mut any = false;
-        for r in st.recvs.iter().filter(|r| r.gated) {
+        for r in st.recvs.iter_mut().filter(|r| r.gated) {
             let remote = self.transport.expose(r.x.peer, Region { seq, ptr: r.x.ptr, len: r.x.len, alloc: r.x.alloc })?;
             self.transport.announce(r.x.peer, Tag { pair_seq: pair_seq(&st.op, r.x.peer), k: r.k }, remote)?;
+            r.offered = true;
             any = true;
         }
         if any {
@@ -631,7 +683,9 @@ impl Proxy {
         let mut ready = std::mem::take(&mut self.ready);
         ready.clear();
         let mut exposed = Ok(());
-        for r in st.recvs.iter().filter(|r| r.x.peer != me && !r.gated) {
+        // A receive that waits for other transfers ([`Order`]) is offered once they are
+        // complete (`release_after`).
+        for (_, r) in st.recvs.iter().enumerate().filter(|(i, r)| r.x.peer != me && !r.gated && !st.recv_held(*i)) {
             match self.transport.expose(r.x.peer, Region { seq, ptr: r.x.ptr, len: r.x.len, alloc: r.x.alloc }) {
                 Ok(remote) => ready.push((r.x.peer, Tag { pair_seq: pair_seq(&st.op, r.x.peer), k: r.k }, remote)),
                 Err(e) => {
@@ -643,6 +697,11 @@ impl Proxy {
         if exposed.is_ok() {
             for (peer, tag, remote) in ready.drain(..) {
                 self.transport.post_ready(peer, tag, remote);
+            }
+            for i in 0..st.recvs.len() {
+                if st.recvs[i].x.peer != me && !st.recv_held(i) {
+                    st.recvs[i].offered = true;
+                }
             }
             if !st.recvs.is_empty() {
                 st.mark(Step::ReadySent);
@@ -668,6 +727,10 @@ impl Proxy {
     /// Start send `idx` of started op `seq` if its receiver is ready and it waits for that.
     fn start_write(&mut self, seq: u64, idx: usize) -> Result<()> {
         let Some(st) = self.ops.get_mut(&seq) else { return Ok(()) };
+        if st.send_held(idx) {
+            // `release_after` starts it once what it waits for is complete.
+            return Ok(());
+        }
         let s = &mut st.sends[idx];
         let (SendPhase::WaitReady, Some(remote), true, false) = (s.phase, s.remote, st.started, s.gated) else { return Ok(()) };
         let tag = Tag { pair_seq: pair_seq(&st.op, s.x.peer), k: s.k };
@@ -722,6 +785,53 @@ impl Proxy {
             }
         }
         any
+    }
+
+    /// Transfer `done` of op `seq` is complete: offer the receives and start the sends that
+    /// waited only for it and the other complete ones ([`Order`]).
+    fn release_after(&mut self, seq: u64, done: Dep) {
+        let Some(st) = self.ops.get_mut(&seq) else { return };
+        let waiters = match done {
+            Dep::Send(i) => st.after_send.get_mut(i).map(std::mem::take),
+            Dep::Recv(i) => st.after_recv.get_mut(i).map(std::mem::take),
+        };
+        let mut free = Vec::new();
+        for w in waiters.unwrap_or_default() {
+            let left = match w {
+                Dep::Send(i) => st.send_waits.get_mut(i),
+                Dep::Recv(i) => st.recv_waits.get_mut(i),
+            };
+            if let Some(left) = left {
+                *left = left.saturating_sub(1);
+                if *left == 0 {
+                    free.push(w);
+                }
+            }
+        }
+        for w in free {
+            let r = match w {
+                Dep::Send(i) => self.start_write(seq, i),
+                Dep::Recv(i) => self.offer(seq, i),
+            };
+            if let Err(e) = r {
+                return self.fail_op(seq, e);
+            }
+        }
+    }
+
+    /// Expose receive `i` of started op `seq` and tell its sender it is ready (a receive
+    /// whose waits were complete only after the op started).
+    fn offer(&mut self, seq: u64, i: usize) -> Result<()> {
+        let Some(st) = self.ops.get_mut(&seq) else { return Ok(()) };
+        let Some(r) = st.recvs.get(i) else { return Ok(()) };
+        if !st.started || r.offered || r.gated || r.x.peer == self.rank {
+            return Ok(());
+        }
+        let remote = self.transport.expose(r.x.peer, Region { seq, ptr: r.x.ptr, len: r.x.len, alloc: r.x.alloc })?;
+        self.transport.post_ready(r.x.peer, Tag { pair_seq: pair_seq(&st.op, r.x.peer), k: r.k }, remote);
+        st.recvs[i].offered = true;
+        st.mark(Step::ReadySent);
+        Ok(())
     }
 
     fn finish_if_complete(&mut self, seq: u64) {
@@ -782,8 +892,8 @@ impl Proxy {
                     self.fail_op(seq, e);
                 }
             }
-            Signal::Landed { k, len } => match st.recvs.iter_mut().find(|r| r.x.peer == from && r.k == k) {
-                Some(r) if r.x.fill.accepts(r.x.len, len as usize) => {
+            Signal::Landed { k, len } => match st.recvs.iter_mut().enumerate().find(|(_, r)| r.x.peer == from && r.k == k) {
+                Some((i, r)) if r.x.fill.accepts(r.x.len, len as usize) => {
                     r.landed = true;
                     if let (Fill::Landed { flag, v }, Some(w)) = (r.x.fill, &st.op.len_words) {
                         // The stream decodes this segment once it sees the flag.
@@ -793,6 +903,7 @@ impl Proxy {
                         st.mark(Step::LandedSeen);
                     }
                     st.mark(Step::LandedIn);
+                    self.release_after(seq, Dep::Recv(i));
                     self.finish_if_complete(seq);
                 }
                 _ => {
@@ -845,6 +956,7 @@ impl Proxy {
                 st.mark(Step::LandedSeen);
             }
             st.mark(Step::SendsDone);
+            self.release_after(id.seq, Dep::Send(id.idx));
             self.finish_if_complete(id.seq);
         }
         self.done = done;

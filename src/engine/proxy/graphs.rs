@@ -94,6 +94,7 @@ impl Proxy {
                 pair_seqs: peers.into_iter().map(|p| (p, key)).collect(),
                 len_words: None,
                 staged: Vec::new(),
+                order: None,
             };
             self.start_instance(op);
         }
