@@ -2,10 +2,11 @@
 //! stages, through the forwarding peers (docs/design.md, "Inter-node path"). The op becomes
 //! a [`plan::Collective`] on the cluster the topology describes, the planner cuts it into
 //! stages (at most one outgoing and one incoming NIC flow per NIC each), [`exec::lower`]
-//! turns the stages into ops, and this rank enqueues its part of each op on the caller's
-//! stream, one engine op after the other. Every rank derives the same plan from the same
-//! inputs, and both ends of a transfer list it in the same op and the same order, so the
-//! engine's pair matching pairs them. Plans are cached per (op, sizes, element size). A
+//! turns the stages into steps, and this rank enqueues its part as one engine op whose
+//! transfers wait for the ones they depend on ([`exec::dataflow`], an ordered op), or,
+//! under the compressed engine, one op per step. Every rank derives the same plan from the
+//! same inputs, and both ends of a transfer list it at the same place, so the engine's
+//! pair matching pairs them. Plans are cached per (op, sizes, element size). A
 //! call takes the direct path instead when its largest flow between nodes is below
 //! `Config::staged_min_flow_bytes` (one socket chunk: its flows cross as single frames
 //! either way), or when the plan is not predicted faster than the direct sends (every rank
@@ -21,8 +22,8 @@
 //! A forwarding rank receives its peers' pieces into its staging (device memory,
 //! `Config::forward_staging_bytes`, four slots, allocated once per communicator at
 //! creation) and a receiving forwarder drains its receive slots
-//! into its peers' buffers; `exec` keeps each slot idle → filled → on the NIC → idle by the
-//! op it is used in. A staged op on another stream of this rank first waits for the flag the
+//! into its peers' buffers; the dataflow op's waits (or the step order) keep each slot
+//! idle → filled → on the NIC → idle. A staged op on another stream of this rank first waits for the flag the
 //! last staged op that used the staging raised, so two streams never share the slots.
 use super::guard::Guarded;
 use super::op::{Collective, OpDesc};

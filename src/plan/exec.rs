@@ -1,6 +1,7 @@
-//! A plan as the runtime executes it: a sequence of *steps*, each one engine op on every
-//! GPU that has work in it, made of [`Move`]s (a byte range from one GPU to another, or a
-//! copy within one GPU). docs/design.md, "Inter-node path".
+//! A plan as the runtime executes it: a sequence of *steps* made of [`Move`]s (a byte
+//! range from one GPU to another), which [`dataflow`] turns into one op per GPU whose
+//! transfers wait only for those they depend on (or the runtime runs one op per step).
+//! docs/design.md, "Inter-node path".
 //!
 //! A route u → v whose NIC piece is in step t moves in three ops, a software pipeline:
 //! op t − 1 copies the piece from u into a send slot of its forwarder ū (skipped when ū = u),
@@ -168,12 +169,14 @@ pub enum Dep {
 /// - a receive into a staging slot waits for the sends that read the slot's last contents
 ///   (and the receives that wrote them): a slot is idle → filled → on the NIC → idle, and
 ///   these waits are its states;
-/// - a send over the NIC waits for this GPU's NIC sends of the latest earlier step: each
-///   NIC sends its steps in the plan's order, at most one step's pieces at a time.
+/// - a send over the NIC waits for this GPU's NIC sends of the latest earlier step, and a
+///   receive over the NIC for its NIC receives of the latest earlier step: each NIC carries
+///   the plan's steps in order, one step's pieces at a time each way, as the planner's
+///   stages assume (a NIC receiving the next step's piece beside the current one would slow
+///   the current one's sender, whose next step waits for it).
 ///
 /// Every wait points at a transfer of an earlier op of [`Steps`], and both ends of a move
-/// list it in the same op, so no set of waits on any GPUs can close a cycle. Receives into
-/// the user's buffers are offered at once. Pure data: both ends of every move list it at
+/// list it in the same op, so no set of waits on any GPUs can close a cycle. Pure data: both ends of every move list it at
 /// the same place among the moves between the two GPUs (plan order).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Dataflow {
@@ -198,10 +201,10 @@ pub fn dataflow(steps: &Steps, gpus_per_node: usize, me: u32) -> Dataflow {
     let mut readers: [Vec<Dep>; 4] = Default::default();
     // Receive ranges written so far, by flow: (offset, end, receive).
     let mut landed: HashMap<(u32, u32), Vec<(u64, u64, Dep)>> = HashMap::new();
-    let mut nic_last: Vec<Dep> = Vec::new();
+    let (mut nic_last, mut nic_in_last): (Vec<Dep>, Vec<Dep>) = (Vec::new(), Vec::new());
     let mut df = Dataflow::default();
     for op in &steps.ops {
-        let (mut reads, mut writes, mut nic) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut reads, mut writes, mut nic, mut nic_in) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for m in op {
             if m.from == me {
                 let d = Dep::Send(df.sends.len() as u32);
@@ -239,6 +242,10 @@ pub fn dataflow(steps: &Steps, gpus_per_node: usize, me: u32) -> Dataflow {
                     At::Recv { src, dst, off } => landed.entry((src, dst)).or_default().push((off, off + m.bytes, d)),
                     At::Send { .. } => {}
                 }
+                if m.from / k != m.to / k {
+                    after.extend_from_slice(&nic_in_last);
+                    nic_in.push(d);
+                }
                 after.sort_unstable();
                 after.dedup();
                 df.recvs.push(*m);
@@ -261,6 +268,9 @@ pub fn dataflow(steps: &Steps, gpus_per_node: usize, me: u32) -> Dataflow {
         }
         if !nic.is_empty() {
             nic_last = nic;
+        }
+        if !nic_in.is_empty() {
+            nic_in_last = nic_in;
         }
     }
     df
