@@ -977,6 +977,11 @@ impl Writer<'_> {
             if p.conns[c].out.is_none() {
                 let frame = if c == 0 && !p.ctrl.is_empty() {
                     p.ctrl.pop_front().map(OutFrame::control)
+                } else if c == 0 && p.conns.len() > 1 {
+                    // The first connection carries the control frames alone when there are
+                    // others: behind a data frame, a `Done` would wait for that frame's
+                    // payload, written at this rank's rate shared by every peer.
+                    None
                 } else if self.staged {
                     p.staged.pop_front()
                 } else {
@@ -1402,6 +1407,9 @@ mod tests {
                 let mut adv = Vec::new();
                 t[i].poll_signals(&mut sig[i]);
                 t[i].progress(&mut done[i], &mut adv).unwrap();
+                // With several connections, no data frame ever holds up the control frames.
+                let data_on_first = t[i].peers.iter().flatten().any(|p| p.conns.len() > 1 && p.conns[0].out.as_ref().is_some_and(|f| f.seq.is_some()));
+                assert!(!data_on_first, "rank {i}: a data frame on the first connection");
             }
             assert!(t0.elapsed() < Duration::from_secs(20), "no progress: {} | {}", t[0].describe(), t[1].describe());
         }
@@ -1497,6 +1505,34 @@ mod tests {
             let (src, dst) = (dev.alloc(len).unwrap(), dev.alloc(len).unwrap());
             let region = Region { seq: 6, ptr: dst, len, alloc: Some(dev.allocation(dst).unwrap()) };
             cancel_never_lands(&dev, &mut t0, &mut t1, region, src, len, true);
+            t0.close();
+            t1.close();
+            dev.free(src).unwrap();
+            dev.free(dst).unwrap();
+        }
+    }
+
+    /// Rate-limited, a frame stays on its connection for several turns: the data of a
+    /// transfer over two connections keeps off the first (`drive` checks every turn), and
+    /// its `Done` is not held up.
+    #[test]
+    fn control_connection_carries_no_data() {
+        for staging in [None, Some(1 << 20)] {
+            let (dev, mut t0, mut t1) = pair(0x50c0_0009, 2, [staging; 2], 0.1);
+            let len = 3 * max_chunk(staging) + 777;
+            let (src, dst) = (dev.alloc(len).unwrap(), dev.alloc(len).unwrap());
+            let remote = t1.expose(0, Region { seq: 1, ptr: dst, len, alloc: Some(dev.allocation(dst).unwrap()) }).unwrap();
+            let tag = Tag { pair_seq: 1, k: 0 };
+            t1.post_ready(0, tag, remote);
+            let (_, sig) = drive(&mut [&mut t0, &mut t1], |_, _, s| !s[0].is_empty());
+            let Signal::Ready { remote, .. } = sig[0][0].signal else { panic!("{:?}", sig[0]) };
+            t0.start_write(FlowId { seq: 1, idx: 0 }, 1, tag, src, &remote, len).unwrap();
+            let busy = std::cell::Cell::new(false);
+            drive(&mut [&mut t0, &mut t1], |t, d, _| {
+                busy.set(busy.get() || t[0].peers[1].as_ref().is_some_and(|p| p.conns[1].out.is_some()));
+                !d[0].is_empty()
+            });
+            assert!(busy.get(), "the data frames never stayed on their connection between turns: the check saw nothing");
             t0.close();
             t1.close();
             dev.free(src).unwrap();
