@@ -221,14 +221,8 @@ pub fn dataflow(steps: &Steps, gpus_per_node: usize, me: u32) -> Dataflow {
                     }
                     At::Send { .. } => {}
                 }
-                if m.from / k != m.to / k {
-                    after.extend_from_slice(&nic_last);
-                    nic.push(d);
-                }
-                after.sort_unstable();
-                after.dedup();
                 df.sends.push(*m);
-                df.send_after.push(after);
+                df.send_after.push(waits(after, m.from / k != m.to / k, &nic_last, &mut nic, d));
             }
             if m.to == me {
                 let d = Dep::Recv(df.recvs.len() as u32);
@@ -242,14 +236,8 @@ pub fn dataflow(steps: &Steps, gpus_per_node: usize, me: u32) -> Dataflow {
                     At::Recv { src, dst, off } => landed.entry((src, dst)).or_default().push((off, off + m.bytes, d)),
                     At::Send { .. } => {}
                 }
-                if m.from / k != m.to / k {
-                    after.extend_from_slice(&nic_in_last);
-                    nic_in.push(d);
-                }
-                after.sort_unstable();
-                after.dedup();
                 df.recvs.push(*m);
-                df.recv_after.push(after);
+                df.recv_after.push(waits(after, m.from / k != m.to / k, &nic_in_last, &mut nic_in, d));
             }
         }
         // The op's reads and writes of a slot take effect after it (the plan never reads and
@@ -274,6 +262,18 @@ pub fn dataflow(steps: &Steps, gpus_per_node: usize, me: u32) -> Dataflow {
         }
     }
     df
+}
+
+/// `after`, and for a transfer `d` over the NIC (`nic`) the NIC's transfers of the latest
+/// earlier step (`prev`), sorted, each once; `d` joins this step's (`cur`).
+fn waits(mut after: Vec<Dep>, nic: bool, prev: &[Dep], cur: &mut Vec<Dep>, d: Dep) -> Vec<Dep> {
+    if nic {
+        after.extend_from_slice(prev);
+        cur.push(d);
+    }
+    after.sort_unstable();
+    after.dedup();
+    after
 }
 
 #[cfg(test)]
