@@ -1,2 +1,2 @@
-# 2026-12-04T02:42Z, binaries of commit a74f996 (the script's header names the checkout it ran in), 1 GPU (h200-1gpu), ranks on virtual nodes of one host as processes under MPS (nvidia-cuda-mps-control -d, CUDA_DEVICE_MAX_CONNECTIONS=8)
+# 2026-12-04T06:06Z, binaries of commit 3e59c20, 1 GPU (h200-1gpu), ranks on virtual nodes of one host as processes under MPS (nvidia-cuda-mps-control -d, CUDA_DEVICE_MAX_CONNECTIONS=8)
 NET_BENCH_BIN=$HOCCL_BIN_DIR/net_bench NET_BENCH_BACKEND=cuda NET_BENCH_MACHINE=h200-1gpu NET_BENCH_GBPS=1 NET_BENCH_GBPS_4X2=0.25 NET_BENCH_SIZES=16M NET_BENCH_ITERS=3 bash scripts/net-bench.sh
