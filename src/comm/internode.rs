@@ -106,10 +106,12 @@ struct Key {
 }
 
 /// This rank's part of a lowered plan: per op, the moves it sends or receives, in the
-/// plan's order, and the same moves as one op whose transfers wait for each other.
+/// plan's order, and the same moves as one op whose transfers wait for each other (`flow`,
+/// its waits as the engine takes them in `order`).
 struct Mine {
     ops: Vec<Vec<Move>>,
     flow: exec::Dataflow,
+    order: Arc<Order>,
     /// Whether any of them reads or writes this rank's staging.
     slots: bool,
     /// Whether the plan splits a flow over several NIC pairs (`Route::offset`).
@@ -300,10 +302,16 @@ impl Communicator {
         let steps = exec::lower(&plan, slot);
         let me = lay.gpu[self.rank];
         let flow = exec::dataflow(&steps, lay.cluster.gpus_per_node, me);
+        let dep = |d: &exec::Dep| match *d {
+            exec::Dep::Send(i) => Dep::Send(i as usize),
+            exec::Dep::Recv(i) => Dep::Recv(i as usize),
+        };
+        let waits = |a: &[Vec<exec::Dep>]| a.iter().map(|w| w.iter().map(dep).collect()).collect();
+        let order = Arc::new(Order { send_after: waits(&flow.send_after), recv_after: waits(&flow.recv_after) });
         let ops: Vec<Vec<Move>> = steps.ops.iter().map(|op| op.iter().filter(|m| m.from == me || m.to == me).copied().collect()).collect();
         let slots = ops.iter().flatten().any(|m| (m.from == me && matches!(m.src, At::Slot { .. })) || (m.to == me && matches!(m.dst, At::Slot { .. })));
         let split = plan.traffic.split_flows() > 0;
-        let mine = Arc::new(Mine { ops, flow, slots, split, stages: steps.stages, steps: steps.steps, planned_us, direct_us });
+        let mine = Arc::new(Mine { ops, flow, order, slots, split, stages: steps.stages, steps: steps.steps, planned_us, direct_us });
         if st.internode.cache.len() >= CACHE_PLANS {
             st.internode.cache.clear();
         }
@@ -443,17 +451,12 @@ impl Communicator {
         let mut submitted = false;
         let mut run_ordered = |st: &mut State| -> Result<()> {
             let f = &mine.flow;
-            let dep = |d: &exec::Dep| match *d {
-                exec::Dep::Send(i) => Dep::Send(i as usize),
-                exec::Dep::Recv(i) => Dep::Recv(i as usize),
-            };
-            let order = Order { send_after: f.send_after.iter().map(|a| a.iter().map(dep).collect()).collect(), recv_after: f.recv_after.iter().map(|a| a.iter().map(dep).collect()).collect() };
             let mut sends = f.sends.iter().map(|m| place(m.src, m.bytes as usize * es, rank_of(m.to)?)).collect::<Result<Vec<_>>>()?;
             let mut recvs = f.recvs.iter().map(|m| place(m.dst, m.bytes as usize * es, rank_of(m.from)?)).collect::<Result<Vec<_>>>()?;
             // The copies to self go last: the order indexes the transfers to peers.
             sends.append(&mut own_sends);
             recvs.append(&mut own_recvs);
-            self.launch_ordered(st, name, s, sends, recvs, order)
+            self.launch_ordered(st, name, s, sends, recvs, mine.order.clone())
         };
         if ordered {
             run_ordered(&mut st)?;

@@ -425,7 +425,7 @@ impl Communicator {
     /// Enqueue one op whose transfers to peers wait for each other as `order` says (a
     /// staged plan as one op, `internode`), uncompressed. Its transfers to self, if any,
     /// come after all the others in `sends` and `recvs`.
-    fn launch_ordered(&self, st: &mut State, name: &'static str, stream: StreamHandle, sends: Vec<Transfer>, recvs: Vec<Transfer>, order: crate::engine::Order) -> Result<()> {
+    fn launch_ordered(&self, st: &mut State, name: &'static str, stream: StreamHandle, sends: Vec<Transfer>, recvs: Vec<Transfer>, order: Arc<crate::engine::Order>) -> Result<()> {
         self.launch_op(st, name, stream, None, sends, recvs, Some(order)).map(|_| ())
     }
 
@@ -444,7 +444,7 @@ impl Communicator {
         dtype: Option<DataType>,
         mut sends: Vec<Transfer>,
         mut recvs: Vec<Transfer>,
-        order: Option<crate::engine::Order>,
+        order: Option<Arc<crate::engine::Order>>,
     ) -> Result<Option<compressed::Plan>> {
         // No proxy closes a mapping between this op's stream work and its submission
         // (`transport::ipc::quiet`).
@@ -548,7 +548,7 @@ impl Communicator {
             pair_seqs,
             len_words: plan.as_ref().and_then(|p| p.len_words.clone()),
             staged: waits,
-            order: order.map(Box::new),
+            order,
         })?;
         Ok(plan)
     }

@@ -73,8 +73,6 @@ struct RecvState {
     x: Transfer,
     k: u32,
     landed: bool,
-    /// Its buffer was offered to the sender (ready sent or announced).
-    offered: bool,
     /// Announced at submission (the transport's gated path).
     gated: bool,
 }
@@ -102,7 +100,7 @@ impl OpState {
     fn new(mut op: Op, counts: &mut [u32]) -> Self {
         let sends: Vec<SendState> = op.sends.iter().map(|x| SendState { x: *x, k: next_k(counts, x.peer), remote: None, phase: SendPhase::WaitReady, gated: false }).collect();
         op.sends.iter().for_each(|x| counts[x.peer] = 0);
-        let recvs: Vec<RecvState> = op.recvs.iter().map(|x| RecvState { x: *x, k: next_k(counts, x.peer), landed: false, offered: false, gated: false }).collect();
+        let recvs: Vec<RecvState> = op.recvs.iter().map(|x| RecvState { x: *x, k: next_k(counts, x.peer), landed: false, gated: false }).collect();
         op.recvs.iter().for_each(|x| counts[x.peer] = 0);
         let staged = std::mem::take(&mut op.staged).into_iter().map(staged::StagedState::new).collect();
         let (mut send_waits, mut recv_waits, mut after_send, mut after_recv) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -569,10 +567,9 @@ impl Proxy {
     fn announce(&mut self, seq: u64) -> Result<()> {
         let Some(st) = self.ops.get_mut(&seq) else { return Ok(()) };
         let mut any = false;
-        for r in st.recvs.iter_mut().filter(|r| r.gated) {
+        for r in st.recvs.iter().filter(|r| r.gated) {
             let remote = self.transport.expose(r.x.peer, Region { seq, ptr: r.x.ptr, len: r.x.len, alloc: r.x.alloc })?;
             self.transport.announce(r.x.peer, Tag { pair_seq: pair_seq(&st.op, r.x.peer), k: r.k }, remote)?;
-            r.offered = true;
             any = true;
         }
         if any {
@@ -685,7 +682,7 @@ impl Proxy {
         let mut exposed = Ok(());
         // A receive that waits for other transfers ([`Order`]) is offered once they are
         // complete (`release_after`).
-        for (_, r) in st.recvs.iter().enumerate().filter(|(i, r)| r.x.peer != me && !r.gated && !st.recv_held(*i)) {
+        for r in st.recvs.iter().enumerate().filter(|(i, r)| r.x.peer != me && !r.gated && !st.recv_held(*i)).map(|x| x.1) {
             match self.transport.expose(r.x.peer, Region { seq, ptr: r.x.ptr, len: r.x.len, alloc: r.x.alloc }) {
                 Ok(remote) => ready.push((r.x.peer, Tag { pair_seq: pair_seq(&st.op, r.x.peer), k: r.k }, remote)),
                 Err(e) => {
@@ -697,11 +694,6 @@ impl Proxy {
         if exposed.is_ok() {
             for (peer, tag, remote) in ready.drain(..) {
                 self.transport.post_ready(peer, tag, remote);
-            }
-            for i in 0..st.recvs.len() {
-                if st.recvs[i].x.peer != me && !st.recv_held(i) {
-                    st.recvs[i].offered = true;
-                }
             }
             if !st.recvs.is_empty() {
                 st.mark(Step::ReadySent);
@@ -791,24 +783,22 @@ impl Proxy {
     /// waited only for it and the other complete ones ([`Order`]).
     fn release_after(&mut self, seq: u64, done: Dep) {
         let Some(st) = self.ops.get_mut(&seq) else { return };
+        // Each transfer completes once: its waiters are taken, not kept.
         let waiters = match done {
             Dep::Send(i) => st.after_send.get_mut(i).map(std::mem::take),
             Dep::Recv(i) => st.after_recv.get_mut(i).map(std::mem::take),
         };
-        let mut free = Vec::new();
         for w in waiters.unwrap_or_default() {
+            let Some(st) = self.ops.get_mut(&seq) else { return };
             let left = match w {
                 Dep::Send(i) => st.send_waits.get_mut(i),
                 Dep::Recv(i) => st.recv_waits.get_mut(i),
             };
-            if let Some(left) = left {
-                *left = left.saturating_sub(1);
-                if *left == 0 {
-                    free.push(w);
-                }
+            let Some(left) = left else { continue };
+            *left = left.saturating_sub(1);
+            if *left > 0 {
+                continue;
             }
-        }
-        for w in free {
             let r = match w {
                 Dep::Send(i) => self.start_write(seq, i),
                 Dep::Recv(i) => self.offer(seq, i),
@@ -819,17 +809,13 @@ impl Proxy {
         }
     }
 
-    /// Expose receive `i` of started op `seq` and tell its sender it is ready (a receive
-    /// whose waits were complete only after the op started).
+    /// Expose receive `i` of op `seq`, whose last wait just completed, and tell its sender it
+    /// is ready. Before the op started, `start_op` offers it (its waits are complete then).
     fn offer(&mut self, seq: u64, i: usize) -> Result<()> {
         let Some(st) = self.ops.get_mut(&seq) else { return Ok(()) };
-        let Some(r) = st.recvs.get(i) else { return Ok(()) };
-        if !st.started || r.offered || r.gated || r.x.peer == self.rank {
-            return Ok(());
-        }
+        let Some(r) = st.recvs.get(i).filter(|_| st.started) else { return Ok(()) };
         let remote = self.transport.expose(r.x.peer, Region { seq, ptr: r.x.ptr, len: r.x.len, alloc: r.x.alloc })?;
         self.transport.post_ready(r.x.peer, Tag { pair_seq: pair_seq(&st.op, r.x.peer), k: r.k }, remote);
-        st.recvs[i].offered = true;
         st.mark(Step::ReadySent);
         Ok(())
     }

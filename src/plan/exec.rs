@@ -191,6 +191,9 @@ pub struct Dataflow {
     pub recv_after: Vec<Vec<Dep>>,
 }
 
+/// A receive range written: its offset, its end and the receive.
+type Written = Vec<(u64, u64, Dep)>;
+
 /// GPU `me`'s moves of `steps` as one [`Dataflow`] op, on a cluster of `gpus_per_node` GPUs
 /// per node. Moves never go from a GPU to itself (`lower` skips them).
 pub fn dataflow(steps: &Steps, gpus_per_node: usize, me: u32) -> Dataflow {
@@ -200,7 +203,7 @@ pub fn dataflow(steps: &Steps, gpus_per_node: usize, me: u32) -> Dataflow {
     let mut writers: [Vec<Dep>; 4] = Default::default();
     let mut readers: [Vec<Dep>; 4] = Default::default();
     // Receive ranges written so far, by flow: (offset, end, receive).
-    let mut landed: HashMap<(u32, u32), Vec<(u64, u64, Dep)>> = HashMap::new();
+    let mut landed: HashMap<(u32, u32), Written> = HashMap::new();
     let (mut nic_last, mut nic_in_last): (Vec<Dep>, Vec<Dep>) = (Vec::new(), Vec::new());
     let mut df = Dataflow::default();
     for op in &steps.ops {
@@ -426,7 +429,7 @@ mod tests {
         let mut rng = Rng::new(seed);
         let mut waiting: Vec<usize> = (0..xs.len()).collect();
         let mut running: Vec<usize> = Vec::new();
-        let (mut reading, mut writing): (HashSet<(u32, At, u64)>, HashSet<(u32, At, u64)>) = Default::default();
+        let (mut reading, mut writing) = (HashSet::<(u32, At, u64)>::new(), HashSet::<(u32, At, u64)>::new());
         while !waiting.is_empty() || !running.is_empty() {
             let ready: Vec<usize> = (0..waiting.len())
                 .filter(|&w| {
