@@ -1,8 +1,10 @@
 //! hoccl-example: self-checking
 //! hoccl-example-run: --sizes 64K,256K --iters 2 --warmup 1
 //! net-bench: measured completion of AllGather, AlltoAll and AlltoAllv (uniform and Zipf)
-//! across nodes, next to the simulator's prediction for the same topology and rates; and
-//! AllReduce, hierarchical (Sum) next to the flat plan (Avg, which stays flat), measured only.
+//! across nodes, next to the simulator's prediction for the same topology and rates;
+//! AllReduce, hierarchical (Sum) next to the flat plan (Avg, which stays flat), measured only;
+//! and point-to-point sends between nodes (`sendrecv`), direct or relayed through the
+//! forwarding peers (`path`: `relayed`), next to the direct prediction.
 //!
 //! Run as `HOCCL_VIRTUAL_NODES=N HOCCL_NET_GBPS=G mpirun -np R target/release/examples/net_bench
 //! [options]` (`--help` lists them; `scripts/net-bench.sh` runs the matrix).
@@ -62,7 +64,10 @@ const USAGE: &str = "usage: mpirun -np R net_bench [options]   (HOCCL_VIRTUAL_NO
   --ops LIST       allgather,alltoall,alltoallv,zipf (the default), allreduce, allreduce-flat:
                    zipf is AlltoAllv with Zipf counts; allreduce sums (hierarchical across
                    nodes), allreduce-flat averages, which runs the flat plan (every rank to
-                   every rank: the bytes a flat sum moves); neither has a prediction
+                   every rank: the bytes a flat sum moves); neither has a prediction;
+                   sendrecv: each rank sends its bytes to the rank of its local index on the
+                   next node (a send and a receive in one group), relayed through its
+                   forwarding peer when it has one (HOCCL_FORWARDING_PEERS)
   --sizes LIST     bytes per rank (AlltoAll(v): one rank's send total; AllGather: the receive
                    total), K/M/G suffixes (256K,1M,4M)
   --iters N (5)    timed iterations per point; the median is reported
@@ -88,6 +93,9 @@ enum Op {
     AllReduce,
     /// AllReduce with Avg: the flat plan, for comparison.
     AllReduceFlat,
+    /// Point-to-point: every rank sends to the rank of its local index on the next node
+    /// and receives from the one on the node before, in one group.
+    SendRecv,
 }
 
 impl Op {
@@ -99,6 +107,7 @@ impl Op {
             Op::AlltoAllvZipf => "alltoallv-zipf",
             Op::AllReduce => "allreduce",
             Op::AllReduceFlat => "allreduce-flat",
+            Op::SendRecv => "sendrecv",
         }
     }
     fn reduces(self) -> bool {
@@ -161,7 +170,8 @@ fn parse_opts(argv: &[String]) -> Res<Opts> {
                         "zipf" | "alltoallv-zipf" => Ok(Op::AlltoAllvZipf),
                         "allreduce" => Ok(Op::AllReduce),
                         "allreduce-flat" => Ok(Op::AllReduceFlat),
-                        other => Err(format!("--ops: unknown op {other:?} (allgather, alltoall, alltoallv, zipf, allreduce, allreduce-flat)")),
+                        "sendrecv" => Ok(Op::SendRecv),
+                        other => Err(format!("--ops: unknown op {other:?} (allgather, alltoall, alltoallv, zipf, allreduce, allreduce-flat, sendrecv)")),
                     })
                     .collect::<Res<_>>()?
             }
@@ -220,10 +230,12 @@ struct Shape {
 }
 
 impl Shape {
-    fn new(op: Op, bytes: usize, n: usize, o: &Opts) -> Shape {
+    /// `k`: ranks per node (SendRecv's partner is `k` ranks on).
+    fn new(op: Op, bytes: usize, n: usize, k: usize, o: &Opts) -> Shape {
         let es = o.dtype.size();
         let per = bytes / n / es;
         let counts = match op {
+            Op::SendRecv => (0..n * n).map(|i| if i % n == (i / n + k) % n { bytes / es } else { 0 }).collect(),
             // AllReduce: `n * per` elements per rank, `counts` its shards.
             Op::AllGather | Op::AlltoAll | Op::AlltoAllvUniform | Op::AllReduce | Op::AllReduceFlat => vec![per; n * n],
             Op::AlltoAllvZipf => plan::zipf_sizes(n, bytes as u64, o.zipf, o.seed).iter().map(|&b| b as usize / es).collect(),
@@ -301,6 +313,14 @@ fn run_op(ctx: &Ctx, op: Op, sh: &Shape, send: DevPtr, recv: DevPtr) -> Res<()> 
         }
         Op::AllReduce => ctx.comm.all_reduce(send, recv, sh.send_total(r), dt, hoccl::RedOp::Sum, s),
         Op::AllReduceFlat => ctx.comm.all_reduce(send, recv, sh.send_total(r), dt, hoccl::RedOp::Avg, s),
+        Op::SendRecv => {
+            let (to, from) = ((0..sh.n).find(|&v| sh.c(r, v) > 0).unwrap_or(r), (0..sh.n).find(|&u| sh.c(u, r) > 0).unwrap_or(r));
+            let c = &ctx.comm;
+            c.group_start()
+                .and_then(|_| c.send(send, sh.c(r, to), dt, to, s))
+                .and_then(|_| c.recv(recv, sh.c(from, r), dt, from, s))
+                .and_then(|_| c.group_end())
+        }
     };
     res.map_err(|e| format!("{}: {e}", op.name()))
 }
@@ -378,7 +398,8 @@ fn proxy_cpu_s() -> f64 {
 }
 
 fn measure(ctx: &Ctx, op: Op, bytes: usize, model: &SimSetup) -> Res<Record> {
-    let sh = Shape::new(op, bytes, ctx.n, &ctx.o);
+    let k = ctx.comm.topology().nodes().iter().map(|x| x.ranks.len()).max().unwrap_or(1);
+    let sh = Shape::new(op, bytes, ctx.n, k, &ctx.o);
     let es = ctx.o.dtype.size();
     let me = ctx.rank;
     let send_len = if op == Op::AllGather { sh.c(me, 0) } else { sh.send_total(me) } * es;
@@ -389,6 +410,7 @@ fn measure(ctx: &Ctx, op: Op, bytes: usize, model: &SimSetup) -> Res<Record> {
     // Whether the calls ran the planner's stages (docs/design.md, "Staged plan"): the
     // runtime's own count, since it decides per call (size floor, predicted gain).
     let staged0 = ctx.comm.staged_calls().map_err(|e| e.to_string())?;
+    let handed0 = ctx.comm.relay_counts().handed;
     let mut times = Vec::with_capacity(ctx.o.iters);
     let (mut launches0, mut cpu0) = (0, 0.0);
     for it in 0..ctx.o.warmup + ctx.o.iters {
@@ -433,7 +455,9 @@ fn measure(ctx: &Ctx, op: Op, bytes: usize, model: &SimSetup) -> Res<Record> {
     let (direct, planned) = model.predict(op, &sh, es)?;
     let proxy_cpu_s_per_gb = (sent_gb > 0.0).then(|| cpu / sent_gb);
     let staged = ctx.comm.staged_calls().map_err(|e| e.to_string())? > staged0;
-    let path = if op.reduces() { "reduction" } else if staged { "staged" } else { "direct" };
+    // Relayed: some rank's sends went through its forwarding peer.
+    let relayed = ctx.sum_f64((ctx.comm.relay_counts().handed - handed0) as f64)? > 0.0;
+    let path = if op.reduces() { "reduction" } else if staged { "staged" } else if relayed { "relayed" } else { "direct" };
     let ran = if path == "staged" { planned } else { direct };
     Ok(Record { op, bytes, time_us, sim_direct_us: direct, sim_planned_us: planned, path, ratio: ran.map(|d| time_us / d), checked, launches, proxy_cpu_s_per_gb })
 }
@@ -496,7 +520,7 @@ impl SimSetup {
                 let total = b(sh.c(0, 0)) * g as u64;
                 (Collective::AlltoAll { bytes: total }, Collective::AlltoAll { bytes: total })
             }
-            Op::AlltoAllvUniform | Op::AlltoAllvZipf => {
+            Op::AlltoAllvUniform | Op::AlltoAllvZipf | Op::SendRecv => {
                 let sizes: Vec<u64> = sh.counts.iter().map(|&c| b(c)).collect();
                 (Collective::AlltoAllv { sizes: sizes.clone() }, Collective::AlltoAllv { sizes })
             }
@@ -525,7 +549,11 @@ impl SimSetup {
         let planned = plan::build(cl, &planned_c, &opt).map_err(|e| format!("plan: {e}"))?;
         let d = sim::exec::simulate_naive(&direct, &direct_model).map_err(|e| format!("simulate: {e}"))?;
         let p = sim::exec::simulate_plan(&planned, &self.model).map_err(|e| format!("simulate: {e}"))?;
-        Ok((Some(d.completion_s * 1e6), Some(p.completion_s * 1e6)))
+        // Point-to-point calls never run a plan; relayed, each send leaves from its
+        // forwarding peer's NIC, which the direct model matches where each NIC carries one
+        // flow either way (forwarding peers in pairs).
+        let planned = (op != Op::SendRecv).then_some(p.completion_s * 1e6);
+        Ok((Some(d.completion_s * 1e6), planned))
     }
 }
 

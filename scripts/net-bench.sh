@@ -18,6 +18,10 @@
 #   5. AlltoAll, AlltoAllv uniform and Zipf on 4 virtual nodes x 2 ranks (8 ranks), direct
 #      and staged, at NET_BENCH_GBPS_4X2: eight ranks and their proxy threads on a 2-core
 #      host move about 0.4 GB/s per direction in all, so 0.25 per rank would not bind.
+#   relay (NET_BENCH_PARTS=relay alone): point-to-point sends between 2 virtual nodes x 2
+#      ranks, each rank to its local peer on the other node, direct (HOCCL_FORWARDING=0) and
+#      relayed through the node peer (HOCCL_FORWARDING_PEERS=1,0), at NET_BENCH_GBPS and
+#      without a limit.
 # Every run's records (measured median, the simulator's direct and planned predictions) go
 # to docs/results/<machine>/internode.json (NET_BENCH_PARTS=4x2: internode-4x2.json), its
 # table to internode.txt (internode-4x2.txt); each run starts with the exact command.
@@ -25,8 +29,8 @@
 #   NET_BENCH_GBPS     the NIC limit (default 0.25: the unlimited loopback transport moves
 #                      about 1 GB/s per rank on a 2-core host, so 1 GB/s would not bind)
 #   NET_BENCH_GBPS_4X2 the NIC limit of part 5 (default 0.05)
-#   NET_BENCH_PARTS    all (default: parts 1-5 into internode.{txt,json}) or 4x2 (part 5
-#                      alone into internode-4x2.{txt,json})
+#   NET_BENCH_PARTS    all (default: parts 1-5 into internode.{txt,json}), 4x2 (part 5
+#                      alone into internode-4x2.{txt,json}) or relay (internode-relay.*)
 #   NET_BENCH_SIZES    bytes per rank (default 1M,4M,16M)
 #   NET_BENCH_ITERS    timed iterations (default 5)
 #   NET_BENCH_BACKEND  host (default) or cuda: on a GPU machine the ranks share its GPUs
@@ -43,7 +47,7 @@ machine="${NET_BENCH_MACHINE:-host-$(nproc)core}"
 gbps="${NET_BENCH_GBPS:-0.25}"
 gbps8="${NET_BENCH_GBPS_4X2:-0.05}"
 parts="${NET_BENCH_PARTS:-all}"
-case "$parts" in all) name=internode ;; 4x2) name=internode-4x2 ;; *) echo "net-bench: NET_BENCH_PARTS=$parts: want all or 4x2" >&2; exit 2 ;; esac
+case "$parts" in all) name=internode ;; 4x2) name=internode-4x2 ;; relay) name=internode-relay ;; *) echo "net-bench: NET_BENCH_PARTS=$parts: want all, 4x2 or relay" >&2; exit 2 ;; esac
 sizes="${NET_BENCH_SIZES:-1M,4M,16M}"
 iters="${NET_BENCH_ITERS:-5}"
 data=tests/data/minilm-weight-word-emb.bf16
@@ -92,9 +96,16 @@ if [ "$parts" = all ]; then
   run 2 4 ce --ops allreduce,allreduce-flat --sizes "$sizes"
   peers=0,0 run 2 4 ce --ops allreduce,allreduce-flat --sizes "$sizes"
 fi
-for f in 0 1; do
-  limit=$gbps8 fwd=$f run 4 8 ce --ops alltoall,alltoallv,zipf --sizes "$sizes"
-done
+if [ "$parts" = relay ]; then
+  for l in "$gbps" 0; do
+    limit=$l fwd=0 peers=1,0 run 2 4 ce --ops sendrecv --sizes "$sizes"
+    limit=$l peers=1,0 run 2 4 ce --ops sendrecv --sizes "$sizes"
+  done
+else
+  for f in 0 1; do
+    limit=$gbps8 fwd=$f run 4 8 ce --ops alltoall,alltoallv,zipf --sizes "$sizes"
+  done
+fi
 {
   echo "# scripts/net-bench.sh on $(hostname) ($(nproc) cores), $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD)"
   echo "# NET_BENCH_BACKEND=$backend NET_BENCH_PARTS=$parts NET_BENCH_GBPS=$gbps NET_BENCH_GBPS_4X2=$gbps8 NET_BENCH_SIZES=$sizes NET_BENCH_ITERS=$iters"

@@ -116,9 +116,12 @@ pub struct Config {
     /// Scatter run the planner's stages, each rank's inter-node bytes through its forwarding
     /// peer, where their flows are large enough and a gain is predicted (1, the
     /// default), or every rank sends its own data straight to every remote peer at once
-    /// (0, the direct path); and the hierarchical reductions' pieces, so their hops
-    /// between nodes, lie on the forwarding peers only (1) or on every rank (0).
-    /// docs/design.md, "Staged plan", "Reductions across nodes".
+    /// (0, the direct path); the hierarchical reductions' pieces, so their hops between
+    /// nodes, lie on the forwarding peers only (1) or on every rank (0); and point-to-point
+    /// sends of `staged_min_flow_bytes` or more to other nodes leave through the sender's
+    /// forwarding peer over sockets (1) or from the sender (0).
+    /// docs/design.md, "Staged plan", "Reductions across nodes", "Send/recv through the
+    /// forwarding peer".
     pub forwarding: bool,
     /// `HOCCL_FORWARD_BALANCE`: on the staged path, a route between nodes may leave from
     /// and land on any rank's NIC of its nodes, so a skewed exchange spreads its bytes over
@@ -137,7 +140,8 @@ pub struct Config {
     #[doc(hidden)]
     pub staged_min_flow_bytes: usize,
     /// Stage every call the staged path can take, whatever its size and the predicted
-    /// gain (no variable; for tests of the staged path).
+    /// gain, and relay every non-empty point-to-point send a forwarding peer can carry
+    /// (no variable; for tests of the staged path and of relays).
     #[doc(hidden)]
     pub stage_every_call: bool,
     /// `HOCCL_DEVICE`: GPU ordinal for this rank (default: local rank modulo GPU count).

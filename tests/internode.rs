@@ -286,7 +286,7 @@ fn every_op_verbs_staged() {
     }
 }
 
-backend_tests!(every_op, every_op_compressed, every_op_auto, every_op_verbs);
+backend_tests!(every_op, every_op_compressed, every_op_auto, every_op_verbs, relays);
 
 /// Over verbs, a rank that aborts its communicator while its AllGather's data crosses
 /// (rate-limited so the transfer lasts; directly and through host staging): every survivor
@@ -423,6 +423,26 @@ fn child_rank() {
         }
         c.wait_idle().unwrap();
         say(rank, "done");
+        return;
+    }
+    if role == "relay" {
+        // Grouped sends of the default floor's sizes, relayed through the forwarding peer.
+        let via = c.topology().ranks()[rank].forwarding_peer != rank;
+        let mut rng = Rng(78);
+        let mut expect = 0;
+        for it in 0..6 {
+            expect += p2p_round(&c, if it % 2 == 0 { DataType::I32 } else { DataType::BF16 }, 7800 + it, &mut rng, via, c.config().staged_min_flow_bytes);
+        }
+        quiesce(&c);
+        let got = c.relay_counts();
+        assert_eq!(got.handed, expect, "rank {rank}: sends handed to the forwarding peer");
+        say(rank, &format!("relays handed {} refused {} carried {}", got.handed, got.refused, got.carried));
+        c.wait_idle().unwrap();
+        say(rank, "done");
+        return;
+    }
+    if let Some(v) = role.strip_prefix("relaykill:") {
+        relay_until_killed(&c, &dev, v.parse().unwrap());
         return;
     }
     let victim: usize = role.strip_prefix("kill:").expect("role").parse().unwrap();
@@ -564,15 +584,23 @@ fn killed_mid_transfer(backend: Backend) {
     const TMO_MS: u64 = 3000;
     let env = [("HOCCL_VIRTUAL_NODES", "2"), ("HOCCL_NET_GBPS", "0.5"), ("HOCCL_TIMEOUT_MS", "3000"), ("HOCCL_ENGINE", "ce")];
     let (lines, killed) = children_on(backend, 4, "kill:2", &env, Some(2));
-    let killed = killed.expect("the victim reached its kill point");
-    for r in [0, 1, 3] {
+    survivors_failed(&lines, &[0, 1, 3], killed.expect("the victim reached its kill point"), TMO_MS, "peer killed");
+}
+
+/// Each of `survivors` reported an error within `tmo_ms` (and a second of slack) of the
+/// kill at `killed` (Unix ms); returns their error lines.
+fn survivors_failed<'a>(lines: &'a [Vec<String>], survivors: &[usize], killed: u64, tmo_ms: u64, what: &str) -> Vec<&'a String> {
+    let mut errors = Vec::new();
+    for &r in survivors {
         let l = lines[r].iter().find(|l| l.contains(" error ")).unwrap_or_else(|| panic!("rank {r} saw no error: {:?}", lines[r]));
         // The test harness may print its "test child_rank ... " before the line.
         let at = l.find("internode-child ").expect("a child's line");
         let t: u64 = l[at..].split_whitespace().nth(2).unwrap().parse().unwrap();
-        assert!(t <= killed + TMO_MS + 1000, "rank {r} failed {} ms after the kill: {l}", t as i64 - killed as i64);
-        eprintln!("peer killed: rank {r} failed {} ms after the kill: {l}", t as i64 - killed as i64);
+        eprintln!("{what}: rank {r} failed {} ms after the kill: {l}", t as i64 - killed as i64);
+        assert!(t <= killed + tmo_ms + 1000, "rank {r} failed {} ms after the kill: {l}", t as i64 - killed as i64);
+        errors.push(l);
     }
+    errors
 }
 
 // ================================================================ settings =============
@@ -654,4 +682,192 @@ fn ib_is_refused_with_the_reason() {
         let plain = Config { verbs_fake: false, ..auto.clone() };
         assert_eq!(create([auto, plain]), vec![None, None]);
     }
+}
+
+// ================================================================ relays ================
+
+/// One round of point-to-point sends in a group: every rank sends to one to three peers
+/// (drawn alike on every rank: the draw is the whole matrix), some on its node, most on
+/// others, 0 to ~1.2 MB each at random offsets, and receives what is sent to it; checked
+/// against the senders' inputs with guard bands. Returns how many of this rank's sends
+/// go through its forwarding peer (`relay_via`: it has one other than itself; `floor`: the
+/// least length relayed).
+fn p2p_round(c: &Communicator, dt: DataType, it: u64, rng: &mut Rng, relay_via: bool, floor: usize) -> u64 {
+    let (r, n, dev) = (c.rank(), c.size(), c.device().clone());
+    let es = dt.size();
+    let mut sends: Vec<(usize, usize, usize)> = Vec::new(); // (from, to, count)
+    for u in 0..n {
+        for _ in 0..1 + rng.below(3) {
+            let v = (u + 1 + rng.below(n as u64 - 1) as usize) % n;
+            let cnt = match rng.below(5) {
+                0 => 0,
+                1 => rng.below(100) as usize | 1,
+                _ => rng.below((1_200_000 / es) as u64) as usize,
+            };
+            sends.push((u, v, cnt));
+        }
+    }
+    let s = new_stream(&dev);
+    let mut mine = Rng(it * 7919 + r as u64);
+    let bufs: Vec<(usize, Buf)> = sends.iter().enumerate().filter(|(_, x)| x.0 == r || x.1 == r).map(|(j, &(u, _, cnt))| {
+        let b = Buf::new(&dev, cnt * es, mine.below(64) as usize * es, if u == r { 1 } else { 2 });
+        if u == r {
+            put(&dev, &b, &input(dt, it * 64 + j as u64, r, cnt));
+        }
+        (j, b)
+    }).collect();
+    quiesce(c);
+    c.group_start().unwrap();
+    for (j, b) in &bufs {
+        let (u, v, cnt) = sends[*j];
+        if u == r {
+            c.send(b.ptr, cnt, dt, v, s).unwrap();
+        } else {
+            c.recv(b.ptr, cnt, dt, u, s).unwrap();
+        }
+    }
+    c.group_end().unwrap();
+    sync(&dev, s);
+    for (j, b) in bufs.iter().filter(|(j, _)| sends[*j].1 == r) {
+        let (u, _, cnt) = sends[*j];
+        let got = b.read_all();
+        assert!(got[b.off..b.off + cnt * es] == input(dt, it * 64 + *j as u64, u, cnt)[..], "round {it}: {cnt} x {dt:?} from rank {u}");
+        assert_eq!(b.guard_damage(&got), 0, "round {it}: guard bands of the receive from rank {u}");
+    }
+    let other = |v: usize| c.topology().ranks()[v].node != c.topology().ranks()[r].node;
+    sends.iter().filter(|x| relay_via && x.0 == r && other(x.1) && x.2 > 0 && x.2 * es >= floor).count() as u64
+}
+
+/// `nodes` virtual nodes of `per_node` thread ranks, forwarding peers `fwd` by local rank:
+/// eight rounds of grouped sends, checked; every rank handed its forwarding peer exactly
+/// the sends it should (none with `HOCCL_FORWARDING=0`), and the forwarding peers carried
+/// every one of them (or refused it, then the sender sent it).
+fn relayed_sends(b: Backend, nodes: usize, per_node: usize, fwd: &[usize], cfg: Config, seed: u64) {
+    let cfg = Config { virtual_nodes: nodes, forwarding_peers: fwd.to_vec(), qps_per_peer: 1 + (seed % 3) as usize, ..cfg };
+    let totals = std::sync::Arc::new(std::sync::Mutex::new(hoccl::comm::RelayCounts::default()));
+    let t = totals.clone();
+    // The verbs transport relays nothing: its receiver takes a sender's bytes from that
+    // sender only.
+    let on = cfg.forwarding && cfg.net != hoccl::config::NetChoice::Ib;
+    let floor = if cfg.stage_every_call { 1 } else { cfg.staged_min_flow_bytes };
+    let engine = cfg.engine;
+    run_ranks(b, nodes * per_node, cfg, move |c| {
+        let r = c.rank();
+        let via = c.topology().ranks()[r].forwarding_peer != r;
+        let mut rng = Rng(seed);
+        let mut expect = 0;
+        for it in 0..8 {
+            expect += p2p_round(c, dtype_of(engine, it), seed * 100 + it, &mut rng, via && on, floor);
+        }
+        quiesce(c);
+        let got = c.relay_counts();
+        assert_eq!(got.handed, expect, "rank {r}: sends handed to the forwarding peer");
+        let mut t = t.lock().unwrap();
+        (t.handed, t.refused, t.carried, t.carried_bytes) = (t.handed + got.handed, t.refused + got.refused, t.carried + got.carried, t.carried_bytes + got.carried_bytes);
+    });
+    let t = *totals.lock().unwrap();
+    eprintln!("{nodes} x {per_node}, forwarding {fwd:?}: {t:?}");
+    assert_eq!(t.carried + t.refused, t.handed, "every handed send carried or refused: {t:?}");
+    if on && fwd.iter().enumerate().any(|(l, f)| l != *f) {
+        assert!(t.carried > 0 && t.carried_bytes > 0, "nothing relayed: {t:?}");
+    }
+}
+
+/// Point-to-point sends to other nodes through the sender's forwarding peer (thread ranks;
+/// on CUDA, one GPU, through the pinned staging).
+fn relays(b: Backend) {
+    let every = || Config { stage_every_call: true, ..test_config() };
+    // Pairs forwarding through each other; a star (ranks 1 and 2 through 0); four nodes.
+    relayed_sends(b, 2, 2, &[1, 0], every(), 41);
+    relayed_sends(b, 2, 3, &[0, 0, 0], every(), 42);
+    relayed_sends(b, 4, 2, &[1, 0], every(), 43);
+    // The default floor: only sends of a socket chunk or more are relayed.
+    relayed_sends(b, 2, 2, &[1, 0], test_config(), 44);
+    // The compressed engine's coded sends are relayed as any.
+    relayed_sends(b, 2, 2, &[1, 0], Config { engine: EngineChoice::Compressed, ..every() }, 45);
+    // HOCCL_FORWARDING=0: nothing handed.
+    relayed_sends(b, 2, 2, &[1, 0], Config { forwarding: false, ..every() }, 46);
+}
+
+/// Relays through the staging CUDA uses and over verbs (thread ranks, host backend).
+#[test]
+fn relays_staged_and_verbs() {
+    // Through the staging CUDA uses (the forwarding peer's copy queue reads the sender's
+    // memory into its staging).
+    let staged = Config { stage_every_call: true, net_stage_host_memory: true, net_staging_bytes: 256 << 10, ..test_config() };
+    relayed_sends(Backend::Host, 2, 2, &[1, 0], staged.clone(), 47);
+    relayed_sends(Backend::Host, 3, 2, &[1, 0], staged, 48);
+    // Over verbs the sends go directly.
+    relayed_sends(Backend::Host, 2, 2, &[1, 0], Config { stage_every_call: true, ..verbs_config(EngineChoice::CopyEngine) }, 49);
+}
+
+/// Processes (host backend: the forwarding peer maps the sender's shared memory): 2
+/// virtual nodes x 2 ranks forwarding through each other, grouped sends of 0 to 1.2 MB;
+/// every rank's handed sends as expected, and every one carried.
+#[test]
+fn processes_relay() {
+    relay_processes(Backend::Host);
+}
+
+/// The same on CUDA (`--ignored`; under MPS on one GPU): the forwarding peer's copy queue
+/// reads the sender's device memory through an IPC mapping into its pinned staging.
+#[test]
+#[ignore = "needs a GPU: run with --ignored"]
+fn cuda_processes_relay() {
+    relay_processes(Backend::Cuda);
+}
+
+fn relay_processes(backend: Backend) {
+    let env = [("HOCCL_VIRTUAL_NODES", "2"), ("HOCCL_FORWARDING_PEERS", "1,0"), ("HOCCL_ENGINE", "ce"), ("HOCCL_QPS_PER_PEER", "2")];
+    let (lines, _) = children_on(backend, 4, "relay", &env, None);
+    let (mut handed, mut carried) = (0u64, 0u64);
+    for l in lines.iter().flatten().filter(|l| l.contains(" relays handed ")) {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        let at = w.iter().position(|x| *x == "handed").unwrap();
+        handed += w[at + 1].parse::<u64>().unwrap() - w[at + 3].parse::<u64>().unwrap();
+        carried += w[at + 5].parse::<u64>().unwrap();
+    }
+    eprintln!("processes: {handed} sends relayed, {carried} carried");
+    assert!(handed > 0 && handed == carried, "handed (less refused) {handed}, carried {carried}: {lines:?}");
+}
+
+/// A child of `relay_killed`: ranks r and r + 2 (other node) exchange 8 MiB in a group, over
+/// and over, each rank's send relayed by its node peer, until one fails; `victim`
+/// announces its first exchange done, then waits to be killed in the next.
+fn relay_until_killed(c: &Communicator, dev: &std::sync::Arc<dyn hoccl::Device>, victim: usize) {
+    let (rank, n) = (c.rank(), c.size());
+    let peer = (rank + n / 2) % n;
+    let cnt = 8 << 20;
+    let (send, recv) = (Buf::new(dev, cnt, 0, 1), Buf::new(dev, cnt, 0, 2));
+    let s = new_stream(dev);
+    let t0 = Instant::now();
+    for iter in 0.. {
+        assert!(t0.elapsed() < Duration::from_secs(30), "rank {rank}: no error after {iter} exchanges");
+        if rank == victim && iter == 1 {
+            say(rank, "point");
+        }
+        let r = c.group_start().and_then(|_| c.send(send.ptr, cnt, DataType::U8, peer, s)).and_then(|_| c.recv(recv.ptr, cnt, DataType::U8, peer, s)).and_then(|_| c.group_end());
+        dev.synchronize(s).expect("synchronize returns");
+        if let Err(e) = r.and_then(|_| c.wait_idle()) {
+            assert_ne!(rank, victim, "the victim failed: {e}");
+            assert!(matches!(e.code(), hoccl::ErrorCode::Remote | hoccl::ErrorCode::Timeout), "{e}");
+            say(rank, &format!("error {:?} {e}", e.code()));
+            break;
+        }
+    }
+    c.abort();
+    free_deferred();
+    say(rank, "done");
+}
+
+/// A forwarding peer SIGKILLed while it carries its node peer's sends (rate-limited so the
+/// relays last): the sender fails naming its forwarding peer, and every survivor fails
+/// within the timeout.
+#[test]
+fn relay_forwarder_killed() {
+    const TMO_MS: u64 = 3000;
+    let env = [("HOCCL_VIRTUAL_NODES", "2"), ("HOCCL_FORWARDING_PEERS", "1,0"), ("HOCCL_NET_GBPS", "0.5"), ("HOCCL_TIMEOUT_MS", "3000"), ("HOCCL_ENGINE", "ce")];
+    let (lines, killed) = children(4, "relaykill:1", &env, Some(1));
+    let errors = survivors_failed(&lines, &[0, 2, 3], killed.expect("the victim reached its kill point"), TMO_MS, "forwarding peer killed");
+    assert!(errors[0].contains("forwarding peer") && errors[0].contains("rank 1"), "rank 0's error names its forwarding peer: {}", errors[0]);
 }

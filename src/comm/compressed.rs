@@ -241,7 +241,7 @@ impl CodecState {
         if let Some(p) = &pre {
             sources.clear();
             for x in sends.iter_mut().filter(|x| eligible(x, me, from) && (x.ptr, x.len) == p.src) {
-                *x = Transfer { peer: x.peer, ptr: p.buf, len: p.cap, alloc: Some(p.alloc), fill: Fill::Word(0) };
+                *x = Transfer { peer: x.peer, ptr: p.buf, len: p.cap, alloc: Some(p.alloc), fill: Fill::Word(0), forward: x.forward };
             }
         }
         let mut total = 0usize;
@@ -273,7 +273,7 @@ impl CodecState {
             };
             compress::compress_async(dev, stream, cdt, input, len / vs, base.add(off), cap, words.dev_addr(i), &params)?;
             for x in sends.iter_mut().filter(|x| eligible(x, me, from) && (x.ptr, x.len) == (ptr, len)) {
-                *x = Transfer { peer: x.peer, ptr: base.add(off), len: cap, alloc: Some(alloc), fill: Fill::Word(i) };
+                *x = Transfer { peer: x.peer, ptr: base.add(off), len: cap, alloc: Some(alloc), fill: Fill::Word(i), forward: x.forward };
             }
         }
         let ring = self.status_ring(dev)?;
@@ -291,7 +291,7 @@ impl CodecState {
                 status: ring.dev_addr(slot),
                 bounce_to: bounce.map(|_| (x.ptr, x.len)),
             });
-            recvs[i] = Transfer { peer: x.peer, ptr: base.add(off), len: cap, alloc: Some(alloc), fill: Fill::UpTo };
+            recvs[i] = Transfer { peer: x.peer, ptr: base.add(off), len: cap, alloc: Some(alloc), fill: Fill::UpTo, forward: false };
         }
         log::trace!(
             "{OP}: {} compressed sends{}, {} compressed receives, {total} staging bytes",
@@ -419,6 +419,7 @@ impl CodecState {
                     len: cap,
                     alloc: Some(alloc),
                     fill: Fill::Coded { word: len_at + w, flag: coded_at + w, v },
+                    forward: x.forward,
                 })),
                 None => sends.push(x),
             }
@@ -432,6 +433,7 @@ impl CodecState {
                     len: cap,
                     alloc: Some(alloc),
                     fill: Fill::Landed { flag: landed_at + l, v },
+                    forward: false,
                 })),
                 None => recvs.push(x),
             }
@@ -636,7 +638,7 @@ mod tests {
     use crate::config::BackendChoice;
 
     fn send(dev: &dyn Device, peer: usize, ptr: DevPtr, len: usize) -> Transfer {
-        Transfer { peer, ptr, len, alloc: Some(dev.allocation(ptr).unwrap()), fill: Fill::Exact }
+        Transfer { peer, ptr, len, alloc: Some(dev.allocation(ptr).unwrap()), fill: Fill::Exact, forward: false }
     }
 
     /// A registered precompressed source is sent as it is (its buffer, the bound, its own

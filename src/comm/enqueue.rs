@@ -3,7 +3,7 @@
 //! sends to and receives from each peer, which `submit` hands to the engine (or to the open
 //! group). Each user buffer is validated once per call.
 use super::op::{Collective, OpDesc};
-use super::{Communicator, Region};
+use super::{relay_via, Communicator, Region};
 use crate::config::EngineChoice;
 use crate::cost::{self, CallKind, CallShape, Engine, LinkKind, OpClass, Prediction};
 use crate::device::DevPtr;
@@ -126,7 +126,14 @@ impl Communicator {
         self.check_peer(name, peer)?;
         let len = Self::bytes(name, op.count, op.dtype)?;
         if send {
-            Ok((vec![self.region(name, "send", op.send, len)?.whole(peer)?], vec![]))
+            let mut x = self.region(name, "send", op.send, len)?.whole(peer)?;
+            // Through the forwarding peer (`transport::relay`): to another node, and at least
+            // a socket chunk (a smaller send crosses as one frame either way, and the relay's
+            // records would only add to its latency).
+            x.forward = !self.topo.same_node(self.rank, peer)
+                && (self.config.stage_every_call || len >= self.config.staged_min_flow_bytes)
+                && relay_via(&self.topo, self.rank, &self.config).is_some();
+            Ok((vec![x], vec![]))
         } else {
             Ok((vec![], vec![self.region(name, "receive", op.recv, len)?.whole(peer)?]))
         }

@@ -95,6 +95,15 @@ impl Layout {
     }
 }
 
+/// [`Communicator::relay_counts`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RelayCounts {
+    pub handed: u64,
+    pub refused: u64,
+    pub carried: u64,
+    pub carried_bytes: u64,
+}
+
 /// A cached plan: the call's flows (element units) and element size.
 #[derive(Clone, PartialEq, Eq, Hash)]
 struct Key {
@@ -185,7 +194,7 @@ fn slot_bytes(staging: usize) -> usize {
 /// The transfer of `len` bytes at `off` within `t`, to or from `peer`.
 fn sub(name: &'static str, t: &Transfer, off: usize, len: usize, peer: usize) -> Result<Transfer> {
     match off.checked_add(len) {
-        Some(end) if end <= t.len => Ok(Transfer { peer, ptr: t.ptr.add(off), len, alloc: t.alloc, fill: Fill::Exact }),
+        Some(end) if end <= t.len => Ok(Transfer { peer, ptr: t.ptr.add(off), len, alloc: t.alloc, fill: Fill::Exact, forward: false }),
         _ => Err(Error::internal(name, format!("staged piece {off}+{len} exceeds its {}-byte range", t.len))),
     }
 }
@@ -329,6 +338,15 @@ impl Communicator {
     /// (`HOCCL_FORWARD_BALANCE`), as this rank counts them; every rank runs the same plan.
     pub fn staged_split_calls(&self) -> Result<u64> {
         Ok(self.lock("staged_split_calls")?.internode.split_calls)
+    }
+
+    /// This rank's relays so far (`transport::relay`): point-to-point sends it handed to its
+    /// forwarding peer, those of them the peer could not carry (sent directly), and the
+    /// sends of other ranks it carried, with their bytes.
+    pub fn relay_counts(&self) -> RelayCounts {
+        let s = &self.engine.shared.relays;
+        let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        RelayCounts { handed: get(&s.handed), refused: get(&s.refused), carried: get(&s.carried), carried_bytes: get(&s.carried_bytes) }
     }
 
     /// The layout, computed once.

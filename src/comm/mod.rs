@@ -27,6 +27,7 @@ mod setup;
 mod shrink;
 
 pub use crate::topology::{RankPlacement, Topology};
+pub use internode::RelayCounts;
 pub use op::{Collective, OpDesc};
 pub use reduction::shard_start;
 
@@ -176,7 +177,17 @@ impl Communicator {
             dev.clone(),
             links,
             net,
-            EngineConfig { chunk_bytes: config.chunk_bytes, copy_queues: config.copy_queues, timeout: config.timeout, trace_ops: config.trace_ops, gated: config.gated },
+            EngineConfig {
+                chunk_bytes: config.chunk_bytes,
+                copy_queues: config.copy_queues,
+                timeout: config.timeout,
+                trace_ops: config.trace_ops,
+                gated: config.gated,
+                relay_via: relay_via(&topo, rank, &config),
+                // Served whatever this rank's own setting: a sender that relays must find
+                // its forwarding peer carrying.
+                relay_serves: (0..size).any(|r| r != rank && topo.same_node(r, rank) && topo.ranks()[r].forwarding_peer == rank),
+            },
         )?;
         bootstrap.barrier().map_err(|e| e.with_op(OP))?;
         let staged = Staged::setup(&dev, bootstrap.as_ref(), &topo, flag_maps, &config)?;
@@ -558,6 +569,14 @@ impl Communicator {
     }
 }
 
+/// This rank's forwarding peer when its point-to-point sends to other nodes go through it
+/// (`transport::relay`): `HOCCL_FORWARDING` on, ranks on several nodes, and the topology's
+/// forwarding peer another rank of this node.
+fn relay_via(topo: &Topology, rank: usize, config: &Config) -> Option<usize> {
+    let f = topo.ranks()[rank].forwarding_peer;
+    (config.forwarding && topo.nodes().len() > 1 && f != rank && topo.same_node(f, rank)).then_some(f)
+}
+
 /// Remove this rank's transfers to itself from `sends` and `recvs` and pair them: the k-th
 /// send to self lands in the k-th receive from self. Returns the copies still to make as
 /// (dst, src, len), leaving out empty and in-place ones. A send to self without its receive
@@ -599,10 +618,10 @@ impl Region {
     /// The transfer of `len` bytes at `off` within this buffer, to or from `peer`.
     fn part(&self, off: usize, len: usize, peer: usize) -> Result<Transfer> {
         if len == 0 {
-            return Ok(Transfer { peer, ptr: self.ptr.add(off), len: 0, alloc: None, fill: Fill::Exact });
+            return Ok(Transfer { peer, ptr: self.ptr.add(off), len: 0, alloc: None, fill: Fill::Exact, forward: false });
         }
         match off.checked_add(len) {
-            Some(end) if end <= self.len => Ok(Transfer { peer, ptr: self.ptr.add(off), len, alloc: self.alloc, fill: Fill::Exact }),
+            Some(end) if end <= self.len => Ok(Transfer { peer, ptr: self.ptr.add(off), len, alloc: self.alloc, fill: Fill::Exact, forward: false }),
             _ => Err(Error::invalid_arg(self.op, format!("{} range {off}+{len} exceeds the {}-byte buffer", self.what, self.len))),
         }
     }

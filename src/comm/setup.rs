@@ -175,7 +175,9 @@ fn exchange_addresses(b: &dyn Bootstrap, topo: &Topology, cfg: &Config, comm_id:
             None => return Err(Error::Remote { op: OP, peer: r, what: "sent an empty address record".into() }),
         }
     }
-    Ok(NetLinks { rank: me, comm_id, listener, peers, secret, qps: cfg.qps_per_peer, gbps: cfg.net_gbps, staging, timeout: cfg.timeout })
+    // Every rank's forwarding peer may carry that rank's point-to-point sends (`relay`).
+    let forwarder_of = topo.ranks().iter().map(|r| r.forwarding_peer).collect();
+    Ok(NetLinks { rank: me, comm_id, listener, peers, secret, qps: cfg.qps_per_peer, gbps: cfg.net_gbps, staging, timeout: cfg.timeout, forwarder_of })
 }
 
 /// The verbs transport's setup: open the NIC, make a channel (`HOCCL_QPS_PER_PEER` queue

@@ -17,6 +17,7 @@
 //! - `watchdog`: reports a proxy thread that stopped making progress.
 use crate::device::{Allocation, DevPtr, Device, FlagSlab};
 use crate::error::{Error, Result};
+use crate::transport::relay::RelaySetup;
 use crate::transport::route::Route;
 use crate::transport::same_host::{Links, SameHost};
 use crate::transport::socket::Socket;
@@ -44,6 +45,9 @@ pub struct Transfer {
     pub alloc: Option<Allocation>,
     /// How many of the `len` bytes move.
     pub fill: Fill,
+    /// A send that this rank's forwarding peer may carry to a rank of another node
+    /// (`transport::relay`; set by point-to-point sends).
+    pub forward: bool,
 }
 
 /// How many bytes of a transfer's range move. Both sides agree on `len` (it is checked
@@ -181,6 +185,8 @@ pub struct Shared {
     /// The compressed engine's decompression status words (`comm::compressed`), scanned for
     /// rejected input by the proxy's periodic checks and by `scan_codec_status`.
     pub codec_status: Mutex<Option<Arc<FlagSlab>>>,
+    /// Sends relayed through the forwarding peer, both ways (`transport::relay`).
+    pub relays: Arc<crate::transport::relay::RelayStats>,
 }
 
 impl Shared {
@@ -262,6 +268,11 @@ pub struct EngineConfig {
     pub trace_ops: Option<(u64, u64)>,
     /// The same-host transport's gated path (`Config::gated`).
     pub gated: Option<bool>,
+    /// Relays over the socket transport (`transport::relay`): this rank's forwarding peer
+    /// when it is another rank of this node, and whether another rank of this node
+    /// forwards through this one.
+    pub relay_via: Option<usize>,
+    pub relay_serves: bool,
 }
 
 enum Cmd {
@@ -300,26 +311,29 @@ impl Engine {
         let (ready_tx, ready_rx) = sync_channel(1);
         let sh = shared.clone();
         let (rank, nranks, timeout, trace) = (links.rank, links.peers.len(), cfg.timeout, cfg.trace_ops);
+        let relay = (cfg.relay_via.is_some() || cfg.relay_serves).then(|| RelaySetup { via: cfg.relay_via, serves: cfg.relay_serves, stats: shared.relays.clone() });
         let dev_for_mode = dev.clone();
         // The transport is made on the proxy thread: its device resources (copy queues)
         // belong to the thread that binds the device.
         let connect = move || -> Result<Box<dyn Transport>> {
             dev.bind_thread()?;
-            let near = Box::new(SameHost::connect(dev.clone(), links, cfg.copy_queues, cfg.chunk_bytes, cfg.gated)?);
-            let (far, is_far): (Box<dyn Transport>, Vec<bool>) = match net {
-                None => return Ok(near),
+            let near = SameHost::connect(dev.clone(), links, cfg.copy_queues, cfg.chunk_bytes, cfg.gated)?;
+            let (far, is_far, relay): (Box<dyn Transport>, Vec<bool>, _) = match net {
+                None => return Ok(Box::new(near)),
                 Some(Far::Socket(net)) => {
                     let far = Socket::connect(dev, net)?;
                     let is_far = (0..nranks).map(|p| far.reaches(p)).collect();
-                    (Box::new(far), is_far)
+                    (Box::new(far), is_far, relay)
                 }
+                // Relays need the receiver to take a sender's bytes from its forwarding
+                // peer's connections, which only the socket transport does.
                 Some(Far::Verbs(net)) => {
                     let far = Verbs::new(dev, net)?;
                     let is_far = (0..nranks).map(|p| far.reaches(p)).collect();
-                    (Box::new(far), is_far)
+                    (Box::new(far), is_far, None)
                 }
             };
-            Ok(Box::new(Route::new(near, far, is_far)))
+            Ok(Box::new(Route::new(near, far, is_far, relay)))
         };
         let body = move || match connect() {
             Ok(t) => {

@@ -306,6 +306,11 @@ const WAIT_SLEEP: Duration = Duration::from_micros(20);
 /// unpark it. It bounds the heartbeat's period.
 const IDLE_PARK: Duration = Duration::from_millis(20);
 
+/// The park of an idle proxy that carries other ranks' relayed sends
+/// (`transport::relay`): their records arrive in its mailbox with nothing to unpark it, so
+/// a relay starts within this long (the wake-ups cost about 1 % of a core).
+const RELAY_PARK: Duration = Duration::from_micros(200);
+
 /// A stream, as the proxy tells them apart: its flag slab and start flag.
 type StreamKey = (usize, usize);
 
@@ -442,7 +447,8 @@ impl Proxy {
                 if !self.failed_any {
                     self.transport.idle();
                 }
-                std::thread::park_timeout(IDLE_PARK);
+                // Other ranks' relayed sends reach a forwarding peer without an op of its own.
+                std::thread::park_timeout(if self.transport.wake_often() { RELAY_PARK } else { IDLE_PARK });
             } else {
                 std::thread::park_timeout(WAIT_SLEEP);
             }
@@ -748,7 +754,11 @@ impl Proxy {
             }
             None => s.x.len,
         };
-        self.transport.start_write(FlowId { seq, idx }, s.x.peer, tag, s.x.ptr, &remote, len)?;
+        if s.x.forward {
+            self.transport.start_forwarded(FlowId { seq, idx }, s.x.peer, tag, s.x.ptr, &remote, len)?;
+        } else {
+            self.transport.start_write(FlowId { seq, idx }, s.x.peer, tag, s.x.ptr, &remote, len)?;
+        }
         s.phase = SendPhase::Copying;
         st.mark(Step::WriteHanded);
         Ok(())

@@ -40,6 +40,25 @@ pub enum MsgKind {
     /// Sender → receiver: chunks of my k-th send of op `seq` keep landing (at most one per
     /// `same_host::PROGRESS_EVERY` per transfer; it keeps the receiver's op from timing out).
     Progress = 4,
+    /// Sender → its forwarding peer (`relay`): carry my send `k` of op `seq` with a rank
+    /// of another node (`code`) to its buffer (`len` bytes; the far transport's description
+    /// in the region fields). Followed at once by a `RelaySrc` record.
+    RelayDst = 5,
+    /// Sender → its forwarding peer: the bytes of the send announced just before (`len`
+    /// of them, the region fields describing them as in a `Ready`), relay `seq`.
+    RelaySrc = 6,
+    /// Forwarding peer → sender: every byte of relay `seq` has landed at the receiver.
+    RelayDone = 7,
+    /// Forwarding peer → sender: relay `seq` failed (`code` = ErrorCode).
+    RelayFail = 8,
+    /// Sender → forwarding peer: relay `seq` is cancelled (its op failed).
+    RelayCancel = 9,
+    /// Forwarding peer → sender: bytes of relay `seq` keep leaving (at most one per
+    /// `same_host::PROGRESS_EVERY`).
+    RelayProgress = 10,
+    /// Forwarding peer → sender: relay `seq` cannot be carried (the sender's allocation
+    /// cannot be mapped here now): the sender sends it itself.
+    RelayRefused = 11,
 }
 
 /// `Msg::code` of a `Ready` record announcing a gated transfer (`same_host`).
@@ -94,6 +113,13 @@ impl Msg {
             2 => Some(MsgKind::Landed),
             3 => Some(MsgKind::Fail),
             4 => Some(MsgKind::Progress),
+            5 => Some(MsgKind::RelayDst),
+            6 => Some(MsgKind::RelaySrc),
+            7 => Some(MsgKind::RelayDone),
+            8 => Some(MsgKind::RelayFail),
+            9 => Some(MsgKind::RelayCancel),
+            10 => Some(MsgKind::RelayProgress),
+            11 => Some(MsgKind::RelayRefused),
             _ => None,
         }
     }

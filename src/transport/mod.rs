@@ -34,6 +34,8 @@
 //!   device memory that is not host memory (CUDA).
 //! - [`route`]: one transport over the same-host one and one of the two above, choosing
 //!   by peer.
+//! - [`relay`]: point-to-point sends to other nodes carried by the sender's forwarding
+//!   peer (NCCL's PXN), run by [`route`] over the same-host and the socket transport.
 pub mod chunk_scheduler;
 pub mod fair;
 pub mod host_staging;
@@ -42,6 +44,7 @@ pub mod ipc_bounce;
 pub mod mailbox;
 pub mod same_host;
 pub mod route;
+pub mod relay;
 pub mod socket;
 pub mod staged;
 pub mod verbs;
@@ -208,6 +211,28 @@ pub trait Transport: Send {
     /// `remote.len`; 0 is allowed). When every byte has landed, `progress` reports `id`
     /// and the transport signals `Landed` for `tag` to `peer`.
     fn start_write(&mut self, id: FlowId, peer: usize, tag: Tag, src: DevPtr, remote: &RemoteBuffer, len: usize) -> Result<()>;
+
+    /// As [`start_write`](Transport::start_write), for a send that may cross through this
+    /// rank's forwarding peer ([`relay`]): a point-to-point send to a rank of another node.
+    /// Transports that do not relay start it as any write.
+    fn start_forwarded(&mut self, id: FlowId, peer: usize, tag: Tag, src: DevPtr, remote: &RemoteBuffer, len: usize) -> Result<()> {
+        self.start_write(id, peer, tag, src, remote, len)
+    }
+
+    /// As [`start_write`](Transport::start_write) from memory this rank mapped from
+    /// another (a relayed send's source, [`relay`]), which the device's allocation
+    /// registry does not know: `src_alloc` is the mapping's extent here.
+    #[allow(clippy::too_many_arguments)]
+    fn start_write_mapped(&mut self, id: FlowId, peer: usize, tag: Tag, src: DevPtr, src_alloc: Allocation, remote: &RemoteBuffer, len: usize) -> Result<()> {
+        let _ = (id, tag, src, src_alloc, remote, len);
+        Err(Error::internal("Transport::start_write_mapped", format!("this transport carries no relayed send to rank {peer}")))
+    }
+
+    /// Whether the proxy must look for work often while it has none of its own: it carries
+    /// other ranks' sends ([`relay`]), which arrive without an op of its own to wake it.
+    fn wake_often(&self) -> bool {
+        false
+    }
 
     /// Move data on (reap what completed, start what may start), signal landings, send
     /// queued signals, append the flows now complete to `done` and the ops whose data

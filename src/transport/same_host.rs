@@ -17,7 +17,7 @@
 //! for `ready`, the copies, and a write of `landed[sender]` in the receiver's flag area.
 //! Both proxies see completion by reading `landed`. No CPU hop lies between the two streams
 //! reaching the op and the bytes landing.
-use crate::device::{CopyQueue, DevPtr, Device, MemOp};
+use crate::device::{Allocation, CopyQueue, DevPtr, Device, MemOp};
 use crate::error::{Error, Result};
 use crate::transport::chunk_scheduler::{ChunkScheduler, MIN_CHUNK};
 use crate::transport::ipc::{Acquire, ExportCache, ImportCache, Mapped};
@@ -179,6 +179,8 @@ pub struct SameHost {
     /// follows).
     bounce: Bounce,
     expose_seq: u64,
+    /// Relay records (`relay`) received, for the route that runs relays to take.
+    relay_in: Vec<(usize, Msg)>,
 }
 
 impl SameHost {
@@ -229,6 +231,7 @@ impl SameHost {
             malformed: Vec::new(),
             bounce: Bounce::default(),
             expose_seq: 0,
+            relay_in: Vec::new(),
         })
     }
 
@@ -349,6 +352,74 @@ impl SameHost {
     }
 }
 
+impl SameHost {
+    /// How `peer` reaches `ptr` of allocation `alloc` (None: an empty range): the
+    /// allocation's identity, base and export handle, and the offset of `ptr` in it.
+    fn wire_of(&mut self, peer: usize, alloc: Option<Allocation>, ptr: DevPtr) -> Result<Wire> {
+        let mut wire = Wire::empty(std::process::id());
+        if let Some(a) = alloc {
+            // A peer in this process uses the buffer's own address: no IPC export (a
+            // driver call on the allocation) is needed for it.
+            if !self.in_process.get(peer).copied().unwrap_or(false) {
+                wire.handle = self.exports.get(self.dev.as_ref(), &a)?.0;
+            }
+            wire.alloc_id = a.id;
+            wire.alloc_len = a.len as u64;
+            wire.base = a.base.0;
+            wire.offset = ptr.0 - a.base.0;
+        }
+        Ok(wire)
+    }
+
+    /// Relays (`relay`): describe `len` bytes at `src` (this rank's memory) for `peer` to
+    /// read through its mapping of the allocation.
+    pub fn expose_source(&mut self, peer: usize, src: DevPtr, len: usize) -> Result<Wire> {
+        let a = self.dev.allocation(src)?;
+        match src.0.checked_add(len as u64) {
+            Some(end) if end <= a.base.0 + a.len as u64 => self.wire_of(peer, Some(a), src),
+            _ => Err(Error::invalid_arg("same-host transport", format!("{:#x}+{len} is outside its allocation {:#x}+{}", src.0, a.base.0, a.len))),
+        }
+    }
+
+    /// Relays: map the `len` bytes `peer` described with [`expose_source`](Self::expose_source)
+    /// for reading; their address here, the mapped allocation as an [`Allocation`] of this
+    /// address space, and the pin to [`unmap`](Self::unmap) once no copy reads them. None
+    /// when stale mappings of the peer keep the allocation from being mapped now.
+    pub fn map_source(&mut self, peer: usize, wire: &Wire, len: usize) -> Result<Option<(DevPtr, Allocation, Mapped)>> {
+        check_announced(wire.offset, len as u64, wire.alloc_len).map_err(|what| Error::Remote { op: "same-host transport", peer, what })?;
+        match self.imports.acquire(self.dev.as_ref(), peer, wire)? {
+            Acquire::Mapped(m) => {
+                let alloc = Allocation { base: m.base, len: wire.alloc_len as usize, id: wire.alloc_id };
+                Ok(Some((m.base.add(wire.offset as usize), alloc, m)))
+            }
+            Acquire::Stale(_) => Ok(None),
+        }
+    }
+
+    /// Relays: a mapping from [`map_source`](Self::map_source) is no longer read.
+    pub fn unmap(&mut self, m: &Mapped) {
+        self.imports.release(m);
+    }
+
+    /// Relays: queue record `m` to `to` (in order with every other record to it).
+    pub fn post_record(&mut self, to: usize, m: Msg) {
+        self.post(to, m);
+    }
+
+    /// Relays: the relay records received since the last call, with their senders.
+    pub fn take_relay_records(&mut self, out: &mut Vec<(usize, Msg)>) {
+        out.append(&mut self.relay_in);
+    }
+}
+
+/// Whether `m` is a relay record (`relay`).
+fn is_relay(m: &Msg) -> bool {
+    matches!(
+        m.kind(),
+        Some(MsgKind::RelayDst | MsgKind::RelaySrc | MsgKind::RelayDone | MsgKind::RelayFail | MsgKind::RelayCancel | MsgKind::RelayProgress | MsgKind::RelayRefused)
+    )
+}
+
 /// The signal a mailbox record carries, or why the record is malformed. A record comes from
 /// shared memory another process writes: nothing in it is used before this check.
 fn signal_of(m: &Msg) -> std::result::Result<Signal, String> {
@@ -375,6 +446,7 @@ fn signal_of(m: &Msg) -> std::result::Result<Signal, String> {
         MsgKind::Landed => Signal::Landed { k: m.k, len: m.len },
         MsgKind::Fail => Signal::Failed { code: m.code },
         MsgKind::Progress => Signal::Progress { k: m.k },
+        k => return Err(format!("{k:?} record for op {} outside a relay", m.seq)),
     })
 }
 
@@ -389,20 +461,10 @@ fn check_announced(offset: u64, len: u64, alloc_len: u64) -> std::result::Result
 
 impl Transport for SameHost {
     fn expose(&mut self, peer: usize, region: Region) -> Result<RemoteBuffer> {
-        let mut wire = Wire::empty(std::process::id());
-        if let Some(a) = region.alloc {
-            // A sender in this process writes to the buffer's own address: no IPC export
-            // (a driver call on the allocation) is needed for it.
-            if !self.in_process.get(peer).copied().unwrap_or(false) {
-                wire.handle = self.exports.get(self.dev.as_ref(), &a)?.0;
-            }
+        if region.alloc.is_some() {
             self.expose_seq = region.seq;
-            wire.alloc_id = a.id;
-            wire.alloc_len = a.len as u64;
-            wire.base = a.base.0;
-            wire.offset = region.ptr.0 - a.base.0;
         }
-        Ok(RemoteBuffer { len: region.len as u64, wire })
+        Ok(RemoteBuffer { len: region.len as u64, wire: self.wire_of(peer, region.alloc, region.ptr)? })
     }
 
     fn post_ready(&mut self, peer: usize, tag: Tag, remote: RemoteBuffer) {
@@ -435,6 +497,9 @@ impl Transport for SameHost {
                 any = true;
                 let got = if Bounce::is_ours(&m) {
                     self.bounce.take(self.dev.as_ref(), &mut self.sched, from, &m).map(|()| None)
+                } else if is_relay(&m) {
+                    self.relay_in.push((from, m));
+                    Ok(None)
                 } else {
                     signal_of(&m).map(Some)
                 };

@@ -44,7 +44,7 @@
 //! on it. A peer that closed its communicator says `Bye` first.
 mod raw;
 
-use crate::device::{DevPtr, Device};
+use crate::device::{Allocation, DevPtr, Device};
 use crate::transport::fair::Fair;
 use crate::transport::host_staging::HostStaging;
 use crate::error::{Error, Result};
@@ -253,8 +253,13 @@ struct OutFlow {
     next: usize,
 }
 
-/// A receive buffer exposed to the peer, by token.
+/// A receive buffer exposed to a peer, by token.
 struct Slot {
+    /// The rank whose send lands here (the one its signals name).
+    peer: usize,
+    /// The rank whose connections may carry its data besides `peer`: the peer's forwarding
+    /// peer, which carries the peer's point-to-point sends (`relay`).
+    writer: Option<usize>,
     /// The op it belongs to (what an error about it names).
     seq: u64,
     ptr: DevPtr,
@@ -281,7 +286,6 @@ struct Peer {
     staged: VecDeque<OutFrame>,
     /// Flows whose every chunk is on its way, waiting for the receiver's `Done`, by token.
     awaiting: HashMap<u64, FlowId>,
-    slots: HashMap<u64, Slot>,
     /// The connection the next data chunk goes on first (round robin).
     next_conn: usize,
     /// Payload bytes of one data frame to this peer at most.
@@ -379,12 +383,18 @@ pub struct NetLinks {
     pub staging: Option<usize>,
     /// Bounds the connection setup.
     pub timeout: Duration,
+    /// By rank: its forwarding peer, whose connections may carry that rank's
+    /// point-to-point sends to this one (`relay`); empty: none.
+    pub forwarder_of: Vec<usize>,
 }
 
 pub struct Socket {
     dev: Arc<dyn Device>,
     rank: usize,
     peers: Vec<Option<Peer>>,
+    /// Receive buffers exposed to the peers, by token (unique over every peer).
+    slots: HashMap<u64, Slot>,
+    forwarder_of: Vec<usize>,
     stage: Option<Staging>,
     next_token: u64,
     send_bucket: Bucket,
@@ -431,7 +441,6 @@ impl Socket {
                 flows: VecDeque::new(),
                 staged: VecDeque::new(),
                 awaiting: HashMap::new(),
-                slots: HashMap::new(),
                 next_conn: 0,
                 bye: false,
                 gone: None,
@@ -450,6 +459,8 @@ impl Socket {
             dev,
             rank: links.rank,
             peers,
+            slots: HashMap::new(),
+            forwarder_of: links.forwarder_of,
             stage,
             next_token: 1,
             send_bucket: Bucket::new(links.gbps),
@@ -479,6 +490,22 @@ impl Socket {
         self.peers.get_mut(peer).and_then(Option::as_mut).ok_or_else(|| Error::internal(OP, format!("rank {rank} has no connection to rank {peer}")))
     }
 
+    /// Queue the write of `len` bytes at `src` (in `alloc`, which direct I/O needs) to
+    /// `peer`'s receive `remote`.
+    #[allow(clippy::too_many_arguments)]
+    fn write_from(&mut self, id: FlowId, peer: usize, tag: Tag, src: DevPtr, alloc: Option<Allocation>, remote: &RemoteBuffer, len: usize) -> Result<()> {
+        let span = match self.stage {
+            None => Some(Span::in_allocation(OP, src, len, alloc)?),
+            Some(_) => None,
+        };
+        let p = self.peer(peer)?;
+        if let Some(why) = &p.gone {
+            return Err(Error::Remote { op: OP, peer, what: why.clone() });
+        }
+        p.flows.push_back(OutFlow { id, tag, token: remote.wire.alloc_id, src, span, len, next: 0 });
+        Ok(())
+    }
+
     /// Queue a control frame to `peer` (dropped, with a debug line, when it is gone).
     fn post(&mut self, peer: usize, h: Header) {
         match self.peers.get_mut(peer).and_then(Option::as_mut) {
@@ -505,7 +532,7 @@ impl Socket {
         for seq in seqs {
             self.failed.push_back((seq, Error::Remote { op: OP, peer: i, what: why.clone() }));
         }
-        p.slots.clear();
+        self.slots.retain(|_, s| s.peer != i);
         p.ctrl.clear();
         for c in &mut p.conns {
             if let Some(f) = c.out.take() {
@@ -597,7 +624,8 @@ impl Socket {
                 // slots are not used again (the device may still write them).
                 st.broken = true;
                 let filling = std::mem::take(&mut st.filling).into_iter().filter_map(|(_, _, f)| f.seq);
-                let draining = std::mem::take(&mut st.draining).into_iter().filter_map(|(_, p, tok, _, _)| self.peers[p].as_mut().and_then(|p| p.slots.remove(&tok)).map(|s| s.seq));
+                let slots = &mut self.slots;
+                let draining = std::mem::take(&mut st.draining).into_iter().filter_map(|(_, _, tok, _, _)| slots.remove(&tok).map(|s| s.seq));
                 let mut seqs: Vec<u64> = filling.chain(draining).collect();
                 seqs.sort_unstable();
                 seqs.dedup();
@@ -624,7 +652,7 @@ impl Socket {
             moved = true;
             st.recv_free.push(slot);
             if let Some(p) = self.peers[i].as_mut().filter(|p| p.gone.is_none()) {
-                landed(i, p, token, n, &mut self.incoming);
+                landed(&mut self.slots, p, token, n, &mut self.incoming);
             }
         }
         moved
@@ -691,6 +719,7 @@ impl Socket {
             let mut r = Reader {
                 from: i,
                 peer: p,
+                slots: &mut self.slots,
                 stage: self.stage.as_mut(),
                 bucket: &mut self.recv_bucket,
                 pad: &mut self.pad,
@@ -718,13 +747,14 @@ impl Socket {
     }
 }
 
-/// `n` more bytes of receive `token` from peer `from` are in place; when it has all its
-/// bytes, report `Landed` to this rank's engine and queue `Done` to the sender.
-fn landed(from: usize, p: &mut Peer, token: u64, n: u64, incoming: &mut Vec<Incoming>) {
-    let Some(slot) = p.slots.get_mut(&token) else { return };
+/// `n` more bytes of receive `token` are in place, carried by `writer` (the peer whose
+/// send it is, or that peer's forwarding peer); when it has all its bytes, report `Landed`
+/// to this rank's engine (from the peer whose send it is) and queue `Done` to the writer.
+fn landed(slots: &mut HashMap<u64, Slot>, writer: &mut Peer, token: u64, n: u64, incoming: &mut Vec<Incoming>) {
+    let Some(slot) = slots.get_mut(&token) else { return };
     slot.received += n;
     let Some(total) = slot.total else { return };
-    let (pair_seq, k) = (slot.pair_seq.unwrap_or(0), slot.k);
+    let (from, pair_seq, k) = (slot.peer, slot.pair_seq.unwrap_or(0), slot.k);
     if slot.received < total {
         if n > 0 && slot.told.elapsed() >= PROGRESS_EVERY {
             slot.told = Instant::now();
@@ -732,11 +762,11 @@ fn landed(from: usize, p: &mut Peer, token: u64, n: u64, incoming: &mut Vec<Inco
         }
         return;
     }
-    p.slots.remove(&token);
+    slots.remove(&token);
     incoming.push(Incoming { from, pair_seq, signal: Signal::Landed { k, len: total } });
     let mut d = Header::new(Kind::Done, pair_seq, k);
     (d.a, d.token) = (total, token);
-    p.ctrl.push_back(d);
+    writer.ctrl.push_back(d);
 }
 
 impl Transport for Socket {
@@ -752,14 +782,15 @@ impl Transport for Socket {
         if let Some(why) = &p.gone {
             return Err(Error::Remote { op: OP, peer, what: why.clone() });
         }
-        let slot = Slot { seq: region.seq, ptr: region.ptr, len: region.len, span, pair_seq: None, k: 0, total: None, received: 0, told: Instant::now() };
-        p.slots.insert(token, slot);
+        let writer = self.forwarder_of.get(peer).copied().filter(|f| *f != peer);
+        let slot = Slot { peer, writer, seq: region.seq, ptr: region.ptr, len: region.len, span, pair_seq: None, k: 0, total: None, received: 0, told: Instant::now() };
+        self.slots.insert(token, slot);
         let wire = Wire { alloc_id: token, ..Wire::empty(std::process::id()) };
         Ok(RemoteBuffer { len: region.len as u64, wire })
     }
 
     fn post_ready(&mut self, peer: usize, tag: Tag, remote: RemoteBuffer) {
-        if let Some(slot) = self.peers.get_mut(peer).and_then(Option::as_mut).and_then(|p| p.slots.get_mut(&remote.wire.alloc_id)) {
+        if let Some(slot) = self.slots.get_mut(&remote.wire.alloc_id).filter(|s| s.peer == peer) {
             slot.pair_seq = Some(tag.pair_seq);
         }
         let mut h = Header::new(Kind::Ready, tag.pair_seq, tag.k);
@@ -770,15 +801,18 @@ impl Transport for Socket {
     fn signal_failure(&mut self, peer: usize, pair_seq: u64, code: u32) {
         // The op's receives from `peer` are over: data still coming for them is dropped,
         // the payloads being read included (their buffers may be freed once the op failed).
-        if let Some(p) = self.peers.get_mut(peer).and_then(Option::as_mut) {
-            let mut dropped = Vec::new();
-            p.slots.retain(|t, s| {
-                let keep = s.pair_seq != Some(pair_seq);
-                if !keep {
-                    dropped.push(*t);
-                }
-                keep
-            });
+        let mut dropped = Vec::new();
+        self.slots.retain(|t, s| {
+            let keep = s.peer != peer || s.pair_seq != Some(pair_seq);
+            if !keep {
+                dropped.push(*t);
+            }
+            keep
+        });
+        // Their payloads may be read from the peer's connections or its forwarder's.
+        let writers = [Some(peer), self.forwarder_of.get(peer).copied()];
+        for w in writers.into_iter().flatten() {
+            let Some(p) = self.peers.get_mut(w).and_then(Option::as_mut) else { continue };
             for c in &mut p.conns {
                 if let InState::Payload { token, sink, .. } | InState::Trailer { token, sink, .. } = &mut c.inp {
                     if dropped.contains(token) {
@@ -803,19 +837,15 @@ impl Transport for Socket {
     }
 
     fn start_write(&mut self, id: FlowId, peer: usize, tag: Tag, src: DevPtr, remote: &RemoteBuffer, len: usize) -> Result<()> {
-        let span = match self.stage {
-            None => {
-                let alloc = if len == 0 { None } else { Some(self.dev.allocation(src)?) };
-                Some(Span::in_allocation(OP, src, len, alloc)?)
-            }
-            Some(_) => None,
+        let alloc = match self.stage {
+            None if len > 0 => Some(self.dev.allocation(src)?),
+            _ => None,
         };
-        let p = self.peer(peer)?;
-        if let Some(why) = &p.gone {
-            return Err(Error::Remote { op: OP, peer, what: why.clone() });
-        }
-        p.flows.push_back(OutFlow { id, tag, token: remote.wire.alloc_id, src, span, len, next: 0 });
-        Ok(())
+        self.write_from(id, peer, tag, src, alloc, remote, len)
+    }
+
+    fn start_write_mapped(&mut self, id: FlowId, peer: usize, tag: Tag, src: DevPtr, src_alloc: Allocation, remote: &RemoteBuffer, len: usize) -> Result<()> {
+        self.write_from(id, peer, tag, src, Some(src_alloc), remote, len)
     }
 
     fn progress(&mut self, done: &mut Vec<FlowId>, advanced: &mut Vec<u64>) -> std::result::Result<bool, (u64, Error)> {
@@ -882,9 +912,9 @@ impl Transport for Socket {
 
     fn describe(&self) -> String {
         let live = self.peers.iter().flatten().filter(|p| p.gone.is_none());
-        let (mut flows, mut awaiting, mut slots, mut ctrl) = (0, 0, 0, 0);
+        let (mut flows, mut awaiting, mut ctrl, slots) = (0, 0, 0, self.slots.len());
         for p in live {
-            (flows, awaiting, slots, ctrl) = (flows + p.flows.len() + p.staged.len(), awaiting + p.awaiting.len(), slots + p.slots.len(), ctrl + p.ctrl.len());
+            (flows, awaiting, ctrl) = (flows + p.flows.len() + p.staged.len(), awaiting + p.awaiting.len(), ctrl + p.ctrl.len());
         }
         let staging = self.stage.as_ref().map_or(String::new(), |s| format!(", staging: {} copies in, {} out", s.filling.len(), s.draining.len()));
         let gone: Vec<usize> = (0..self.peers.len()).filter(|i| self.peer_health(*i).is_some()).collect();
@@ -1056,6 +1086,7 @@ fn next_chunk(p: &mut Peer) -> Option<OutFrame> {
 struct Reader<'a> {
     from: usize,
     peer: &'a mut Peer,
+    slots: &'a mut HashMap<u64, Slot>,
     stage: Option<&'a mut Staging>,
     bucket: &'a mut Bucket,
     pad: &'a mut [u8],
@@ -1149,12 +1180,12 @@ impl Reader<'_> {
                     let sink = std::mem::replace(sink, Sink::Discard);
                     conn.inp = InState::Header { buf: [0; HDR], got: 0 };
                     match (status, sink) {
-                        (INTACT, Sink::Direct(_)) => landed(self.from, self.peer, token, bytes as u64, self.incoming),
+                        (INTACT, Sink::Direct(_)) => landed(self.slots, self.peer, token, bytes as u64, self.incoming),
                         (INTACT, Sink::Staged { dst, slot: Some(s), filled }) => self.drain(token, dst, s, filled),
                         (INTACT | CANCELLED, Sink::Discard) => {}
                         (CANCELLED, sink) => {
                             // The sender cancelled the transfer: it never lands here.
-                            self.peer.slots.remove(&token);
+                            self.slots.remove(&token);
                             if let (Sink::Staged { slot: Some(s), .. }, Some(st)) = (sink, self.stage.as_mut()) {
                                 st.recv_free.push(s);
                             }
@@ -1174,7 +1205,7 @@ impl Reader<'_> {
             Ok(ticket) => st.draining.push_back((ticket, self.from, token, bytes as u64, s)),
             Err(e) => {
                 st.recv_free.push(s);
-                if let Some(slot) = self.peer.slots.remove(&token) {
+                if let Some(slot) = self.slots.remove(&token) {
                     self.failed.push_back((slot.seq, e));
                 }
             }
@@ -1199,11 +1230,14 @@ impl Reader<'_> {
                 return Ok(());
             }
             Kind::Data => {
-                let Some(slot) = self.peer.slots.get_mut(&h.token) else {
+                let Some(slot) = self.slots.get_mut(&h.token) else {
                     // Its receive failed and was forgotten: read the payload and drop it.
                     self.peer.conns[c].inp = InState::Payload { token: h.token, sink: Sink::Discard, at: 0, left: h.payload as usize, len: h.payload as usize };
                     return Ok(());
                 };
+                if slot.peer != from && slot.writer != Some(from) {
+                    return Err(format!("sent data for rank {}'s transfer, which it neither sends nor forwards (corrupt frame)", slot.peer));
+                }
                 let len = slot.len as u64;
                 let end = h.offset.checked_add(h.payload);
                 let max = self.stage.as_ref().map_or(CHUNK, |st| st.slot) as u64;
@@ -1219,7 +1253,7 @@ impl Reader<'_> {
                     self.peer.conns[c].inp = InState::Payload { token: h.token, sink, at: h.offset as usize, left: h.payload as usize, len: h.payload as usize };
                 }
                 // An empty transfer is complete at its header.
-                landed(from, self.peer, h.token, 0, self.incoming);
+                landed(self.slots, self.peer, h.token, 0, self.incoming);
                 return Ok(());
             }
         };
@@ -1375,14 +1409,15 @@ mod tests {
     /// Ranks 0 and 1 of communicator `comm`, connected over loopback, each staging through
     /// `staging[r]` bytes (None: direct I/O).
     fn pair(comm: u64, qps: usize, staging: [Option<usize>; 2], gbps: f64) -> (Arc<dyn Device>, Socket, Socket) {
-        let (dev, mut v) = ranks(comm, qps, &staging, gbps);
+        let (dev, mut v) = ranks(comm, qps, &staging, gbps, &[]);
         let t1 = v.pop().unwrap();
         (dev, v.pop().unwrap(), t1)
     }
 
     /// Ranks 0..staging.len() of communicator `comm`, each on a node of its own, connected
-    /// over loopback, rank r staging through `staging[r]` bytes (None: direct I/O).
-    fn ranks(comm: u64, qps: usize, staging: &[Option<usize>], gbps: f64) -> (Arc<dyn Device>, Vec<Socket>) {
+    /// over loopback, rank r staging through `staging[r]` bytes (None: direct I/O), with
+    /// forwarding peers `fwd` (empty: none).
+    fn ranks(comm: u64, qps: usize, staging: &[Option<usize>], gbps: f64, fwd: &[usize]) -> (Arc<dyn Device>, Vec<Socket>) {
         let n = staging.len();
         let dev: Arc<dyn Device> = Arc::new(HostDevice::new().unwrap());
         let ls: Vec<(TcpListener, [u8; 16])> = (0..n).map(|_| listen(true, None).unwrap()).collect();
@@ -1390,7 +1425,7 @@ mod tests {
         let mut hs = Vec::new();
         for (r, (listener, secret)) in ls.into_iter().enumerate() {
             let peers = (0..n).map(|q| (q != r).then_some(addrs[q])).collect();
-            let links = NetLinks { rank: r, comm_id: comm, listener, peers, secret, qps, gbps, staging: staging[r], timeout: Duration::from_secs(10) };
+            let links = NetLinks { rank: r, comm_id: comm, listener, peers, secret, qps, gbps, staging: staging[r], timeout: Duration::from_secs(10), forwarder_of: fwd.to_vec() };
             let dev = dev.clone();
             hs.push(std::thread::spawn(move || Socket::connect(dev, links).unwrap()));
         }
@@ -1573,7 +1608,7 @@ mod tests {
     /// A rate-limited rank sending as much to each of two peers at once shares its rate
     /// between them (`Fair`).
     fn shares_rate(staging: Option<usize>, comm: u64) {
-        let (dev, mut t) = ranks(comm, 2, &[staging, staging, staging], 0.05);
+        let (dev, mut t) = ranks(comm, 2, &[staging, staging, staging], 0.05, &[]);
         crate::transport::fair::assert_shares_rate(&dev, &mut t, 2 << 20);
         for tr in &mut t {
             tr.close();
@@ -1613,7 +1648,7 @@ mod tests {
         let (listener, secret) = listen(true, None).unwrap();
         let addr = listener.local_addr().unwrap();
         let peers = vec![Some(Remote { addr: SocketAddr::from(([127, 0, 0, 1], 1)), secret: [7; 16], max_chunk: CHUNK }), None];
-        let links = NetLinks { rank: 1, comm_id: comm, listener, peers, secret, qps: 1, gbps: 0.0, staging: None, timeout: Duration::from_secs(10) };
+        let links = NetLinks { rank: 1, comm_id: comm, listener, peers, secret, qps: 1, gbps: 0.0, staging: None, timeout: Duration::from_secs(10), forwarder_of: Vec::new() };
         let dev: Arc<dyn Device> = Arc::new(HostDevice::new().unwrap());
         let d = dev.clone();
         let t = std::thread::spawn(move || Socket::connect(d, links).unwrap());
@@ -1623,6 +1658,59 @@ mod tests {
         raw.read_exact(&mut b).unwrap();
         assert_eq!(parse_hello(&b), Some((0, comm, 1, [7; 16])));
         (dev, t.join().unwrap(), raw)
+    }
+
+    /// A rank's forwarding peer may carry its sends (`relay`): rank 2 writes rank 1's
+    /// transfer into rank 0's buffer, which lands there as rank 1's (its `Landed` from rank
+    /// 1, the `Done` to rank 2), through direct I/O and through staging; a rank that is
+    /// neither the sender nor its forwarding peer is refused (gone), the buffer untouched.
+    #[test]
+    fn forwarded_writes_land_and_others_are_refused() {
+        for (i, staging) in [[None, None, None], [Some(64 << 10), None, Some(64 << 10)]].into_iter().enumerate() {
+            let len = 300_001usize;
+            let (dev, mut t) = ranks(0x50c0_0200 + i as u64, 2, &staging, 0.0, &[0, 2, 2]);
+            let turn = |t: &mut [Socket], sig: &mut [Vec<Incoming>], done: &mut [Vec<FlowId>]| {
+                for r in 0..t.len() {
+                    t[r].poll_signals(&mut sig[r]);
+                    let _ = t[r].progress(&mut done[r], &mut Vec::new());
+                }
+            };
+            let (src, dst) = (dev.alloc(len).unwrap(), dev.alloc(len).unwrap());
+            let data: Vec<u8> = (0..len as u64).map(|x| pattern_byte(9, x)).collect();
+            dev.copy_from_host(src, &data).unwrap();
+            let remote = t[0].expose(1, Region { seq: 1, ptr: dst, len, alloc: Some(dev.allocation(dst).unwrap()) }).unwrap();
+            t[0].post_ready(1, Tag { pair_seq: 5, k: 0 }, remote);
+            let id = FlowId { seq: crate::transport::relay::RELAY_SEQ, idx: 0 };
+            t[2].start_write_mapped(id, 0, Tag { pair_seq: 5, k: 0 }, src, dev.allocation(src).unwrap(), &remote, len).unwrap();
+            let (mut sig, mut done): (Vec<Vec<Incoming>>, Vec<Vec<FlowId>>) = (vec![Vec::new(); 3], vec![Vec::new(); 3]);
+            let t0 = Instant::now();
+            while !(done[2].contains(&id) && sig[0].iter().any(|m| matches!(m.signal, Signal::Landed { .. }))) {
+                turn(&mut t, &mut sig, &mut done);
+                assert!(t0.elapsed() < Duration::from_secs(20), "case {i}: no landing: {}", t[0].describe());
+            }
+            let landed: Vec<&Incoming> = sig[0].iter().filter(|m| matches!(m.signal, Signal::Landed { .. })).collect();
+            assert!(landed.len() == 1 && landed[0].from == 1 && landed[0].pair_seq == 5, "case {i}: {landed:?}");
+            let mut back = vec![0u8; len];
+            dev.copy_to_host(&mut back, dst).unwrap();
+            assert!(back == data, "case {i}: the forwarded bytes");
+            // Rank 1 writing rank 2's transfer (rank 2 forwards through itself) is refused.
+            let spare = dev.alloc(4096).unwrap();
+            let remote = t[0].expose(2, Region { seq: 2, ptr: spare, len: 4096, alloc: Some(dev.allocation(spare).unwrap()) }).unwrap();
+            t[0].post_ready(2, Tag { pair_seq: 6, k: 0 }, remote);
+            t[1].start_write(FlowId { seq: 9, idx: 0 }, 0, Tag { pair_seq: 6, k: 0 }, src, &remote, 4096).unwrap();
+            while t[0].peer_health(1).is_none() {
+                turn(&mut t, &mut sig, &mut done);
+                assert!(t0.elapsed() < Duration::from_secs(20), "case {i}: rank 1's frame was taken");
+            }
+            assert!(t[0].peer_health(1).unwrap().contains("neither sends nor forwards"), "{:?}", t[0].peer_health(1));
+            let mut back = vec![1u8; 4096];
+            dev.copy_to_host(&mut back, spare).unwrap();
+            assert!(back.iter().all(|b| *b == 0), "case {i}: the refused write changed the buffer");
+            t.iter_mut().for_each(|x| x.close());
+            for p in [src, dst, spare] {
+                dev.free(p).unwrap();
+            }
+        }
     }
 
     /// Frames from a peer are checked before use: a header that is not hoccl's, a data
@@ -1687,7 +1775,7 @@ mod tests {
             matches!(s.read(&mut b), Ok(0) | Err(_))
         });
         let peers = vec![Some(Remote { addr: SocketAddr::from(([127, 0, 0, 1], 1)), secret: [0; 16], max_chunk: CHUNK }), None];
-        let links = NetLinks { rank: 1, comm_id: 42, listener, peers, secret, qps: 1, gbps: 0.0, staging: None, timeout: Duration::from_millis(500) };
+        let links = NetLinks { rank: 1, comm_id: 42, listener, peers, secret, qps: 1, gbps: 0.0, staging: None, timeout: Duration::from_millis(500), forwarder_of: Vec::new() };
         let dev: Arc<dyn Device> = Arc::new(HostDevice::new().unwrap());
         let e = Socket::connect(dev, links).err().expect("times out");
         assert!(intruder.join().unwrap(), "the intruder got a reply");
