@@ -107,6 +107,10 @@ pub struct Config {
     /// never). Lets tests fail a peer's channel mid-transfer.
     #[doc(hidden)]
     pub verbs_fake_fail_at: u64,
+    /// A forwarding peer refuses every relayed send (no variable; lets tests drive the
+    /// sender's fallback to a direct send).
+    #[doc(hidden)]
+    pub relay_refuse: bool,
     /// `HOCCL_VIRTUAL_NODES`: split each host's ranks into this many nodes (testing).
     pub virtual_nodes: usize,
     /// `HOCCL_FORWARDING_PEERS`: comma list, entry i = forwarding peer of local GPU i.
@@ -240,6 +244,7 @@ impl Default for Config {
             net_staging_bytes: 16 << 20,
             net_stage_host_memory: false,
             verbs_fake_fail_at: 0,
+            relay_refuse: false,
             virtual_nodes: 1,
             forwarding_peers: Vec::new(),
             forwarding: true,

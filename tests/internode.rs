@@ -750,7 +750,7 @@ fn relayed_sends(b: Backend, nodes: usize, per_node: usize, fwd: &[usize], cfg: 
     // sender only.
     let on = cfg.forwarding && cfg.net != hoccl::config::NetChoice::Ib;
     let floor = if cfg.stage_every_call { 1 } else { cfg.staged_min_flow_bytes };
-    let engine = cfg.engine;
+    let (engine, refuse) = (cfg.engine, cfg.relay_refuse);
     run_ranks(b, nodes * per_node, cfg, move |c| {
         let r = c.rank();
         let via = c.topology().ranks()[r].forwarding_peer != r;
@@ -769,7 +769,11 @@ fn relayed_sends(b: Backend, nodes: usize, per_node: usize, fwd: &[usize], cfg: 
     eprintln!("{nodes} x {per_node}, forwarding {fwd:?}: {t:?}");
     assert_eq!(t.carried + t.refused, t.handed, "every handed send carried or refused: {t:?}");
     if on && fwd.iter().enumerate().any(|(l, f)| l != *f) {
-        assert!(t.carried > 0 && t.carried_bytes > 0, "nothing relayed: {t:?}");
+        if refuse {
+            assert!(t.refused > 0 && t.carried == 0, "the forwarding peers carried what they should refuse: {t:?}");
+        } else {
+            assert!(t.carried > 0 && t.carried_bytes > 0 && t.refused == 0, "nothing relayed: {t:?}");
+        }
     }
 }
 
@@ -797,6 +801,8 @@ fn relays_staged_and_verbs() {
     let staged = Config { stage_every_call: true, net_stage_host_memory: true, net_staging_bytes: 256 << 10, ..test_config() };
     relayed_sends(Backend::Host, 2, 2, &[1, 0], staged.clone(), 47);
     relayed_sends(Backend::Host, 3, 2, &[1, 0], staged, 48);
+    // Forwarding peers that refuse every relay: the senders send directly.
+    relayed_sends(Backend::Host, 2, 2, &[1, 0], Config { stage_every_call: true, relay_refuse: true, ..test_config() }, 50);
     // Over verbs the sends go directly.
     relayed_sends(Backend::Host, 2, 2, &[1, 0], Config { stage_every_call: true, ..verbs_config(EngineChoice::CopyEngine) }, 49);
 }
@@ -861,13 +867,21 @@ fn relay_until_killed(c: &Communicator, dev: &std::sync::Arc<dyn hoccl::Device>,
 }
 
 /// A forwarding peer SIGKILLed while it carries its node peer's sends (rate-limited so the
-/// relays last): the sender fails naming its forwarding peer, and every survivor fails
-/// within the timeout.
+/// relays last): every survivor fails within the timeout, one of them through a relay's
+/// report; the same with a relayed send's receiver killed.
 #[test]
 fn relay_forwarder_killed() {
     const TMO_MS: u64 = 3000;
     let env = [("HOCCL_VIRTUAL_NODES", "2"), ("HOCCL_FORWARDING_PEERS", "1,0"), ("HOCCL_NET_GBPS", "0.5"), ("HOCCL_TIMEOUT_MS", "3000"), ("HOCCL_ENGINE", "ce")];
     let (lines, killed) = children(4, "relaykill:1", &env, Some(1));
     let errors = survivors_failed(&lines, &[0, 2, 3], killed.expect("the victim reached its kill point"), TMO_MS, "forwarding peer killed");
-    assert!(errors[0].contains("forwarding peer") && errors[0].contains("rank 1"), "rank 0's error names its forwarding peer: {}", errors[0]);
+    // A survivor may first learn of the failure from another survivor (whose error it then
+    // names); the relays' own reports come first somewhere.
+    assert!(errors.iter().any(|l| l.contains("forwarding peer")), "no survivor's error came from a relay: {errors:?}");
+    // The receiver of a relayed send killed (rank 2, which rank 1 carries rank 0's bytes
+    // to): the carrying peer's write fails, so does the sender's relay; every survivor
+    // fails within the timeout.
+    let (lines, killed) = children(4, "relaykill:2", &env, Some(2));
+    let errors = survivors_failed(&lines, &[0, 1, 3], killed.expect("the victim reached its kill point"), TMO_MS, "relay receiver killed");
+    assert!(errors.iter().all(|l| l.contains("Remote")), "{errors:?}");
 }

@@ -187,6 +187,7 @@ impl Communicator {
                 // Served whatever this rank's own setting: a sender that relays must find
                 // its forwarding peer carrying.
                 relay_serves: (0..size).any(|r| r != rank && topo.same_node(r, rank) && topo.ranks()[r].forwarding_peer == rank),
+                relay_refuse: config.relay_refuse,
             },
         )?;
         bootstrap.barrier().map_err(|e| e.with_op(OP))?;

@@ -273,6 +273,8 @@ pub struct EngineConfig {
     /// forwards through this one.
     pub relay_via: Option<usize>,
     pub relay_serves: bool,
+    /// Refuse every relay (`Config::relay_refuse`, tests).
+    pub relay_refuse: bool,
 }
 
 enum Cmd {
@@ -311,7 +313,7 @@ impl Engine {
         let (ready_tx, ready_rx) = sync_channel(1);
         let sh = shared.clone();
         let (rank, nranks, timeout, trace) = (links.rank, links.peers.len(), cfg.timeout, cfg.trace_ops);
-        let relay = (cfg.relay_via.is_some() || cfg.relay_serves).then(|| RelaySetup { via: cfg.relay_via, serves: cfg.relay_serves, stats: shared.relays.clone() });
+        let relay = (cfg.relay_via.is_some() || cfg.relay_serves).then(|| RelaySetup { via: cfg.relay_via, serves: cfg.relay_serves, refuse: cfg.relay_refuse, stats: shared.relays.clone() });
         let dev_for_mode = dev.clone();
         // The transport is made on the proxy thread: its device resources (copy queues)
         // belong to the thread that binds the device.

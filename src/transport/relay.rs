@@ -70,6 +70,8 @@ pub struct RelaySetup {
     pub via: Option<usize>,
     /// Whether another rank of this node forwards through this one.
     pub serves: bool,
+    /// Refuse every relay, as if no allocation could be mapped (tests of the fallback).
+    pub refuse: bool,
     pub stats: Arc<RelayStats>,
 }
 
@@ -96,6 +98,7 @@ struct Carried {
 pub struct Relays {
     via: Option<usize>,
     serves: bool,
+    refuse: bool,
     stats: Arc<RelayStats>,
     next_cookie: u64,
     handed: HashMap<u64, Handed>,
@@ -125,6 +128,7 @@ impl Relays {
         Relays {
             via: setup.via,
             serves: setup.serves,
+            refuse: setup.refuse,
             stats: setup.stats,
             next_cookie: 1,
             handed: HashMap::new(),
@@ -326,6 +330,9 @@ impl Relays {
         }
         if s.len > d.len {
             return Err(Error::Remote { op: OP, peer: from, what: format!("asked to carry {} bytes into a {}-byte receive", s.len, d.len) });
+        }
+        if self.refuse {
+            return Ok(false);
         }
         let wire = Wire { alloc_id: s.alloc_id, alloc_len: s.alloc_len, base: s.base, offset: s.offset, pid: s.pid, handle: s.handle, gated: false, staged: 0 };
         let Some((src, alloc, mapped)) = near.map_source(from, &wire, len)? else { return Ok(false) };
