@@ -122,8 +122,9 @@ pub struct Config {
     /// default), or every rank sends its own data straight to every remote peer at once
     /// (0, the direct path); the hierarchical reductions' pieces, so their hops between
     /// nodes, lie on the forwarding peers only (1) or on every rank (0); and point-to-point
-    /// sends of `staged_min_flow_bytes` or more to other nodes leave through the sender's
-    /// forwarding peer over sockets (1) or from the sender (0).
+    /// transfers of `staged_min_flow_bytes` or more with other nodes leave through the
+    /// sender's forwarding peer and land through the receiver's, over sockets (1), or
+    /// move between the two ranks (0).
     /// docs/design.md, "Staged plan", "Reductions across nodes", "Send/recv through the
     /// forwarding peer".
     pub forwarding: bool,
@@ -144,7 +145,7 @@ pub struct Config {
     #[doc(hidden)]
     pub staged_min_flow_bytes: usize,
     /// Stage every call the staged path can take, whatever its size and the predicted
-    /// gain, and relay every non-empty point-to-point send a forwarding peer can carry
+    /// gain, and relay every non-empty point-to-point transfer a forwarding peer can take
     /// (no variable; for tests of the staged path and of relays).
     #[doc(hidden)]
     pub stage_every_call: bool,

@@ -429,14 +429,15 @@ fn child_rank() {
         // Grouped sends of the default floor's sizes, relayed through the forwarding peer.
         let via = c.topology().ranks()[rank].forwarding_peer != rank;
         let mut rng = Rng(78);
-        let mut expect = 0;
+        let (mut out, mut inn) = (0, 0);
         for it in 0..6 {
-            expect += p2p_round(&c, if it % 2 == 0 { DataType::I32 } else { DataType::BF16 }, 7800 + it, &mut rng, via, c.config().staged_min_flow_bytes);
+            let (o, i) = p2p_round(&c, if it % 2 == 0 { DataType::I32 } else { DataType::BF16 }, 7800 + it, &mut rng, via, c.config().staged_min_flow_bytes);
+            (out, inn) = (out + o, inn + i);
         }
         quiesce(&c);
         let got = c.relay_counts();
-        assert_eq!(got.handed, expect, "rank {rank}: sends handed to the forwarding peer");
-        say(rank, &format!("relays handed {} refused {} carried {}", got.handed, got.refused, got.carried));
+        assert_eq!((got.handed, got.recv_handed), (out, inn), "rank {rank}: sends and receives handed to the forwarding peer");
+        say(rank, &format!("relays handed {} refused {} carried {} landed {}", got.handed + got.recv_handed, got.refused + got.recv_refused, got.carried, got.recv_carried));
         c.wait_idle().unwrap();
         say(rank, "done");
         return;
@@ -689,10 +690,10 @@ fn ib_is_refused_with_the_reason() {
 /// One round of point-to-point sends in a group: every rank sends to one to three peers
 /// (drawn alike on every rank: the draw is the whole matrix), some on its node, most on
 /// others, 0 to ~1.2 MB each at random offsets, and receives what is sent to it; checked
-/// against the senders' inputs with guard bands. Returns how many of this rank's sends
-/// go through its forwarding peer (`relay_via`: it has one other than itself; `floor`: the
-/// least length relayed).
-fn p2p_round(c: &Communicator, dt: DataType, it: u64, rng: &mut Rng, relay_via: bool, floor: usize) -> u64 {
+/// against the senders' inputs with guard bands. Returns how many of this rank's sends and
+/// receives go through its forwarding peer (`relay_via`: it has one other than itself;
+/// `floor`: the least length relayed).
+fn p2p_round(c: &Communicator, dt: DataType, it: u64, rng: &mut Rng, relay_via: bool, floor: usize) -> (u64, u64) {
     let (r, n, dev) = (c.rank(), c.size(), c.device().clone());
     let es = dt.size();
     let mut sends: Vec<(usize, usize, usize)> = Vec::new(); // (from, to, count)
@@ -735,7 +736,10 @@ fn p2p_round(c: &Communicator, dt: DataType, it: u64, rng: &mut Rng, relay_via: 
         assert_eq!(b.guard_damage(&got), 0, "round {it}: guard bands of the receive from rank {u}");
     }
     let other = |v: usize| c.topology().ranks()[v].node != c.topology().ranks()[r].node;
-    sends.iter().filter(|x| relay_via && x.0 == r && other(x.1) && x.2 > 0 && x.2 * es >= floor).count() as u64
+    let relayed = |x: &&(usize, usize, usize)| relay_via && x.2 > 0 && x.2 * es >= floor;
+    let out = sends.iter().filter(|x| x.0 == r && other(x.1)).filter(relayed).count() as u64;
+    let inn = sends.iter().filter(|x| x.1 == r && other(x.0)).filter(relayed).count() as u64;
+    (out, inn)
 }
 
 /// `nodes` virtual nodes of `per_node` thread ranks, forwarding peers `fwd` by local rank:
@@ -755,24 +759,29 @@ fn relayed_sends(b: Backend, nodes: usize, per_node: usize, fwd: &[usize], cfg: 
         let r = c.rank();
         let via = c.topology().ranks()[r].forwarding_peer != r;
         let mut rng = Rng(seed);
-        let mut expect = 0;
+        let (mut out, mut inn) = (0, 0);
         for it in 0..8 {
-            expect += p2p_round(c, dtype_of(engine, it), seed * 100 + it, &mut rng, via && on, floor);
+            let (o, i) = p2p_round(c, dtype_of(engine, it), seed * 100 + it, &mut rng, via && on, floor);
+            (out, inn) = (out + o, inn + i);
         }
         quiesce(c);
         let got = c.relay_counts();
-        assert_eq!(got.handed, expect, "rank {r}: sends handed to the forwarding peer");
+        assert_eq!((got.handed, got.recv_handed), (out, inn), "rank {r}: sends and receives handed to the forwarding peer");
         let mut t = t.lock().unwrap();
         (t.handed, t.refused, t.carried, t.carried_bytes) = (t.handed + got.handed, t.refused + got.refused, t.carried + got.carried, t.carried_bytes + got.carried_bytes);
+        (t.recv_handed, t.recv_refused, t.recv_carried, t.recv_carried_bytes) =
+            (t.recv_handed + got.recv_handed, t.recv_refused + got.recv_refused, t.recv_carried + got.recv_carried, t.recv_carried_bytes + got.recv_carried_bytes);
     });
     let t = *totals.lock().unwrap();
     eprintln!("{nodes} x {per_node}, forwarding {fwd:?}: {t:?}");
     assert_eq!(t.carried + t.refused, t.handed, "every handed send carried or refused: {t:?}");
+    assert_eq!(t.recv_carried + t.recv_refused, t.recv_handed, "every handed receive landed or refused: {t:?}");
     if on && fwd.iter().enumerate().any(|(l, f)| l != *f) {
         if refuse {
-            assert!(t.refused > 0 && t.carried == 0, "the forwarding peers carried what they should refuse: {t:?}");
+            assert!(t.refused > 0 && t.carried == 0 && t.recv_refused > 0 && t.recv_carried == 0, "the forwarding peers carried what they should refuse: {t:?}");
         } else {
-            assert!(t.carried > 0 && t.carried_bytes > 0 && t.refused == 0, "nothing relayed: {t:?}");
+            assert!(t.carried > 0 && t.carried_bytes > 0 && t.refused == 0, "no send relayed: {t:?}");
+            assert!(t.recv_carried > 0 && t.recv_carried_bytes > 0 && t.recv_refused == 0, "no receive relayed: {t:?}");
         }
     }
 }
@@ -831,7 +840,7 @@ fn relay_processes(backend: Backend) {
         let w: Vec<&str> = l.split_whitespace().collect();
         let at = w.iter().position(|x| *x == "handed").unwrap();
         handed += w[at + 1].parse::<u64>().unwrap() - w[at + 3].parse::<u64>().unwrap();
-        carried += w[at + 5].parse::<u64>().unwrap();
+        carried += w[at + 5].parse::<u64>().unwrap() + w[at + 7].parse::<u64>().unwrap();
     }
     eprintln!("processes: {handed} sends relayed, {carried} carried");
     assert!(handed > 0 && handed == carried, "handed (less refused) {handed}, carried {carried}: {lines:?}");

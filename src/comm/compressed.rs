@@ -291,7 +291,7 @@ impl CodecState {
                 status: ring.dev_addr(slot),
                 bounce_to: bounce.map(|_| (x.ptr, x.len)),
             });
-            recvs[i] = Transfer { peer: x.peer, ptr: base.add(off), len: cap, alloc: Some(alloc), fill: Fill::UpTo, forward: false };
+            recvs[i] = Transfer { peer: x.peer, ptr: base.add(off), len: cap, alloc: Some(alloc), fill: Fill::UpTo, forward: x.forward };
         }
         log::trace!(
             "{OP}: {} compressed sends{}, {} compressed receives, {total} staging bytes",
@@ -433,7 +433,7 @@ impl CodecState {
                     len: cap,
                     alloc: Some(alloc),
                     fill: Fill::Landed { flag: landed_at + l, v },
-                    forward: false,
+                    forward: x.forward,
                 })),
                 None => recvs.push(x),
             }

@@ -125,18 +125,15 @@ impl Communicator {
     fn point_to_point(&self, name: &'static str, op: &OpDesc, peer: usize, send: bool) -> Result<Ranges> {
         self.check_peer(name, peer)?;
         let len = Self::bytes(name, op.count, op.dtype)?;
-        if send {
-            let mut x = self.region(name, "send", op.send, len)?.whole(peer)?;
-            // Through the forwarding peer (`transport::relay`): to another node, and at least
-            // a socket chunk (a smaller send crosses as one frame either way, and the relay's
-            // records would only add to its latency).
-            x.forward = !self.topo.same_node(self.rank, peer)
-                && (self.config.stage_every_call || len >= self.config.staged_min_flow_bytes)
-                && relay_via(&self.topo, self.rank, &self.config).is_some();
-            Ok((vec![x], vec![]))
-        } else {
-            Ok((vec![], vec![self.region(name, "receive", op.recv, len)?.whole(peer)?]))
-        }
+        let (what, ptr) = if send { ("send", op.send) } else { ("receive", op.recv) };
+        let mut x = self.region(name, what, ptr, len)?.whole(peer)?;
+        // Through the forwarding peer (`transport::relay`): with another node, and at least a
+        // socket chunk (a smaller transfer crosses as one frame either way, and the relay's
+        // records would only add to its latency).
+        x.forward = !self.topo.same_node(self.rank, peer)
+            && (self.config.stage_every_call || len >= self.config.staged_min_flow_bytes)
+            && relay_via(&self.topo, self.rank, &self.config).is_some();
+        Ok(if send { (vec![x], vec![]) } else { (vec![], vec![x]) })
     }
 
     fn all_gather_ranges(&self, name: &'static str, op: &OpDesc) -> Result<Ranges> {

@@ -102,6 +102,10 @@ pub struct RelayCounts {
     pub refused: u64,
     pub carried: u64,
     pub carried_bytes: u64,
+    pub recv_handed: u64,
+    pub recv_refused: u64,
+    pub recv_carried: u64,
+    pub recv_carried_bytes: u64,
 }
 
 /// A cached plan: the call's flows (element units) and element size.
@@ -342,11 +346,21 @@ impl Communicator {
 
     /// This rank's relays so far (`transport::relay`): point-to-point sends it handed to its
     /// forwarding peer, those of them the peer could not carry (sent directly), and the
-    /// sends of other ranks it carried, with their bytes.
+    /// sends of other ranks it carried, with their bytes; the same for receives (landed by
+    /// the forwarding peer, `recv_*`).
     pub fn relay_counts(&self) -> RelayCounts {
         let s = &self.engine.shared.relays;
         let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
-        RelayCounts { handed: get(&s.handed), refused: get(&s.refused), carried: get(&s.carried), carried_bytes: get(&s.carried_bytes) }
+        RelayCounts {
+            handed: get(&s.handed),
+            refused: get(&s.refused),
+            carried: get(&s.carried),
+            carried_bytes: get(&s.carried_bytes),
+            recv_handed: get(&s.recv_handed),
+            recv_refused: get(&s.recv_refused),
+            recv_carried: get(&s.recv_carried),
+            recv_carried_bytes: get(&s.recv_carried_bytes),
+        }
     }
 
     /// The layout, computed once.

@@ -45,8 +45,8 @@ pub struct Transfer {
     pub alloc: Option<Allocation>,
     /// How many of the `len` bytes move.
     pub fill: Fill,
-    /// A send that this rank's forwarding peer may carry to a rank of another node
-    /// (`transport::relay`; set by point-to-point sends).
+    /// A send that this rank's forwarding peer may carry to a rank of another node, or a
+    /// receive from one that it may land (`transport::relay`; set by point-to-point calls).
     pub forward: bool,
 }
 

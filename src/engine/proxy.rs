@@ -689,7 +689,9 @@ impl Proxy {
         // A receive that waits for other transfers ([`Order`]) is offered once they are
         // complete (`release_after`).
         for r in st.recvs.iter().enumerate().filter(|(i, r)| r.x.peer != me && !r.gated && !st.recv_held(*i)).map(|x| x.1) {
-            match self.transport.expose(r.x.peer, Region { seq, ptr: r.x.ptr, len: r.x.len, alloc: r.x.alloc }) {
+            let region = Region { seq, ptr: r.x.ptr, len: r.x.len, alloc: r.x.alloc };
+            let exposed_one = if r.x.forward { self.transport.expose_forwarded(r.x.peer, region) } else { self.transport.expose(r.x.peer, region) };
+            match exposed_one {
                 Ok(remote) => ready.push((r.x.peer, Tag { pair_seq: pair_seq(&st.op, r.x.peer), k: r.k }, remote)),
                 Err(e) => {
                     exposed = Err(e);
@@ -824,7 +826,8 @@ impl Proxy {
     fn offer(&mut self, seq: u64, i: usize) -> Result<()> {
         let Some(st) = self.ops.get_mut(&seq) else { return Ok(()) };
         let Some(r) = st.recvs.get(i).filter(|_| st.started) else { return Ok(()) };
-        let remote = self.transport.expose(r.x.peer, Region { seq, ptr: r.x.ptr, len: r.x.len, alloc: r.x.alloc })?;
+        let region = Region { seq, ptr: r.x.ptr, len: r.x.len, alloc: r.x.alloc };
+        let remote = if r.x.forward { self.transport.expose_forwarded(r.x.peer, region)? } else { self.transport.expose(r.x.peer, region)? };
         self.transport.post_ready(r.x.peer, Tag { pair_seq: pair_seq(&st.op, r.x.peer), k: r.k }, remote);
         st.mark(Step::ReadySent);
         Ok(())

@@ -59,6 +59,26 @@ pub enum MsgKind {
     /// Forwarding peer → sender: relay `seq` cannot be carried (the sender's allocation
     /// cannot be mapped here now): the sender sends it itself.
     RelayRefused = 11,
+    /// Receiver → its forwarding peer (`relay`): land my receive (relay `seq`, `len` bytes)
+    /// of a send of rank `code` of another node. Followed at once by a `RecvBuf` record.
+    RecvDst = 12,
+    /// Receiver → its forwarding peer: that receive's transfer (`k` of op `seq` with the
+    /// sender) and its buffer (the region fields, as in a `Ready`).
+    RecvBuf = 13,
+    /// Forwarding peer → receiver: relay `seq` is open there as receive `alloc_id` (its
+    /// token with the sender).
+    RecvExposed = 14,
+    /// Forwarding peer → receiver: all `len` bytes of relay `seq` are in the buffer.
+    RecvLanded = 15,
+    /// Forwarding peer → receiver: bytes of relay `seq` keep landing.
+    RecvProgress = 16,
+    /// Receiver → forwarding peer: relay `seq` is cancelled (its op failed).
+    RecvCancel = 17,
+    /// Forwarding peer → receiver: relay `seq` cannot be landed there now (the buffer's
+    /// allocation cannot be mapped): the receiver takes the bytes itself.
+    RecvRefused = 18,
+    /// Forwarding peer → receiver: relay `seq` failed there (`code` = ErrorCode).
+    RecvFail = 19,
 }
 
 /// `Msg::code` of a `Ready` record announcing a gated transfer (`same_host`).
@@ -120,6 +140,14 @@ impl Msg {
             9 => Some(MsgKind::RelayCancel),
             10 => Some(MsgKind::RelayProgress),
             11 => Some(MsgKind::RelayRefused),
+            12 => Some(MsgKind::RecvDst),
+            13 => Some(MsgKind::RecvBuf),
+            14 => Some(MsgKind::RecvExposed),
+            15 => Some(MsgKind::RecvLanded),
+            16 => Some(MsgKind::RecvProgress),
+            17 => Some(MsgKind::RecvCancel),
+            18 => Some(MsgKind::RecvRefused),
+            19 => Some(MsgKind::RecvFail),
             _ => None,
         }
     }

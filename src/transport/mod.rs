@@ -228,6 +228,33 @@ pub trait Transport: Send {
         Err(Error::internal("Transport::start_write_mapped", format!("this transport carries no relayed send to rank {peer}")))
     }
 
+    /// As [`expose`](Transport::expose), for a point-to-point receive from a rank of another
+    /// node that this rank's forwarding peer may land ([`relay`]). Transports that do not
+    /// relay expose it as any receive.
+    fn expose_forwarded(&mut self, peer: usize, region: Region) -> Result<RemoteBuffer> {
+        self.expose(peer, region)
+    }
+
+    /// A forwarding peer ([`relay`]): make `region` (memory mapped from another rank of
+    /// this node, `region.alloc` the mapping's extent) the receive of transfer `tag` from
+    /// `peer`; returns its token. Its landing and progress go to
+    /// [`take_relay_landings`](Transport::take_relay_landings), not to this rank's engine.
+    fn expose_relayed(&mut self, peer: usize, tag: Tag, region: Region) -> Result<u64> {
+        let _ = (tag, region);
+        Err(Error::internal("Transport::expose_relayed", format!("this transport lands no relayed receive from rank {peer}")))
+    }
+
+    /// The relayed receives landed or progressing since the last call, by token
+    /// ([`expose_relayed`](Transport::expose_relayed)).
+    fn take_relay_landings(&mut self, out: &mut Vec<(u64, Signal)>) {
+        let _ = out;
+    }
+
+    /// Forget relayed receive `token` (its op failed): its data is read and dropped.
+    fn forget_receive(&mut self, token: u64) {
+        let _ = token;
+    }
+
     /// Whether the proxy must look for work often while it has none of its own: it carries
     /// other ranks' sends ([`relay`]), which arrive without an op of its own to wake it.
     fn wake_often(&self) -> bool {

@@ -45,7 +45,18 @@ impl Transport for Route {
     }
 
     fn post_ready(&mut self, peer: usize, tag: Tag, remote: RemoteBuffer) {
+        if self.relays.as_mut().is_some_and(|r| r.post_recv(&mut self.near, tag, &remote)) {
+            return;
+        }
         self.to(peer).post_ready(peer, tag, remote)
+    }
+
+    fn expose_forwarded(&mut self, peer: usize, region: Region) -> Result<RemoteBuffer> {
+        let far = self.is_far.get(peer).copied().unwrap_or(false);
+        match self.relays.as_mut().filter(|r| far && region.len > 0 && r.via().is_some()) {
+            Some(r) => r.ask_recv(&mut self.near, peer, region),
+            None => self.to(peer).expose(peer, region),
+        }
     }
 
     fn signal_failure(&mut self, peer: usize, pair_seq: u64, code: u32) {
@@ -54,7 +65,8 @@ impl Transport for Route {
 
     fn poll_signals(&mut self, out: &mut Vec<Incoming>) -> bool {
         let a = self.near.poll_signals(out);
-        self.far.poll_signals(out) | a
+        let b = self.relays.as_mut().is_some_and(|r| r.take_incoming(out));
+        self.far.poll_signals(out) | a | b
     }
 
     fn start_write(&mut self, id: FlowId, peer: usize, tag: Tag, src: DevPtr, remote: &RemoteBuffer, len: usize) -> Result<()> {

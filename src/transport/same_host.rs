@@ -372,7 +372,7 @@ impl SameHost {
     }
 
     /// Relays (`relay`): describe `len` bytes at `src` (this rank's memory) for `peer` to
-    /// read through its mapping of the allocation.
+    /// read or write through its mapping of the allocation.
     pub fn expose_source(&mut self, peer: usize, src: DevPtr, len: usize) -> Result<Wire> {
         let a = self.dev.allocation(src)?;
         match src.0.checked_add(len as u64) {
@@ -382,7 +382,7 @@ impl SameHost {
     }
 
     /// Relays: map the `len` bytes `peer` described with [`expose_source`](Self::expose_source)
-    /// for reading; their address here, the mapped allocation as an [`Allocation`] of this
+    /// (to read a relayed send's bytes or write a relayed receive's); their address here, the mapped allocation as an [`Allocation`] of this
     /// address space, and the pin to [`unmap`](Self::unmap) once no copy reads them. None
     /// when stale mappings of the peer keep the allocation from being mapped now.
     pub fn map_source(&mut self, peer: usize, wire: &Wire, len: usize) -> Result<Option<(DevPtr, Allocation, Mapped)>> {
@@ -412,12 +412,9 @@ impl SameHost {
     }
 }
 
-/// Whether `m` is a relay record (`relay`).
+/// Whether `m` is a relay record (`relay`): every kind past the four signals.
 fn is_relay(m: &Msg) -> bool {
-    matches!(
-        m.kind(),
-        Some(MsgKind::RelayDst | MsgKind::RelaySrc | MsgKind::RelayDone | MsgKind::RelayFail | MsgKind::RelayCancel | MsgKind::RelayProgress | MsgKind::RelayRefused)
-    )
+    m.kind().is_some_and(|k| !matches!(k, MsgKind::Ready | MsgKind::Landed | MsgKind::Fail | MsgKind::Progress))
 }
 
 /// The signal a mailbox record carries, or why the record is malformed. A record comes from

@@ -260,6 +260,9 @@ struct Slot {
     /// The rank whose connections may carry its data besides `peer`: the peer's forwarding
     /// peer, which carries the peer's point-to-point sends (`relay`).
     writer: Option<usize>,
+    /// A receive this rank lands for another rank of its node (`relay`): its landing goes
+    /// to [`Transport::take_relay_landings`], not to this rank's engine.
+    relayed: bool,
     /// The op it belongs to (what an error about it names).
     seq: u64,
     ptr: DevPtr,
@@ -403,6 +406,8 @@ pub struct Socket {
     pad: Box<[u8]>,
     /// Results gathered while reading, handed out by `poll_signals` and `progress`.
     incoming: Vec<Incoming>,
+    /// Landings and progress of relayed receives, by token (`take_relay_landings`).
+    relay_landings: Vec<(u64, Signal)>,
     done: Vec<FlowId>,
     advanced: Vec<u64>,
     failed: VecDeque<(u64, Error)>,
@@ -467,6 +472,7 @@ impl Socket {
             recv_bucket: Bucket::new(links.gbps),
             pad: vec![0u8; 64 << 10].into_boxed_slice(),
             incoming: Vec::new(),
+            relay_landings: Vec::new(),
             done: Vec::new(),
             advanced: Vec::new(),
             failed: VecDeque::new(),
@@ -498,12 +504,37 @@ impl Socket {
             None => Some(Span::in_allocation(OP, src, len, alloc)?),
             Some(_) => None,
         };
+        // The receiver's forwarding peer lands the bytes (`relay`): they go to it.
+        let peer = match remote.wire.base {
+            0 => peer,
+            via => usize::try_from(via - 1).ok().filter(|v| self.reaches(*v)).ok_or_else(|| Error::Remote { op: OP, peer, what: format!("named rank {} to land its receive, which this rank does not reach", via - 1) })?,
+        };
         let p = self.peer(peer)?;
         if let Some(why) = &p.gone {
             return Err(Error::Remote { op: OP, peer, what: why.clone() });
         }
         p.flows.push_back(OutFlow { id, tag, token: remote.wire.alloc_id, src, span, len, next: 0 });
         Ok(())
+    }
+
+    /// Payloads being read for the receives `dropped` (of `peer`, already forgotten) are
+    /// read and dropped instead: their buffers may be freed. They may come on the peer's
+    /// connections or its forwarding peer's.
+    fn discard_payloads(&mut self, peer: usize, dropped: &[u64]) {
+        let writers = [Some(peer), self.forwarder_of.get(peer).copied()];
+        for w in writers.into_iter().flatten() {
+            let Some(p) = self.peers.get_mut(w).and_then(Option::as_mut) else { continue };
+            for c in &mut p.conns {
+                if let InState::Payload { token, sink, .. } | InState::Trailer { token, sink, .. } = &mut c.inp {
+                    if dropped.contains(token) {
+                        if let Sink::Staged { slot: Some(s), .. } = std::mem::replace(sink, Sink::Discard) {
+                            self.freed.push(s);
+                        }
+                    }
+                }
+            }
+        }
+        self.settle();
     }
 
     /// Queue a control frame to `peer` (dropped, with a debug line, when it is gone).
@@ -652,7 +683,7 @@ impl Socket {
             moved = true;
             st.recv_free.push(slot);
             if let Some(p) = self.peers[i].as_mut().filter(|p| p.gone.is_none()) {
-                landed(&mut self.slots, p, token, n, &mut self.incoming);
+                landed(&mut self.slots, p, token, n, &mut self.incoming, &mut self.relay_landings);
             }
         }
         moved
@@ -724,6 +755,7 @@ impl Socket {
                 bucket: &mut self.recv_bucket,
                 pad: &mut self.pad,
                 incoming: &mut self.incoming,
+                relay_landings: &mut self.relay_landings,
                 done: &mut self.done,
                 advanced: &mut self.advanced,
                 failed: &mut self.failed,
@@ -750,20 +782,27 @@ impl Socket {
 /// `n` more bytes of receive `token` are in place, carried by `writer` (the peer whose
 /// send it is, or that peer's forwarding peer); when it has all its bytes, report `Landed`
 /// to this rank's engine (from the peer whose send it is) and queue `Done` to the writer.
-fn landed(slots: &mut HashMap<u64, Slot>, writer: &mut Peer, token: u64, n: u64, incoming: &mut Vec<Incoming>) {
+fn landed(slots: &mut HashMap<u64, Slot>, writer: &mut Peer, token: u64, n: u64, incoming: &mut Vec<Incoming>, relayed: &mut Vec<(u64, Signal)>) {
     let Some(slot) = slots.get_mut(&token) else { return };
     slot.received += n;
     let Some(total) = slot.total else { return };
-    let (from, pair_seq, k) = (slot.peer, slot.pair_seq.unwrap_or(0), slot.k);
+    let (from, pair_seq, k, relay) = (slot.peer, slot.pair_seq.unwrap_or(0), slot.k, slot.relayed);
+    let mut tell = |signal: Signal| {
+        if relay {
+            relayed.push((token, signal));
+        } else {
+            incoming.push(Incoming { from, pair_seq, signal });
+        }
+    };
     if slot.received < total {
         if n > 0 && slot.told.elapsed() >= PROGRESS_EVERY {
             slot.told = Instant::now();
-            incoming.push(Incoming { from, pair_seq, signal: Signal::Progress { k } });
+            tell(Signal::Progress { k });
         }
         return;
     }
     slots.remove(&token);
-    incoming.push(Incoming { from, pair_seq, signal: Signal::Landed { k, len: total } });
+    tell(Signal::Landed { k, len: total });
     let mut d = Header::new(Kind::Done, pair_seq, k);
     (d.a, d.token) = (total, token);
     writer.ctrl.push_back(d);
@@ -783,18 +822,19 @@ impl Transport for Socket {
             return Err(Error::Remote { op: OP, peer, what: why.clone() });
         }
         let writer = self.forwarder_of.get(peer).copied().filter(|f| *f != peer);
-        let slot = Slot { peer, writer, seq: region.seq, ptr: region.ptr, len: region.len, span, pair_seq: None, k: 0, total: None, received: 0, told: Instant::now() };
+        let slot = Slot { peer, writer, relayed: false, seq: region.seq, ptr: region.ptr, len: region.len, span, pair_seq: None, k: 0, total: None, received: 0, told: Instant::now() };
         self.slots.insert(token, slot);
         let wire = Wire { alloc_id: token, ..Wire::empty(std::process::id()) };
         Ok(RemoteBuffer { len: region.len as u64, wire })
     }
 
     fn post_ready(&mut self, peer: usize, tag: Tag, remote: RemoteBuffer) {
-        if let Some(slot) = self.slots.get_mut(&remote.wire.alloc_id).filter(|s| s.peer == peer) {
+        // A buffer another rank lands (`wire.base` = 1 + that rank) has its token there.
+        if let Some(slot) = self.slots.get_mut(&remote.wire.alloc_id).filter(|s| s.peer == peer && remote.wire.base == 0) {
             slot.pair_seq = Some(tag.pair_seq);
         }
         let mut h = Header::new(Kind::Ready, tag.pair_seq, tag.k);
-        (h.a, h.token) = (remote.len, remote.wire.alloc_id);
+        (h.a, h.token, h.offset) = (remote.len, remote.wire.alloc_id, remote.wire.base);
         self.post(peer, h);
     }
 
@@ -803,27 +843,13 @@ impl Transport for Socket {
         // the payloads being read included (their buffers may be freed once the op failed).
         let mut dropped = Vec::new();
         self.slots.retain(|t, s| {
-            let keep = s.peer != peer || s.pair_seq != Some(pair_seq);
+            let keep = s.relayed || s.peer != peer || s.pair_seq != Some(pair_seq);
             if !keep {
                 dropped.push(*t);
             }
             keep
         });
-        // Their payloads may be read from the peer's connections or its forwarder's.
-        let writers = [Some(peer), self.forwarder_of.get(peer).copied()];
-        for w in writers.into_iter().flatten() {
-            let Some(p) = self.peers.get_mut(w).and_then(Option::as_mut) else { continue };
-            for c in &mut p.conns {
-                if let InState::Payload { token, sink, .. } | InState::Trailer { token, sink, .. } = &mut c.inp {
-                    if dropped.contains(token) {
-                        if let Sink::Staged { slot: Some(s), .. } = std::mem::replace(sink, Sink::Discard) {
-                            self.freed.push(s);
-                        }
-                    }
-                }
-            }
-        }
-        self.settle();
+        self.discard_payloads(peer, &dropped);
         let mut h = Header::new(Kind::Failed, pair_seq, 0);
         h.a = code as u64;
         self.post(peer, h);
@@ -846,6 +872,33 @@ impl Transport for Socket {
 
     fn start_write_mapped(&mut self, id: FlowId, peer: usize, tag: Tag, src: DevPtr, src_alloc: Allocation, remote: &RemoteBuffer, len: usize) -> Result<()> {
         self.write_from(id, peer, tag, src, Some(src_alloc), remote, len)
+    }
+
+    fn expose_relayed(&mut self, peer: usize, tag: Tag, region: Region) -> Result<u64> {
+        let span = match self.stage {
+            None => Some(Span::in_allocation(OP, region.ptr, region.len, region.alloc)?),
+            Some(_) => None,
+        };
+        let token = self.next_token;
+        self.next_token += 1;
+        let p = self.peer(peer)?;
+        if let Some(why) = &p.gone {
+            return Err(Error::Remote { op: OP, peer, what: why.clone() });
+        }
+        let writer = self.forwarder_of.get(peer).copied().filter(|f| *f != peer);
+        let slot = Slot { peer, writer, relayed: true, seq: region.seq, ptr: region.ptr, len: region.len, span, pair_seq: Some(tag.pair_seq), k: tag.k, total: None, received: 0, told: Instant::now() };
+        self.slots.insert(token, slot);
+        Ok(token)
+    }
+
+    fn take_relay_landings(&mut self, out: &mut Vec<(u64, Signal)>) {
+        out.append(&mut self.relay_landings);
+    }
+
+    fn forget_receive(&mut self, token: u64) {
+        if let Some(s) = self.slots.remove(&token) {
+            self.discard_payloads(s.peer, &[token]);
+        }
     }
 
     fn progress(&mut self, done: &mut Vec<FlowId>, advanced: &mut Vec<u64>) -> std::result::Result<bool, (u64, Error)> {
@@ -1091,6 +1144,7 @@ struct Reader<'a> {
     bucket: &'a mut Bucket,
     pad: &'a mut [u8],
     incoming: &'a mut Vec<Incoming>,
+    relay_landings: &'a mut Vec<(u64, Signal)>,
     done: &'a mut Vec<FlowId>,
     advanced: &'a mut Vec<u64>,
     failed: &'a mut VecDeque<(u64, Error)>,
@@ -1180,7 +1234,7 @@ impl Reader<'_> {
                     let sink = std::mem::replace(sink, Sink::Discard);
                     conn.inp = InState::Header { buf: [0; HDR], got: 0 };
                     match (status, sink) {
-                        (INTACT, Sink::Direct(_)) => landed(self.slots, self.peer, token, bytes as u64, self.incoming),
+                        (INTACT, Sink::Direct(_)) => landed(self.slots, self.peer, token, bytes as u64, self.incoming, self.relay_landings),
                         (INTACT, Sink::Staged { dst, slot: Some(s), filled }) => self.drain(token, dst, s, filled),
                         (INTACT | CANCELLED, Sink::Discard) => {}
                         (CANCELLED, sink) => {
@@ -1216,7 +1270,8 @@ impl Reader<'_> {
     fn frame(&mut self, c: usize, h: Header) -> std::result::Result<(), String> {
         let from = self.from;
         let signal = match h.kind {
-            Kind::Ready => Signal::Ready { k: h.k, remote: RemoteBuffer { len: h.a, wire: Wire { alloc_id: h.token, ..Wire::empty(0) } } },
+            // `offset`: 1 + the rank that lands the bytes for the receiver (`relay`), or 0.
+            Kind::Ready => Signal::Ready { k: h.k, remote: RemoteBuffer { len: h.a, wire: Wire { alloc_id: h.token, base: h.offset, ..Wire::empty(0) } } },
             Kind::Failed => Signal::Failed { code: h.a as u32 },
             Kind::Bye => {
                 self.peer.bye = true;
@@ -1253,7 +1308,7 @@ impl Reader<'_> {
                     self.peer.conns[c].inp = InState::Payload { token: h.token, sink, at: h.offset as usize, left: h.payload as usize, len: h.payload as usize };
                 }
                 // An empty transfer is complete at its header.
-                landed(self.slots, self.peer, h.token, 0, self.incoming);
+                landed(self.slots, self.peer, h.token, 0, self.incoming, self.relay_landings);
                 return Ok(());
             }
         };
