@@ -1,3 +1,3 @@
-# 2026-12-04T08:36Z, binaries of commit 2b708a1, 1 GPU (h200-1gpu), 2 virtual nodes x 2 ranks as processes under MPS (CUDA_DEVICE_MAX_CONNECTIONS=8), no rate limit; fwd=0 direct, fwd=1 relayed through the node peer; two rounds, alternating (build/diag script, per round and fwd):
+# 2026-12-04T08:43Z, binaries of commit 3ef73b9, 1 GPU (h200-1gpu), 2 virtual nodes x 2 ranks as processes under MPS (CUDA_DEVICE_MAX_CONNECTIONS=8), no rate limit; fwd=0 direct, fwd=1 relayed through the node peers (sending and receiving side); three rounds, alternating (per round and fwd):
 env HOCCL_VIRTUAL_NODES=2 HOCCL_NET_GBPS=0 HOCCL_ENGINE=ce HOCCL_BACKEND=cuda HOCCL_FORWARDING=$fwd HOCCL_FORWARDING_PEERS=1,0 mpirun --oversubscribe -np 4 net_bench --iters 7 --ops sendrecv --sizes 4M,16M,64M
 # columns as in internode-relay.txt: op bytes time_us sim_direct sim_planned meas/sim plan/dir check kernels proxy_cpu_s/GB
