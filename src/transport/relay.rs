@@ -157,6 +157,26 @@ pub struct Relays {
     landings: Vec<(u64, Signal)>,
 }
 
+/// Answer `from`'s request `cookie` to carry a send or land a receive: nothing when it
+/// started (`Ok(true)`), `kinds.0` when the buffer cannot be mapped now (counted in
+/// `refused`), `kinds.1` with the error's code when it failed.
+fn answer(near: &mut SameHost, from: usize, cookie: u64, r: Result<bool>, refused: &AtomicU64, kinds: (MsgKind, MsgKind)) {
+    let (kind, code) = match r {
+        Ok(true) => return,
+        Ok(false) => {
+            refused.fetch_add(1, Ordering::Relaxed);
+            (kinds.0, 0)
+        }
+        Err(e) => {
+            log::debug!("hoccl: cannot relay rank {from}'s transfer: {e}");
+            (kinds.1, e.code() as u32)
+        }
+    };
+    let mut m = Msg::new(kind, cookie, 0);
+    m.code = code;
+    near.post_record(from, m);
+}
+
 /// The far transport's description of a receive, as a `RelayDst` record carries it.
 fn remote_of(m: &Msg) -> RemoteBuffer {
     RemoteBuffer { len: m.len, wire: Wire { alloc_id: m.alloc_id, alloc_len: m.alloc_len, base: m.base, offset: m.offset, pid: m.pid, handle: m.handle, gated: false, staged: 0 } }
@@ -427,26 +447,13 @@ impl Relays {
                 }
             }
             Some(MsgKind::RelaySrc) => {
-                let reply = |near: &mut SameHost, kind: MsgKind, code: u32| {
-                    let mut r = Msg::new(kind, cookie, 0);
-                    r.code = code;
-                    near.post_record(from, r);
-                };
                 let Some(d) = self.dst.remove(&from) else {
                     log::error!("hoccl: rank {from} sent the bytes of a relayed send it did not announce (malformed records)");
-                    return reply(near, MsgKind::RelayFail, ErrorCode::Internal as u32);
+                    let e = Error::internal(OP, "bytes of a send not announced");
+                    return answer(near, from, cookie, Err(e), &self.stats.refused, (MsgKind::RelayRefused, MsgKind::RelayFail));
                 };
-                match self.carry(near, far, is_far, from, &d, &m) {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        self.stats.refused.fetch_add(1, Ordering::Relaxed);
-                        reply(near, MsgKind::RelayRefused, 0);
-                    }
-                    Err(e) => {
-                        log::debug!("hoccl: cannot carry rank {from}'s send to rank {}: {e}", d.code);
-                        reply(near, MsgKind::RelayFail, e.code() as u32);
-                    }
-                }
+                let r = self.carry(near, far, is_far, from, &d, &m);
+                answer(near, from, cookie, r, &self.stats.refused, (MsgKind::RelayRefused, MsgKind::RelayFail));
             }
             Some(MsgKind::RelayCancel) => {
                 if let Some(seq) = self.by_origin.get(&(from, cookie)).copied() {
@@ -489,22 +496,8 @@ impl Relays {
                     log::error!("hoccl: rank {from} sent the buffer of a relayed receive it did not announce (malformed records)");
                     return;
                 };
-                let reply = |near: &mut SameHost, kind: MsgKind, code: u32| {
-                    let mut r = Msg::new(kind, d.seq, 0);
-                    r.code = code;
-                    near.post_record(from, r);
-                };
-                match self.land(near, far, is_far, from, &d, &m) {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        self.stats.recv_refused.fetch_add(1, Ordering::Relaxed);
-                        reply(near, MsgKind::RecvRefused, 0);
-                    }
-                    Err(e) => {
-                        log::debug!("hoccl: cannot land rank {from}'s receive from rank {}: {e}", d.code);
-                        reply(near, MsgKind::RecvFail, e.code() as u32);
-                    }
-                }
+                let r = self.land(near, far, is_far, from, &d, &m);
+                answer(near, from, d.seq, r, &self.stats.recv_refused, (MsgKind::RecvRefused, MsgKind::RecvFail));
             }
             Some(MsgKind::RecvCancel) => {
                 if let Some(seq) = self.by_origin.get(&(from, cookie)).copied() {
