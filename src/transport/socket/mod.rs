@@ -507,7 +507,11 @@ impl Socket {
         // The receiver's forwarding peer lands the bytes (`relay`): they go to it.
         let peer = match remote.wire.base {
             0 => peer,
-            via => usize::try_from(via - 1).ok().filter(|v| self.reaches(*v)).ok_or_else(|| Error::Remote { op: OP, peer, what: format!("named rank {} to land its receive, which this rank does not reach", via - 1) })?,
+            // Only the receiver's own forwarding peer may land its bytes.
+            via => usize::try_from(via - 1)
+                .ok()
+                .filter(|v| self.reaches(*v) && self.forwarder_of.get(peer) == Some(v))
+                .ok_or_else(|| Error::Remote { op: OP, peer, what: format!("named rank {} to land its receive, which is not its forwarding peer (corrupt Ready)", via - 1) })?,
         };
         let p = self.peer(peer)?;
         if let Some(why) = &p.gone {
@@ -1718,7 +1722,9 @@ mod tests {
     /// A rank's forwarding peer may carry its sends (`relay`): rank 2 writes rank 1's
     /// transfer into rank 0's buffer, which lands there as rank 1's (its `Landed` from rank
     /// 1, the `Done` to rank 2), through direct I/O and through staging; a rank that is
-    /// neither the sender nor its forwarding peer is refused (gone), the buffer untouched.
+    /// neither the sender nor its forwarding peer is refused (gone), the buffer untouched;
+    /// a `Ready` naming a rank other than the receiver's forwarding peer to land the bytes
+    /// is refused at the write.
     #[test]
     fn forwarded_writes_land_and_others_are_refused() {
         for (i, staging) in [[None, None, None], [Some(64 << 10), None, Some(64 << 10)]].into_iter().enumerate() {
@@ -1748,6 +1754,11 @@ mod tests {
             let mut back = vec![0u8; len];
             dev.copy_to_host(&mut back, dst).unwrap();
             assert!(back == data, "case {i}: the forwarded bytes");
+            // A Ready may name only the receiver's forwarding peer as the rank that lands
+            // its bytes (rank 0 forwards through itself).
+            let via2 = RemoteBuffer { len: 16, wire: Wire { alloc_id: 1, base: 3, ..Wire::empty(0) } };
+            let e = t[1].start_write(FlowId { seq: 8, idx: 0 }, 0, Tag { pair_seq: 7, k: 0 }, src, &via2, 16).unwrap_err();
+            assert!(e.to_string().contains("not its forwarding peer"), "{e}");
             // Rank 1 writing rank 2's transfer (rank 2 forwards through itself) is refused.
             let spare = dev.alloc(4096).unwrap();
             let remote = t[0].expose(2, Region { seq: 2, ptr: spare, len: 4096, alloc: Some(dev.allocation(spare).unwrap()) }).unwrap();
