@@ -816,9 +816,10 @@ fn relays_staged_and_verbs() {
     relayed_sends(Backend::Host, 2, 2, &[1, 0], Config { stage_every_call: true, ..verbs_config(EngineChoice::CopyEngine) }, 49);
 }
 
-/// Processes (host backend: the forwarding peer maps the sender's shared memory): 2
-/// virtual nodes x 2 ranks forwarding through each other, grouped sends of 0 to 1.2 MB;
-/// every rank's handed sends as expected, and every one carried.
+/// Processes (host backend: the forwarding peers map the senders' and receivers' shared
+/// memory): 2 virtual nodes x 2 ranks forwarding through each other, grouped sends of 0 to
+/// 1.2 MB; every rank's handed sends and receives as expected, and every one carried or
+/// landed.
 #[test]
 fn processes_relay() {
     relay_processes(Backend::Host);

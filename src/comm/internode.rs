@@ -33,6 +33,7 @@ use crate::engine::{Dep, Fill, Order, Transfer};
 use crate::error::{Error, Result};
 use crate::plan::exec::{self, At, Move};
 use crate::plan::{self, Collective as Flows, Loads, PlanOptions, Traffic};
+use crate::transport::relay::RelayCounts;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -93,19 +94,6 @@ impl Layout {
         cluster.balance_nics = c.config.forward_balance && even && k > 1;
         Layout { cluster, gpu, rank, even, forwards }
     }
-}
-
-/// [`Communicator::relay_counts`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RelayCounts {
-    pub handed: u64,
-    pub refused: u64,
-    pub carried: u64,
-    pub carried_bytes: u64,
-    pub recv_handed: u64,
-    pub recv_refused: u64,
-    pub recv_carried: u64,
-    pub recv_carried_bytes: u64,
 }
 
 /// A cached plan: the call's flows (element units) and element size.
@@ -349,18 +337,7 @@ impl Communicator {
     /// sends of other ranks it carried, with their bytes; the same for receives (landed by
     /// the forwarding peer, `recv_*`).
     pub fn relay_counts(&self) -> RelayCounts {
-        let s = &self.engine.shared.relays;
-        let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
-        RelayCounts {
-            handed: get(&s.handed),
-            refused: get(&s.refused),
-            carried: get(&s.carried),
-            carried_bytes: get(&s.carried_bytes),
-            recv_handed: get(&s.recv_handed),
-            recv_refused: get(&s.recv_refused),
-            recv_carried: get(&s.recv_carried),
-            recv_carried_bytes: get(&s.recv_carried_bytes),
-        }
+        self.engine.shared.relays.snapshot()
     }
 
     /// The layout, computed once.

@@ -27,7 +27,7 @@ mod setup;
 mod shrink;
 
 pub use crate::topology::{RankPlacement, Topology};
-pub use internode::RelayCounts;
+pub use crate::transport::relay::RelayCounts;
 pub use op::{Collective, OpDesc};
 pub use reduction::shard_start;
 

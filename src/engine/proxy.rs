@@ -689,9 +689,7 @@ impl Proxy {
         // A receive that waits for other transfers ([`Order`]) is offered once they are
         // complete (`release_after`).
         for r in st.recvs.iter().enumerate().filter(|(i, r)| r.x.peer != me && !r.gated && !st.recv_held(*i)).map(|x| x.1) {
-            let region = Region { seq, ptr: r.x.ptr, len: r.x.len, alloc: r.x.alloc };
-            let exposed_one = if r.x.forward { self.transport.expose_forwarded(r.x.peer, region) } else { self.transport.expose(r.x.peer, region) };
-            match exposed_one {
+            match expose(self.transport.as_mut(), seq, &r.x) {
                 Ok(remote) => ready.push((r.x.peer, Tag { pair_seq: pair_seq(&st.op, r.x.peer), k: r.k }, remote)),
                 Err(e) => {
                     exposed = Err(e);
@@ -826,8 +824,7 @@ impl Proxy {
     fn offer(&mut self, seq: u64, i: usize) -> Result<()> {
         let Some(st) = self.ops.get_mut(&seq) else { return Ok(()) };
         let Some(r) = st.recvs.get(i).filter(|_| st.started) else { return Ok(()) };
-        let region = Region { seq, ptr: r.x.ptr, len: r.x.len, alloc: r.x.alloc };
-        let remote = if r.x.forward { self.transport.expose_forwarded(r.x.peer, region)? } else { self.transport.expose(r.x.peer, region)? };
+        let remote = expose(self.transport.as_mut(), seq, &r.x)?;
         self.transport.post_ready(r.x.peer, Tag { pair_seq: pair_seq(&st.op, r.x.peer), k: r.k }, remote);
         st.mark(Step::ReadySent);
         Ok(())
@@ -1047,6 +1044,17 @@ impl Proxy {
         for (seq, e) in failures {
             self.fail_op(seq, e);
         }
+    }
+}
+
+/// Make receive `x` of op `seq` writable by its sender (through the forwarding peer where
+/// it may be, [`Transfer::forward`]).
+fn expose(t: &mut dyn Transport, seq: u64, x: &Transfer) -> Result<RemoteBuffer> {
+    let region = Region { seq, ptr: x.ptr, len: x.len, alloc: x.alloc };
+    if x.forward {
+        t.expose_forwarded(x.peer, region)
+    } else {
+        t.expose(x.peer, region)
     }
 }
 

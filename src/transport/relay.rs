@@ -48,14 +48,14 @@ use std::time::{Duration, Instant};
 pub const RELAY_SEQ: u64 = 1 << 61;
 /// How often a sender with relays pending checks that its forwarding peer lives.
 pub const HEALTH_EVERY: Duration = Duration::from_millis(50);
-const OP: &str = "relay (a send through the forwarding peer)";
+const OP: &str = "relay (a transfer through a forwarding peer)";
 
 /// Whether op seq `seq` names a relay flow of this rank's far transport.
 pub fn is_relay_seq(seq: u64) -> bool {
     seq & (RELAY_SEQ | 1 << 62 | 1 << 63) == RELAY_SEQ
 }
 
-/// Counts a communicator reports (`Communicator::relay_stats`).
+/// Counts a communicator reports (`Communicator::relay_counts`).
 #[derive(Default, Debug)]
 pub struct RelayStats {
     /// Sends this rank handed to its forwarding peer.
@@ -72,6 +72,35 @@ pub struct RelayStats {
     pub recv_refused: AtomicU64,
     pub recv_carried: AtomicU64,
     pub recv_carried_bytes: AtomicU64,
+}
+
+/// [`RelayStats`] read at one moment (`Communicator::relay_counts`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RelayCounts {
+    pub handed: u64,
+    pub refused: u64,
+    pub carried: u64,
+    pub carried_bytes: u64,
+    pub recv_handed: u64,
+    pub recv_refused: u64,
+    pub recv_carried: u64,
+    pub recv_carried_bytes: u64,
+}
+
+impl RelayStats {
+    pub fn snapshot(&self) -> RelayCounts {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        RelayCounts {
+            handed: get(&self.handed),
+            refused: get(&self.refused),
+            carried: get(&self.carried),
+            carried_bytes: get(&self.carried_bytes),
+            recv_handed: get(&self.recv_handed),
+            recv_refused: get(&self.recv_refused),
+            recv_carried: get(&self.recv_carried),
+            recv_carried_bytes: get(&self.recv_carried_bytes),
+        }
+    }
 }
 
 /// What the engine's route needs to run relays.
@@ -225,7 +254,7 @@ impl Relays {
     #[allow(clippy::too_many_arguments)]
     pub fn hand(&mut self, near: &mut SameHost, id: FlowId, peer: usize, tag: Tag, src: DevPtr, remote: &RemoteBuffer, len: usize) -> Result<()> {
         let Some(via) = self.via else { return Err(Error::internal(OP, "no forwarding peer")) };
-        let wire = near.expose_source(via, src, len)?;
+        let wire = near.expose_range(via, src, len, None)?;
         let cookie = self.next_cookie;
         self.next_cookie += 1;
         let mut d = with_wire(Msg::new(MsgKind::RelayDst, tag.pair_seq, tag.k), &remote.wire);
@@ -243,7 +272,7 @@ impl Relays {
     /// placeholder the engine posts as the receive's `Ready` ([`post_recv`](Self::post_recv)).
     pub fn ask_recv(&mut self, near: &mut SameHost, peer: usize, region: Region) -> Result<RemoteBuffer> {
         let Some(via) = self.via else { return Err(Error::internal(OP, "no forwarding peer")) };
-        let wire = near.expose_source(via, region.ptr, region.len)?;
+        let wire = near.expose_range(via, region.ptr, region.len, region.alloc)?;
         let cookie = self.next_cookie;
         self.next_cookie += 1;
         self.asked.insert(cookie, Asked { region, peer, tag: None, wire });
@@ -287,7 +316,7 @@ impl Relays {
             return Ok(false);
         }
         let wire = Wire { alloc_id: b.alloc_id, alloc_len: b.alloc_len, base: b.base, offset: b.offset, pid: b.pid, handle: b.handle, gated: false, staged: 0 };
-        let Some((ptr, alloc, mapped)) = near.map_source(from, &wire, len)? else { return Ok(false) };
+        let Some((ptr, alloc, mapped)) = near.map_range(from, &wire, len)? else { return Ok(false) };
         let seq = self.next_seq;
         self.next_seq += 1;
         match far.expose_relayed(peer, Tag { pair_seq: b.seq, k: b.k }, Region { seq, ptr, len, alloc: Some(alloc) }) {
@@ -352,8 +381,9 @@ impl Relays {
                     moved = true;
                 }
             }
+            // Their progress is this rank's to report, not its engine's.
+            advanced.retain(|s| !is_relay_seq(*s));
         }
-        advanced.retain(|s| !is_relay_seq(*s));
         if !self.landing.is_empty() {
             far.take_relay_landings(&mut self.landings);
             let landings = std::mem::take(&mut self.landings);
@@ -493,6 +523,7 @@ impl Relays {
             }
             Some(MsgKind::RecvBuf) => {
                 let Some(d) = self.recv_dst.remove(&from) else {
+                    // The cookie to answer came in the missing `RecvDst`: the receive times out.
                     log::error!("hoccl: rank {from} sent the buffer of a relayed receive it did not announce (malformed records)");
                     return;
                 };
@@ -531,7 +562,7 @@ impl Relays {
                 }
             }
             Some(MsgKind::RecvRefused) => {
-                if let Some((a, tag)) = self.asked.remove(&cookie).and_then(|a| Some((a.tag?, a)).map(|(t, a)| (a, t))) {
+                if let Some((tag, a)) = self.asked.remove(&cookie).and_then(|a| Some((a.tag?, a))) {
                     // The forwarding peer cannot map the buffer now: take the bytes directly.
                     match far.expose(a.peer, a.region) {
                         Ok(remote) => far.post_ready(a.peer, tag, remote),
@@ -557,7 +588,7 @@ impl Relays {
             return Ok(false);
         }
         let wire = Wire { alloc_id: s.alloc_id, alloc_len: s.alloc_len, base: s.base, offset: s.offset, pid: s.pid, handle: s.handle, gated: false, staged: 0 };
-        let Some((src, alloc, mapped)) = near.map_source(from, &wire, len)? else { return Ok(false) };
+        let Some((src, alloc, mapped)) = near.map_range(from, &wire, len)? else { return Ok(false) };
         let seq = self.next_seq;
         self.next_seq += 1;
         let id = FlowId { seq, idx: 0 };

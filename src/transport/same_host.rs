@@ -371,21 +371,26 @@ impl SameHost {
         Ok(wire)
     }
 
-    /// Relays (`relay`): describe `len` bytes at `src` (this rank's memory) for `peer` to
-    /// read or write through its mapping of the allocation.
-    pub fn expose_source(&mut self, peer: usize, src: DevPtr, len: usize) -> Result<Wire> {
-        let a = self.dev.allocation(src)?;
-        match src.0.checked_add(len as u64) {
-            Some(end) if end <= a.base.0 + a.len as u64 => self.wire_of(peer, Some(a), src),
-            _ => Err(Error::invalid_arg("same-host transport", format!("{:#x}+{len} is outside its allocation {:#x}+{}", src.0, a.base.0, a.len))),
+    /// Relays (`relay`): describe `len` bytes at `ptr` (this rank's memory, in `alloc`, else
+    /// in the allocation the device finds) for `peer` to read or write through its mapping of
+    /// the allocation.
+    pub fn expose_range(&mut self, peer: usize, ptr: DevPtr, len: usize, alloc: Option<Allocation>) -> Result<Wire> {
+        let a = match alloc {
+            Some(a) => a,
+            None => self.dev.allocation(ptr)?,
+        };
+        match ptr.0.checked_add(len as u64) {
+            Some(end) if ptr.0 >= a.base.0 && end <= a.base.0 + a.len as u64 => self.wire_of(peer, Some(a), ptr),
+            _ => Err(Error::invalid_arg("same-host transport", format!("{:#x}+{len} is outside its allocation {:#x}+{}", ptr.0, a.base.0, a.len))),
         }
     }
 
-    /// Relays: map the `len` bytes `peer` described with [`expose_source`](Self::expose_source)
-    /// (to read a relayed send's bytes or write a relayed receive's); their address here, the mapped allocation as an [`Allocation`] of this
-    /// address space, and the pin to [`unmap`](Self::unmap) once no copy reads them. None
-    /// when stale mappings of the peer keep the allocation from being mapped now.
-    pub fn map_source(&mut self, peer: usize, wire: &Wire, len: usize) -> Result<Option<(DevPtr, Allocation, Mapped)>> {
+    /// Relays: map the `len` bytes `peer` described with [`expose_range`](Self::expose_range)
+    /// (to read a relayed send's bytes or write a relayed receive's); their address here,
+    /// the mapped allocation as an [`Allocation`] of this address space, and the pin to
+    /// [`unmap`](Self::unmap) once no copy uses them. None when stale mappings of the peer
+    /// keep the allocation from being mapped now.
+    pub fn map_range(&mut self, peer: usize, wire: &Wire, len: usize) -> Result<Option<(DevPtr, Allocation, Mapped)>> {
         check_announced(wire.offset, len as u64, wire.alloc_len).map_err(|what| Error::Remote { op: "same-host transport", peer, what })?;
         match self.imports.acquire(self.dev.as_ref(), peer, wire)? {
             Acquire::Mapped(m) => {
@@ -396,7 +401,7 @@ impl SameHost {
         }
     }
 
-    /// Relays: a mapping from [`map_source`](Self::map_source) is no longer read.
+    /// Relays: a mapping from [`map_range`](Self::map_range) is no longer read.
     pub fn unmap(&mut self, m: &Mapped) {
         self.imports.release(m);
     }

@@ -257,9 +257,6 @@ struct OutFlow {
 struct Slot {
     /// The rank whose send lands here (the one its signals name).
     peer: usize,
-    /// The rank whose connections may carry its data besides `peer`: the peer's forwarding
-    /// peer, which carries the peer's point-to-point sends (`relay`).
-    writer: Option<usize>,
     /// A receive this rank lands for another rank of its node (`relay`): its landing goes
     /// to [`Transport::take_relay_landings`], not to this rank's engine.
     relayed: bool,
@@ -521,6 +518,26 @@ impl Socket {
         Ok(())
     }
 
+    /// Open receive `region` from `peer` under a new token: this rank's own (`relayed`
+    /// None), or, for a rank of this node it lands it for, transfer `relayed`.
+    fn open_receive(&mut self, peer: usize, region: Region, relayed: Option<Tag>) -> Result<u64> {
+        let span = match self.stage {
+            None => Some(Span::in_allocation(OP, region.ptr, region.len, region.alloc)?),
+            // The copy queue's driver checks device memory.
+            Some(_) => None,
+        };
+        let p = self.peer(peer)?;
+        if let Some(why) = &p.gone {
+            return Err(Error::Remote { op: OP, peer, what: why.clone() });
+        }
+        let token = self.next_token;
+        self.next_token += 1;
+        let (pair_seq, k) = relayed.map_or((None, 0), |t| (Some(t.pair_seq), t.k));
+        let slot = Slot { peer, relayed: relayed.is_some(), seq: region.seq, ptr: region.ptr, len: region.len, span, pair_seq, k, total: None, received: 0, told: Instant::now() };
+        self.slots.insert(token, slot);
+        Ok(token)
+    }
+
     /// Payloads being read for the receives `dropped` (of `peer`, already forgotten) are
     /// read and dropped instead: their buffers may be freed. They may come on the peer's
     /// connections or its forwarding peer's.
@@ -755,6 +772,7 @@ impl Socket {
                 from: i,
                 peer: p,
                 slots: &mut self.slots,
+                forwarder_of: &self.forwarder_of,
                 stage: self.stage.as_mut(),
                 bucket: &mut self.recv_bucket,
                 pad: &mut self.pad,
@@ -814,20 +832,7 @@ fn landed(slots: &mut HashMap<u64, Slot>, writer: &mut Peer, token: u64, n: u64,
 
 impl Transport for Socket {
     fn expose(&mut self, peer: usize, region: Region) -> Result<RemoteBuffer> {
-        let span = match self.stage {
-            None => Some(Span::in_allocation(OP, region.ptr, region.len, region.alloc)?),
-            // The copy queue's driver checks device memory.
-            Some(_) => None,
-        };
-        let token = self.next_token;
-        self.next_token += 1;
-        let p = self.peer(peer)?;
-        if let Some(why) = &p.gone {
-            return Err(Error::Remote { op: OP, peer, what: why.clone() });
-        }
-        let writer = self.forwarder_of.get(peer).copied().filter(|f| *f != peer);
-        let slot = Slot { peer, writer, relayed: false, seq: region.seq, ptr: region.ptr, len: region.len, span, pair_seq: None, k: 0, total: None, received: 0, told: Instant::now() };
-        self.slots.insert(token, slot);
+        let token = self.open_receive(peer, region, None)?;
         let wire = Wire { alloc_id: token, ..Wire::empty(std::process::id()) };
         Ok(RemoteBuffer { len: region.len as u64, wire })
     }
@@ -879,20 +884,7 @@ impl Transport for Socket {
     }
 
     fn expose_relayed(&mut self, peer: usize, tag: Tag, region: Region) -> Result<u64> {
-        let span = match self.stage {
-            None => Some(Span::in_allocation(OP, region.ptr, region.len, region.alloc)?),
-            Some(_) => None,
-        };
-        let token = self.next_token;
-        self.next_token += 1;
-        let p = self.peer(peer)?;
-        if let Some(why) = &p.gone {
-            return Err(Error::Remote { op: OP, peer, what: why.clone() });
-        }
-        let writer = self.forwarder_of.get(peer).copied().filter(|f| *f != peer);
-        let slot = Slot { peer, writer, relayed: true, seq: region.seq, ptr: region.ptr, len: region.len, span, pair_seq: Some(tag.pair_seq), k: tag.k, total: None, received: 0, told: Instant::now() };
-        self.slots.insert(token, slot);
-        Ok(token)
+        self.open_receive(peer, region, Some(tag))
     }
 
     fn take_relay_landings(&mut self, out: &mut Vec<(u64, Signal)>) {
@@ -1144,6 +1136,8 @@ struct Reader<'a> {
     from: usize,
     peer: &'a mut Peer,
     slots: &'a mut HashMap<u64, Slot>,
+    /// `Socket::forwarder_of`: a slot's data may come from its peer's forwarding peer.
+    forwarder_of: &'a [usize],
     stage: Option<&'a mut Staging>,
     bucket: &'a mut Bucket,
     pad: &'a mut [u8],
@@ -1294,7 +1288,7 @@ impl Reader<'_> {
                     self.peer.conns[c].inp = InState::Payload { token: h.token, sink: Sink::Discard, at: 0, left: h.payload as usize, len: h.payload as usize };
                     return Ok(());
                 };
-                if slot.peer != from && slot.writer != Some(from) {
+                if slot.peer != from && self.forwarder_of.get(slot.peer) != Some(&from) {
                     return Err(format!("sent data for rank {}'s transfer, which it neither sends nor forwards (corrupt frame)", slot.peer));
                 }
                 let len = slot.len as u64;
