@@ -1,2 +1,2 @@
-# 2026-12-04T09:20Z, binaries of commit e3aa02b, 1 GPU(s) (h200-1gpu); HOCCL_LOG=warn (cuda::relays ran in relays-cuda.log)
+# 2026-12-04T09:44Z, binaries of commit 2cf71ad, 1 GPU(s) (h200-1gpu); HOCCL_LOG=warn (cuda::relays ran in relays-cuda.log)
 $HOCCL_BIN_DIR/tests/internode cuda:: --ignored --test-threads=1 --skip cuda::relays
